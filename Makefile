@@ -1,0 +1,39 @@
+# Set-up is part of every target: a fresh clone needs only `make demo` or `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-dev
+
+.PHONY: demo test test-slow lint format data clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/captioning shapes --out data/shapes --train 8000 --val 500 --test 500 --seed 0
+	$(BIN)/captioning check-data --config configs/shapes_soft.yaml
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -q -m slow
+
+lint: $(STAMP)
+	$(BIN)/ruff check captioning tests tools
+	$(BIN)/ruff format --check captioning tests tools
+
+format: $(STAMP)
+	$(BIN)/ruff format captioning tests tools
+	$(BIN)/ruff check --fix captioning tests tools
+
+data: $(STAMP)
+	$(BIN)/captioning shapes --out data/shapes --train 8000 --val 500 --test 500 --seed 0
+
+clean:
+	rm -rf runs .pytest_cache

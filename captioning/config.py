@@ -1,0 +1,370 @@
+"""Typed configuration for a whole run.
+
+Defaults live here and nowhere else. A YAML file holds only what differs from them, and
+``--set a.b=c`` overrides single keys on top. Unknown keys and wrong types are errors that
+name the key (and the closest valid one). The resolved config travels with every checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from captioning.errors import ConfigError
+
+
+@dataclass
+class DataConfig:
+    """Where the data is and how it is read.
+
+    Paths are relative to ``root`` unless absolute. ``{split}`` in a pattern is replaced by
+    the split's name in ``splits`` (for COCO 2014: ``train2014``/``val2014``).
+    """
+
+    format: Literal["coco", "karpathy"] = "coco"
+    root: str = "data/shapes"
+    # coco format: one captions file (and optionally one instances file) per split
+    captions: str = "annotations/captions_{split}.json"
+    instances: str | None = "annotations/instances_{split}.json"
+    images: str = "images/{split}"
+    splits: dict[str, str] = field(
+        default_factory=lambda: {"train": "train", "val": "val", "test": "test"}
+    )
+    # karpathy format: one split file; images at {root}/{images}/{filepath}/{filename}
+    karpathy_file: str = "dataset_coco.json"
+    restval: bool = True
+    # subsets, seeded and stable: an int applies to every split, a dict to the named splits
+    max_images: int | dict[str, int] | None = None
+    categories: list[str] = field(default_factory=list)
+    subset_seed: int = 0
+    # vocabulary (built from the training split only)
+    min_count: int = 1
+    max_vocab: int | None = None
+    max_caption_length: int | None = None
+    # loading
+    on_bad_image: Literal["error", "skip"] = "error"
+    check_images: bool = True
+    cache_images: bool = False
+    num_workers: int = 0
+    bucket_by_length: bool = False
+
+
+@dataclass
+class ModelConfig:
+    """Encoder, attention and decoder. Paper settings are the defaults."""
+
+    # encoder
+    encoder: str = "vgg19"  # small_cnn, vgg19, resnet50, resnet101, resnet152, ...
+    weights: str | None = None  # torchvision weights name (IMAGENET1K_V1), a file, or none
+    image_size: int = 224
+    grid_size: int | None = None  # adaptive pooling to grid_size x grid_size; None keeps it
+    fine_tune: str = "none"  # none | all | last_N (the last N stages)
+    positional: Literal["none", "learned", "sinusoidal"] = "none"
+    cnn_channels: list[int] = field(default_factory=lambda: [32, 64, 128, 128])
+    # attention
+    attention: Literal["soft", "hard", "none"] = "soft"
+    score: str = "additive"  # additive, additive_relu, dot, general, scaled_dot, cosine
+    attention_dim: int = 512
+    # decoder
+    embed_dim: int = 512
+    hidden_dim: int = 1024
+    gate: Literal["scalar", "vector", "none"] = "scalar"
+    deep_output: bool = True
+    init_state: Literal["tanh", "linear"] = "tanh"
+    dropout: float = 0.5
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation, schedule, model selection and logging."""
+
+    epochs: int = 20
+    batch_size: int = 64
+    lr: float = 4e-4
+    encoder_lr: float = 1e-4
+    weight_decay: float = 0.0
+    grad_clip: float = 5.0
+    schedule: Literal["plateau", "step", "none"] = "plateau"
+    lr_factor: float = 0.5
+    lr_patience: int = 2
+    lr_step: int = 10
+    warmup_steps: int = 0
+    early_stop_patience: int = 5  # epochs without improvement; 0 turns it off
+    select_metric: Literal["CIDEr", "Bleu_4", "exact_match"] = "CIDEr"
+    val_max_images: int | None = None  # decode only this many validation images per epoch
+    doubly_stochastic: float = 1.0  # λ of the attention penalty
+    # hard attention (REINFORCE); the authors' values
+    reinforce_weight: float = 0.1
+    entropy_weight: float = 0.002
+    baseline_decay: float = 0.9
+    semi_sampling_p: float = 0.5
+    semi_sampling: Literal["batch", "sample"] = "batch"
+    # numerics and bookkeeping
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    device: str = "auto"  # auto, cpu, cuda, cuda:1, ...
+    threads: int | None = None  # torch.set_num_threads on CPU; None keeps torch's choice
+    seed: int = 0
+    stop_on_nonfinite: bool = True
+    log_every: int = 50
+    figure_every_epoch: bool = True
+    quiet: bool = False
+
+
+@dataclass
+class DecodeConfig:
+    """How captions are generated at validation and test time."""
+
+    strategy: Literal["greedy", "beam", "sample"] = "greedy"
+    beam_size: int = 3
+    max_length: int = 20
+    min_length: int = 1
+    length_penalty: float = 0.0  # GNMT alpha; 0 turns it off
+    suppress_unk: bool = False
+    temperature: float = 1.0
+    top_k: int = 0
+    hard_decode: Literal["expectation", "argmax", "sample"] = "expectation"
+
+
+@dataclass
+class Config:
+    """The whole run: ``data``, ``model``, ``train`` and ``decode`` sections."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+
+
+# --------------------------------------------------------------------------- conversion
+
+
+def _type_name(tp: Any) -> str:
+    if typing.get_origin(tp) is Literal:
+        return " | ".join(repr(a) for a in typing.get_args(tp))
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Check ``value`` against the annotation ``tp`` and convert where it is lossless."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        for option in (a for a in args if a is not type(None)):
+            try:
+                return _coerce(value, option, key)
+            except ConfigError:
+                continue
+        raise ConfigError(f"{key} must be {_type_name(tp)}, got {value!r}")
+    if origin is Literal:
+        if value in args:
+            return value
+        close = difflib.get_close_matches(str(value), [str(a) for a in args], n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(f"{key} must be one of {_type_name(tp)}, got {value!r}{hint}")
+    if origin is list:
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"{key} must be a list, got {value!r}")
+        return [_coerce(v, args[0], f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key} must be a mapping, got {value!r}")
+        return {str(k): _coerce(v, args[1], f"{key}.{k}") for k, v in value.items()}
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key} must be true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key} must be an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # YAML reads 1e-4 (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{key} must be a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return str(value)
+        raise ConfigError(f"{key} must be a string, got {value!r}")
+    if tp is type(None):
+        if value is None:
+            return None
+        raise ConfigError(f"{key} must be null, got {value!r}")
+    raise ConfigError(f"{key}: unsupported type {tp}")
+
+
+def _unknown_key(key: str, valid: list[str], prefix: str) -> ConfigError:
+    if not prefix:  # a bare `epochs=3` most likely meant a key inside a section
+        valid = valid + [
+            f"{section.name}.{f.name}"
+            for section in dataclasses.fields(Config)
+            for f in dataclasses.fields(section.default_factory())
+        ]
+    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
+    full = f"{prefix}{key}"
+    hint = f"; did you mean {prefix}{close[0]}?" if close else f"; valid keys: {', '.join(valid)}"
+    return ConfigError(f"unknown config key {full}{hint}")
+
+
+def _merge(obj: Any, updates: dict[str, Any], prefix: str = "") -> Any:
+    """A copy of dataclass ``obj`` with ``updates`` (a nested dict) applied and checked."""
+    if not isinstance(updates, dict):
+        raise ConfigError(f"config section {prefix.rstrip('.') or '<top>'} must be a mapping")
+    hints = typing.get_type_hints(type(obj))
+    names = [f.name for f in dataclasses.fields(obj)]
+    changes = {}
+    for key, value in updates.items():
+        if key not in hints:
+            raise _unknown_key(str(key), names, prefix)
+        current = getattr(obj, key)
+        if dataclasses.is_dataclass(current):
+            changes[key] = _merge(current, value, f"{prefix}{key}.")
+        else:
+            changes[key] = _coerce(value, hints[key], f"{prefix}{key}")
+    return dataclasses.replace(obj, **changes)
+
+
+def _validate(cfg: Config) -> None:
+    if not re.fullmatch(r"none|all|last_[1-9][0-9]*", cfg.model.fine_tune):
+        raise ConfigError(
+            f"model.fine_tune must be none, all or last_N (e.g. last_2), "
+            f"got {cfg.model.fine_tune!r}"
+        )
+    positive = {
+        "train.epochs": cfg.train.epochs,
+        "train.batch_size": cfg.train.batch_size,
+        "model.embed_dim": cfg.model.embed_dim,
+        "model.hidden_dim": cfg.model.hidden_dim,
+        "model.attention_dim": cfg.model.attention_dim,
+        "model.image_size": cfg.model.image_size,
+        "decode.beam_size": cfg.decode.beam_size,
+        "decode.max_length": cfg.decode.max_length,
+    }
+    for key, value in positive.items():
+        if value < 1:
+            raise ConfigError(f"{key} must be at least 1, got {value}")
+    if not 0.0 <= cfg.train.semi_sampling_p <= 1.0:
+        raise ConfigError(
+            f"train.semi_sampling_p must be in [0, 1], got {cfg.train.semi_sampling_p}"
+        )
+    if not 0.0 <= cfg.model.dropout < 1.0:
+        raise ConfigError(f"model.dropout must be in [0, 1), got {cfg.model.dropout}")
+    if set(cfg.data.splits) - {"train", "val", "test"}:
+        extra = sorted(set(cfg.data.splits) - {"train", "val", "test"})
+        raise ConfigError(f"data.splits keys must be train, val, test; got {extra}")
+
+
+# --------------------------------------------------------------------------- public API
+
+
+def config_from_dict(values: dict[str, Any]) -> Config:
+    """A checked :class:`Config` from a nested dict (missing keys keep their defaults)."""
+    cfg = _merge(Config(), values or {})
+    _validate(cfg)
+    return cfg
+
+
+def config_to_dict(cfg: Config) -> dict[str, Any]:
+    """The config as plain nested dicts (YAML- and checkpoint-safe)."""
+    return dataclasses.asdict(cfg)
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """Split ``a.b=value`` into its key path and value.
+
+    The value is read as YAML (``3``, ``true``, ``[dog, cat]``, ``null``), except for keys
+    that hold strings, which take the text as written (``data.images={split}`` is a pattern).
+    """
+    if "=" not in text:
+        raise ConfigError(f"override {text!r} must look like section.key=value")
+    key, raw = (part.strip() for part in text.split("=", 1))
+    path = key.split(".")
+    if not key or any(not part for part in path):
+        raise ConfigError(f"override {text!r} must look like section.key=value")
+    if _field_type(path) in (str, str | None) and raw not in ("null", "~"):
+        return path, raw
+    try:
+        return path, yaml.safe_load(raw) if raw else ""
+    except yaml.YAMLError as exc:
+        first_line = str(exc).splitlines()[0]
+        raise ConfigError(f"override {text!r}: value is not valid YAML ({first_line})") from exc
+
+
+def _field_type(path: list[str]) -> Any:
+    """The annotation of the config key at ``path`` (None if there is no such key)."""
+    node: Any = Config
+    for part in path:
+        if not (isinstance(node, type) and dataclasses.is_dataclass(node)):
+            return None
+        hints = typing.get_type_hints(node)
+        if part not in hints:
+            return None
+        node = hints[part]
+    return node
+
+
+def _nest(path: list[str], value: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    node = out
+    for part in path[:-1]:
+        node = node.setdefault(part, {})
+    node[path[-1]] = value
+    return out
+
+
+def _deep_update(base: dict[str, Any], updates: dict[str, Any]) -> None:
+    for key, value in updates.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            _deep_update(base[key], value)
+        else:
+            base[key] = value
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a YAML config file into a dict, with one-line errors."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    try:
+        values = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {exc}".splitlines()[0]) from exc
+    if values is None:
+        return {}
+    if not isinstance(values, dict):
+        raise ConfigError(f"config file {path} must hold a mapping of sections")
+    return values
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Defaults, then the YAML file at ``path``, then ``key=value`` overrides.
+
+    Example:
+        >>> cfg = load_config("configs/shapes_soft.yaml", ["train.epochs=3"])
+    """
+    values = read_yaml(path) if path is not None else {}
+    for text in overrides or []:
+        key_path, value = parse_override(text)
+        _deep_update(values, _nest(key_path, value))
+    return config_from_dict(values)
+
+
+def save_config(cfg: Config, path: str | Path) -> None:
+    """Write the resolved config as YAML (every key, so the run is self-describing)."""
+    Path(path).write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))

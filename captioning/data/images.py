@@ -1,0 +1,194 @@
+"""Loading image files as 8-bit RGB, and finding the ones that cannot be loaded."""
+
+from __future__ import annotations
+
+import os
+import stat
+import warnings
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
+from tqdm import tqdm
+
+from captioning.errors import DataError
+
+_WIDE_16BIT_MODES = frozenset({"I;16", "I;16B", "I;16L", "I;16N"})
+_WIDE_RANGE_MODES = frozenset({"I", "F"})
+_ALPHA_MODES = frozenset({"RGBA", "LA", "PA", "La", "RGBa"})
+# Modes whose convert("RGB") is a real colour conversion, not a clip or a byte copy.
+_CONVERTIBLE_MODES = frozenset({"1", "L", "P", "CMYK", "YCbCr", "LAB", "HSV", "RGBX"})
+
+
+class _Problem(Exception):
+    """Why one image cannot be used; the message is the plain-words problem, without the path."""
+
+
+def load_image(path: str | Path) -> Image.Image:
+    """Open an image file and return it fully decoded as an upright 8-bit RGB image.
+
+    Transparent pixels are composited over white, 16-bit and float greyscale is scaled to
+    8 bits by value range, the EXIF orientation is applied, and for animated formats the
+    first frame is used.
+
+    Args:
+        path: the image file (any format PIL opens: JPEG, PNG, GIF, BMP, TIFF, WebP, ...).
+
+    Returns:
+        A new ``RGB`` image that holds no open file.
+
+    Raises:
+        DataError: the file is missing, empty, a directory, not an image, truncated or
+            corrupt, too large to decode safely, or of an unsupported mode.
+    """
+    try:
+        return _load(path)
+    except _Problem as problem:
+        raise DataError(f"{path}: {problem}") from problem.__cause__
+
+
+def check_image(path: str | Path) -> str | None:
+    """Say whether an image file loads, without raising.
+
+    Args:
+        path: the image file.
+
+    Returns:
+        None when :func:`load_image` succeeds, else the problem in plain words
+        (``"file is empty (0 bytes)"``, ``"no such file"``, ...).
+    """
+    try:
+        _load(path)
+    except _Problem as problem:
+        return str(problem)
+    return None
+
+
+def check_images(
+    paths: Sequence[str], num_threads: int = 4, progress: bool = False
+) -> list[tuple[str, str]]:
+    """Decode every image once and list those that cannot be loaded.
+
+    Args:
+        paths: the image files.
+        num_threads: worker threads; PIL releases the GIL while decoding, so threads help.
+        progress: show a tqdm progress bar.
+
+    Returns:
+        ``(path, problem)`` for each bad image, in the order of ``paths``.
+    """
+    if num_threads < 1:
+        raise ValueError(f"num_threads must be at least 1, got {num_threads}")
+    with ThreadPoolExecutor(max_workers=num_threads) as pool:
+        results = pool.map(check_image, paths)
+        if progress:
+            results = tqdm(results, total=len(paths), desc="checking images")
+        # Exhaust the iterator before zipping: zip stops early and the bar would never close.
+        problems = list(results)
+    return [(path, problem) for path, problem in zip(paths, problems) if problem is not None]
+
+
+def _load(path: str | Path) -> Image.Image:
+    _check_file(path)
+    if ImageFile.LOAD_TRUNCATED_IMAGES:
+        # The flag is process-wide and read by PIL while decoding, so flipping it here would
+        # race with other threads; warn that truncated files now pass as grey-padded images.
+        warnings.warn(
+            "PIL.ImageFile.LOAD_TRUNCATED_IMAGES is True: truncated images cannot be detected",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    try:
+        image = Image.open(path)
+    except Image.DecompressionBombError as err:
+        raise _Problem(f"image is too large to decode safely ({_one_line(err)})") from err
+    except UnidentifiedImageError as err:
+        raise _Problem("not an image file PIL can read") from err
+    except FileNotFoundError as err:
+        raise _Problem("no such file") from err
+    except PermissionError as err:
+        raise _Problem("permission denied") from err
+    except OSError as err:
+        # Plugins raise errno-less OSErrors ("Truncated File Read") for a cut-off header.
+        if err.errno is None:
+            raise _Problem(f"image is truncated or corrupt ({_one_line(err)})") from err
+        raise _Problem(f"cannot read file ({_one_line(err)})") from err
+    with image:
+        try:
+            image.load()
+        except Image.DecompressionBombError as err:
+            raise _Problem(f"image is too large to decode safely ({_one_line(err)})") from err
+        except Exception as err:
+            # Format plugins report bad data with many exception types (OSError, SyntaxError,
+            # struct.error, IndexError, ...); all mean the same thing to the user.
+            raise _Problem(f"image is truncated or corrupt ({_one_line(err)})") from err
+        try:
+            upright = ImageOps.exif_transpose(image)
+        except Exception:
+            # Orientation is a nicety: a malformed EXIF block must not discard pixels that
+            # decoded fine.
+            upright = image.copy()
+        return _to_rgb(upright)
+
+
+def _check_file(path: str | Path) -> None:
+    """Give the plain-words problem for paths that are not a non-empty regular file."""
+    try:
+        info = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError) as err:
+        raise _Problem("no such file") from err
+    except PermissionError as err:
+        raise _Problem("permission denied") from err
+    except OSError as err:
+        raise _Problem(f"cannot read file ({_one_line(err)})") from err
+    if stat.S_ISDIR(info.st_mode):
+        raise _Problem("is a directory, not an image")
+    # Opening a FIFO or device would block or read forever.
+    if not stat.S_ISREG(info.st_mode):
+        raise _Problem("not a regular file")
+    if info.st_size == 0:
+        raise _Problem("file is empty (0 bytes)")
+
+
+def _to_rgb(image: Image.Image) -> Image.Image:
+    mode = image.mode
+    if mode in _WIDE_16BIT_MODES:
+        # PIL's own convert clips every value above 255 to white.
+        grey = np.asarray(image, dtype=np.float64) * (255.0 / 65535.0)
+        return _grey_to_rgb(grey)
+    if mode in _WIDE_RANGE_MODES:
+        return _grey_to_rgb(_stretch(np.asarray(image, dtype=np.float64)))
+    if mode in _ALPHA_MODES or (mode in ("P", "L", "RGB") and "transparency" in image.info):
+        # Premultiplied La has no direct conversion to RGBA; LA un-premultiplies it.
+        rgba = (image.convert("LA") if mode == "La" else image).convert("RGBA")
+        # Colour under transparent pixels is arbitrary, so compositing is the only safe way.
+        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(white, rgba).convert("RGB")
+    if mode == "RGB":
+        return image
+    if mode in _CONVERTIBLE_MODES:
+        return image.convert("RGB")
+    raise _Problem(f"unsupported image mode {mode!r}")
+
+
+def _stretch(values: np.ndarray) -> np.ndarray:
+    """Map the finite range of ``values`` linearly onto 0..255."""
+    finite = values[np.isfinite(values)]
+    if finite.size == 0:
+        return np.zeros_like(values)
+    low, high = finite.min(), finite.max()
+    if high > low:
+        values = (values - low) * (255.0 / (high - low))
+    # A constant image has no range to stretch; keep its value (clipped below).
+    return np.nan_to_num(values, nan=0.0, posinf=255.0, neginf=0.0)
+
+
+def _grey_to_rgb(grey: np.ndarray) -> Image.Image:
+    pixels = np.clip(np.rint(grey), 0, 255).astype(np.uint8)
+    return Image.fromarray(pixels).convert("RGB")
+
+
+def _one_line(err: BaseException) -> str:
+    return " ".join(str(err).split()) or type(err).__name__

@@ -1,0 +1,17 @@
+"""Errors a user can cause. The CLI prints their message on one line and exits with code 2."""
+
+
+class CaptioningError(Exception):
+    """Base class for problems the user can fix (bad path, bad config, bad checkpoint)."""
+
+
+class ConfigError(CaptioningError):
+    """A config file or override is invalid."""
+
+
+class DataError(CaptioningError):
+    """A dataset file, image or annotation is missing or unreadable."""
+
+
+class CheckpointError(CaptioningError):
+    """A checkpoint is missing, unsafe, or of another format."""

@@ -1,0 +1,137 @@
+"""Tokenizer and vocabulary.
+
+The tokenizer follows the COCO caption evaluation (PTB tokenization, lower case, punctuation
+tokens dropped) but needs no downloads: nltk's Treebank tokenizer is pure regular expressions.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from nltk.tokenize import TreebankWordTokenizer
+
+from captioning.errors import DataError
+
+PAD, START, END, UNK = "<pad>", "<start>", "<end>", "<unk>"
+SPECIALS = (PAD, START, END, UNK)
+
+# The punctuation tokens that pycocoevalcap's PTBTokenizer removes, plus the quote forms that
+# nltk's Treebank tokenizer produces.
+_PUNCTUATION = {
+    "''", "'", "``", "`", '"', "-LRB-", "-RRB-", "-LCB-", "-RCB-", "(", ")", "{", "}", "[", "]",
+    ".", "?", "!", ",", ":", "-", "--", "...", ";",
+}  # fmt: skip
+_ONLY_PUNCTUATION = re.compile(r"^[^\w<>]+$")
+# Treebank splits a period off only at the end of the text; split it before any whitespace too.
+_SENTENCE_PERIOD = re.compile(r"(\.+)(?=\s|$)")
+_treebank = TreebankWordTokenizer()
+
+
+def tokenize(text: str) -> list[str]:
+    """Split a caption into lower-case word tokens, dropping punctuation.
+
+    >>> tokenize("A man, riding a horse.")
+    ['a', 'man', 'riding', 'a', 'horse']
+    """
+    text = _SENTENCE_PERIOD.sub(r" \1 ", text.lower().replace("\n", " "))
+    tokens = _treebank.tokenize(text)
+    return [t for t in tokens if t not in _PUNCTUATION and not _ONLY_PUNCTUATION.match(t)]
+
+
+class Vocabulary:
+    """A fixed word list with the specials ``<pad> <start> <end> <unk>`` at ids 0-3.
+
+    Args:
+        words: every token, specials first, in id order (as returned by :meth:`to_list`).
+    """
+
+    def __init__(self, words: Sequence[str]) -> None:
+        if tuple(words[: len(SPECIALS)]) != SPECIALS:
+            raise DataError(
+                f"vocabulary must start with {' '.join(SPECIALS)}; got {list(words[:4])}"
+            )
+        if len(set(words)) != len(words):
+            raise DataError("vocabulary has repeated words")
+        self.itos: list[str] = list(words)
+        self.stoi: dict[str, int] = {w: i for i, w in enumerate(self.itos)}
+
+    pad_id = 0
+    start_id = 1
+    end_id = 2
+    unk_id = 3
+
+    @classmethod
+    def build(
+        cls,
+        captions: Iterable[str | Sequence[str]],
+        min_count: int = 1,
+        max_size: int | None = None,
+    ) -> Vocabulary:
+        """Count words over ``captions`` (raw strings or token lists) and keep the frequent ones.
+
+        Pass only training-split captions: words seen elsewhere must stay ``<unk>``.
+
+        Args:
+            captions: raw caption strings or already tokenized captions.
+            min_count: a word must occur at least this often to be kept.
+            max_size: the most words kept, specials included; the most frequent win,
+                ties broken alphabetically so the result is deterministic.
+        """
+        counts: Counter[str] = Counter()
+        for caption in captions:
+            counts.update(tokenize(caption) if isinstance(caption, str) else caption)
+        kept = sorted(
+            (w for w, c in counts.items() if c >= min_count and w not in SPECIALS),
+            key=lambda w: (-counts[w], w),
+        )
+        if max_size is not None:
+            kept = kept[: max(0, max_size - len(SPECIALS))]
+        return cls([*SPECIALS, *sorted(kept)])
+
+    def __len__(self) -> int:
+        return len(self.itos)
+
+    def __contains__(self, word: str) -> bool:
+        return word in self.stoi
+
+    def encode(self, caption: str | Sequence[str], add_special: bool = True) -> list[int]:
+        """Token ids of a caption; with ``add_special`` wrapped in ``<start> … <end>``."""
+        tokens = tokenize(caption) if isinstance(caption, str) else caption
+        ids = [self.stoi.get(t, self.unk_id) for t in tokens]
+        return [self.start_id, *ids, self.end_id] if add_special else ids
+
+    def decode_tokens(self, ids: Iterable[int]) -> list[str]:
+        """Words of a generated sequence: stops at ``<end>``, skips ``<start>`` and ``<pad>``."""
+        words = []
+        for i in ids:
+            i = int(i)
+            if i == self.end_id:
+                break
+            if i in (self.start_id, self.pad_id):
+                continue
+            words.append(self.itos[i])
+        return words
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """The caption string of a generated sequence (see :meth:`decode_tokens`)."""
+        return " ".join(self.decode_tokens(ids))
+
+    def to_list(self) -> list[str]:
+        return list(self.itos)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.itos, indent=0) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> Vocabulary:
+        try:
+            words = json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise DataError(f"cannot read vocabulary {path}: {exc}") from exc
+        if not isinstance(words, list) or not all(isinstance(w, str) for w in words):
+            raise DataError(f"{path} is not a vocabulary file (expected a JSON list of words)")
+        return cls(words)
