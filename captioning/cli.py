@@ -15,9 +15,10 @@ from captioning.errors import CaptioningError
 logger = logging.getLogger("captioning")
 
 
-def _setup_logging(quiet: bool) -> None:
+def _setup_logging() -> None:
+    # --quiet hides progress bars; the one-line-per-epoch log always shows.
     logging.basicConfig(
-        level=logging.WARNING if quiet else logging.INFO,
+        level=logging.INFO,
         format="%(message)s",
         stream=sys.stderr,
         force=True,
@@ -113,7 +114,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 def _verb_adder(sub: argparse._SubParsersAction) -> Callable[..., argparse.ArgumentParser]:
     def add_verb(name: str, help: str) -> argparse.ArgumentParser:
         verb = sub.add_parser(name, help=help, description=help)
-        verb.add_argument("--quiet", dest="verb_quiet", action="store_true", help="less output")
+        verb.add_argument(
+            "--quiet", dest="verb_quiet", action="store_true", help="no progress bars"
+        )
         return verb
 
     return add_verb
@@ -124,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="captioning",
         description="Show, Attend and Tell: visual-attention image captioning.",
     )
-    parser.add_argument("--quiet", action="store_true", help="no progress bars or info logs")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
     sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
     add_verb = _verb_adder(sub)
 
@@ -160,7 +163,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     # `--quiet` may come before or after the verb
     args.quiet = args.quiet or bool(getattr(args, "verb_quiet", False))
-    _setup_logging(args.quiet)
+    _setup_logging()
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)

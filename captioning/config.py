@@ -92,11 +92,11 @@ class TrainConfig:
     encoder_lr: float = 1e-4
     weight_decay: float = 0.0
     grad_clip: float = 5.0
-    schedule: Literal["plateau", "step", "none"] = "plateau"
+    schedule: Literal["plateau", "step", "cosine", "none"] = "plateau"
     lr_factor: float = 0.5
     lr_patience: int = 2
     lr_step: int = 10
-    warmup_steps: int = 0
+    warmup_steps: int = 0  # linear warm-up, with the cosine schedule
     early_stop_patience: int = 5  # epochs without improvement; 0 turns it off
     select_metric: Literal["CIDEr", "Bleu_4", "exact_match"] = "CIDEr"
     val_max_images: int | None = None  # decode only this many validation images per epoch

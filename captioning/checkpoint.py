@@ -1,0 +1,121 @@
+"""Checkpoints: plain data only, written atomically, read with ``weights_only=True``.
+
+A checkpoint is a dict of tensors, numbers, strings, lists and dicts: ``model``,
+``optimizer``, ``scheduler``, ``epoch``, ``step``, ``config`` (the resolved config dict),
+``vocab`` (the word list), ``best_score``, ``rng`` and ``format_version``. It rebuilds its own
+model, and a file crafted to run code when unpickled is refused instead of executed.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import random
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from captioning.errors import CheckpointError
+
+FORMAT_VERSION = 1
+REQUIRED_KEYS = ("format_version", "model", "config", "vocab", "epoch", "step")
+_PLAIN = (str, int, float, bool, type(None), torch.Tensor)
+
+
+def _check_plain(value: Any, where: str = "checkpoint") -> None:
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str | int):
+                raise TypeError(f"{where}: key {key!r} is not a string or integer")
+            _check_plain(item, f"{where}.{key}")
+    elif isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            _check_plain(item, f"{where}[{i}]")
+    elif not isinstance(value, _PLAIN):
+        raise TypeError(f"{where} holds a {type(value).__name__}: checkpoints take plain data")
+
+
+def save_checkpoint(payload: dict[str, Any], path: str | Path) -> Path:
+    """Write ``payload`` (plain data only) to ``path`` atomically: a crash mid-write leaves
+    the previous file intact."""
+    payload = {"format_version": FORMAT_VERSION, **payload}
+    _check_plain(payload)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            torch.save(payload, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Read a checkpoint safely and check its format.
+
+    Raises:
+        CheckpointError: missing file, not a checkpoint, unsafe content, another format
+            version, or a missing key, each with a one-line explanation.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: checkpoint not found")
+    try:
+        payload = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        reason = str(exc).strip().splitlines()
+        detail = next((line for line in reason if "GLOBAL" in line or "global" in line), "")
+        raise CheckpointError(
+            f"{path}: refused to load: it holds objects other than plain data, which could "
+            f"run code ({detail.strip() or 'unsafe pickle'}); only load files you trust"
+        ) from exc
+    except Exception as exc:  # torch.load fails in many ways on a file that is not its own
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(f"{path}: not a readable checkpoint ({first})") from exc
+    if not isinstance(payload, dict):
+        raise CheckpointError(f"{path}: not a captioning checkpoint (no dict inside)")
+    version = payload.get("format_version")
+    if version is None:
+        raise CheckpointError(f"{path}: not a captioning checkpoint (no format_version)")
+    if version != FORMAT_VERSION:
+        raise CheckpointError(
+            f"{path}: checkpoint format version {version}, this code reads version "
+            f"{FORMAT_VERSION}; use the matching release of captioning"
+        )
+    for key in REQUIRED_KEYS:
+        if key not in payload:
+            raise CheckpointError(f"{path}: checkpoint is missing the key {key!r}")
+    return payload
+
+
+def rng_state() -> dict[str, Any]:
+    """Python, NumPy and torch RNG states as plain data."""
+    py_version, py_state, py_gauss = random.getstate()
+    np_state = np.random.get_state()
+    state = {
+        "python": [py_version, list(py_state), py_gauss],
+        "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]],
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what :func:`rng_state` saved."""
+    py_version, py_state, py_gauss = state["python"]
+    random.setstate((py_version, tuple(py_state), py_gauss))
+    name, keys, *rest = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), *rest))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

@@ -1,0 +1,29 @@
+"""Encoders, attention, decoder and the assembled captioner."""
+
+from captioning.models.attention import (
+    AttentionOutput,
+    HardAttention,
+    NoAttention,
+    SoftAttention,
+    build_attention,
+    make_score,
+)
+from captioning.models.captioner import Captioner, build_model
+from captioning.models.decoder import Decoder, DecoderOutput, DecoderState
+from captioning.models.encoder import Encoder, build_encoder
+
+__all__ = [
+    "AttentionOutput",
+    "Captioner",
+    "Decoder",
+    "DecoderOutput",
+    "DecoderState",
+    "Encoder",
+    "HardAttention",
+    "NoAttention",
+    "SoftAttention",
+    "build_attention",
+    "build_encoder",
+    "build_model",
+    "make_score",
+]

@@ -1,0 +1,240 @@
+"""Attention over the image grid: score functions and the soft / hard / no-attention modules.
+
+A score function has two halves: :meth:`project_keys` runs once per batch on the grid
+features (B, L, D) → keys (B, L, K), and :meth:`forward` scores the keys against the decoder
+state at each step → logits (B, L). Re-projecting the grid at every word is the main waste of
+the tutorial implementations.
+
+Soft, hard and no attention share one interface: they return an :class:`AttentionOutput`
+with the context vector, the weights ``alpha`` and, for hard attention, the chosen cell and
+its log-probability (the REINFORCE term itself lives in ``losses.py``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from captioning.errors import ConfigError
+
+# --------------------------------------------------------------------------- scores
+
+
+class AdditiveScore(nn.Module):
+    """Bahdanau / the paper: ``w^T act(W_k a_i + W_q h)``; ``act`` is tanh (paper) or ReLU.
+
+    Args:
+        feature_dim: D, the grid feature size.
+        query_dim: the decoder state size.
+        attention_dim: the hidden size of the scoring MLP.
+        activation: ``tanh`` or ``relu``.
+    """
+
+    def __init__(
+        self, feature_dim: int, query_dim: int, attention_dim: int, activation: str = "tanh"
+    ) -> None:
+        super().__init__()
+        self.key_proj = nn.Linear(feature_dim, attention_dim)
+        self.query_proj = nn.Linear(query_dim, attention_dim, bias=False)
+        self.out = nn.Linear(attention_dim, 1)
+        self.activation = torch.tanh if activation == "tanh" else F.relu
+
+    def project_keys(self, features: torch.Tensor) -> torch.Tensor:
+        return self.key_proj(features)  # (B, L, A)
+
+    def forward(self, keys: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
+        hidden = self.activation(keys + self.query_proj(query).unsqueeze(1))  # (B, L, A)
+        return self.out(hidden).squeeze(2)  # (B, L)
+
+
+class DotScore(nn.Module):
+    """``<W_k a_i, W_q h>``, optionally divided by sqrt(K) (``scaled_dot``) or, with
+    ``cosine``, the cosine of the two projections times a learned temperature.
+
+    Args:
+        feature_dim, query_dim, attention_dim: as for :class:`AdditiveScore`.
+        scaled: divide by sqrt(attention_dim).
+        cosine: normalise both sides; the learned scale starts at 5.
+    """
+
+    def __init__(
+        self,
+        feature_dim: int,
+        query_dim: int,
+        attention_dim: int,
+        scaled: bool = False,
+        cosine: bool = False,
+    ) -> None:
+        super().__init__()
+        self.key_proj = nn.Linear(feature_dim, attention_dim)
+        self.query_proj = nn.Linear(query_dim, attention_dim)
+        self.scale = 1.0 / math.sqrt(attention_dim) if scaled else 1.0
+        self.cosine = cosine
+        # Cosines lie in [-1, 1]: without a temperature the softmax stays nearly uniform.
+        self.log_temperature = nn.Parameter(torch.tensor(math.log(5.0))) if cosine else None
+
+    def project_keys(self, features: torch.Tensor) -> torch.Tensor:
+        keys = self.key_proj(features)  # (B, L, A)
+        return F.normalize(keys, dim=-1) if self.cosine else keys
+
+    def forward(self, keys: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
+        query = self.query_proj(query)  # (B, A)
+        if self.cosine:
+            query = F.normalize(query, dim=-1)
+        logits = torch.bmm(keys, query.unsqueeze(2)).squeeze(2)  # (B, L)
+        if self.log_temperature is not None:
+            return logits * self.log_temperature.exp()
+        return logits * self.scale
+
+
+class GeneralScore(nn.Module):
+    """Luong's general score ``a_i^T W h``: the keys are the features themselves."""
+
+    def __init__(self, feature_dim: int, query_dim: int, attention_dim: int) -> None:
+        super().__init__()
+        self.query_proj = nn.Linear(query_dim, feature_dim, bias=False)
+
+    def project_keys(self, features: torch.Tensor) -> torch.Tensor:
+        return features  # (B, L, D)
+
+    def forward(self, keys: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
+        return torch.bmm(keys, self.query_proj(query).unsqueeze(2)).squeeze(2)  # (B, L)
+
+
+SCORES = {
+    "additive": partial(AdditiveScore, activation="tanh"),
+    "additive_relu": partial(AdditiveScore, activation="relu"),
+    "dot": DotScore,
+    "scaled_dot": partial(DotScore, scaled=True),
+    "cosine": partial(DotScore, cosine=True),
+    "general": GeneralScore,
+}
+
+
+def make_score(
+    score: str | nn.Module, feature_dim: int, query_dim: int, attention_dim: int
+) -> nn.Module:
+    """A score module by name (see ``SCORES``) or a ready module, returned as is."""
+    if isinstance(score, nn.Module):
+        return score
+    if score not in SCORES:
+        raise ConfigError(f"model.score must be one of {', '.join(SCORES)}; got {score!r}")
+    return SCORES[score](feature_dim, query_dim, attention_dim)
+
+
+# --------------------------------------------------------------------------- attention
+
+
+@dataclass
+class AttentionOutput:
+    """What every attention returns at one step.
+
+    Attributes:
+        context: (B, D) the context vector z_t (before the decoder's gate).
+        alpha: (B, L) the attention weights (a distribution over cells).
+        log_prob: (B,) log alpha of the chosen cell for hard attention, else None.
+        cell: (B,) index of the chosen cell for hard attention, else None.
+        sampled: (B,) bool, which rows used a sampled cell (hard attention), else None.
+    """
+
+    context: torch.Tensor
+    alpha: torch.Tensor
+    log_prob: torch.Tensor | None = None
+    cell: torch.Tensor | None = None
+    sampled: torch.Tensor | None = None
+
+
+class SoftAttention(nn.Module):
+    """Deterministic attention: the expected feature under alpha."""
+
+    def __init__(self, score: nn.Module) -> None:
+        super().__init__()
+        self.score = score
+
+    def project_keys(self, features: torch.Tensor) -> torch.Tensor:
+        return self.score.project_keys(features)
+
+    def weights(self, keys: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
+        # softmax in fp32: with bf16 autocast the weights must still sum to one
+        return torch.softmax(self.score(keys, query).float(), dim=1)  # (B, L)
+
+    def forward(
+        self, features: torch.Tensor, keys: torch.Tensor, query: torch.Tensor, **_: object
+    ) -> AttentionOutput:
+        alpha = self.weights(keys, query)  # (B, L)
+        return AttentionOutput(context=expected_context(alpha, features), alpha=alpha)
+
+
+def expected_context(alpha: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+    """sum_i alpha_i a_i: (B, L) weights, (B, L, D) features → (B, D)."""
+    return torch.bmm(alpha.unsqueeze(1).to(features.dtype), features).squeeze(1)
+
+
+class HardAttention(SoftAttention):
+    """Stochastic attention: one cell s_t ~ Categorical(alpha) per word; the context is its
+    feature. The gradient through the sampling decision comes from the REINFORCE surrogate in
+    ``losses.py``, built on the ``log_prob`` returned here.
+
+    ``mode`` at call time: ``sample`` (training), ``argmax``, or ``expectation`` (the soft
+    context, as the authors decode). ``use_expectation`` (B,) bool picks rows that take the
+    expected context instead of a sample (the paper's mixing of soft and hard minibatches).
+    """
+
+    def forward(
+        self,
+        features: torch.Tensor,
+        keys: torch.Tensor,
+        query: torch.Tensor,
+        mode: str = "sample",
+        use_expectation: torch.Tensor | None = None,
+        generator: torch.Generator | None = None,
+        **_: object,
+    ) -> AttentionOutput:
+        alpha = self.weights(keys, query)  # (B, L)
+        if mode == "expectation":
+            return AttentionOutput(context=expected_context(alpha, features), alpha=alpha)
+        if mode == "sample":
+            cell = torch.multinomial(alpha.detach(), 1, generator=generator).squeeze(1)  # (B,)
+        elif mode == "argmax":
+            cell = alpha.argmax(dim=1)  # (B,)
+        else:
+            raise ValueError(f"hard attention mode must be sample, argmax or expectation: {mode}")
+        rows = torch.arange(features.shape[0], device=features.device)
+        context = features[rows, cell]  # (B, D)
+        log_prob = torch.log(alpha[rows, cell].clamp_min(1e-12))  # (B,)
+        sampled = torch.ones_like(cell, dtype=torch.bool)
+        if use_expectation is not None:
+            expected = expected_context(alpha, features)  # (B, D)
+            context = torch.where(use_expectation[:, None], expected, context)  # (B, D)
+            sampled = ~use_expectation
+            log_prob = log_prob * sampled
+        return AttentionOutput(context, alpha, log_prob=log_prob, cell=cell, sampled=sampled)
+
+
+class NoAttention(nn.Module):
+    """The ablation baseline: a uniform average of the grid at every step."""
+
+    def project_keys(self, features: torch.Tensor) -> torch.Tensor:
+        return features.mean(dim=1, keepdim=True)  # (B, 1, D): the context, computed once
+
+    def forward(
+        self, features: torch.Tensor, keys: torch.Tensor, query: torch.Tensor, **_: object
+    ) -> AttentionOutput:
+        batch, cells = features.shape[:2]
+        alpha = features.new_full((batch, cells), 1.0 / cells, dtype=torch.float32)
+        return AttentionOutput(context=keys.squeeze(1), alpha=alpha)
+
+
+def build_attention(
+    kind: str, score: str | nn.Module, feature_dim: int, query_dim: int, attention_dim: int
+) -> nn.Module:
+    """``soft``, ``hard`` or ``none`` attention with the named score function."""
+    if kind == "none":
+        return NoAttention()
+    score_module = make_score(score, feature_dim, query_dim, attention_dim)
+    return {"soft": SoftAttention, "hard": HardAttention}[kind](score_module)

@@ -1,0 +1,67 @@
+"""Captioner = encoder + decoder, and :func:`build_model`, the one place where config strings
+become modules."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from captioning.config import ModelConfig
+from captioning.models.attention import build_attention
+from captioning.models.decoder import Decoder, DecoderOutput
+from captioning.models.encoder import Encoder, build_encoder
+
+
+class Captioner(nn.Module):
+    """An image encoder and an attention LSTM decoder.
+
+    Args:
+        encoder: images (B, 3, S, S) → grid features (B, L, D).
+        decoder: the attention LSTM over those features.
+    """
+
+    def __init__(self, encoder: Encoder, decoder: Decoder) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.decoder = decoder
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        """The (rows, columns) of the attention grid."""
+        return self.encoder.grid
+
+    def forward(
+        self, images: torch.Tensor, tokens: torch.Tensor, **attention_kwargs: object
+    ) -> DecoderOutput:
+        """Teacher forcing on a batch: ``tokens`` (B, T) are whole captions
+        (``<start> … <end> <pad>…``); the outputs predict ``tokens[:, 1:]``."""
+        features = self.encoder(images)  # (B, L, D)
+        return self.decoder(features, tokens[:, :-1], **attention_kwargs)
+
+
+def build_model(cfg: ModelConfig, vocab_size: int) -> Captioner:
+    """The :class:`Captioner` that ``cfg`` describes."""
+    encoder = build_encoder(
+        cfg.encoder,
+        weights=cfg.weights,
+        image_size=cfg.image_size,
+        grid_size=cfg.grid_size,
+        positional=cfg.positional,
+        fine_tune=cfg.fine_tune,
+        cnn_channels=cfg.cnn_channels,
+    )
+    attention = build_attention(
+        cfg.attention, cfg.score, encoder.out_channels, cfg.hidden_dim, cfg.attention_dim
+    )
+    decoder = Decoder(
+        vocab_size=vocab_size,
+        feature_dim=encoder.out_channels,
+        attention=attention,
+        embed_dim=cfg.embed_dim,
+        hidden_dim=cfg.hidden_dim,
+        gate=cfg.gate,
+        deep_output=cfg.deep_output,
+        init_state=cfg.init_state,
+        dropout=cfg.dropout,
+    )
+    return Captioner(encoder, decoder)

@@ -1,0 +1,271 @@
+"""Image encoders: a CNN cut at its last convolutional stage, returning a grid of features.
+
+The encoder owns its preprocessing: :meth:`Encoder.transform` turns a PIL image into a uint8
+tensor of the right size, and :meth:`Encoder.forward` normalises with the statistics of the
+weights it was built with (torchvision's ``weights.transforms()`` convention).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+import torchvision
+from PIL import Image
+from torch import nn
+
+from captioning.errors import ConfigError
+
+logger = logging.getLogger("captioning")
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+class SmallCNN(nn.Module):
+    """A small CNN trained from scratch, for the shapes data and CPU work.
+
+    A 5x5 stride-2 stem, then 3x3 conv-BN-ReLU blocks, each but the last followed by 2x2 max
+    pooling. With ``channels=[32, 64, 128, 128]`` a 96 px image gives a 12x12x128 grid.
+
+    Args:
+        channels: output channels of the stem and of each block.
+    """
+
+    def __init__(self, channels: list[int]) -> None:
+        super().__init__()
+        if not channels:
+            raise ConfigError("model.cnn_channels needs at least one entry")
+        stages: list[nn.Module] = [
+            nn.Sequential(
+                nn.Conv2d(3, channels[0], 5, stride=2, padding=2, bias=False),
+                nn.BatchNorm2d(channels[0]),
+                nn.ReLU(inplace=True),
+            )
+        ]
+        for i, (c_in, c_out) in enumerate(zip(channels[:-1], channels[1:])):
+            layers: list[nn.Module] = [
+                nn.Conv2d(c_in, c_out, 3, padding=1, bias=False),
+                nn.BatchNorm2d(c_out),
+                nn.ReLU(inplace=True),
+            ]
+            if i < len(channels) - 2:
+                layers.append(nn.MaxPool2d(2))
+            stages.append(nn.Sequential(*layers))
+        self.stages = nn.Sequential(*stages)
+        self.out_channels = channels[-1]
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.stages(images)  # (B, C, H', W')
+
+
+def _load_torchvision(name: str, weights: str | None) -> tuple[nn.Module, tuple, tuple]:
+    """A torchvision classifier by name, with weights by enum name or local file, and its
+    normalisation statistics."""
+    try:
+        weights_enum = torchvision.models.get_model_weights(name)
+    except ValueError as exc:
+        known = ", ".join(["small_cnn", "vgg19", "resnet50", "resnet101", "resnet152", "..."])
+        raise ConfigError(f"model.encoder {name!r} is not a torchvision model ({known})") from exc
+    enum_weights = None
+    state_dict = None
+    if weights and weights.lower() != "none":
+        if Path(weights).suffix in (".pt", ".pth", ".bin") or Path(weights).exists():
+            if not Path(weights).is_file():
+                raise ConfigError(f"model.weights file {weights} does not exist")
+            state_dict = torch.load(weights, map_location="cpu", weights_only=True)
+            if isinstance(state_dict, dict) and "state_dict" in state_dict:
+                state_dict = state_dict["state_dict"]
+        else:
+            try:
+                enum_weights = weights_enum[weights]
+            except KeyError as exc:
+                names = ", ".join(w.name for w in weights_enum)
+                raise ConfigError(
+                    f"model.weights {weights!r} is neither a file nor a weights name of "
+                    f"{name} ({names})"
+                ) from exc
+    model = torchvision.models.get_model(name, weights=enum_weights)
+    if state_dict is not None:
+        missing, unexpected = model.load_state_dict(state_dict, strict=False)
+        missing = [k for k in missing if not k.startswith(("fc.", "classifier."))]
+        if missing or unexpected:
+            raise ConfigError(
+                f"model.weights {weights} does not fit {name}: "
+                f"{len(missing)} missing keys (e.g. {missing[:1]}), "
+                f"{len(unexpected)} unexpected (e.g. {unexpected[:1]})"
+            )
+    # Normalisation comes from the weights' own transforms; untrained weights use ImageNet's.
+    transform = (enum_weights or weights_enum.DEFAULT).transforms()
+    mean = tuple(getattr(transform, "mean", IMAGENET_MEAN))
+    std = tuple(getattr(transform, "std", IMAGENET_STD))
+    return model, mean, std
+
+
+def _cut_backbone(name: str, model: nn.Module) -> list[nn.Module]:
+    """The classifier's convolutional stages, in order, without pooling head or classifier."""
+    if hasattr(model, "layer4"):  # resnet, resnext, wide_resnet
+        stem = nn.Sequential(model.conv1, model.bn1, model.relu, model.maxpool)
+        return [stem, model.layer1, model.layer2, model.layer3, model.layer4]
+    if name.startswith("vgg"):
+        # Stages end at each max-pool; the last pool is dropped so vgg19 ends at conv5_4
+        # (14x14x512 at 224 px, the paper's annotation vectors).
+        stages, current = [], []
+        for layer in model.features:
+            current.append(layer)
+            if isinstance(layer, nn.MaxPool2d):
+                stages.append(nn.Sequential(*current))
+                current = []
+        stages[-1] = nn.Sequential(*list(stages[-1])[:-1])
+        return stages
+    if hasattr(model, "features"):  # densenet, efficientnet, mobilenet, convnext, ...
+        return list(model.features.children())
+    raise ConfigError(f"model.encoder {name!r}: do not know where its convolutional stages end")
+
+
+def sinusoidal_positions(height: int, width: int, dim: int) -> torch.Tensor:
+    """2-D sine/cosine position codes: half the channels encode the row, half the column."""
+    if dim % 4:
+        raise ConfigError(f"sinusoidal positions need a feature size divisible by 4, got {dim}")
+    quarter = dim // 4
+    freqs = torch.exp(-math.log(10000.0) * torch.arange(quarter) / quarter)  # (dim/4,)
+    rows = torch.arange(height).float()[:, None] * freqs  # (H, dim/4)
+    cols = torch.arange(width).float()[:, None] * freqs  # (W, dim/4)
+    row_code = torch.cat([rows.sin(), rows.cos()], dim=1)[:, None, :].expand(-1, width, -1)
+    col_code = torch.cat([cols.sin(), cols.cos()], dim=1)[None, :, :].expand(height, -1, -1)
+    return torch.cat([row_code, col_code], dim=2).reshape(height * width, dim)  # (L, dim)
+
+
+class Encoder(nn.Module):
+    """Backbone + optional pooling to a fixed grid + optional 2-D positions → (B, L, D).
+
+    Args:
+        stages: the backbone's convolutional stages in order.
+        out_channels: D, the feature size of the last stage.
+        image_size: the side length images are resized to.
+        mean, std: normalisation statistics of the backbone's weights.
+        grid_size: adaptive average pooling to ``grid_size x grid_size``; None keeps the
+            backbone's own grid.
+        positional: ``none``, ``learned`` or ``sinusoidal`` position codes added to the grid.
+        fine_tune: ``none`` (frozen, kept in eval mode), ``all``, or ``last_N``.
+    """
+
+    def __init__(
+        self,
+        stages: list[nn.Module],
+        out_channels: int,
+        image_size: int,
+        mean: tuple[float, ...] = IMAGENET_MEAN,
+        std: tuple[float, ...] = IMAGENET_STD,
+        grid_size: int | None = None,
+        positional: str = "none",
+        fine_tune: str = "none",
+    ) -> None:
+        super().__init__()
+        self.stages = nn.ModuleList(stages)
+        self.out_channels = out_channels
+        self.image_size = image_size
+        self.register_buffer("mean", torch.tensor(mean).view(1, 3, 1, 1) * 255.0)
+        self.register_buffer("std", torch.tensor(std).view(1, 3, 1, 1) * 255.0)
+        self.pool = nn.AdaptiveAvgPool2d(grid_size) if grid_size else nn.Identity()
+        with torch.no_grad():
+            probe = torch.zeros(1, 3, image_size, image_size)
+            for stage in self.stages:
+                stage.eval()
+                probe = stage(probe)
+            probe = self.pool(probe)
+        self.grid = (int(probe.shape[2]), int(probe.shape[3]))
+        num_cells = self.grid[0] * self.grid[1]
+        if positional == "learned":
+            self.positions = nn.Parameter(torch.randn(num_cells, out_channels) * 0.02)
+        elif positional == "sinusoidal":
+            self.register_buffer("positions", sinusoidal_positions(*self.grid, out_channels))
+        elif positional == "none":
+            self.positions = None
+        else:
+            raise ConfigError(f"model.positional must be none, learned or sinusoidal: {positional}")
+        self._set_trainable(fine_tune)
+
+    def _set_trainable(self, fine_tune: str) -> None:
+        if fine_tune == "all":
+            trainable = len(self.stages)
+        elif fine_tune == "none":
+            trainable = 0
+        else:
+            trainable = int(fine_tune.split("_", 1)[1])
+            if trainable > len(self.stages):
+                raise ConfigError(
+                    f"model.fine_tune={fine_tune} but the encoder has {len(self.stages)} stages"
+                )
+        self.frozen_stages = len(self.stages) - trainable
+        for i, stage in enumerate(self.stages):
+            for param in stage.parameters():
+                param.requires_grad_(i >= self.frozen_stages)
+
+    def train(self, mode: bool = True) -> Encoder:
+        super().train(mode)
+        # Frozen stages stay in eval mode so their BatchNorm statistics never drift.
+        for stage in list(self.stages)[: self.frozen_stages]:
+            stage.eval()
+        return self
+
+    @property
+    def num_cells(self) -> int:
+        return self.grid[0] * self.grid[1]
+
+    def transform(self, image: Image.Image) -> torch.Tensor:
+        """A PIL RGB image → uint8 tensor (3, S, S), S = ``image_size``."""
+        resized = image.resize((self.image_size, self.image_size), Image.BICUBIC)
+        return torch.from_numpy(np.asarray(resized, dtype=np.uint8).copy()).permute(2, 0, 1)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        """``images`` (B, 3, S, S), uint8 or float in 0..255 → features (B, L, D)."""
+        x = (images.float() - self.mean) / self.std
+        frozen = self.frozen_stages
+        if frozen:
+            with torch.no_grad():
+                for stage in list(self.stages)[:frozen]:
+                    x = stage(x)
+        for stage in list(self.stages)[frozen:]:
+            x = stage(x)
+        x = self.pool(x)  # (B, D, h, w)
+        features = x.flatten(2).transpose(1, 2)  # (B, L, D)
+        if self.positions is not None:
+            features = features + self.positions.to(features.dtype)
+        return features
+
+
+def build_encoder(
+    name: str,
+    weights: str | None = None,
+    image_size: int = 224,
+    grid_size: int | None = None,
+    positional: str = "none",
+    fine_tune: str = "none",
+    cnn_channels: list[int] | None = None,
+) -> Encoder:
+    """An :class:`Encoder` by backbone name (``small_cnn``, ``vgg19``, ``resnet101``, ...)."""
+    if name == "small_cnn":
+        if weights and weights.lower() != "none":
+            if not Path(weights).is_file():
+                raise ConfigError(f"model.weights file {weights} does not exist")
+        cnn = SmallCNN(cnn_channels or [32, 64, 128, 128])
+        if weights and weights.lower() != "none":
+            cnn.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))
+        stages, channels = list(cnn.stages), cnn.out_channels
+        mean, std = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)
+        if fine_tune != "all" and not weights:
+            logger.warning("model.fine_tune=%s freezes a randomly initialised CNN", fine_tune)
+    else:
+        model, mean, std = _load_torchvision(name, weights)
+        stages = _cut_backbone(name, model)
+        with torch.no_grad():
+            probe = torch.zeros(1, 3, 64, 64)
+            for stage in stages:
+                stage.eval()
+                probe = stage(probe)
+        channels = int(probe.shape[1])
+    return Encoder(stages, channels, image_size, mean, std, grid_size, positional, fine_tune)

@@ -1,0 +1,235 @@
+"""Encoder, attention and decoder: shapes, flags and gradients on tiny models."""
+
+import pytest
+import torch
+from torch import nn
+
+from captioning.config import load_config
+from captioning.losses import caption_loss
+from captioning.models import build_model
+from captioning.models.attention import (
+    SCORES,
+    HardAttention,
+    NoAttention,
+    SoftAttention,
+    make_score,
+)
+from captioning.models.decoder import Decoder
+from captioning.models.encoder import build_encoder, sinusoidal_positions
+
+TINY = [
+    "model.encoder=small_cnn",
+    "model.image_size=32",
+    "model.cnn_channels=[8,16]",
+    "model.fine_tune=all",
+    "model.embed_dim=16",
+    "model.hidden_dim=24",
+    "model.attention_dim=12",
+    "model.dropout=0",
+]
+
+
+def tiny_model(*overrides, vocab=11):
+    torch.manual_seed(0)
+    return build_model(load_config(None, [*TINY, *overrides]).model, vocab)
+
+
+def batch(size=3, length=6, vocab=11):
+    g = torch.Generator().manual_seed(1)
+    images = torch.randint(0, 256, (size, 3, 32, 32), dtype=torch.uint8, generator=g)
+    tokens = torch.randint(4, vocab, (size, length), generator=g)
+    tokens[:, 0] = 1
+    tokens[0, -2:] = 0  # padding
+    tokens[0, -3] = 2
+    return images, tokens
+
+
+@pytest.mark.parametrize("name", sorted(SCORES))
+def test_every_score_function(name):
+    torch.manual_seed(0)
+    score = make_score(name, feature_dim=8, query_dim=6, attention_dim=5)
+    attention = SoftAttention(score)
+    features = torch.randn(4, 9, 8, requires_grad=True)
+    query = torch.randn(4, 6, requires_grad=True)
+    keys = attention.project_keys(features)
+    out = attention(features, keys, query)
+    assert out.alpha.shape == (4, 9) and out.context.shape == (4, 8)
+    assert torch.allclose(out.alpha.sum(dim=1), torch.ones(4), atol=1e-6)
+    assert out.log_prob is None
+    # a loss that depends on where attention goes: every parameter gets a gradient
+    loss = (out.alpha * torch.arange(9.0)).sum() + out.context.pow(2).sum()
+    loss.backward()
+    for pname, param in score.named_parameters():
+        assert param.grad is not None and param.grad.abs().sum() > 0, pname
+    assert query.grad.abs().sum() > 0 and features.grad.abs().sum() > 0
+
+
+def test_make_score_accepts_a_module_and_rejects_unknown_names():
+    module = make_score("dot", 4, 4, 4)
+    assert make_score(module, 4, 4, 4) is module
+    with pytest.raises(Exception, match="model.score must be one of"):
+        make_score("bilinear", 4, 4, 4)
+
+
+def test_no_attention_is_a_uniform_average():
+    features = torch.randn(2, 5, 3)
+    attention = NoAttention()
+    out = attention(features, attention.project_keys(features), torch.randn(2, 4))
+    assert torch.allclose(out.alpha, torch.full((2, 5), 0.2))
+    assert torch.allclose(out.context, features.mean(dim=1))
+
+
+def test_hard_attention_samples_a_cell_and_reports_its_log_prob():
+    torch.manual_seed(0)
+    attention = HardAttention(make_score("additive", 3, 4, 5))
+    features = torch.randn(6, 7, 3)
+    keys = attention.project_keys(features)
+    query = torch.randn(6, 4)
+    out = attention(features, keys, query, mode="sample")
+    rows = torch.arange(6)
+    assert torch.equal(out.context, features[rows, out.cell])
+    assert torch.allclose(out.log_prob, out.alpha[rows, out.cell].log())
+    argmax = attention(features, keys, query, mode="argmax")
+    assert torch.equal(argmax.cell, argmax.alpha.argmax(dim=1))
+    expected = attention(features, keys, query, mode="expectation")
+    assert expected.log_prob is None
+    assert torch.allclose(expected.context, torch.einsum("bl,bld->bd", expected.alpha, features))
+
+
+def test_encoder_grid_positions_and_freezing():
+    enc = build_encoder("small_cnn", image_size=32, cnn_channels=[8, 16], fine_tune="all")
+    assert enc.grid == (16, 16) and enc(torch.zeros(2, 3, 32, 32)).shape == (2, 256, 16)
+    pooled = build_encoder("small_cnn", image_size=32, cnn_channels=[8, 16], grid_size=4,
+                           fine_tune="all")  # fmt: skip
+    assert pooled.grid == (4, 4)
+    codes = sinusoidal_positions(3, 4, 8)
+    assert codes.shape == (12, 8) and len({tuple(r.tolist()) for r in codes}) == 12
+    sin = build_encoder("small_cnn", image_size=32, cnn_channels=[8, 16], positional="sinusoidal",
+                        fine_tune="all")  # fmt: skip
+    flat = torch.zeros(1, 3, 32, 32)
+    cells = sin(flat)[0]
+    assert len({tuple(c.round(decimals=4).tolist()) for c in cells}) == 256  # cells differ
+    learned = build_encoder("small_cnn", image_size=32, cnn_channels=[8, 16],
+                            positional="learned", fine_tune="all")  # fmt: skip
+    assert learned.positions.requires_grad
+
+    frozen = build_encoder("small_cnn", image_size=32, cnn_channels=[8, 16, 16], fine_tune="last_1")
+    frozen.train()
+    assert not frozen.stages[0].training and frozen.stages[-1].training
+    assert not any(p.requires_grad for p in frozen.stages[0].parameters())
+    assert all(p.requires_grad for p in frozen.stages[-1].parameters())
+    before = frozen.stages[0][1].running_mean.clone()
+    frozen(torch.randint(0, 256, (4, 3, 32, 32)).float())
+    assert torch.equal(before, frozen.stages[0][1].running_mean)  # BN statistics do not drift
+
+
+def test_vgg19_conv5_4_grid_without_download():
+    enc = build_encoder("vgg19", image_size=224)
+    assert enc.grid == (14, 14) and enc.out_channels == 512
+    assert isinstance(list(enc.stages[-1])[-1], nn.ReLU)  # ends at conv5_4 + ReLU, no pool
+    assert not any(p.requires_grad for p in enc.parameters())
+
+
+def test_bad_encoder_names_and_weights():
+    with pytest.raises(Exception, match="not a torchvision model"):
+        build_encoder("resnet9000")
+    with pytest.raises(Exception, match="neither a file nor a weights name"):
+        build_encoder("resnet50", weights="IMAGENET_SUPER")
+
+
+def test_teacher_forced_forward_equals_repeated_step():
+    model = tiny_model().eval()
+    images, tokens = batch()
+    with torch.no_grad():
+        out = model(images, tokens)
+        features = model.encoder(images)
+        keys = model.decoder.prepare(features)
+        state = model.decoder.init_state(features)
+        for t in range(tokens.shape[1] - 1):
+            step = model.decoder.step(tokens[:, t], state, features, keys)
+            assert torch.allclose(step.logits, out.logits[:, t], atol=1e-5)
+            assert torch.allclose(step.attention.alpha, out.alphas[:, t], atol=1e-6)
+            state = step.state
+
+
+@pytest.mark.parametrize(
+    ("flag", "check"),
+    [
+        ("model.gate=vector", lambda m: m.decoder.gate.out_features == 128 // 8),
+        ("model.gate=none", lambda m: m.decoder.gate is None),
+        ("model.deep_output=false", lambda m: m.decoder.out.in_features == 24),
+        ("model.init_state=linear", lambda m: True),
+        ("model.score=additive_relu", lambda m: True),
+    ],
+)
+def test_each_decoder_flag_changes_the_computation(flag, check):
+    base = tiny_model().eval()
+    variant = tiny_model(flag).eval()
+    assert check(variant) or flag == "model.gate=vector"
+    images, tokens = batch()
+    # copy every parameter the two share, so only the flag can explain a difference
+    theirs = variant.state_dict()
+    shared = {
+        k: v for k, v in base.state_dict().items() if k in theirs and theirs[k].shape == v.shape
+    }
+    variant.load_state_dict(shared, strict=False)
+    with torch.no_grad():
+        assert not torch.allclose(base(images, tokens).logits, variant(images, tokens).logits)
+
+
+def test_flag_semantics():
+    model = tiny_model("model.gate=vector").eval()
+    assert model.decoder.gate.out_features == 16  # one gate per feature channel
+    model = tiny_model("model.init_state=linear").eval()
+    features = torch.randn(2, 5, 16) * 10
+    assert model.decoder.init_state(features).h.abs().max() > 1  # no tanh squashing
+    model = tiny_model().eval()
+    assert model.decoder.init_state(features).h.abs().max() <= 1
+
+
+def test_padding_never_counts():
+    model = tiny_model()
+    images, tokens = batch()
+    out = model(images, tokens)
+    loss = caption_loss(out, tokens[:, 1:], 0, penalty_weight=1.0)
+    # change what the model predicts at padded positions: the loss must not move
+    logits = out.logits.clone()
+    logits[0, -2:] += torch.randn_like(logits[0, -2:]) * 10
+    alphas = out.alphas.clone()
+    alphas[0, -2:] = torch.softmax(torch.randn_like(alphas[0, -2:]) * 5, dim=-1)
+    from dataclasses import replace
+
+    moved = caption_loss(replace(out, logits=logits, alphas=alphas), tokens[:, 1:], 0, 1.0)
+    assert torch.allclose(loss.total, moved.total)
+    assert loss.tokens == int((tokens[:, 1:] != 0).sum())
+
+
+def test_doubly_stochastic_penalty_value():
+    from captioning.losses import doubly_stochastic_penalty
+
+    alphas = torch.tensor([[[1.0, 0.0], [0.0, 1.0], [0.5, 0.5]]])  # (1, T=3, L=2)
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    assert doubly_stochastic_penalty(alphas, mask).item() == pytest.approx(0.0)
+    mask = torch.ones(1, 3)
+    assert doubly_stochastic_penalty(alphas, mask).item() == pytest.approx(0.5)
+
+
+def test_one_batch_overfit():
+    torch.manual_seed(0)
+    model = tiny_model("model.hidden_dim=64", "model.embed_dim=32")
+    images, tokens = batch(size=8, length=8)
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(100):
+        out = model(images, tokens)
+        loss = caption_loss(out, tokens[:, 1:], 0, penalty_weight=0.0).total
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.1 * losses[0], (losses[0], losses[-1])
+
+
+def test_decoder_rejects_unknown_gate():
+    with pytest.raises(ValueError, match="gate"):
+        Decoder(10, 4, NoAttention(), embed_dim=4, hidden_dim=4, gate="diagonal")

@@ -1,0 +1,163 @@
+"""The training loop: run folder, exact resume, checkpoints, failures."""
+
+import os
+import pickle
+
+import pytest
+import torch
+
+from captioning.checkpoint import FORMAT_VERSION, load_checkpoint, save_checkpoint
+from captioning.cli import main
+from captioning.config import load_config
+from captioning.data.shapes import generate_shapes
+from captioning.errors import CaptioningError, CheckpointError
+from captioning.train import TrainingError, decode_dataset, fit, load_model
+
+CONFIG = os.path.join(os.path.dirname(__file__), "..", "configs", "test_tiny.yaml")
+
+
+@pytest.fixture(scope="module")
+def shapes(tmp_path_factory):
+    root = tmp_path_factory.mktemp("shapes")
+    generate_shapes(root, num_train=24, num_val=6, num_test=6, seed=0, image_size=48)
+    return root
+
+
+def tiny(shapes, *overrides):
+    return load_config(CONFIG, [f"data.root={shapes}", *overrides])
+
+
+def params(model_state):
+    return {k: v.clone() for k, v in model_state.items()}
+
+
+def test_fit_writes_the_run_folder(shapes, tmp_path):
+    summary = fit(tiny(shapes), out_dir=tmp_path / "run")
+    run = tmp_path / "run"
+    for name in ("config.yaml", "last.pt", "best.pt"):
+        assert (run / name).is_file(), name
+    assert list(run.glob("events.out.tfevents.*"))
+    assert sorted(p.name for p in (run / "figures").iterdir()) == ["epoch_001.png", "epoch_002.png"]
+    assert summary["epochs"] == 2 and len(summary["history"]) == 2
+    assert load_config(run / "config.yaml") == tiny(shapes)
+    payload = load_checkpoint(run / "last.pt")
+    assert payload["epoch"] == 2 and payload["step"] == 2 * 3  # 24 images / batch 8
+    assert payload["vocab"][:4] == ["<pad>", "<start>", "<end>", "<unk>"]
+
+
+def test_existing_run_is_not_overwritten(shapes, tmp_path):
+    fit(tiny(shapes, "train.epochs=1"), out_dir=tmp_path / "run")
+    with pytest.raises(CaptioningError, match="already holds a run"):
+        fit(tiny(shapes, "train.epochs=1"), out_dir=tmp_path / "run")
+
+
+@pytest.mark.parametrize("attention", ["soft", "hard"])
+def test_resume_is_exact(shapes, tmp_path, attention):
+    straight = fit(tiny(shapes, f"model.attention={attention}"), out_dir=tmp_path / "straight")
+    fit(tiny(shapes, f"model.attention={attention}", "train.epochs=1"), out_dir=tmp_path / "half")
+    resumed = fit(
+        tiny(shapes, f"model.attention={attention}"),
+        out_dir=tmp_path / "half",
+        resume=str(tmp_path / "half" / "last.pt"),
+    )
+    a = load_checkpoint(tmp_path / "straight" / "last.pt")
+    b = load_checkpoint(tmp_path / "half" / "last.pt")
+    assert a["step"] == b["step"] == 6
+    for key, value in a["model"].items():
+        assert torch.equal(value, b["model"][key]), key
+    assert a["baseline"] == b["baseline"]
+    assert straight["history"][-1]["loss"] == resumed["history"][-1]["loss"]
+
+
+def test_resume_refuses_a_different_model(shapes, tmp_path):
+    fit(tiny(shapes, "train.epochs=1"), out_dir=tmp_path / "run")
+    with pytest.raises(CheckpointError, match="model.hidden_dim"):
+        fit(tiny(shapes, "model.hidden_dim=48"), out_dir=tmp_path / "run",
+            resume=str(tmp_path / "run" / "last.pt"))  # fmt: skip
+
+
+def test_checkpoint_rebuilds_its_own_model(shapes, tmp_path):
+    cfg = tiny(shapes, "train.epochs=1")
+    fit(cfg, out_dir=tmp_path / "run")
+    model, loaded_cfg, vocab = load_model(tmp_path / "run" / "best.pt")
+    assert loaded_cfg == cfg and not model.training
+    from captioning.data import CaptionDataset, load_splits
+
+    records = load_splits(cfg.data)["val"]
+    dataset = CaptionDataset(records, vocab, model.encoder.transform)
+    first, _ = decode_dataset(model, dataset, cfg, torch.device("cpu"))
+    again, _ = decode_dataset(load_model(tmp_path / "run" / "best.pt")[0], dataset, cfg,
+                              torch.device("cpu"))  # fmt: skip
+    assert first == again and len(first) == 6
+
+
+class Exploit:
+    def __reduce__(self):
+        return (os.system, (f"touch {self.target}",))
+
+
+def test_checkpoint_that_runs_code_is_refused(tmp_path):
+    target = tmp_path / "pwned"
+    exploit = Exploit()
+    exploit.target = target
+    path = tmp_path / "evil.pt"
+    torch.save({"format_version": FORMAT_VERSION, "model": exploit}, path)
+    with pytest.raises(CheckpointError, match="refused to load"):
+        load_checkpoint(path)
+    assert not target.exists()
+    # plain unpickling would have run it: the test really builds an exploit
+    pickle.loads(pickle.dumps(exploit))
+    assert target.exists()
+
+
+def test_checkpoint_format_checks(tmp_path):
+    base = {"model": {}, "config": {}, "vocab": [], "epoch": 0, "step": 0}
+    save_checkpoint(base, tmp_path / "ok.pt")
+    assert load_checkpoint(tmp_path / "ok.pt")["format_version"] == FORMAT_VERSION
+    torch.save({**base, "format_version": FORMAT_VERSION + 1}, tmp_path / "new.pt")
+    with pytest.raises(CheckpointError, match="format version"):
+        load_checkpoint(tmp_path / "new.pt")
+    torch.save({"format_version": FORMAT_VERSION, "model": {}}, tmp_path / "partial.pt")
+    with pytest.raises(CheckpointError, match="missing the key 'config'"):
+        load_checkpoint(tmp_path / "partial.pt")
+    (tmp_path / "text.pt").write_text("hello")
+    with pytest.raises(CheckpointError, match="not a readable checkpoint"):
+        load_checkpoint(tmp_path / "text.pt")
+    with pytest.raises(CheckpointError, match="not found"):
+        load_checkpoint(tmp_path / "absent.pt")
+    with pytest.raises(TypeError, match="plain data"):
+        save_checkpoint({**base, "model": torch.nn.Linear(2, 2)}, tmp_path / "module.pt")
+    assert not (tmp_path / "module.pt").exists()
+    assert not list(tmp_path.glob(".*.tmp"))  # the failed write left nothing behind
+
+
+def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(shapes, tmp_path, monkeypatch):
+    import captioning.train as train_module
+
+    real_loss = train_module.caption_loss
+    calls = {"n": 0}
+
+    def poisoned(*args, **kwargs):
+        terms = real_loss(*args, **kwargs)
+        calls["n"] += 1
+        if calls["n"] == 5:  # second step of epoch 2
+            terms.total = terms.total * float("nan")
+        return terms
+
+    monkeypatch.setattr(train_module, "caption_loss", poisoned)
+    with pytest.raises(TrainingError, match="non-finite loss at step 5 \\(epoch 2\\)"):
+        fit(tiny(shapes), out_dir=tmp_path / "run")
+    assert load_checkpoint(tmp_path / "run" / "last.pt")["epoch"] == 1
+
+
+def test_cli_train_and_one_line_errors(shapes, tmp_path, capsys):
+    code = main(["train", "--config", CONFIG, "--set", f"data.root={shapes}", "--set",
+                 "train.epochs=1", "--out", str(tmp_path / "cli"), "--quiet"])  # fmt: skip
+    assert code == 0 and (tmp_path / "cli" / "best.pt").is_file()
+    code = main(["train", "--config", CONFIG, "--set", "train.epoch=1"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert (
+        code == 2 and err[-1] == "error: unknown config key train.epoch; did you mean train.epochs?"
+    )
+    code = main(["train", "--config", CONFIG, "--set", f"data.root={tmp_path / 'nothing'}"])
+    assert code == 2 and "captioning shapes --out" in capsys.readouterr().err

@@ -1,0 +1,309 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import threading
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image, ImageDraw
+
+from captioning.viz import (
+    attention_gif,
+    attention_grid_figure,
+    overlay_array,
+    upsample_attention,
+)
+
+GRID = (3, 5)  # grid_h, grid_w: deliberately not square
+L = GRID[0] * GRID[1]
+
+
+def _one_hot(cell: int, n: int = L) -> np.ndarray:
+    alpha = np.zeros(n)
+    alpha[cell] = 1.0
+    return alpha
+
+
+def _photo(size=(64, 40)) -> Image.Image:
+    """A non-square RGB image with something to look at."""
+    image = Image.new("RGB", size, (20, 20, 30))
+    draw = ImageDraw.Draw(image)
+    draw.rectangle([4, 4, size[0] // 3, size[1] // 2], fill=(220, 40, 40))
+    draw.ellipse([size[0] // 2, size[1] // 3, size[0] - 4, size[1] - 4], fill=(40, 200, 60))
+    return image
+
+
+def _alphas(n_words: int, n_cells: int = L) -> np.ndarray:
+    alphas = np.random.default_rng(n_words).random((n_words, n_cells))
+    return alphas / alphas.sum(axis=1, keepdims=True)
+
+
+# --- upsample_attention ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("r, c", [(0, 0), (1, 2), (2, 4), (2, 0)])
+def test_nearest_one_hot_fills_exactly_its_cell(r, c):
+    heat = upsample_attention(_one_hot(r * GRID[1] + c), GRID, (50, 30), smooth=False)
+    assert heat.shape == (30, 50)
+    expected = np.zeros((30, 50), dtype=bool)
+    expected[r * 10 : (r + 1) * 10, c * 10 : (c + 1) * 10] = True
+    np.testing.assert_array_equal(heat > 0, expected)
+    np.testing.assert_allclose(heat[expected], 1.0)
+
+
+@pytest.mark.parametrize("r, c", [(0, 0), (1, 2), (2, 4), (1, 3)])
+def test_smooth_one_hot_peaks_inside_its_cell(r, c):
+    heat = upsample_attention(_one_hot(r * GRID[1] + c), GRID, (50, 30), smooth=True)
+    assert heat.shape == (30, 50)
+    assert heat.min() >= 0
+    y, x = np.unravel_index(np.argmax(heat), heat.shape)
+    assert r * 10 <= y < (r + 1) * 10
+    assert c * 10 <= x < (c + 1) * 10
+    # Smoothing spreads weight beyond the cell, unlike nearest.
+    assert (heat > 0).sum() > 100
+
+
+def test_nearest_blocks_on_sizes_not_divisible_by_the_grid():
+    # 640x427 on a 14x14 grid: every pixel takes one cell, each cell at least one block.
+    heat = upsample_attention(np.arange(196.0), (14, 14), (640, 427), smooth=False)
+    assert heat.shape == (427, 640)
+    assert set(np.unique(heat)) == set(range(196))
+    # Rows of pixels change cell only at the cell boundaries, in order.
+    assert np.all(np.diff(heat[:, 0]) >= 0)
+    assert np.all(np.diff(heat[0, :]) >= 0)
+
+
+@pytest.mark.parametrize("smooth", [True, False])
+@pytest.mark.parametrize(
+    "alpha",
+    [
+        _alphas(1)[0],
+        _alphas(1)[0].reshape(GRID),
+        torch.from_numpy(_alphas(1)[0]).float(),
+        torch.from_numpy(_alphas(1)[0]).float().reshape(GRID).requires_grad_(),
+    ],
+    ids=["flat-array", "2d-array", "flat-tensor", "2d-tensor-grad"],
+)
+def test_accepts_tensor_and_array_flat_and_2d(alpha, smooth):
+    heat = upsample_attention(alpha, GRID, (37, 23), smooth=smooth)
+    reference = upsample_attention(_alphas(1)[0], GRID, (37, 23), smooth=smooth)
+    assert isinstance(heat, np.ndarray)
+    assert heat.shape == (23, 37)
+    assert heat.min() >= 0
+    np.testing.assert_allclose(heat, reference, rtol=1e-5, atol=1e-7)
+
+
+def test_upsample_never_negative():
+    alpha = np.full(L, -1e-6)
+    alpha[3] = 1.0
+    for smooth in (True, False):
+        assert upsample_attention(alpha, GRID, (50, 30), smooth=smooth).min() >= 0
+
+
+@pytest.mark.parametrize(
+    "alpha, match",
+    [
+        (np.ones(L + 1), "16 weights but grid 3x5 needs L = 15"),
+        (np.ones((5, 3)), r"shape \(5, 3\)"),
+        (np.ones((1, 3, 5)), r"shape \(1, 3, 5\)"),
+        (np.array([np.nan] * L), "NaN"),
+    ],
+)
+def test_upsample_rejects_bad_alpha(alpha, match):
+    with pytest.raises(ValueError, match=match):
+        upsample_attention(alpha, GRID, (50, 30))
+
+
+@pytest.mark.parametrize("grid, size", [((0, 5), (50, 30)), ((3, 5), (0, 30)), ((3,), (50, 30))])
+def test_upsample_rejects_bad_grid_or_size(grid, size):
+    with pytest.raises(ValueError):
+        upsample_attention(np.ones(L), grid, size)
+
+
+# --- overlay_array --------------------------------------------------------------------------
+
+
+def test_overlay_is_uint8_rgb_of_the_image_size():
+    image = _photo().convert("L")  # any mode
+    heat = upsample_attention(_one_hot(7), GRID, image.size)
+    out = overlay_array(image, heat)
+    assert out.dtype == np.uint8
+    assert out.shape == (image.height, image.width, 3)
+
+
+def test_overlay_scales_each_map_to_its_own_max():
+    image = _photo()
+    heat = upsample_attention(_one_hot(7), GRID, image.size, smooth=False)
+    np.testing.assert_array_equal(overlay_array(image, heat), overlay_array(image, heat * 1e-3))
+    # An all-zero map must not divide by zero.
+    assert overlay_array(image, np.zeros_like(heat)).shape == (image.height, image.width, 3)
+
+
+def test_overlay_opacity_zero_is_the_image():
+    image = _photo()
+    heat = upsample_attention(_one_hot(7), GRID, image.size)
+    np.testing.assert_array_equal(overlay_array(image, heat, opacity=0.0), np.asarray(image))
+
+
+def test_overlay_rejects_mismatched_heat():
+    with pytest.raises(ValueError, match="heat has shape"):
+        overlay_array(_photo((64, 40)), np.zeros((64, 40)))
+
+
+# --- attention_grid_figure ------------------------------------------------------------------
+
+
+def _words(n: int) -> list[str]:
+    return [f"word{i}" for i in range(n)]
+
+
+def test_grid_figure_writes_a_png_that_grows_in_rows(tmp_path):
+    image = _photo((64, 40))
+    short = attention_grid_figure(image, _words(3), _alphas(3), GRID, tmp_path / "a" / "s.png")
+    long = attention_grid_figure(image, _words(12), _alphas(12), GRID, tmp_path / "b" / "l.png")
+    assert short == tmp_path / "a" / "s.png"
+    with Image.open(short) as small, Image.open(long) as big:
+        assert small.format == big.format == "PNG"
+        small.load()
+        big.load()
+        # 4 panels fit one row of 5; 13 panels need 3 rows.
+        assert big.height > 2 * small.height
+        assert big.width >= small.width
+
+
+def test_grid_figure_with_chosen_cells_and_2d_tensor_alphas(tmp_path):
+    image = _photo((80, 50))
+    alphas = torch.from_numpy(_alphas(4)).reshape(4, *GRID)
+    cells = [int(a.argmax()) for a in alphas.reshape(4, -1)]
+    path = attention_grid_figure(
+        image,
+        ["a", "red", "$5", "<end>"],
+        alphas,
+        GRID,
+        str(tmp_path / "hard.png"),
+        smooth=False,
+        chosen_cells=cells,
+        columns=2,
+        title="custom title",
+    )
+    with Image.open(path) as png:
+        png.load()
+        assert png.format == "PNG"
+        assert png.width < png.height  # 5 panels in rows of 2
+
+
+def test_grid_figure_on_a_photo_sized_image_and_many_words(tmp_path):
+    path = attention_grid_figure(
+        Image.new("RGB", (640, 427), (90, 120, 150)),
+        _words(25),
+        _alphas(25, 14 * 14),
+        (14, 14),
+        tmp_path / "photo.png",
+    )
+    with Image.open(path) as png:
+        png.load()
+
+
+def test_grid_figure_is_safe_in_threads(tmp_path):
+    errors: list[BaseException] = []
+
+    def draw(i: int) -> None:
+        try:
+            attention_grid_figure(_photo(), _words(4), _alphas(4), GRID, tmp_path / f"{i}.png")
+        except BaseException as error:  # reported by the main thread below
+            errors.append(error)
+
+    threads = [threading.Thread(target=draw, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors
+    for i in range(4):
+        with Image.open(tmp_path / f"{i}.png") as png:
+            png.load()
+
+
+# --- attention_gif --------------------------------------------------------------------------
+
+
+def test_gif_has_one_frame_per_word(tmp_path):
+    words = ["a", "a", "red", "square", "<end>"]
+    alphas = _alphas(5)
+    alphas[1] = alphas[0]  # a repeated word with the same attention still gets its frame
+    path = attention_gif(
+        _photo((96, 60)), words, alphas, GRID, tmp_path / "g" / "a.gif", frame_ms=300
+    )
+    with Image.open(path) as gif:
+        assert gif.format == "GIF"
+        assert gif.n_frames == len(words)
+        assert gif.info.get("loop") == 0
+        assert gif.info.get("duration") == 300
+
+
+def test_gif_with_chosen_cells(tmp_path):
+    alphas = _alphas(3, 7 * 7)
+    cells = [int(a.argmax()) for a in alphas]
+    path = attention_gif(
+        _photo(), ["x", "y", "z"], alphas, (7, 7), tmp_path / "h.gif", chosen_cells=cells
+    )
+    with Image.open(path) as gif:
+        assert gif.n_frames == 3
+
+
+# --- bad inputs -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("draw", [attention_grid_figure, attention_gif])
+def test_word_and_alpha_counts_must_match(tmp_path, draw):
+    with pytest.raises(ValueError, match="3 words but 4 attention rows"):
+        draw(_photo(), _words(3), _alphas(4), GRID, tmp_path / "x.png")
+
+
+@pytest.mark.parametrize("draw", [attention_grid_figure, attention_gif])
+def test_alpha_length_must_match_the_grid(tmp_path, draw):
+    with pytest.raises(ValueError, match="14 weights but grid 3x5 needs L = 15"):
+        draw(_photo(), _words(3), _alphas(3, 14), GRID, tmp_path / "x.png")
+
+
+@pytest.mark.parametrize("draw", [attention_grid_figure, attention_gif])
+def test_chosen_cells_must_match_words_and_grid(tmp_path, draw):
+    with pytest.raises(ValueError, match="3 words but 2 chosen_cells"):
+        draw(_photo(), _words(3), _alphas(3), GRID, tmp_path / "x", chosen_cells=[0, 1])
+    with pytest.raises(ValueError, match=r"\[0, 15\)"):
+        draw(_photo(), _words(3), _alphas(3), GRID, tmp_path / "x", chosen_cells=[0, 1, 15])
+
+
+def test_gif_needs_words(tmp_path):
+    with pytest.raises(ValueError, match="at least one word"):
+        attention_gif(_photo(), [], np.zeros((0, L)), GRID, tmp_path / "x.gif")
+
+
+# --- no pyplot ------------------------------------------------------------------------------
+
+
+def test_no_pyplot_import(tmp_path):
+    script = textwrap.dedent(
+        f"""
+        import sys
+        import numpy as np
+        from PIL import Image
+        from captioning.viz import attention_gif, attention_grid_figure, upsample_attention
+
+        image = Image.new("RGB", (40, 30))
+        alphas = np.full((2, 6), 1 / 6)
+        upsample_attention(alphas[0], (2, 3), (40, 30))
+        attention_grid_figure(image, ["a", "b"], alphas, (2, 3), {str(tmp_path / "f.png")!r})
+        attention_gif(image, ["a", "b"], alphas, (2, 3), {str(tmp_path / "f.gif")!r})
+        assert "matplotlib.pyplot" not in sys.modules, "pyplot was imported"
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "f.png").is_file()
+    assert (tmp_path / "f.gif").is_file()
