@@ -108,6 +108,64 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from captioning.evaluate import evaluate_checkpoint, format_table
+
+    metrics = evaluate_checkpoint(
+        args.checkpoint,
+        split=args.split,
+        beam_size=args.beam_size,
+        out_dir=args.out,
+        data_root=args.data_root,
+        hard_decode=args.hard_decode,
+        max_images=args.max_images,
+        spice=args.spice,
+        progress=not args.quiet,
+        device=args.device,
+    )
+    print(format_table(metrics))
+    if args.out:
+        print(f"wrote {args.out}/metrics.json and {args.out}/predictions.json")
+    return 0
+
+
+def cmd_caption(args: argparse.Namespace) -> int:
+    import json
+
+    from captioning.inference import caption_files, draw_attention, figure_stem
+    from captioning.train import load_model, resolve_device
+
+    device = resolve_device(args.device)
+    model, cfg, vocab = load_model(args.checkpoint, device)
+    overrides = {"hard_decode": args.hard_decode} if args.hard_decode else {}
+    if args.beam_size is not None:
+        strategy = "greedy" if args.beam_size == 1 else "beam"
+        overrides.update(strategy=strategy, beam_size=args.beam_size)
+    if overrides:
+        from captioning.config import replace_section
+
+        cfg = replace_section(cfg, "decode", **overrides)
+    failures = 0
+    used: set[str] = set()
+    for result in caption_files(args.images, model, vocab, cfg, device):
+        if result.error is None and args.attention_dir:
+            draw_attention(result, model.grid, args.attention_dir, figure_stem(result.image, used),
+                           smooth=not args.no_smooth, gif=args.gif)  # fmt: skip
+        if result.error is not None:
+            failures += 1
+            print(f"error: {result.error}", file=sys.stderr)
+            if args.json:
+                print(json.dumps({"image": result.image, "error": result.error}), flush=True)
+        elif args.json:
+            record = {"image": result.image, "caption": result.caption}
+            if result.figure:
+                record["attention"] = result.figure
+            print(json.dumps(record), flush=True)
+        else:
+            print(f"{result.image}: {result.caption}", flush=True)
+    return 2 if failures else 0
+
+
 # --------------------------------------------------------------------------- parser
 
 
@@ -155,6 +213,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="run folder (default runs/<config name>)")
     p.add_argument("--resume", default=None, metavar="CKPT", help="continue from a checkpoint")
     p.set_defaults(func=cmd_train)
+
+    p = add_verb("evaluate", help="decode a split with a checkpoint and score it")
+    p.add_argument("--checkpoint", required=True, help="a best.pt or last.pt file")
+    p.add_argument("--split", default="test", choices=["train", "val", "test"])
+    p.add_argument("--beam-size", type=int, default=None, help="beam search (1 = greedy)")
+    p.add_argument("--out", default=None, help="folder for metrics.json and predictions.json")
+    p.add_argument("--data-root", default=None, help="read the data from here instead")
+    p.add_argument("--hard-decode", choices=["expectation", "argmax", "sample"], default=None,
+                   help="how a hard-attention model attends while decoding")  # fmt: skip
+    p.add_argument("--max-images", type=int, default=None, help="score only the first N")
+    p.add_argument("--spice", action="store_true", help="also SPICE (downloads its models)")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
+    p.set_defaults(func=cmd_evaluate)
+
+    p = add_verb("caption", help="caption image files and draw per-word attention")
+    p.add_argument("images", nargs="+", metavar="IMG", help="image files (JPEG, PNG, WebP, ...)")
+    p.add_argument("--checkpoint", required=True, help="a best.pt or last.pt file")
+    p.add_argument("--beam-size", type=int, default=None, help="beam search (1 = greedy)")
+    p.add_argument("--attention-dir", default=None, help="write per-word heatmaps here")
+    p.add_argument("--gif", action="store_true", help="also an animated GIF per image")
+    p.add_argument("--no-smooth", action="store_true", help="blocky cells, not interpolated")
+    p.add_argument("--json", action="store_true", help="one JSON object per line")
+    p.add_argument("--hard-decode", choices=["expectation", "argmax", "sample"], default=None)
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
+    p.set_defaults(func=cmd_caption)
     return parser
 
 

@@ -280,6 +280,16 @@ def config_from_dict(values: dict[str, Any]) -> Config:
     return cfg
 
 
+def replace_section(cfg: Config, section: str, **values: Any) -> Config:
+    """A checked copy of ``cfg`` with keys of one section replaced (None values are skipped).
+
+    >>> replace_section(cfg, "decode", strategy="beam", beam_size=5)
+    """
+    data = config_to_dict(cfg)
+    data[section].update({k: v for k, v in values.items() if v is not None})
+    return config_from_dict(data)
+
+
 def config_to_dict(cfg: Config) -> dict[str, Any]:
     """The config as plain nested dicts (YAML- and checkpoint-safe)."""
     return dataclasses.asdict(cfg)

@@ -195,7 +195,11 @@ def beam_search(
         top_scores, top_index = candidates.view(batch, -1).topk(2 * k, dim=1)  # (B, 2K)
         top_beam = top_index // vocab  # (B, 2K)
         top_token = top_index % vocab  # (B, 2K)
-        ended = (top_token == Vocabulary.end_id) & torch.isfinite(top_scores)
+        # An ending counts only among the top K, as in the usual formulation: with K = 1
+        # this is exactly greedy decoding.
+        in_top_k = torch.arange(2 * k, device=device) < k  # (2K,)
+        is_end = top_token == Vocabulary.end_id
+        ended = is_end & in_top_k & torch.isfinite(top_scores)
 
         step_alpha = out.attention.alpha.view(batch, k, cells)  # (B, K, L)
         step_cell = out.attention.cell
@@ -227,7 +231,7 @@ def beam_search(
                 best_cells = torch.where(better[:, None], chosen, best_cells)
 
         # The best K candidates that did not end stay active (a stable sort keeps score order).
-        order = torch.sort(ended.float(), dim=1, stable=True).indices[:, :k]  # (B, K)
+        order = torch.sort(is_end.float(), dim=1, stable=True).indices[:, :k]  # (B, K)
         beam_scores = top_scores.gather(1, order)  # (B, K)
         parent = top_beam.gather(1, order)  # (B, K)
         tokens = top_token.gather(1, order)  # (B, K)

@@ -1,0 +1,111 @@
+"""Evaluate a checkpoint on a split: caption metrics, exact match, attention grounding."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from captioning.config import replace_section
+from captioning.data import CaptionDataset, load_splits
+from captioning.errors import CaptioningError
+from captioning.train import decode_dataset, load_model, resolve_device
+
+logger = logging.getLogger("captioning")
+
+TABLE_KEYS = ("Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "METEOR", "ROUGE_L", "CIDEr", "SPICE",
+              "exact_match", "pointing_game", "attention_in_box")  # fmt: skip
+
+
+def evaluate_checkpoint(
+    checkpoint: str | Path,
+    split: str = "test",
+    beam_size: int | None = None,
+    out_dir: str | Path | None = None,
+    data_root: str | None = None,
+    hard_decode: str | None = None,
+    max_images: int | None = None,
+    spice: bool = False,
+    progress: bool = True,
+    device: str = "auto",
+) -> dict[str, Any]:
+    """Decode ``split`` with a checkpoint and score it.
+
+    Returns the metrics dict (also written to ``out_dir/metrics.json``, with the captions in
+    COCO results format in ``out_dir/predictions.json``).
+
+    Args:
+        checkpoint: a ``best.pt`` / ``last.pt`` file.
+        split: ``train``, ``val`` or ``test``.
+        beam_size: beam search with this many beams; None keeps the checkpoint's decoding
+            settings (greedy by default), 1 is greedy.
+        out_dir: where to write the two json files (nothing is written without it).
+        data_root: read the data from here instead of the checkpoint's ``data.root``.
+        hard_decode: for hard-attention models, ``expectation``, ``argmax`` or ``sample``.
+        max_images: score only the first this many images of the split.
+        spice: also compute SPICE (downloads Stanford models on first use).
+    """
+    from captioning.metrics import caption_metrics, exact_match, exact_match_by_group
+    from captioning.metrics.grounding import grounding_scores
+
+    torch_device = resolve_device(device)
+    model, cfg, vocab = load_model(checkpoint, torch_device)
+    if data_root is not None:
+        cfg = replace_section(cfg, "data", root=data_root)
+    if beam_size is not None:
+        strategy = "greedy" if beam_size == 1 else "beam"
+        cfg = replace_section(cfg, "decode", strategy=strategy, beam_size=beam_size)
+    if hard_decode is not None:
+        cfg = replace_section(cfg, "decode", hard_decode=hard_decode)
+    splits = load_splits(cfg.data)
+    if not splits.get(split):
+        raise CaptioningError(f"split {split!r} has no images under {cfg.data.root}")
+    records = splits[split][:max_images] if max_images else splits[split]
+    dataset = CaptionDataset(
+        records, vocab, model.encoder.transform, skip_bad_images=cfg.data.on_bad_image == "skip"
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(cfg.train.seed)  # sampled hard decoding is reproducible
+        predictions, details = decode_dataset(
+            model, dataset, cfg, torch_device, progress=progress, desc=f"decoding {split}"
+        )
+    references = {r.image_id: list(r.captions) for r in records if r.image_id in predictions}
+    metrics: dict[str, Any] = dict(caption_metrics(predictions, references, spice=spice))
+    metrics["exact_match"] = exact_match(predictions, references)
+    with_objects = [r for r in records if r.objects and r.image_id in predictions]
+    if with_objects:
+        groups = {r.image_id: len(r.objects) for r in with_objects}
+        metrics["exact_match_by_objects"] = exact_match_by_group(
+            {i: predictions[i] for i in groups}, references, groups
+        )
+        metrics.update(grounding_scores(with_objects, details, vocab, model.grid))
+    metrics["num_images"] = len(predictions)
+    metrics["decoding"] = {
+        "strategy": cfg.decode.strategy,
+        "beam_size": cfg.decode.beam_size if cfg.decode.strategy == "beam" else 1,
+        "hard_decode": cfg.decode.hard_decode if cfg.model.attention == "hard" else None,
+    }
+    if out_dir is not None:
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+        results = [{"image_id": i, "caption": c} for i, c in sorted(predictions.items())]
+        (out / "predictions.json").write_text(json.dumps(results, indent=1) + "\n")
+    return metrics
+
+
+def format_table(metrics: dict[str, Any]) -> str:
+    """The metrics as an aligned two-column table."""
+    lines = [f"{'images':<22}{metrics['num_images']}"]
+    for key in TABLE_KEYS:
+        if key in metrics:
+            value = metrics[key]
+            lines.append(f"{key:<22}{'missing' if value is None else f'{value:.4f}'}")
+    for count, value in metrics.get("exact_match_by_objects", {}).items():
+        lines.append(f"{'exact_match ' + count + ' obj':<22}{value:.4f}")
+    for key, value in sorted(metrics.get("grounding_by_word_type", {}).items()):
+        lines.append(f"{key:<22}{value:.4f}")
+    return "\n".join(lines)

@@ -1,0 +1,237 @@
+"""Attention grounding: did the model look at the object it named?
+
+For every generated word that names exactly one object of the image, take the attention map
+that produced the word and score
+
+* the **pointing game**: the centre of the peak cell lies inside the object's box, dilated by
+  half a grid cell (a coarse grid cannot point more precisely than that);
+* the **attention mass in the box**: the attention of each cell times the share of the cell
+  that the box covers, summed.
+
+Which words name an object: a category word (COCO: through :data:`COCO_SYNONYMS`; shapes: the
+shape) or an attribute value stored on the instance (shapes: ``color`` and ``size``), when
+exactly one object of the image has it. Scores are reported overall and per word type
+(``category``, ``color``, ``size``).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from captioning.data.records import ImageRecord, ObjectAnnotation
+from captioning.vocab import Vocabulary
+
+# Words that name a COCO category (singular forms; the category names themselves map too).
+COCO_SYNONYMS: dict[str, str] = {
+    **{
+        w: "person"
+        for w in (
+            "man",
+            "woman",
+            "person",
+            "boy",
+            "girl",
+            "child",
+            "kid",
+            "guy",
+            "lady",
+            "player",
+            "skier",
+            "surfer",
+            "skateboarder",
+            "baby",
+            "snowboarder",
+            "people",
+            "men",
+            "women",
+        )
+    },  # fmt: skip
+    **{w: "bicycle" for w in ("bicycle", "bike")},
+    **{w: "car" for w in ("car", "taxi", "sedan")},
+    **{w: "motorcycle" for w in ("motorcycle", "motorbike", "scooter")},
+    **{w: "airplane" for w in ("airplane", "plane", "jet", "aircraft", "airliner")},
+    **{w: "bus" for w in ("bus",)},
+    **{w: "train" for w in ("train", "locomotive")},
+    **{w: "truck" for w in ("truck",)},
+    **{w: "boat" for w in ("boat", "ship", "sailboat", "canoe", "kayak")},
+    "hydrant": "fire hydrant",
+    "sign": "stop sign",
+    "meter": "parking meter",
+    "bench": "bench",
+    **{w: "bird" for w in ("bird", "pigeon", "seagull", "duck")},
+    **{w: "cat" for w in ("cat", "kitten", "kitty")},
+    **{w: "dog" for w in ("dog", "puppy", "pup")},
+    **{w: "horse" for w in ("horse", "pony")},
+    **{w: "sheep" for w in ("sheep", "lamb")},
+    **{w: "cow" for w in ("cow", "cattle", "bull", "calf")},
+    "elephant": "elephant",
+    "bear": "bear",
+    "zebra": "zebra",
+    "giraffe": "giraffe",
+    "backpack": "backpack",
+    "umbrella": "umbrella",
+    **{w: "handbag" for w in ("handbag", "purse", "bag")},
+    "tie": "tie",
+    **{w: "suitcase" for w in ("suitcase", "luggage")},
+    "frisbee": "frisbee",
+    **{w: "skis" for w in ("skis", "ski")},
+    "snowboard": "snowboard",
+    "ball": "sports ball",
+    "kite": "kite",
+    "bat": "baseball bat",
+    "glove": "baseball glove",
+    "skateboard": "skateboard",
+    "surfboard": "surfboard",
+    "racket": "tennis racket",
+    "racquet": "tennis racket",
+    "bottle": "bottle",
+    "glass": "wine glass",
+    **{w: "cup" for w in ("cup", "mug")},
+    "fork": "fork",
+    "knife": "knife",
+    "spoon": "spoon",
+    "bowl": "bowl",
+    **{w: "banana" for w in ("banana", "bananas")},
+    "apple": "apple",
+    **{w: "sandwich" for w in ("sandwich", "burger", "hamburger")},
+    "orange": "orange",
+    "broccoli": "broccoli",
+    "carrot": "carrot",
+    **{w: "hot dog" for w in ("hotdog",)},
+    "pizza": "pizza",
+    **{w: "donut" for w in ("donut", "doughnut")},
+    "cake": "cake",
+    "chair": "chair",
+    **{w: "couch" for w in ("couch", "sofa")},
+    "plant": "potted plant",
+    "bed": "bed",
+    "table": "dining table",
+    "toilet": "toilet",
+    **{w: "tv" for w in ("tv", "television")},
+    "laptop": "laptop",
+    "mouse": "mouse",
+    "remote": "remote",
+    "keyboard": "keyboard",
+    **{w: "cell phone" for w in ("phone", "cellphone", "smartphone")},
+    **{w: "microwave" for w in ("microwave",)},
+    "oven": "oven",
+    "toaster": "toaster",
+    "sink": "sink",
+    **{w: "refrigerator" for w in ("refrigerator", "fridge")},
+    "book": "book",
+    "clock": "clock",
+    "vase": "vase",
+    "scissors": "scissors",
+    **{w: "teddy bear" for w in ("teddy",)},
+    **{w: "hair drier" for w in ("hairdryer", "dryer")},
+    "toothbrush": "toothbrush",
+}
+
+
+def named_object(
+    word: str, objects: Sequence[ObjectAnnotation], synonyms: Mapping[str, str]
+) -> tuple[str, ObjectAnnotation] | None:
+    """The (word type, object) that ``word`` picks out, if it names exactly one object."""
+    category = synonyms.get(word, word)
+    matches = [o for o in objects if o.category == category]
+    if matches:
+        return ("category", matches[0]) if len(matches) == 1 else None
+    for key in sorted({k for o in objects for k in o.attributes}):
+        matches = [o for o in objects if o.attributes.get(key) == word]
+        if matches:
+            return (key, matches[0]) if len(matches) == 1 else None
+    return None
+
+
+def _cell_geometry(
+    grid: tuple[int, int], width: float, height: float
+) -> tuple[torch.Tensor, torch.Tensor, float, float]:
+    rows, cols = grid
+    cell_w, cell_h = width / cols, height / rows
+    ys = (torch.arange(rows, dtype=torch.float64) + 0.5) * cell_h
+    xs = (torch.arange(cols, dtype=torch.float64) + 0.5) * cell_w
+    centre_y = ys[:, None].expand(rows, cols).reshape(-1)  # (L,)
+    centre_x = xs[None, :].expand(rows, cols).reshape(-1)  # (L,)
+    return centre_x, centre_y, cell_w, cell_h
+
+
+def point_and_mass(
+    alpha: torch.Tensor, bbox: Sequence[float], grid: tuple[int, int], width: float, height: float
+) -> tuple[bool, float]:
+    """Pointing-game hit and attention mass inside ``bbox`` (x, y, w, h) for one map (L,)."""
+    centre_x, centre_y, cell_w, cell_h = _cell_geometry(grid, width, height)
+    x, y, w, h = (float(v) for v in bbox)
+    peak = int(alpha.argmax())
+    hit = (x - cell_w / 2 <= centre_x[peak] <= x + w + cell_w / 2) and (
+        y - cell_h / 2 <= centre_y[peak] <= y + h + cell_h / 2
+    )
+    # the share of each cell covered by the box
+    overlap_x = (torch.minimum(centre_x + cell_w / 2, torch.tensor(x + w))
+                 - torch.maximum(centre_x - cell_w / 2, torch.tensor(x))).clamp_min(0)  # fmt: skip
+    overlap_y = (torch.minimum(centre_y + cell_h / 2, torch.tensor(y + h))
+                 - torch.maximum(centre_y - cell_h / 2, torch.tensor(y))).clamp_min(0)  # fmt: skip
+    covered = overlap_x * overlap_y / (cell_w * cell_h)  # (L,)
+    mass = float((alpha.double() * covered).sum())
+    return bool(hit), mass
+
+
+def grounding_scores(
+    records: Sequence[ImageRecord],
+    decoded: Mapping[int, Any],
+    vocab: Vocabulary,
+    grid: tuple[int, int],
+    synonyms: Mapping[str, str] = COCO_SYNONYMS,
+) -> dict[str, Any]:
+    """Pointing game and attention-in-box over all grounded words of ``records``.
+
+    Args:
+        records: images with object annotations (and ``width``/``height``).
+        decoded: per image id, a single-image :class:`captioning.decoding.Decoded`
+            (``tokens`` (T,), ``lengths`` (), ``alphas`` (T, L)).
+        vocab: the vocabulary of the tokens.
+        grid: the model's attention grid (rows, columns).
+    Returns:
+        ``pointing_game``, ``attention_in_box`` (None when no word was grounded),
+        ``grounded_words`` and ``grounding_by_word_type`` with keys such as
+        ``pointing_game/color``.
+    """
+    hits: dict[str, list[float]] = defaultdict(list)
+    masses: dict[str, list[float]] = defaultdict(list)
+    for record in records:
+        result = decoded.get(record.image_id)
+        if result is None or not record.objects:
+            continue
+        if record.width is None or record.height is None:
+            raise ValueError(f"image {record.image_id} has no width/height for grounding")
+        length = int(result.lengths)
+        words = vocab.decode_tokens(result.tokens[:length].tolist())
+        for t, word in enumerate(words):
+            found = named_object(word, record.objects, synonyms)
+            if found is None:
+                continue
+            word_type, obj = found
+            hit, mass = point_and_mass(
+                result.alphas[t], obj.bbox, grid, record.width, record.height
+            )
+            for key in ("all", word_type):
+                hits[key].append(float(hit))
+                masses[key].append(mass)
+
+    def mean(values: list[float]) -> float | None:
+        return sum(values) / len(values) if values else None
+
+    by_type = {}
+    for key in sorted(k for k in hits if k != "all"):
+        by_type[f"pointing_game/{key}"] = mean(hits[key])
+        by_type[f"attention_in_box/{key}"] = mean(masses[key])
+        by_type[f"words/{key}"] = len(hits[key])
+    return {
+        "pointing_game": mean(hits["all"]),
+        "attention_in_box": mean(masses["all"]),
+        "grounded_words": len(hits["all"]),
+        "grounding_by_word_type": by_type,
+    }

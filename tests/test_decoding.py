@@ -1,0 +1,134 @@
+"""Greedy, sampling and batched beam search."""
+
+import math
+
+import pytest
+import torch
+
+from captioning.decoding import beam_search, greedy_decode, sample_decode
+from captioning.models.attention import AttentionOutput
+from captioning.models.decoder import DecoderState, StepOutput
+
+from .test_models import batch, tiny_model
+
+END, A, B, C = 2, 4, 5, 6
+
+
+class ToyDecoder:
+    """Next-word probabilities that depend only on the previous word."""
+
+    def __init__(self, table, vocab=7):
+        self.table = {}
+        for prev, probs in table.items():
+            row = torch.full((vocab,), 1e-9)
+            for word, p in probs.items():
+                row[word] = p
+            self.table[prev] = torch.log(row / row.sum())
+        self.ending = torch.full((vocab,), -30.0).index_fill(0, torch.tensor([END]), 0.0)
+
+    def prepare(self, features):
+        return features
+
+    def init_state(self, features):
+        zeros = torch.zeros(features.shape[0], 1)
+        return DecoderState(zeros, zeros)
+
+    def step(self, tokens, state, features, keys, **_):
+        # words outside the table (reached only through 1e-9 choices) end the caption
+        logits = torch.stack([self.table.get(int(t), self.ending) for t in tokens])
+        cells = features.shape[1]
+        alpha = torch.full((tokens.shape[0], cells), 1.0 / cells)
+        return StepOutput(logits, state, AttentionOutput(features.mean(dim=1), alpha))
+
+
+# From <start>: "a" 0.6, "b" 0.4. After "a" nothing is likely; after "b", <end> is.
+# Greedy says "a ..." (at best 0.6 * 0.35 = 0.21); the best caption is "b" (0.4 * 0.9 = 0.36).
+TRAP = {
+    1: {A: 0.6, B: 0.4},
+    A: {END: 0.35, C: 0.35, A: 0.3},
+    B: {END: 0.9, C: 0.1},
+    C: {END: 1.0},
+}
+
+
+def test_beam_finds_what_greedy_misses():
+    decoder = ToyDecoder(TRAP)
+    features = torch.zeros(2, 4, 3)
+    greedy = greedy_decode(decoder, features, max_length=5)
+    assert greedy.tokens[0, 0].item() == A
+    beam = beam_search(decoder, features, beam_size=2, max_length=5)
+    assert beam.tokens[:, 0].tolist() == [B, B] and beam.lengths.tolist() == [1, 1]
+    assert beam.scores[0].item() == pytest.approx(math.log(0.36), abs=1e-4)
+    assert beam.scores[0] > greedy.scores[0]
+
+
+def test_no_finished_beam_returns_the_best_unfinished_one():
+    decoder = ToyDecoder({1: {A: 0.7, B: 0.3}, A: {A: 0.9, C: 0.1}, B: {B: 1.0}, C: {C: 1.0}})
+    decoder.ending = decoder.table[C]
+    result = beam_search(decoder, torch.zeros(3, 4, 3), beam_size=3, max_length=6)
+    assert result.lengths.tolist() == [6, 6, 6]
+    assert result.tokens[0].tolist() == [A] * 6
+    assert result.alphas.shape == (3, 6, 4)
+
+
+def test_min_length_and_unk_suppression():
+    decoder = ToyDecoder({1: {END: 0.8, 3: 0.15, A: 0.05}, A: {END: 1.0}, 3: {END: 1.0}})
+    features = torch.zeros(1, 4, 3)
+    assert greedy_decode(decoder, features, min_length=0).lengths.item() == 0
+    out = greedy_decode(decoder, features, min_length=1)
+    assert out.tokens[0, 0].item() == 3  # <unk>
+    out = greedy_decode(decoder, features, min_length=1, suppress_unk=True)
+    assert out.tokens[0, 0].item() == A
+    out = beam_search(decoder, features, beam_size=2, min_length=1, suppress_unk=True)
+    assert out.tokens[0, 0].item() == A
+
+
+@pytest.mark.parametrize("attention", ["soft", "hard", "none"])
+def test_beam_size_one_is_greedy(attention):
+    model = tiny_model(f"model.attention={attention}").eval()
+    images, _ = batch(size=5)
+    with torch.no_grad():
+        features = model.encoder(images)
+    mode = "argmax" if attention == "hard" else "expectation"
+    greedy = greedy_decode(model.decoder, features, max_length=8, hard_mode=mode)
+    beam = beam_search(model.decoder, features, beam_size=1, max_length=8, hard_mode=mode)
+    assert torch.equal(greedy.tokens, beam.tokens) and torch.equal(greedy.lengths, beam.lengths)
+    assert torch.allclose(greedy.scores, beam.scores, atol=1e-5)
+    assert torch.allclose(greedy.alphas, beam.alphas, atol=1e-6)
+    if attention == "hard":
+        assert torch.equal(greedy.cells, beam.cells)
+
+
+@pytest.mark.parametrize("beam_size", [2, 5])
+def test_batch_gives_the_same_captions_as_one_image_at_a_time(beam_size):
+    torch.manual_seed(3)
+    model = tiny_model("model.hidden_dim=40").eval()
+    with torch.no_grad():
+        for p in model.decoder.out.parameters():
+            p.mul_(8)  # sharper word distributions: longer, more varied captions
+        features = model.encoder(batch(size=6)[0])
+    together = beam_search(model.decoder, features, beam_size=beam_size, max_length=10,
+                           length_penalty=0.7)  # fmt: skip
+    for i in range(6):
+        alone = beam_search(model.decoder, features[i : i + 1], beam_size=beam_size,
+                            max_length=10, length_penalty=0.7)  # fmt: skip
+        n = int(alone.lengths[0])
+        assert int(together.lengths[i]) == n
+        assert torch.equal(together.tokens[i, :n], alone.tokens[0, :n])
+        assert torch.allclose(together.scores[i], alone.scores[0], atol=1e-5)
+        assert torch.allclose(together.alphas[i, : n + 1], alone.alphas[0, : n + 1], atol=1e-5)
+
+
+def test_sampling_is_seeded_and_top_k_restricts():
+    decoder = ToyDecoder({1: {A: 0.5, B: 0.3, C: 0.2}, A: {END: 1.0}, B: {END: 1.0},
+                          C: {END: 1.0}})  # fmt: skip
+    features = torch.zeros(200, 4, 3)
+    g = torch.Generator().manual_seed(0)
+    first = sample_decode(decoder, features, generator=g).tokens[:, 0]
+    g = torch.Generator().manual_seed(0)
+    assert torch.equal(first, sample_decode(decoder, features, generator=g).tokens[:, 0])
+    assert set(first.tolist()) == {A, B, C}
+    top1 = sample_decode(decoder, features, top_k=1).tokens[:, 0]
+    assert set(top1.tolist()) == {A}
+    cold = sample_decode(decoder, features, temperature=0.05).tokens[:, 0]
+    assert (cold == A).float().mean() > 0.95

@@ -1,0 +1,162 @@
+"""Grounding metrics, the evaluate verb and the caption verb."""
+
+import contextlib
+import io
+import json
+
+import pytest
+import torch
+from PIL import Image
+
+from captioning.cli import main
+from captioning.data.records import ImageRecord, ObjectAnnotation
+from captioning.decoding import Decoded
+from captioning.evaluate import evaluate_checkpoint
+from captioning.metrics.grounding import grounding_scores, named_object, point_and_mass
+from captioning.train import fit
+from captioning.vocab import Vocabulary
+
+from .test_train import CONFIG, tiny
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    from captioning.data.shapes import generate_shapes
+
+    root = tmp_path_factory.mktemp("shapes")
+    generate_shapes(root, num_train=24, num_val=6, num_test=8, seed=1, image_size=48)
+    run = tmp_path_factory.mktemp("run")
+    fit(tiny(root, "train.epochs=1"), out_dir=run)
+    return root, run / "best.pt"
+
+
+def test_point_and_mass():
+    # a 2x4 grid over a 40x20 image: cells are 10x10
+    alpha = torch.zeros(8)
+    alpha[5] = 1.0  # row 1, column 1: x 10..20, y 10..20
+    hit, mass = point_and_mass(alpha, (10, 10, 10, 10), (2, 4), 40, 20)
+    assert hit and mass == pytest.approx(1.0)
+    hit, mass = point_and_mass(alpha, (12, 12, 4, 4), (2, 4), 40, 20)
+    assert hit and mass == pytest.approx(16 / 100)  # the box covers 16% of the cell
+    # dilation by half a cell: a box just beyond the peak cell's centre still counts
+    hit, _ = point_and_mass(alpha, (20, 10, 5, 5), (2, 4), 40, 20)  # right of the cell
+    assert hit
+    hit, mass = point_and_mass(alpha, (31, 0, 9, 9), (2, 4), 40, 20)
+    assert not hit and mass == 0.0
+
+
+def test_named_object_needs_exactly_one_match():
+    red = ObjectAnnotation(1, (0, 0, 5, 5), "circle", {"color": "red", "size": "small"})
+    blue = ObjectAnnotation(2, (9, 9, 5, 5), "circle", {"color": "blue", "size": "small"})
+    assert named_object("red", [red, blue], {}) == ("color", red)
+    assert named_object("circle", [red, blue], {}) is None  # two circles
+    assert named_object("small", [red, blue], {}) is None
+    assert named_object("circle", [red], {}) == ("category", red)
+    dog = ObjectAnnotation(3, (0, 0, 5, 5), "dog")
+    assert named_object("puppy", [dog], {"puppy": "dog"}) == ("category", dog)
+    assert named_object("a", [red, dog], {}) is None
+
+
+def test_grounding_scores_by_word_type():
+    vocab = Vocabulary(["<pad>", "<start>", "<end>", "<unk>", "a", "red", "circle", "blue"])
+    red = ObjectAnnotation(1, (0, 0, 10, 10), "circle", {"color": "red"})
+    blue = ObjectAnnotation(2, (30, 10, 10, 10), "square", {"color": "blue"})
+    record = ImageRecord(7, "x.png", "test", ("a red circle",), 40, 20, (red, blue))
+    alphas = torch.zeros(3, 8)
+    alphas[0, 0] = 1.0  # "a": not grounded
+    alphas[1, 0] = 1.0  # "red": on the red circle (cell 0)
+    alphas[2, 7] = 1.0  # "circle": on the blue square's cell
+    decoded = Decoded(torch.tensor([4, 5, 6]), torch.tensor(3), alphas, torch.tensor(0.0))
+    scores = grounding_scores([record], {7: decoded}, vocab, (2, 4))
+    assert scores["grounded_words"] == 2
+    assert scores["pointing_game"] == pytest.approx(0.5)
+    assert scores["grounding_by_word_type"]["pointing_game/color"] == 1.0
+    assert scores["grounding_by_word_type"]["pointing_game/category"] == 0.0
+    assert scores["attention_in_box"] == pytest.approx(0.5)
+
+
+def test_evaluate_matches_pycocoevalcap_on_the_predictions_file(trained, tmp_path):
+    from pycocoevalcap.eval import COCOEvalCap
+    from pycocotools.coco import COCO
+
+    root, checkpoint = trained
+    metrics = evaluate_checkpoint(checkpoint, split="test", out_dir=tmp_path, progress=False)
+    saved = json.loads((tmp_path / "metrics.json").read_text())
+    for key in ("Bleu_1", "Bleu_4", "METEOR", "ROUGE_L", "CIDEr", "exact_match", "num_images",
+                "exact_match_by_objects", "pointing_game", "attention_in_box"):  # fmt: skip
+        assert key in saved, key
+    assert saved["num_images"] == 8
+    predictions = json.loads((tmp_path / "predictions.json").read_text())
+    assert sorted(p.keys() for p in predictions)[0] == {"image_id", "caption"}
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        coco = COCO(str(root / "annotations" / "captions_test.json"))
+        results = coco.loadRes(str(tmp_path / "predictions.json"))
+        evaluator = COCOEvalCap(coco, results)
+        evaluator.params["image_id"] = results.getImgIds()
+        import pycocoevalcap.eval as eval_module
+
+        class NoSpice:  # SPICE downloads models; everything else is the official code path
+            def compute_score(self, gts, res):
+                return 0.0, []
+
+            def method(self):
+                return "SPICE"
+
+        real_spice = eval_module.Spice
+        eval_module.Spice = NoSpice
+        try:
+            evaluator.evaluate()
+        finally:
+            eval_module.Spice = real_spice
+    for key in ("Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "METEOR", "ROUGE_L", "CIDEr"):
+        assert metrics[key] == pytest.approx(evaluator.eval[key], abs=1e-9), key
+
+
+def test_evaluate_cli_beam_and_table(trained, tmp_path, capsys):
+    _, checkpoint = trained
+    code = main(["evaluate", "--checkpoint", str(checkpoint), "--split", "val",
+                 "--beam-size", "3", "--out", str(tmp_path), "--quiet"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0 and "CIDEr" in out and "exact_match" in out
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["decoding"] == {"strategy": "beam", "beam_size": 3, "hard_decode": None}
+    assert main(["evaluate", "--checkpoint", str(tmp_path / "none.pt")]) == 2
+    assert "checkpoint not found" in capsys.readouterr().err
+
+
+def test_caption_cli_reports_bad_files_and_captions_the_rest(trained, tmp_path, capsys):
+    root, checkpoint = trained
+    good = sorted((root / "images" / "test").glob("*.png"))[:2]
+    photo = tmp_path / "photo.webp"
+    Image.new("RGBA", (300, 200), (200, 30, 30, 128)).save(photo)
+    text = tmp_path / "notes.jpg"
+    text.write_text("not an image")
+    images = [str(good[0]), str(tmp_path / "missing.png"), str(tmp_path), str(text),
+              str(photo), str(good[1])]  # fmt: skip
+    figures = tmp_path / "att"
+    code = main(["caption", *images, "--checkpoint", str(checkpoint), "--json",
+                 "--attention-dir", str(figures), "--gif"])  # fmt: skip
+    captured = capsys.readouterr()
+    lines = [json.loads(line) for line in captured.out.splitlines()]
+    assert code == 2
+    assert [line["image"] for line in lines] == images
+    assert [("caption" in line) for line in lines] == [True, False, False, False, True, True]
+    assert "no such file" in lines[1]["error"] and "directory" in lines[2]["error"]
+    assert "not an image" in lines[3]["error"]
+    assert len(captured.err.strip().splitlines()) == 3
+    assert all(line.startswith("error: ") for line in captured.err.strip().splitlines())
+    for line in lines:
+        if "caption" in line and line["caption"]:
+            assert (figures / (line["image"].rsplit("/", 1)[1].rsplit(".", 1)[0] + ".png")).exists()
+    assert list(figures.glob("*.gif"))
+
+
+def test_caption_cli_refuses_a_bad_checkpoint(trained, tmp_path, capsys):
+    root, _ = trained
+    fake = tmp_path / "model.pt"
+    torch.save({"weights": torch.zeros(2)}, fake)
+    image = sorted((root / "images" / "test").glob("*.png"))[0]
+    assert main(["caption", str(image), "--checkpoint", str(fake)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not a captioning checkpoint" in err[0] and str(fake) in err[0]
