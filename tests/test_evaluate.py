@@ -16,7 +16,7 @@ from captioning.metrics.grounding import grounding_scores, named_object, point_a
 from captioning.train import fit
 from captioning.vocab import Vocabulary
 
-from .test_train import CONFIG, tiny
+from .test_train import tiny
 
 
 @pytest.fixture(scope="module")
