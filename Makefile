@@ -15,8 +15,7 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/captioning shapes --out data/shapes --train 8000 --val 500 --test 500 --seed 0
-	$(BIN)/captioning check-data --config configs/shapes_soft.yaml
+	$(BIN)/captioning quickstart --out runs/quickstart
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

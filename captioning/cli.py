@@ -166,6 +166,19 @@ def cmd_caption(args: argparse.Namespace) -> int:
     return 2 if failures else 0
 
 
+def cmd_quickstart(args: argparse.Namespace) -> int:
+    from captioning.quickstart import quickstart
+
+    quickstart(
+        out_dir=args.out,
+        data_root=args.data_root,
+        config=args.config,
+        overrides=args.overrides,
+        quiet=args.quiet,
+    )
+    return 0
+
+
 # --------------------------------------------------------------------------- parser
 
 
@@ -238,6 +251,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hard-decode", choices=["expectation", "argmax", "sample"], default=None)
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
     p.set_defaults(func=cmd_caption)
+
+    p = add_verb("quickstart", help="shapes data, a short training run, evaluation, heatmaps")
+    p.add_argument("--out", default="runs/quickstart", help="run folder (replaced)")
+    p.add_argument("--data-root", default="data/shapes", help="where the shapes data lives")
+    _add_config_args(p, required=False)
+    p.set_defaults(func=cmd_quickstart)
     return parser
 
 

@@ -105,8 +105,8 @@ class TrainConfig:
     reinforce_weight: float = 0.1
     entropy_weight: float = 0.002
     baseline_decay: float = 0.9
-    semi_sampling_p: float = 0.5
-    semi_sampling: Literal["batch", "sample"] = "batch"
+    semi_sampling_p: float = 0.5  # share of minibatches (or captions) that sample cells
+    semi_sampling: Literal["batch", "sample"] = "batch"  # the authors mix per minibatch
     # numerics and bookkeeping
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     device: str = "auto"  # auto, cpu, cuda, cuda:1, ...

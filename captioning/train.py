@@ -228,15 +228,16 @@ def load_model(
 # --------------------------------------------------------------------------- one epoch
 
 
-def _hard_attention_kwargs(cfg: Config, batch_size: int, device: torch.device) -> dict:
-    """The paper's mix: with probability p a minibatch (or a caption) uses the expected
-    context instead of a sampled cell."""
-    p = cfg.train.semi_sampling_p
-    if cfg.train.semi_sampling == "batch":
-        if float(torch.rand(())) < p:
-            return {"mode": "expectation"}
-        return {"mode": "sample"}
-    use_expectation = torch.rand(batch_size) < p
+def semi_sampling_kwargs(
+    p: float, granularity: str, batch_size: int, device: torch.device
+) -> dict[str, Any]:
+    """The paper's mix of hard and soft minibatches: with probability ``p`` a minibatch
+    (``granularity="batch"``, as the authors) or each caption (``"sample"``) is trained with
+    sampled cells, otherwise with the expected context. p=0 never samples, p=1 always does.
+    """
+    if granularity == "batch":
+        return {"mode": "sample" if float(torch.rand(())) < p else "expectation"}
+    use_expectation = torch.rand(batch_size) >= p  # (B,)
     return {"mode": "sample", "use_expectation": use_expectation.to(device)}
 
 
@@ -265,7 +266,11 @@ def train_one_epoch(
             continue
         images = batch["images"].to(device, non_blocking=True)
         tokens = batch["tokens"].to(device, non_blocking=True)
-        kwargs = _hard_attention_kwargs(cfg, tokens.shape[0], device) if hard else {}
+        kwargs = {}
+        if hard:
+            kwargs = semi_sampling_kwargs(
+                cfg.train.semi_sampling_p, cfg.train.semi_sampling, tokens.shape[0], device
+            )
         with autocast(device, cfg.train.precision):
             output = model(images, tokens, **kwargs)
         terms: LossTerms = caption_loss(

@@ -183,6 +183,8 @@ class HardAttention(SoftAttention):
     ``mode`` at call time: ``sample`` (training), ``argmax``, or ``expectation`` (the soft
     context, as the authors decode). ``use_expectation`` (B,) bool picks rows that take the
     expected context instead of a sample (the paper's mixing of soft and hard minibatches).
+    ``cell`` (B,) imposes the chosen cells instead of sampling them (exact enumeration of
+    the expected loss in tests, replaying a sample).
     """
 
     def forward(
@@ -193,12 +195,15 @@ class HardAttention(SoftAttention):
         mode: str = "sample",
         use_expectation: torch.Tensor | None = None,
         generator: torch.Generator | None = None,
+        cell: torch.Tensor | None = None,
         **_: object,
     ) -> AttentionOutput:
         alpha = self.weights(keys, query)  # (B, L)
         if mode == "expectation":
             return AttentionOutput(context=expected_context(alpha, features), alpha=alpha)
-        if mode == "sample":
+        if cell is not None:
+            pass
+        elif mode == "sample":
             cell = torch.multinomial(alpha.detach(), 1, generator=generator).squeeze(1)  # (B,)
         elif mode == "argmax":
             cell = alpha.argmax(dim=1)  # (B,)
