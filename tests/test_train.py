@@ -161,3 +161,28 @@ def test_cli_train_and_one_line_errors(shapes, tmp_path, capsys):
     )
     code = main(["train", "--config", CONFIG, "--set", f"data.root={tmp_path / 'nothing'}"])
     assert code == 2 and "captioning shapes --out" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_mixed_precision_trains_on_cpu(shapes, tmp_path, precision):
+    summary = fit(tiny(shapes, f"train.precision={precision}", "train.epochs=1"),
+                  out_dir=tmp_path / precision)  # fmt: skip
+    assert summary["steps"] == 3 and (tmp_path / precision / "best.pt").is_file()
+    payload = load_checkpoint(tmp_path / precision / "last.pt")
+    assert all(torch.isfinite(v).all() for v in payload["model"].values() if v.is_floating_point())
+
+
+def test_check_data_cli_reports_bad_images_by_path(tmp_path, capsys):
+    root = tmp_path / "shapes"
+    generate_shapes(root, num_train=6, num_val=2, num_test=2, seed=0, image_size=48)
+    assert main(["check-data", "--config", CONFIG, "--set", f"data.root={root}", "--quiet"]) == 0
+    assert "all 10 images open cleanly" in capsys.readouterr().out
+    broken = sorted((root / "images" / "train").glob("*.png"))[1]
+    broken.write_bytes(broken.read_bytes()[:100])  # truncated
+    assert main(["check-data", "--config", CONFIG, "--set", f"data.root={root}", "--quiet"]) == 1
+    out = capsys.readouterr().out
+    assert "1 of 10 images cannot be read" in out and str(broken) in out
+    # training refuses by default, and says how to go on
+    code = main(["train", "--config", CONFIG, "--set", f"data.root={root}",
+                 "--out", str(tmp_path / "run")])  # fmt: skip
+    assert code == 2 and "data.on_bad_image=skip" in capsys.readouterr().err

@@ -5,7 +5,9 @@
 Each model is trained with its shipped config (configs/shapes_soft.yaml with
 model.attention=none, configs/shapes_soft.yaml, configs/shapes_hard.yaml), then evaluated
 with greedy decoding; the hard model also with each hard_decode mode. Writes results.json
-and results.md (a Markdown table) into --out; existing runs there are reused, not retrained.
+and results.md (a Markdown table) into --out. A run folder that already holds last.pt
+(for example one made with `captioning train --config ... --out runs/compare/soft`) is
+evaluated as it is, not retrained.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import json
 import logging
 from pathlib import Path
 
+from captioning.checkpoint import load_checkpoint
 from captioning.config import load_config
 from captioning.evaluate import evaluate_checkpoint
 from captioning.train import fit
@@ -41,10 +44,10 @@ def main() -> None:
     for name in args.only:
         config, overrides = RUNS[name]
         run_dir = out / name
-        if not (run_dir / "best.pt").exists():
-            summary = fit(load_config(ROOT / config, overrides + args.overrides), out_dir=run_dir)
-            (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-        seconds = json.loads((run_dir / "summary.json").read_text())["seconds"]
+        if not (run_dir / "last.pt").exists():
+            fit(load_config(ROOT / config, overrides + args.overrides), out_dir=run_dir)
+        # training time: the epochs themselves (training and validation), from the history
+        seconds = sum(epoch["seconds"] for epoch in load_checkpoint(run_dir / "last.pt")["history"])
         modes = ["expectation", "argmax", "sample"] if name == "hard" else [None]
         for mode in modes:
             metrics = evaluate_checkpoint(run_dir / "best.pt", split="test", hard_decode=mode,
