@@ -138,6 +138,18 @@ def sample_decode(
     return _step_by_step(decoder, features, choose, max_length, min_length, suppress_unk, hard_mode)
 
 
+def _slots(prefix: torch.Tensor, max_length: int, fill: float) -> torch.Tensor:
+    """(B, n, ...) → (B, max_length, ...): the prefix, then ``fill``."""
+    out = prefix.new_full((prefix.shape[0], max_length, *prefix.shape[2:]), fill)
+    out[:, : prefix.shape[1]] = prefix
+    return out
+
+
+def _keep(mask: torch.Tensor, new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
+    """Rows of ``new`` where ``mask`` (B,) is set, else rows of ``old``."""
+    return torch.where(mask.view(-1, *[1] * (new.dim() - 1)), new, old)
+
+
 def _length_penalty(length: torch.Tensor, alpha: float) -> torch.Tensor:
     """GNMT's ((5 + |Y|) / 6) ** alpha; 1 when alpha is 0."""
     return ((5.0 + length.float()) / 6.0) ** alpha
@@ -217,18 +229,14 @@ def beam_search(
             best_score = torch.where(better, cand_score, best_score)
             best_raw = torch.where(better, top_scores[rows, cand_rank], best_raw)
             best_length = torch.where(better, torch.full_like(best_length, step), best_length)
-            words = torch.full((batch, max_length), Vocabulary.pad_id, device=device)
-            words[:, :step] = history[rows, beam]
-            best_tokens = torch.where(better[:, None], words, best_tokens)
-            maps = torch.zeros(batch, max_length, cells, device=device)
-            maps[:, :step] = alpha_history[rows, beam]
-            maps[:, step] = step_alpha[rows, beam]
-            best_alphas = torch.where(better[:, None, None], maps, best_alphas)
+            # the words before <end>, and the maps of every step including <end>'s
+            words = _slots(history[rows, beam], max_length, Vocabulary.pad_id)
+            best_tokens = _keep(better, words, best_tokens)
+            maps = torch.cat([alpha_history[rows, beam], step_alpha[rows, beam, None]], dim=1)
+            best_alphas = _keep(better, _slots(maps, max_length, 0.0), best_alphas)
             if hard:
-                chosen = torch.zeros(batch, max_length, dtype=torch.long, device=device)
-                chosen[:, :step] = cell_history[rows, beam]
-                chosen[:, step] = step_cell[rows, beam]
-                best_cells = torch.where(better[:, None], chosen, best_cells)
+                chosen = torch.cat([cell_history[rows, beam], step_cell[rows, beam, None]], dim=1)
+                best_cells = _keep(better, _slots(chosen, max_length, 0), best_cells)
 
         # The best K candidates that did not end stay active (a stable sort keeps score order).
         order = torch.sort(is_end.float(), dim=1, stable=True).indices[:, :k]  # (B, K)
@@ -261,19 +269,16 @@ def beam_search(
     none_finished = torch.isinf(best_score)
     if bool(none_finished.any()):
         steps = history.shape[2]
-        best_beam = beam_scores.argmax(dim=1)  # (B,)
-        best_raw = torch.where(none_finished, beam_scores[rows, best_beam], best_raw)
+        beam = beam_scores.argmax(dim=1)  # (B,)
+        best_raw = torch.where(none_finished, beam_scores[rows, beam], best_raw)
         best_length = torch.where(none_finished, torch.full_like(best_length, steps), best_length)
-        words = torch.full((batch, max_length), Vocabulary.pad_id, device=device)
-        words[:, :steps] = history[rows, best_beam]
-        best_tokens = torch.where(none_finished[:, None], words, best_tokens)
-        maps = torch.zeros(batch, max_length, cells, device=device)
-        maps[:, :steps] = alpha_history[rows, best_beam]
-        best_alphas = torch.where(none_finished[:, None, None], maps, best_alphas)
+        words = _slots(history[rows, beam], max_length, Vocabulary.pad_id)
+        best_tokens = _keep(none_finished, words, best_tokens)
+        maps = _slots(alpha_history[rows, beam], max_length, 0.0)
+        best_alphas = _keep(none_finished, maps, best_alphas)
         if hard:
-            chosen = torch.zeros(batch, max_length, dtype=torch.long, device=device)
-            chosen[:, :steps] = cell_history[rows, best_beam]
-            best_cells = torch.where(none_finished[:, None], chosen, best_cells)
+            best_cells = _keep(none_finished, _slots(cell_history[rows, beam], max_length, 0),
+                               best_cells)  # fmt: skip
 
     width = max(int(best_length.max()) + 1, 1)
     return Decoded(

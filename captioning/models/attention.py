@@ -201,14 +201,14 @@ class HardAttention(SoftAttention):
         alpha = self.weights(keys, query)  # (B, L)
         if mode == "expectation":
             return AttentionOutput(context=expected_context(alpha, features), alpha=alpha)
-        if cell is not None:
-            pass
-        elif mode == "sample":
-            cell = torch.multinomial(alpha.detach(), 1, generator=generator).squeeze(1)  # (B,)
-        elif mode == "argmax":
-            cell = alpha.argmax(dim=1)  # (B,)
-        else:
+        if mode not in ("sample", "argmax"):
             raise ValueError(f"hard attention mode must be sample, argmax or expectation: {mode}")
+        if cell is None:
+            cell = (
+                torch.multinomial(alpha.detach(), 1, generator=generator).squeeze(1)
+                if mode == "sample"
+                else alpha.argmax(dim=1)
+            )  # (B,)
         rows = torch.arange(features.shape[0], device=features.device)
         context = features[rows, cell]  # (B, D)
         log_prob = torch.log(alpha[rows, cell].clamp_min(1e-12))  # (B,)
