@@ -107,5 +107,6 @@ def format_table(metrics: dict[str, Any]) -> str:
     for count, value in metrics.get("exact_match_by_objects", {}).items():
         lines.append(f"{'exact_match ' + count + ' obj':<22}{value:.4f}")
     for key, value in sorted(metrics.get("grounding_by_word_type", {}).items()):
-        lines.append(f"{key:<22}{value:.4f}")
+        shown = "missing" if value is None else value if isinstance(value, int) else f"{value:.4f}"
+        lines.append(f"{key:<28}{shown}")
     return "\n".join(lines)

@@ -146,13 +146,9 @@ def caption_loss(
             raise ValueError("hard attention needs a MovingAverageBaseline")
         if rows.any():
             surrogate = reinforce_surrogate(output.log_probs, rewards, baseline.value, step_mask)
-            reinforce = surrogate.mean()
-            entropy = attention_entropy(output.alphas, step_mask).mean()
-            total = (
-                total
-                + reinforce_weight * surrogate
-                - entropy_weight * attention_entropy(output.alphas, step_mask)
-            )
+            entropies = attention_entropy(output.alphas, step_mask)  # (B,)
+            total = total + reinforce_weight * surrogate - entropy_weight * entropies
+            reinforce, entropy = surrogate.mean(), entropies.mean()
             reward = rewards[rows].mean()
             baseline.update(rewards[rows])
     num_tokens = int(mask.sum())
