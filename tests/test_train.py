@@ -186,3 +186,12 @@ def test_check_data_cli_reports_bad_images_by_path(tmp_path, capsys):
     code = main(["train", "--config", CONFIG, "--set", f"data.root={root}",
                  "--out", str(tmp_path / "run")])  # fmt: skip
     assert code == 2 and "data.on_bad_image=skip" in capsys.readouterr().err
+
+
+def test_same_seed_same_weights_other_seed_differs(shapes, tmp_path):
+    runs = {}
+    for name, seed in (("a", 0), ("b", 0), ("c", 1)):
+        fit(tiny(shapes, "train.epochs=1", f"train.seed={seed}"), out_dir=tmp_path / name)
+        runs[name] = load_checkpoint(tmp_path / name / "last.pt")["model"]
+    assert all(torch.equal(runs["a"][k], runs["b"][k]) for k in runs["a"])
+    assert not all(torch.equal(runs["a"][k], runs["c"][k]) for k in runs["a"])
