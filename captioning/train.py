@@ -137,9 +137,10 @@ def decode_dataset(
                 continue
             features = model.encoder(batch["images"].to(device))
             decoded = decode(model.decoder, features, cfg.decode)
+            texts = decoded.captions(dataset.vocab)
             for row, index in enumerate(batch["indices"].tolist()):
                 image_id = dataset.records[index].image_id
-                captions[image_id] = decoded.captions(dataset.vocab)[row]
+                captions[image_id] = texts[row]
                 details[image_id] = Decoded(
                     tokens=decoded.tokens[row].cpu(),
                     lengths=decoded.lengths[row].cpu(),
