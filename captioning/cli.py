@@ -108,6 +108,25 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_extract_features(args: argparse.Namespace) -> int:
+    from captioning.config import load_config
+    from captioning.features import extract_features
+
+    cfg = load_config(args.config, args.overrides)
+    summary = extract_features(
+        cfg,
+        args.split,
+        batch_size=args.batch_size,
+        progress=not args.quiet,
+        overwrite=args.overwrite,
+    )
+    gib = summary["bytes"] / 2**30
+    print(f"cached {summary['images']} {args.split} grids {summary['shape'][1:]} "
+          f"(float16, {gib:.2f} GiB) in {summary['folder']}")  # fmt: skip
+    print("training with this config (model.fine_tune=none) now reads them")
+    return 0
+
+
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from captioning.evaluate import evaluate_checkpoint, format_table
 
@@ -226,6 +245,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="run folder (default runs/<config name>)")
     p.add_argument("--resume", default=None, metavar="CKPT", help="continue from a checkpoint")
     p.set_defaults(func=cmd_train)
+
+    p = add_verb("extract-features", help="cache a frozen encoder's grids (float16) on disk")
+    _add_config_args(p)
+    p.add_argument("--split", default="train", choices=["train", "val", "test"])
+    p.add_argument("--batch-size", type=int, default=None, help="default: train.batch_size")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing cache")
+    p.set_defaults(func=cmd_extract_features)
 
     p = add_verb("evaluate", help="decode a split with a checkpoint and score it")
     p.add_argument("--checkpoint", required=True, help="a best.pt or last.pt file")

@@ -55,6 +55,9 @@ class DataConfig:
     cache_images: bool = False
     num_workers: int = 0
     bucket_by_length: bool = False
+    # cached grids of a frozen encoder (captioning extract-features), relative to root;
+    # null never reads a cache
+    feature_cache: str | None = "features"
 
 
 @dataclass
@@ -78,6 +81,9 @@ class ModelConfig:
     hidden_dim: int = 1024
     gate: Literal["scalar", "vector", "none"] = "scalar"
     deep_output: bool = True
+    # The paper feeds the context z_t into the LSTM; false keeps it in the output layer only,
+    # so the LSTM never stores what it saw and each word must come from its own glimpse.
+    context_to_lstm: bool = True
     init_state: Literal["tanh", "linear"] = "tanh"
     dropout: float = 0.5
 
@@ -262,6 +268,11 @@ def _validate(cfg: Config) -> None:
     if not 0.0 <= cfg.train.semi_sampling_p <= 1.0:
         raise ConfigError(
             f"train.semi_sampling_p must be in [0, 1], got {cfg.train.semi_sampling_p}"
+        )
+    if not (cfg.model.context_to_lstm or cfg.model.deep_output):
+        raise ConfigError(
+            "model.context_to_lstm=false needs model.deep_output=true, "
+            "or the context reaches nothing"
         )
     if not 0.0 <= cfg.model.dropout < 1.0:
         raise ConfigError(f"model.dropout must be in [0, 1), got {cfg.model.dropout}")

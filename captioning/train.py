@@ -18,7 +18,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, Subset
 from tqdm import tqdm
 
 from captioning.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
@@ -27,7 +28,18 @@ from captioning.data import CaptionBatchSampler, CaptionDataset, collate, drop_b
 from captioning.data.build import load_splits
 from captioning.data.records import ImageRecord
 from captioning.decoding import Decoded, decode
+from captioning.distributed import (
+    SINGLE,
+    World,
+    any_rank,
+    broadcast_object,
+    close_world,
+    gather_objects,
+    init_world,
+    mean_over_ranks,
+)
 from captioning.errors import CaptioningError, CheckpointError
+from captioning.features import find_cache
 from captioning.losses import LossTerms, MovingAverageBaseline, caption_loss
 from captioning.models import Captioner, build_model
 from captioning.vocab import Vocabulary
@@ -115,14 +127,19 @@ def decode_dataset(
     batch_size: int | None = None,
     progress: bool = False,
     desc: str = "decoding",
+    world: World = SINGLE,
 ) -> tuple[dict[int, str], dict[int, Decoded]]:
     """Captions for every image of ``dataset`` with the config's decoding settings.
 
     Returns ``{image_id: caption}`` and, per image id, its single-image :class:`Decoded`
-    slice (tokens, attention maps) for figures and grounding.
+    slice (tokens, attention maps) for figures and grounding. With several processes each
+    decodes every ``world.size``-th image, starting at its rank.
     """
+    shard = dataset
+    if world.enabled:
+        shard = Subset(dataset, range(world.rank, len(dataset), world.size))
     loader = DataLoader(
-        dataset,
+        shard,
         batch_size=batch_size or cfg.train.batch_size,
         shuffle=False,
         collate_fn=collate,
@@ -135,7 +152,10 @@ def decode_dataset(
         for batch in tqdm(loader, desc=desc, disable=not progress, leave=False):
             if batch is None:
                 continue
-            features = model.encoder(batch["images"].to(device))
+            features = model.features(  # (B, L, D)
+                images=batch["images"].to(device) if "images" in batch else None,
+                grid=batch["grid"].to(device) if "grid" in batch else None,
+            )
             decoded = decode(model.decoder, features, cfg.decode)
             texts = decoded.captions(dataset.vocab)
             for row, index in enumerate(batch["indices"].tolist()):
@@ -230,14 +250,21 @@ def load_model(
 
 
 def semi_sampling_kwargs(
-    p: float, granularity: str, batch_size: int, device: torch.device
+    p: float,
+    granularity: str,
+    batch_size: int,
+    device: torch.device,
+    generator: torch.Generator | None = None,
 ) -> dict[str, Any]:
     """The paper's mix of hard and soft minibatches: with probability ``p`` a minibatch
     (``granularity="batch"``, as the authors) or each caption (``"sample"``) is trained with
     sampled cells, otherwise with the expected context. p=0 never samples, p=1 always does.
+    The minibatch coin uses ``generator`` when given (training seeds it with the step, so
+    every DDP process makes the same choice for its slice of the global batch).
     """
     if granularity == "batch":
-        return {"mode": "sample" if float(torch.rand(())) < p else "expectation"}
+        coin = float(torch.rand((), generator=generator))
+        return {"mode": "sample" if coin < p else "expectation"}
     use_expectation = torch.rand(batch_size) >= p  # (B,)
     return {"mode": "sample", "use_expectation": use_expectation.to(device)}
 
@@ -253,27 +280,39 @@ def train_one_epoch(
     device: torch.device,
     state: TrainState,
     writer: Any = None,
+    world: World = SINGLE,
 ) -> dict[str, float]:
-    """One pass over the training data; returns the epoch's mean loss terms."""
+    """One pass over the training data; returns the epoch's mean loss terms (averaged over
+    the processes when there are several).
+
+    ``model`` may be wrapped in DistributedDataParallel; its gradients are then averaged
+    over the processes during ``backward``.
+    """
     model.train()
     hard = cfg.model.attention == "hard"
     totals: dict[str, float] = {"loss": 0.0, "nll_per_token": 0.0, "penalty": 0.0}
     batches = 0
     bar = tqdm(
-        loader, desc=f"epoch {state.epoch + 1}", disable=cfg.train.quiet, leave=False, ncols=100
+        loader,
+        desc=f"epoch {state.epoch + 1}",
+        disable=cfg.train.quiet or not world.is_main,
+        leave=False,
+        ncols=100,
     )
     for batch in bar:
         if batch is None:
             continue
-        images = batch["images"].to(device, non_blocking=True)
+        images = batch["images"].to(device, non_blocking=True) if "images" in batch else None
+        grid = batch["grid"].to(device, non_blocking=True) if "grid" in batch else None
         tokens = batch["tokens"].to(device, non_blocking=True)
         kwargs = {}
         if hard:
+            coin = torch.Generator().manual_seed(cfg.train.seed * 1_000_003 + state.step)
             kwargs = semi_sampling_kwargs(
-                cfg.train.semi_sampling_p, cfg.train.semi_sampling, tokens.shape[0], device
+                cfg.train.semi_sampling_p, cfg.train.semi_sampling, tokens.shape[0], device, coin
             )
         with autocast(device, cfg.train.precision):
-            output = model(images, tokens, **kwargs)
+            output = model(images, tokens, grid=grid, **kwargs)
         terms: LossTerms = caption_loss(
             output,
             tokens[:, 1:],
@@ -283,7 +322,7 @@ def train_one_epoch(
             reinforce_weight=cfg.train.reinforce_weight,
             entropy_weight=cfg.train.entropy_weight,
         )
-        if not torch.isfinite(terms.total):
+        if any_rank(world, not bool(torch.isfinite(terms.total)), device):
             message = (
                 f"non-finite loss at step {state.step + 1} (epoch {state.epoch + 1}); "
                 f"the last good checkpoint is kept; try a lower train.lr or train.precision=fp32"
@@ -321,7 +360,7 @@ def train_one_epoch(
         bar.set_postfix(
             loss=f"{totals['loss'] / batches:.3f}", nll=f"{float(terms.nll_per_token):.3f}"
         )
-        if writer is not None and state.step % cfg.train.log_every == 0:
+        if writer is not None and state.step % cfg.train.log_every == 0 and world.is_main:
             writer.add_scalar("train/loss", float(terms.total.detach()), state.step)
             writer.add_scalar("train/nll_per_token", float(terms.nll_per_token), state.step)
             writer.add_scalar("train/attention_penalty", float(terms.penalty), state.step)
@@ -332,7 +371,7 @@ def train_one_epoch(
                 writer.add_scalar("train/reward", float(terms.reward), state.step)
                 writer.add_scalar("train/baseline", baseline.value, state.step)
                 writer.add_scalar("train/attention_entropy", float(terms.entropy), state.step)
-    return {k: v / max(batches, 1) for k, v in totals.items()}
+    return mean_over_ranks(world, {k: v / max(batches, 1) for k, v in totals.items()}, device)
 
 
 def evaluate(
@@ -341,14 +380,29 @@ def evaluate(
     cfg: Config,
     device: torch.device,
     full: bool = False,
+    world: World = SINGLE,
 ) -> tuple[dict[str, float | None], dict[int, str], dict[int, Decoded]]:
-    """Decode ``dataset`` and score the generated captions against its references."""
+    """Decode ``dataset`` and score the generated captions against its references.
+
+    With several processes each decodes its share; the captions are gathered and scored
+    once, on rank 0, and every rank gets the same scores. ``details`` holds this process's
+    share only.
+    """
     predictions, details = decode_dataset(
-        model, dataset, cfg, device, progress=not cfg.train.quiet, desc="validating"
+        model,
+        dataset,
+        cfg,
+        device,
+        progress=not cfg.train.quiet and world.is_main,
+        desc="validating",
+        world=world,
     )
+    if world.enabled:
+        predictions = {k: v for part in gather_objects(world, predictions) for k, v in part.items()}
     if not predictions:
         raise TrainingError("no validation image could be decoded")
-    return score_predictions(predictions, dataset.records, full=full), predictions, details
+    scores = score_predictions(predictions, dataset.records, full=full) if world.is_main else None
+    return broadcast_object(world, scores), predictions, details
 
 
 def _attention_figure(
@@ -374,6 +428,28 @@ def _attention_figure(
 # --------------------------------------------------------------------------- fit
 
 
+def _sync_batchnorm(model: Captioner, device: torch.device) -> Captioner:
+    """BatchNorm layers that train see one process's slice of the batch; on CUDA they are
+    made to share batch statistics across processes (SyncBatchNorm needs a GPU)."""
+    training_bn = [
+        m
+        for m in model.encoder.modules()
+        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
+        and any(p.requires_grad for p in m.parameters())
+    ]
+    if not training_bn:
+        return model
+    if device.type == "cuda":
+        logger.info("BatchNorm layers synchronised across processes")
+        return torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    logger.warning(
+        "the encoder's %d training BatchNorm layers use per-process batch statistics on CPU; "
+        "results match one process with the global batch only with model.fine_tune=none",
+        len(training_bn),
+    )
+    return model
+
+
 def _check_run_dir(out_dir: Path, resume: str | None) -> None:
     if resume is None and (out_dir / "last.pt").exists():
         raise CaptioningError(
@@ -397,11 +473,34 @@ def fit(
     cfg: Config, out_dir: str | Path | None = None, resume: str | None = None
 ) -> dict[str, Any]:
     """Train a model as ``cfg`` says; write ``config.yaml``, checkpoints, TensorBoard events
-    and per-epoch attention figures into ``out_dir``. Returns a summary dict."""
+    and per-epoch attention figures into ``out_dir``. Returns a summary dict.
+
+    Launched by ``torchrun`` with several processes, it trains data-parallel (see
+    :mod:`captioning.distributed`); ``train.batch_size`` is then the batch of each process.
+    """
+    world, device = init_world(cfg.train.device)
+    try:
+        return _fit(cfg, out_dir, resume, world, device)
+    finally:
+        close_world(world)
+
+
+def _fit(
+    cfg: Config,
+    out_dir: str | Path | None,
+    resume: str | None,
+    world: World,
+    device: torch.device,
+) -> dict[str, Any]:
     started = time.time()
     out_dir = Path(out_dir) if out_dir else Path("runs") / "run"
     _check_run_dir(out_dir, resume)
-    device = resolve_device(cfg.train.device)
+    if not world.is_main:
+        logger.setLevel(logging.WARNING)  # one process speaks
+    elif world.enabled:
+        logger.info("data-parallel training: %d processes (%s), batch %d per process",
+                    world.size, "nccl" if device.type == "cuda" else "gloo",
+                    cfg.train.batch_size)  # fmt: skip
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     seed_everything(cfg.train.seed)
@@ -415,12 +514,14 @@ def fit(
         if not splits.get(split):
             raise CaptioningError(f"the {split} split has no images (check data.splits)")
     if cfg.data.check_images:
-        drop_bad_images(splits, cfg.data, progress=not cfg.train.quiet)
+        drop_bad_images(splits, cfg.data, progress=not cfg.train.quiet and world.is_main)
     vocab = Vocabulary(payload["vocab"]) if payload else build_vocab(splits["train"], cfg)
     logger.info("vocabulary: %d words (from the training split)", len(vocab))
 
     # model
     model = build_model(cfg.model, len(vocab)).to(device)
+    if world.enabled:
+        model = _sync_batchnorm(model, device)
     num_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
     logger.info(
         "model: %s encoder, %s attention (%s), grid %dx%d, %.2fM trainable parameters",
@@ -430,6 +531,8 @@ def fit(
         *model.grid,
         num_params / 1e6,
     )
+    if cfg.train.val_max_images:
+        splits["val"] = splits["val"][: cfg.train.val_max_images]
     datasets = {
         split: CaptionDataset(
             splits[split],
@@ -438,22 +541,18 @@ def fit(
             max_length=cfg.data.max_caption_length,
             skip_bad_images=cfg.data.on_bad_image == "skip",
             cache_images=cfg.data.cache_images,
+            features=find_cache(cfg, model.encoder, split),
         )
         for split in ("train", "val")
     }
     val_dataset = datasets["val"]
-    if cfg.train.val_max_images and cfg.train.val_max_images < len(val_dataset):
-        val_dataset = CaptionDataset(
-            splits["val"][: cfg.train.val_max_images],
-            vocab,
-            model.encoder.transform,
-            cache_images=cfg.data.cache_images,
-        )
     sampler = CaptionBatchSampler(
         datasets["train"].caption_lengths(),
         cfg.train.batch_size,
         seed=cfg.train.seed,
         bucket=cfg.data.bucket_by_length,
+        num_replicas=world.size,
+        rank=world.rank,
     )
     loader = DataLoader(
         datasets["train"],
@@ -485,14 +584,22 @@ def fit(
             bad_epochs=payload["bad_epochs"],
             history=list(payload["history"]),
         )
-        set_rng_state(payload["rng"])
+        ranks = payload.get("rng_ranks")
+        set_rng_state(ranks[world.rank] if ranks and len(ranks) == world.size else payload["rng"])
         logger.info("resumed from %s after epoch %d (step %d)", resume, state.epoch, state.step)
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    save_config(cfg, out_dir / "config.yaml")
-    from torch.utils.tensorboard import SummaryWriter
+    trained = model  # what the loop calls: the model itself, or its DDP wrapper
+    if world.enabled:
+        trained = DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None
+        )
+    writer = None
+    if world.is_main:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, out_dir / "config.yaml")
+        from torch.utils.tensorboard import SummaryWriter
 
-    writer = SummaryWriter(str(out_dir))
+        writer = SummaryWriter(str(out_dir))
     metric = cfg.train.select_metric
     try:
         while state.epoch < cfg.train.epochs:
@@ -503,9 +610,19 @@ def fit(
             epoch_start = time.time()
             sampler.set_epoch(state.epoch)
             train_terms = train_one_epoch(
-                model, loader, optimizer, scheduler, baseline, scaler, cfg, device, state, writer
+                trained,
+                loader,
+                optimizer,
+                scheduler,
+                baseline,
+                scaler,
+                cfg,
+                device,
+                state,
+                writer,
+                world,
             )
-            scores, _, details = evaluate(model, val_dataset, cfg, device)
+            scores, _, details = evaluate(model, val_dataset, cfg, device, world=world)
             state.epoch += 1
             score = float(scores[metric] or 0.0)
             improved = score > state.best_score
@@ -521,18 +638,23 @@ def fit(
             record = {"epoch": state.epoch, "seconds": seconds, **train_terms}
             record.update({f"val_{k}": float(v) for k, v in scores.items() if v is not None})
             state.history.append(record)
-            for key, value in scores.items():
-                if value is not None:
-                    writer.add_scalar(f"val/{key}", float(value), state.step)
-            if cfg.train.figure_every_epoch:
-                figure = out_dir / "figures" / f"epoch_{state.epoch:03d}.png"
-                _attention_figure(model, val_dataset, details, figure)
-            checkpoint = make_checkpoint(
-                model, optimizer, scheduler, baseline, scaler, state, cfg, vocab
-            )
-            save_checkpoint(checkpoint, out_dir / "last.pt")
-            if improved:
-                save_checkpoint(checkpoint, out_dir / "best.pt")
+            # Every rank's RNG goes into the checkpoint, so a resumed run continues exactly.
+            rng_ranks = gather_objects(world, rng_state())
+            if world.is_main:
+                for key, value in scores.items():
+                    if value is not None:
+                        writer.add_scalar(f"val/{key}", float(value), state.step)
+                if cfg.train.figure_every_epoch:
+                    figure = out_dir / "figures" / f"epoch_{state.epoch:03d}.png"
+                    _attention_figure(model, val_dataset, details, figure)
+                checkpoint = make_checkpoint(
+                    model, optimizer, scheduler, baseline, scaler, state, cfg, vocab
+                )
+                if world.enabled:
+                    checkpoint["rng_ranks"] = rng_ranks
+                save_checkpoint(checkpoint, out_dir / "last.pt")
+                if improved:
+                    save_checkpoint(checkpoint, out_dir / "best.pt")
             logger.info(
                 "epoch %d/%d  loss %.3f  nll/word %.3f  val %s %.3f  BLEU-4 %.3f  exact %.3f  "
                 "lr %.2g  %.0fs%s",
@@ -549,7 +671,8 @@ def fit(
                 "  *best*" if improved else "",
             )
     finally:
-        writer.close()
+        if writer is not None:
+            writer.close()
     summary = {
         "out_dir": str(out_dir),
         "best_score": state.best_score,

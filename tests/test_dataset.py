@@ -94,6 +94,19 @@ def test_replicas_split_the_single_process_batches():
     assert len(single) == len(ranks[0]) == 3
 
 
+def test_replicas_take_equal_steps_on_a_ragged_last_batch():
+    # 23 images, 3 replicas of batch 4: the last global batch holds 11 items, so one is
+    # repeated; every replica must take as many steps, of equal size (DDP waits on each).
+    lengths = [[5]] * 23
+    ranks = [
+        list(CaptionBatchSampler(lengths, 4, seed=2, num_replicas=3, rank=r)) for r in range(3)
+    ]
+    assert [len(r) for r in ranks] == [2, 2, 2]
+    assert [len(batch) for r in ranks for batch in r] == [4] * 6
+    seen = [i for r in ranks for batch in r for i, _ in batch]
+    assert sorted(set(seen)) == list(range(23)) and len(seen) == 24
+
+
 def test_loader_with_sampler_and_workers_matches(coco2014):
     dataset, _ = _dataset(coco2014)
     sampler = CaptionBatchSampler(dataset.caption_lengths(), batch_size=3, seed=0)

@@ -41,6 +41,8 @@ class CaptionDataset(Dataset):
             :func:`collate`, with a warning) instead of raising.
         cache_images: keep each transformed image in memory after its first load
             (for small datasets such as shapes; one copy per DataLoader worker).
+        features: cached backbone grids (:class:`captioning.features.FeatureCache`);
+            items then carry ``grid`` (L, D) instead of ``image`` and no image is opened.
     """
 
     def __init__(
@@ -51,8 +53,12 @@ class CaptionDataset(Dataset):
         max_length: int | None = None,
         skip_bad_images: bool = False,
         cache_images: bool = False,
+        features: Any = None,
     ) -> None:
         self.records = list(records)
+        self.features = features
+        if features is not None:
+            features.check(self.records)
         self.vocab = vocab
         self.transform = transform
         self.skip_bad_images = skip_bad_images
@@ -85,6 +91,10 @@ class CaptionDataset(Dataset):
 
     def __getitem__(self, item: int | tuple[int, int]) -> dict[str, Any] | None:
         index, caption = item if isinstance(item, tuple) else (item, None)
+        tokens = None if caption is None else torch.tensor(self.captions[index][caption])
+        if self.features is not None:
+            grid = self.features.grid(self.records[index].image_id)  # (L, D)
+            return {"grid": grid, "tokens": tokens, "index": index}
         try:
             image = self.image(index)
         except DataError as exc:
@@ -92,24 +102,25 @@ class CaptionDataset(Dataset):
                 raise
             logger.warning("skipping image: %s", exc)
             return None
-        tokens = None if caption is None else torch.tensor(self.captions[index][caption])
         return {"image": image, "tokens": tokens, "index": index}
 
 
 def collate(samples: Sequence[dict[str, Any] | None]) -> dict[str, torch.Tensor] | None:
-    """Stack images and right-pad captions with ``<pad>`` (id 0).
+    """Stack images (or cached grids) and right-pad captions with ``<pad>`` (id 0).
 
-    Returns ``images (B, 3, H, W)``, ``indices (B,)`` and, for training items,
+    Returns ``images (B, 3, H, W)`` (or ``grid (B, L, D)``), ``indices (B,)`` and, for
+    training items,
     ``tokens (B, T)`` and ``lengths (B,)`` (tokens per caption, ``<start>``/``<end>``
     included). Items that failed to load (``None``) are dropped; an empty batch is ``None``.
     """
     samples = [s for s in samples if s is not None]
     if not samples:
         return None
-    batch = {
-        "images": torch.stack([s["image"] for s in samples]),  # (B, 3, H, W)
-        "indices": torch.tensor([s["index"] for s in samples]),  # (B,)
-    }
+    batch = {"indices": torch.tensor([s["index"] for s in samples])}  # (B,)
+    if "grid" in samples[0]:
+        batch["grid"] = torch.stack([s["grid"] for s in samples])  # (B, L, D)
+    else:
+        batch["images"] = torch.stack([s["image"] for s in samples])  # (B, 3, H, W)
     if samples[0]["tokens"] is not None:
         lengths = torch.tensor([len(s["tokens"]) for s in samples])
         tokens = torch.full((len(samples), int(lengths.max())), Vocabulary.pad_id)
@@ -182,6 +193,11 @@ class CaptionBatchSampler(Sampler[list[tuple[int, int]]]):
         batches = [items[i : i + size] for i in range(0, len(items), size)]
         if self.drop_last and batches and len(batches[-1]) < size:
             batches.pop()
+        short = -len(batches[-1]) % self.num_replicas if batches else 0
+        if short:
+            # Every replica must take the same number of steps (DDP synchronises on each);
+            # like DistributedSampler, repeat a few items to split the last batch evenly.
+            batches[-1] = batches[-1] + items[:short]
         if self.bucket and self.shuffle:
             rng.shuffle(batches)
         return batches
@@ -189,10 +205,8 @@ class CaptionBatchSampler(Sampler[list[tuple[int, int]]]):
     def __iter__(self) -> Iterator[list[tuple[int, int]]]:
         for batch in self._global_batches():
             # Contiguous slices keep the union over ranks equal to the one-process batch.
-            per_rank = -(-len(batch) // self.num_replicas)
-            part = batch[self.rank * per_rank : (self.rank + 1) * per_rank]
-            if part:
-                yield part
+            per_rank = len(batch) // self.num_replicas
+            yield batch[self.rank * per_rank : (self.rank + 1) * per_rank]
 
     def __len__(self) -> int:
         n, size = len(self.caption_lengths), self.batch_size * self.num_replicas

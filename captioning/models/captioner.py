@@ -30,12 +30,28 @@ class Captioner(nn.Module):
         """The (rows, columns) of the attention grid."""
         return self.encoder.grid
 
+    def features(
+        self, images: torch.Tensor | None = None, grid: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Decoder features (B, L, D) from ``images`` (B, 3, S, S), or from a cached backbone
+        ``grid`` (B, L, D) (see :mod:`captioning.features`)."""
+        if grid is not None:
+            return self.encoder.add_positions(grid.float())
+        if images is None:
+            raise ValueError("give images or a cached grid")
+        return self.encoder(images)
+
     def forward(
-        self, images: torch.Tensor, tokens: torch.Tensor, **attention_kwargs: object
+        self,
+        images: torch.Tensor | None,
+        tokens: torch.Tensor,
+        grid: torch.Tensor | None = None,
+        **attention_kwargs: object,
     ) -> DecoderOutput:
         """Teacher forcing on a batch: ``tokens`` (B, T) are whole captions
-        (``<start> … <end> <pad>…``); the outputs predict ``tokens[:, 1:]``."""
-        features = self.encoder(images)  # (B, L, D)
+        (``<start> … <end> <pad>…``); the outputs predict ``tokens[:, 1:]``. With a cached
+        backbone ``grid`` (B, L, D), ``images`` may be None."""
+        features = self.features(images, grid)  # (B, L, D)
         return self.decoder(features, tokens[:, :-1], **attention_kwargs)
 
 
@@ -61,6 +77,7 @@ def build_model(cfg: ModelConfig, vocab_size: int) -> Captioner:
         hidden_dim=cfg.hidden_dim,
         gate=cfg.gate,
         deep_output=cfg.deep_output,
+        context_to_lstm=cfg.context_to_lstm,
         init_state=cfg.init_state,
         dropout=cfg.dropout,
     )

@@ -77,6 +77,8 @@ class Decoder(nn.Module):
         hidden_dim: LSTM size n.
         gate: ``scalar`` (the paper's beta), ``vector`` (one gate per feature), or ``none``.
         deep_output: the paper's ``L_o(E y + L_h h + L_z z)``; else a linear layer on h.
+        context_to_lstm: feed z_t to the LSTM (the paper). False leaves z_t to the deep
+            output alone, so no glimpse is carried to later words.
         init_state: ``tanh`` or ``linear`` MLP from the mean feature to h_0, c_0.
         dropout: dropout on h and on the deep-output layer.
     """
@@ -90,6 +92,7 @@ class Decoder(nn.Module):
         hidden_dim: int = 1024,
         gate: str = "scalar",
         deep_output: bool = True,
+        context_to_lstm: bool = True,
         init_state: str = "tanh",
         dropout: float = 0.5,
     ) -> None:
@@ -105,7 +108,10 @@ class Decoder(nn.Module):
         if gate not in gate_sizes:
             raise ValueError(f"gate must be scalar, vector or none, got {gate!r}")
         self.gate = nn.Linear(hidden_dim, gate_sizes[gate]) if gate != "none" else None
-        self.lstm = nn.LSTMCell(embed_dim + feature_dim, hidden_dim)
+        if not (context_to_lstm or deep_output):
+            raise ValueError("context_to_lstm=False needs deep_output=True to use the context")
+        self.context_to_lstm = context_to_lstm
+        self.lstm = nn.LSTMCell(embed_dim + (feature_dim if context_to_lstm else 0), hidden_dim)
         self.dropout = nn.Dropout(dropout)
         self.deep_output = deep_output
         if deep_output:
@@ -145,7 +151,8 @@ class Decoder(nn.Module):
             beta_mean = beta.mean(dim=1)  # (B,)
         else:
             beta_mean = context.new_ones(context.shape[0])
-        h, c = self.lstm(torch.cat([embedded, context], dim=1), (state.h, state.c))
+        inputs = torch.cat([embedded, context], dim=1) if self.context_to_lstm else embedded
+        h, c = self.lstm(inputs, (state.h, state.c))
         return DecoderState(h, c), attended, context, beta_mean
 
     def output(

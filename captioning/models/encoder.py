@@ -221,8 +221,24 @@ class Encoder(nn.Module):
         resized = image.resize((self.image_size, self.image_size), Image.BICUBIC)
         return torch.from_numpy(np.asarray(resized, dtype=np.uint8).copy()).permute(2, 0, 1)
 
+    @property
+    def frozen(self) -> bool:
+        """True when no backbone weight trains (``fine_tune: none``): its grid can be cached."""
+        return self.frozen_stages == len(self.stages)
+
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """``images`` (B, 3, S, S), uint8 or float in 0..255 → features (B, L, D)."""
+        return self.add_positions(self.backbone(images))
+
+    def add_positions(self, grid: torch.Tensor) -> torch.Tensor:
+        """Backbone grid (B, L, D) → features (B, L, D) with the position codes added
+        (cached grids come in here: learned positions keep training)."""
+        if self.positions is None:
+            return grid
+        return grid + self.positions.to(grid.dtype)
+
+    def backbone(self, images: torch.Tensor) -> torch.Tensor:
+        """``images`` (B, 3, S, S) → the backbone's pooled grid (B, L, D), no positions."""
         x = (images.float() - self.mean) / self.std
         frozen = self.frozen_stages
         if frozen:
@@ -232,10 +248,7 @@ class Encoder(nn.Module):
         for stage in list(self.stages)[frozen:]:
             x = stage(x)
         x = self.pool(x)  # (B, D, h, w)
-        features = x.flatten(2).transpose(1, 2)  # (B, L, D)
-        if self.positions is not None:
-            features = features + self.positions.to(features.dtype)
-        return features
+        return x.flatten(2).transpose(1, 2)  # (B, L, D)
 
 
 def build_encoder(

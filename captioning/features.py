@@ -1,0 +1,233 @@
+"""Cached encoder grids for frozen encoders.
+
+When the encoder does not train (``model.fine_tune: none``), its grid for an image never
+changes, so training can read it from disk instead of running the CNN at every step.
+``captioning extract-features --config C --split train`` writes, per split:
+
+- ``{split}.npy``: float16 array (N, L, D) of backbone grids (position codes are added at
+  training time, so learned positions still train), read back memory-mapped;
+- ``{split}.json``: the image ids of the rows, the shape, and the encoder's fingerprint.
+
+Both live in ``{data.root}/{data.feature_cache}/{encoder}-{size}px-{fingerprint}``. The
+fingerprint hashes the backbone weights, buffers and input settings, so a cache made by a
+different encoder is never read by mistake: training looks up its own encoder's folder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+from tqdm import tqdm
+
+from captioning.config import Config
+from captioning.data.records import ImageRecord
+from captioning.errors import ConfigError, DataError
+from captioning.models.encoder import Encoder
+
+logger = logging.getLogger("captioning")
+
+FORMAT_VERSION = 1
+
+
+def encoder_fingerprint(encoder: Encoder) -> str:
+    """A hex digest of everything that decides the backbone grid of an image."""
+    digest = hashlib.sha256()
+    digest.update(repr((encoder.image_size, encoder.grid, encoder.out_channels)).encode())
+    for name, tensor in sorted(encoder.state_dict().items()):
+        if name == "positions":  # added after the cache, and may train
+            continue
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def cache_folder(cfg: Config, encoder: Encoder) -> Path:
+    """Where this config's encoder keeps its cached grids."""
+    if not cfg.data.feature_cache:
+        raise ConfigError("data.feature_cache is null; set it to a folder name to cache grids")
+    base = Path(cfg.data.feature_cache)
+    if not base.is_absolute():
+        base = Path(cfg.data.root) / base
+    tag = f"{cfg.model.encoder}-{encoder.image_size}px-{encoder_fingerprint(encoder)[:16]}"
+    return base / tag
+
+
+class FeatureCache:
+    """The cached grids of one split, memory-mapped.
+
+    Args:
+        folder: the encoder's cache folder (see :func:`cache_folder`).
+        split: the split name, e.g. ``train``.
+    """
+
+    def __init__(self, folder: str | Path, split: str) -> None:
+        self.folder = Path(folder)
+        self.split = split
+        meta_path = self.folder / f"{split}.json"
+        try:
+            self.meta = json.loads(meta_path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise DataError(
+                f"feature cache {meta_path} is unreadable ({exc}); re-run extract-features"
+            ) from exc
+        if self.meta.get("format_version") != FORMAT_VERSION:
+            raise DataError(f"feature cache {meta_path} has an unknown format; re-run it")
+        array_path = self.folder / f"{split}.npy"
+        try:
+            self.array = np.load(array_path, mmap_mode="r")  # (N, L, D) float16
+        except (OSError, ValueError) as exc:
+            raise DataError(f"feature cache {array_path} is unreadable ({exc})") from exc
+        if list(self.array.shape) != self.meta["shape"]:
+            raise DataError(f"feature cache {array_path} does not match its {meta_path}")
+        self.rows = {int(image_id): row for row, image_id in enumerate(self.meta["image_ids"])}
+
+    @staticmethod
+    def exists(folder: str | Path, split: str) -> bool:
+        return (Path(folder) / f"{split}.json").is_file()
+
+    def check(self, records: list[ImageRecord]) -> None:
+        """Raise when an image of ``records`` has no cached grid."""
+        missing = [r.image_id for r in records if r.image_id not in self.rows]
+        if missing:
+            raise DataError(
+                f"feature cache {self.folder} lacks {len(missing)} of the {len(records)} "
+                f"{self.split} images (e.g. id {missing[0]}); re-run extract-features for "
+                f"--split {self.split} with this config"
+            )
+
+    def grid(self, image_id: int) -> torch.Tensor:
+        """The cached grid (L, D), float16."""
+        return torch.from_numpy(np.array(self.array[self.rows[image_id]]))
+
+
+def find_cache(cfg: Config, encoder: Encoder, split: str) -> FeatureCache | None:
+    """The cache of ``split`` for this encoder when it is frozen and one was extracted."""
+    if not cfg.data.feature_cache or not encoder.frozen:
+        return None
+    folder = cache_folder(cfg, encoder)
+    if not FeatureCache.exists(folder, split):
+        logger.info(
+            "no cached %s grids at %s; the encoder is frozen, so "
+            "`captioning extract-features --split %s` would save its forward passes",
+            split,
+            folder,
+            split,
+        )
+        return None
+    cache = FeatureCache(folder, split)
+    logger.info("reading cached %s grids from %s", split, folder)
+    return cache
+
+
+def extract_features(
+    cfg: Config,
+    split: str,
+    batch_size: int | None = None,
+    progress: bool = True,
+    overwrite: bool = False,
+) -> dict[str, Any]:
+    """Run the frozen encoder over every image of ``split`` and write its cache.
+
+    The encoder is built exactly as :func:`captioning.train.fit` builds it (same seed), so
+    a randomly initialised frozen encoder gets the same weights, and the same fingerprint.
+    """
+    from captioning.data import CaptionDataset, collate, drop_bad_images
+    from captioning.data.build import load_splits
+    from captioning.models.encoder import build_encoder
+    from captioning.train import autocast, resolve_device, seed_everything
+    from captioning.vocab import SPECIALS, Vocabulary
+
+    if cfg.model.fine_tune != "none":
+        raise ConfigError(
+            f"model.fine_tune={cfg.model.fine_tune} trains the encoder, so its grid changes "
+            f"every step and cannot be cached; set model.fine_tune=none"
+        )
+    device = resolve_device(cfg.train.device)
+    seed_everything(cfg.train.seed)
+    encoder = build_encoder(
+        cfg.model.encoder,
+        weights=cfg.model.weights,
+        image_size=cfg.model.image_size,
+        grid_size=cfg.model.grid_size,
+        positional=cfg.model.positional,
+        fine_tune=cfg.model.fine_tune,
+        cnn_channels=cfg.model.cnn_channels,
+    )
+    folder = cache_folder(cfg, encoder)
+    if FeatureCache.exists(folder, split) and not overwrite:
+        raise DataError(f"{folder / split}.npy already exists; pass --overwrite to redo it")
+    encoder = encoder.to(device).eval()
+
+    splits = load_splits(cfg.data)
+    if not splits.get(split):
+        raise DataError(f"the {split} split has no images (check data.splits)")
+    if cfg.data.check_images:
+        drop_bad_images({split: splits[split]}, cfg.data, progress=progress)
+    records = splits[split]
+    dataset = CaptionDataset(
+        records,
+        Vocabulary(list(SPECIALS)),  # captions are not needed here
+        encoder.transform,
+        skip_bad_images=cfg.data.on_bad_image == "skip",
+    )
+    loader = DataLoader(
+        dataset,
+        batch_size=batch_size or cfg.train.batch_size,
+        collate_fn=collate,
+        num_workers=cfg.data.num_workers,
+        pin_memory=device.type == "cuda",
+    )
+    folder.mkdir(parents=True, exist_ok=True)
+    shape = (len(records), encoder.num_cells, encoder.out_channels)
+    partial = folder / f"{split}.partial.npy"
+    array = np.lib.format.open_memmap(partial, mode="w+", dtype=np.float16, shape=shape)
+    written = np.zeros(len(records), dtype=bool)
+    with torch.no_grad(), autocast(device, cfg.train.precision):
+        for batch in tqdm(loader, desc=f"extracting {split}", disable=not progress):
+            if batch is None:
+                continue
+            grid = encoder.backbone(batch["images"].to(device))  # (B, L, D)
+            indices = batch["indices"].numpy()
+            array[indices] = grid.float().cpu().numpy().astype(np.float16)
+            written[indices] = True
+    array.flush()
+    del array
+    # Rows of images that failed to load (on_bad_image: skip) are dropped from the index.
+    kept = [r.image_id for r, ok in zip(records, written) if ok]
+    if not written.all():
+        full = np.load(partial, mmap_mode="r")
+        compact = folder / f"{split}.compact.npy"
+        out = np.lib.format.open_memmap(
+            compact, mode="w+", dtype=np.float16, shape=(len(kept), *shape[1:])
+        )
+        out[:] = full[written]
+        out.flush()
+        del out, full
+        os.replace(compact, partial)
+    os.replace(partial, folder / f"{split}.npy")
+    meta = {
+        "format_version": FORMAT_VERSION,
+        "split": split,
+        "shape": [len(kept), *shape[1:]],
+        "dtype": "float16",
+        "image_ids": kept,
+        "encoder": cfg.model.encoder,
+        "weights": cfg.model.weights,
+        "image_size": cfg.model.image_size,
+        "grid": list(encoder.grid),
+        "fingerprint": encoder_fingerprint(encoder),
+    }
+    # The index is written last: a cache without it is never read.
+    tmp = folder / f"{split}.json.tmp"
+    tmp.write_text(json.dumps(meta))
+    os.replace(tmp, folder / f"{split}.json")
+    size = (folder / f"{split}.npy").stat().st_size
+    return {"folder": str(folder), "images": len(kept), "shape": meta["shape"], "bytes": size}

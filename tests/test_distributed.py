@@ -1,0 +1,99 @@
+"""Data-parallel training under torchrun (gloo on CPU)."""
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from captioning.checkpoint import load_checkpoint
+from captioning.config import load_config
+from captioning.data.shapes import generate_shapes
+from captioning.train import fit
+
+CONFIG = os.path.join(os.path.dirname(__file__), "..", "configs", "test_tiny.yaml")
+# Dropout off and a frozen encoder: with dropout each process draws its own masks, and a
+# training BatchNorm sees per-process batch statistics (SyncBatchNorm needs CUDA), so
+# neither could match one process exactly. fp32 keeps rounding small.
+SETTINGS = ["model.dropout=0", "model.fine_tune=none", "train.epochs=2", "train.precision=fp32"]
+
+
+@pytest.fixture(scope="module")
+def shapes(tmp_path_factory):
+    root = tmp_path_factory.mktemp("shapes")
+    # 32 images: 4 global batches of 8, split evenly over 2 processes.
+    generate_shapes(root, num_train=32, num_val=6, num_test=6, seed=0, image_size=48)
+    return root
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def torchrun(nproc: int, *args: str) -> subprocess.CompletedProcess:
+    command = [
+        sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+        f"--master_port={free_port()}", "-m", "captioning", *args,
+    ]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def overrides(shapes, *extra):
+    return [arg for item in (f"data.root={shapes}", *SETTINGS, *extra) for arg in ("--set", item)]
+
+
+def test_two_processes_match_one_with_the_global_batch(shapes, tmp_path):
+    result = torchrun(
+        2, "train", "--config", CONFIG, "--out", str(tmp_path / "two"),
+        *overrides(shapes, "train.batch_size=4"),
+    )  # fmt: skip
+    assert "data-parallel training: 2 processes (gloo), batch 4 per process" in result.stderr
+    # one process speaks: each epoch is logged once
+    assert result.stderr.count("epoch 1/2") == 1
+    fit(
+        load_config(CONFIG, [f"data.root={shapes}", *SETTINGS, "train.batch_size=8"]),
+        out_dir=tmp_path / "one",
+    )
+    one = load_checkpoint(tmp_path / "one" / "last.pt")
+    two = load_checkpoint(tmp_path / "two" / "last.pt")
+    start = load_checkpoint(tmp_path / "one" / "best.pt")  # after epoch 1 of 2
+    assert one["step"] == two["step"] == 8
+    # The summed losses of each epoch agree to float32 rounding.
+    for a, b in zip(one["history"], two["history"]):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
+    # Parameters: the two runs differ only by the order of float32 sums (each process sums
+    # its half of the batch, then the halves are averaged), which Adam's normalised steps
+    # carry into the weights. Bound the difference by 0.1% of how far each tensor moved in
+    # the second epoch; without gradient averaging each process would follow its own half
+    # of the data and miss this by two orders of magnitude.
+    for name, weights in one["model"].items():
+        if name.endswith("attention.score.out.bias"):
+            # Adds the same amount to every cell's score: softmax ignores it, its true
+            # gradient is zero and Adam turns the rounding noise into full-size steps.
+            continue
+        if not weights.is_floating_point():
+            continue
+        moved = (weights - start["model"][name]).norm()
+        gap = (weights - two["model"][name]).norm()
+        assert gap <= 1e-3 * moved + 1e-7, (name, float(gap), float(moved))
+    # rank 0 writes every process's RNG state, so a resumed run continues exactly
+    assert len(two["rng_ranks"]) == 2
+
+
+def test_resume_under_torchrun_is_exact(shapes, tmp_path):
+    args = ["train", "--config", CONFIG, *overrides(shapes, "train.batch_size=4")]
+    torchrun(2, *args, "--out", str(tmp_path / "straight"))
+    torchrun(2, *args, "--out", str(tmp_path / "half"), "--set", "train.epochs=1")
+    torchrun(
+        2, *args, "--out", str(tmp_path / "half"), "--resume", str(tmp_path / "half" / "last.pt")
+    )
+    straight = load_checkpoint(tmp_path / "straight" / "last.pt")["model"]
+    resumed = load_checkpoint(tmp_path / "half" / "last.pt")["model"]
+    for name, weights in straight.items():
+        assert torch.equal(weights, resumed[name]), name
