@@ -198,6 +198,38 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from captioning.bench import BenchOptions, format_markdown, run_benchmark
+
+    options = BenchOptions(
+        sizes=[s.strip() for s in args.sizes.split(",") if s.strip()],
+        device=args.device,
+        precisions=[p.strip() for p in args.precisions.split(",") if p.strip()],
+        compile=args.compile,
+        repeats=args.repeats,
+        warmup=args.warmup,
+        ref_repeats=args.ref_repeats,
+        full_repeats=args.full_repeats,
+        skip_full=args.skip_full,
+        batch_size=args.batch_size,
+        check_images=args.check_images,
+        threads=args.threads,
+        seed=args.seed,
+        quick=args.quick,
+        quiet=args.quiet,
+        out=args.out,
+    )
+    results = run_benchmark(options)
+    print(format_markdown(results))
+    print(f"wrote {args.out} and {Path(args.out).with_suffix('.md')}")
+    if not results["passed"]:
+        print("error: ours and the reference disagree (see the checks table)", file=sys.stderr)
+        return 1
+    return 0
+
+
 # --------------------------------------------------------------------------- parser
 
 
@@ -283,6 +315,56 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-root", default="data/shapes", help="where the shapes data lives")
     _add_config_args(p, required=False)
     p.set_defaults(func=cmd_quickstart)
+
+    p = add_verb("bench", help="time training steps and decoding against a naive reference")
+    p.add_argument(
+        "--sizes",
+        default="shapes,coco",
+        help="comma-separated: shapes, coco, tiny (seconds, for smoke runs)",
+    )
+    p.add_argument(
+        "--device",
+        choices=["cpu", "cuda", "all"],
+        default="all",
+        help="all: CPU, and CUDA when available (default)",
+    )
+    p.add_argument("--precisions", default="fp32,bf16", help="fp32 and/or bf16 autocast")
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="also time torch.compile'd variants (slow to compile; off by default)",
+    )
+    p.add_argument("--repeats", type=int, default=5, help="timed runs, median reported")
+    p.add_argument("--warmup", type=int, default=1, help="untimed runs first (default 1)")
+    p.add_argument(
+        "--ref-repeats",
+        type=int,
+        default=None,
+        help="timed runs of the slow reference (default: --repeats; 2 at coco size)",
+    )
+    p.add_argument(
+        "--full-repeats",
+        type=int,
+        default=None,
+        help="timed runs of the full step (default as --ref-repeats)",
+    )
+    p.add_argument("--skip-full", action="store_true", help="leave out the full step")
+    p.add_argument("--batch-size", type=int, default=None, help="override every size's batch")
+    p.add_argument(
+        "--check-images",
+        type=int,
+        default=None,
+        help="images in the reference checks (default: shapes all, coco 8)",
+    )
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quick", action="store_true", help="one warm-up and one run of each")
+    p.add_argument(
+        "--out",
+        default="runs/bench/bench.json",
+        help="JSON results; the Markdown table goes beside it (.md)",
+    )
+    p.set_defaults(func=cmd_bench)
     return parser
 
 

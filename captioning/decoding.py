@@ -180,9 +180,11 @@ def beam_search(
     batch, cells, _ = features.shape
     k = beam_size
     device = features.device
-    features = features.repeat_interleave(k, dim=0)  # (B*K, L, D)
-    keys = decoder.prepare(features)  # (B*K, L, A)
+    # Keys and the initial state are computed once per image, then copied to its K beams.
+    keys = decoder.prepare(features).repeat_interleave(k, dim=0)  # (B*K, L, A)
     state = decoder.init_state(features)
+    state = state.select(torch.arange(batch, device=device).repeat_interleave(k))  # (B*K, H)
+    features = features.repeat_interleave(k, dim=0)  # (B*K, L, D)
     tokens = torch.full((batch * k,), Vocabulary.start_id, device=device)
     # Only the first beam of each image is live at the start; the rest are copies.
     beam_scores = torch.full((batch, k), float("-inf"), device=device)
