@@ -144,6 +144,7 @@ def decode_dataset(
         shuffle=False,
         collate_fn=collate,
         num_workers=cfg.data.num_workers,
+        pin_memory=device.type == "cuda",
     )
     model.eval()
     captions: dict[int, str] = {}
