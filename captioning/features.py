@@ -108,23 +108,32 @@ class FeatureCache:
         return torch.from_numpy(np.array(self.array[self.rows[image_id]]))
 
 
+def find_caches(cfg: Config, encoder: Encoder, splits: list[str]) -> dict[str, FeatureCache | None]:
+    """Per split, the cache for this encoder when it is frozen and one was extracted
+    (the encoder's weights are hashed once for all splits)."""
+    if not cfg.data.feature_cache or not encoder.frozen:
+        return dict.fromkeys(splits)
+    folder = cache_folder(cfg, encoder)
+    caches: dict[str, FeatureCache | None] = {}
+    for split in splits:
+        if FeatureCache.exists(folder, split):
+            caches[split] = FeatureCache(folder, split)
+            logger.info("reading cached %s grids from %s", split, folder)
+        else:
+            caches[split] = None
+            logger.info(
+                "no cached %s grids at %s; the encoder is frozen, so "
+                "`captioning extract-features --split %s` would save its forward passes",
+                split,
+                folder,
+                split,
+            )
+    return caches
+
+
 def find_cache(cfg: Config, encoder: Encoder, split: str) -> FeatureCache | None:
     """The cache of ``split`` for this encoder when it is frozen and one was extracted."""
-    if not cfg.data.feature_cache or not encoder.frozen:
-        return None
-    folder = cache_folder(cfg, encoder)
-    if not FeatureCache.exists(folder, split):
-        logger.info(
-            "no cached %s grids at %s; the encoder is frozen, so "
-            "`captioning extract-features --split %s` would save its forward passes",
-            split,
-            folder,
-            split,
-        )
-        return None
-    cache = FeatureCache(folder, split)
-    logger.info("reading cached %s grids from %s", split, folder)
-    return cache
+    return find_caches(cfg, encoder, [split])[split]
 
 
 def extract_features(
@@ -141,7 +150,7 @@ def extract_features(
     """
     from captioning.data import CaptionDataset, collate, drop_bad_images
     from captioning.data.build import load_splits
-    from captioning.models.encoder import build_encoder
+    from captioning.models import encoder_from_config
     from captioning.train import autocast, resolve_device, seed_everything
     from captioning.vocab import SPECIALS, Vocabulary
 
@@ -152,15 +161,7 @@ def extract_features(
         )
     device = resolve_device(cfg.train.device)
     seed_everything(cfg.train.seed)
-    encoder = build_encoder(
-        cfg.model.encoder,
-        weights=cfg.model.weights,
-        image_size=cfg.model.image_size,
-        grid_size=cfg.model.grid_size,
-        positional=cfg.model.positional,
-        fine_tune=cfg.model.fine_tune,
-        cnn_channels=cfg.model.cnn_channels,
-    )
+    encoder = encoder_from_config(cfg.model)
     folder = cache_folder(cfg, encoder)
     if FeatureCache.exists(folder, split) and not overwrite:
         raise DataError(f"{folder / split}.npy already exists; pass --overwrite to redo it")

@@ -39,7 +39,7 @@ from captioning.distributed import (
     mean_over_ranks,
 )
 from captioning.errors import CaptioningError, CheckpointError
-from captioning.features import find_cache
+from captioning.features import find_caches
 from captioning.losses import LossTerms, MovingAverageBaseline, caption_loss
 from captioning.models import Captioner, build_model
 from captioning.vocab import Vocabulary
@@ -361,7 +361,7 @@ def train_one_epoch(
         bar.set_postfix(
             loss=f"{totals['loss'] / batches:.3f}", nll=f"{float(terms.nll_per_token):.3f}"
         )
-        if writer is not None and state.step % cfg.train.log_every == 0 and world.is_main:
+        if writer is not None and state.step % cfg.train.log_every == 0:  # rank 0 only
             writer.add_scalar("train/loss", float(terms.total.detach()), state.step)
             writer.add_scalar("train/nll_per_token", float(terms.nll_per_token), state.step)
             writer.add_scalar("train/attention_penalty", float(terms.penalty), state.step)
@@ -534,6 +534,7 @@ def _fit(
     )
     if cfg.train.val_max_images:
         splits["val"] = splits["val"][: cfg.train.val_max_images]
+    caches = find_caches(cfg, model.encoder, ["train", "val"])
     datasets = {
         split: CaptionDataset(
             splits[split],
@@ -542,7 +543,7 @@ def _fit(
             max_length=cfg.data.max_caption_length,
             skip_bad_images=cfg.data.on_bad_image == "skip",
             cache_images=cfg.data.cache_images,
-            features=find_cache(cfg, model.encoder, split),
+            features=caches[split],
         )
         for split in ("train", "val")
     }

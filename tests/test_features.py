@@ -16,7 +16,7 @@ from captioning.data.images import load_image
 from captioning.data.shapes import generate_shapes
 from captioning.errors import DataError
 from captioning.features import FeatureCache, cache_folder, extract_features, find_cache
-from captioning.models.encoder import build_encoder
+from captioning.models import encoder_from_config
 from captioning.train import fit, seed_everything
 
 CONFIG = os.path.join(os.path.dirname(__file__), "..", "configs", "test_tiny.yaml")
@@ -36,9 +36,7 @@ def frozen(shapes, *extra):
 
 def the_encoder(cfg):
     seed_everything(cfg.train.seed)
-    m = cfg.model
-    return build_encoder(m.encoder, m.weights, m.image_size, m.grid_size, m.positional,
-                         m.fine_tune, m.cnn_channels)  # fmt: skip
+    return encoder_from_config(cfg.model)
 
 
 def test_cache_holds_the_backbone_grid_in_float16(shapes):

@@ -8,7 +8,7 @@ from captioning.models.attention import (
     build_attention,
     make_score,
 )
-from captioning.models.captioner import Captioner, build_model
+from captioning.models.captioner import Captioner, build_model, encoder_from_config
 from captioning.models.decoder import Decoder, DecoderOutput, DecoderState
 from captioning.models.encoder import Encoder, build_encoder
 
@@ -25,5 +25,6 @@ __all__ = [
     "build_attention",
     "build_encoder",
     "build_model",
+    "encoder_from_config",
     "make_score",
 ]

@@ -55,9 +55,10 @@ class Captioner(nn.Module):
         return self.decoder(features, tokens[:, :-1], **attention_kwargs)
 
 
-def build_model(cfg: ModelConfig, vocab_size: int) -> Captioner:
-    """The :class:`Captioner` that ``cfg`` describes."""
-    encoder = build_encoder(
+def encoder_from_config(cfg: ModelConfig) -> Encoder:
+    """The :class:`Encoder` that ``cfg`` describes (built first by :func:`build_model`, so
+    after the same seed both give a random encoder the same weights)."""
+    return build_encoder(
         cfg.encoder,
         weights=cfg.weights,
         image_size=cfg.image_size,
@@ -66,6 +67,11 @@ def build_model(cfg: ModelConfig, vocab_size: int) -> Captioner:
         fine_tune=cfg.fine_tune,
         cnn_channels=cfg.cnn_channels,
     )
+
+
+def build_model(cfg: ModelConfig, vocab_size: int) -> Captioner:
+    """The :class:`Captioner` that ``cfg`` describes."""
+    encoder = encoder_from_config(cfg)
     attention = build_attention(
         cfg.attention, cfg.score, encoder.out_channels, cfg.hidden_dim, cfg.attention_dim
     )
