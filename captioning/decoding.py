@@ -180,18 +180,16 @@ def beam_search(
     batch, cells, _ = features.shape
     k = beam_size
     device = features.device
-    # Keys and the initial state are computed once per image, then copied to its K beams.
-    keys = decoder.prepare(features).repeat_interleave(k, dim=0)  # (B*K, L, A)
-    state = decoder.init_state(features)
-    state = state.select(torch.arange(batch, device=device).repeat_interleave(k))  # (B*K, H)
-    features = features.repeat_interleave(k, dim=0)  # (B*K, L, D)
-    tokens = torch.full((batch * k,), Vocabulary.start_id, device=device)
-    # Only the first beam of each image is live at the start; the rest are copies.
-    beam_scores = torch.full((batch, k), float("-inf"), device=device)
-    beam_scores[:, 0] = 0.0
-    history = torch.zeros(batch, k, 0, dtype=torch.long, device=device)  # (B, K, t)
-    alpha_history = torch.zeros(batch, k, 0, cells, device=device)  # (B, K, t, L)
-    cell_history = torch.zeros(batch, k, 0, dtype=torch.long, device=device)
+    # The grid and its keys stay one copy per image: the step scores the beams of an image
+    # against it as a group. The search starts from one live beam per image, so the first
+    # step runs B rows, not B*K identical ones.
+    keys = decoder.prepare(features)  # (B, L, A)
+    state = decoder.init_state(features)  # (B, H)
+    tokens = torch.full((batch,), Vocabulary.start_id, device=device)
+    beam_scores = torch.zeros(batch, 1, device=device)  # (B, live beams)
+    history = torch.zeros(batch, 1, 0, dtype=torch.long, device=device)  # (B, live, t)
+    alpha_history = torch.zeros(batch, 1, 0, cells, device=device)  # (B, live, t, L)
+    cell_history = torch.zeros(batch, 1, 0, dtype=torch.long, device=device)
     best_score = torch.full((batch,), float("-inf"), device=device)  # normalised
     best_raw = torch.zeros(batch, device=device)
     best_tokens = torch.full((batch, max_length), Vocabulary.pad_id, device=device)
@@ -204,22 +202,23 @@ def beam_search(
         out = decoder.step(tokens, state, features, keys, mode=hard_mode)
         log_probs = torch.log_softmax(out.logits.float(), dim=1)  # (B*K, V)
         log_probs = _mask_logits(log_probs, step, min_length, suppress_unk)
-        vocab = log_probs.shape[1]
-        candidates = beam_scores.unsqueeze(2) + log_probs.view(batch, k, vocab)  # (B, K, V)
-        top_scores, top_index = candidates.view(batch, -1).topk(2 * k, dim=1)  # (B, 2K)
+        live, vocab = beam_scores.shape[1], log_probs.shape[1]  # live: 1 at first, then K
+        candidates = beam_scores.unsqueeze(2) + log_probs.view(batch, live, vocab)  # (B, n, V)
+        width = min(2 * k, live * vocab)
+        top_scores, top_index = candidates.view(batch, -1).topk(width, dim=1)  # (B, 2K)
         top_beam = top_index // vocab  # (B, 2K)
         top_token = top_index % vocab  # (B, 2K)
         # An ending counts only among the top K, as in the usual formulation: with K = 1
         # this is exactly greedy decoding.
-        in_top_k = torch.arange(2 * k, device=device) < k  # (2K,)
+        in_top_k = torch.arange(width, device=device) < k  # (2K,)
         is_end = top_token == Vocabulary.end_id
         ended = is_end & in_top_k & torch.isfinite(top_scores)
 
-        step_alpha = out.attention.alpha.view(batch, k, cells)  # (B, K, L)
+        step_alpha = out.attention.alpha.view(batch, live, cells)  # (B, n, L)
         step_cell = out.attention.cell
         hard = step_cell is not None
         if hard:
-            step_cell = step_cell.view(batch, k)
+            step_cell = step_cell.view(batch, live)
 
         # Finished candidates: keep each image's best (normalised) one.
         norm = top_scores / _length_penalty(torch.tensor(step + 1), length_penalty)
@@ -245,17 +244,18 @@ def beam_search(
         beam_scores = top_scores.gather(1, order)  # (B, K)
         parent = top_beam.gather(1, order)  # (B, K)
         tokens = top_token.gather(1, order)  # (B, K)
-        history = torch.cat([history.gather(1, parent[:, :, None].expand_as(history)),
+        steps = history.shape[2]
+        history = torch.cat([history.gather(1, parent[:, :, None].expand(-1, -1, steps)),
                              tokens.unsqueeze(2)], dim=2)  # fmt: skip
         parent_alpha = step_alpha.gather(1, parent[:, :, None].expand(-1, -1, cells))
         alpha_history = torch.cat(
-            [alpha_history.gather(1, parent[:, :, None, None].expand_as(alpha_history)),
+            [alpha_history.gather(1, parent[:, :, None, None].expand(-1, -1, steps, cells)),
              parent_alpha.unsqueeze(2)], dim=2)  # fmt: skip
         if hard:
             cell_history = torch.cat(
-                [cell_history.gather(1, parent[:, :, None].expand_as(cell_history)),
+                [cell_history.gather(1, parent[:, :, None].expand(-1, -1, steps)),
                  step_cell.gather(1, parent).unsqueeze(2)], dim=2)  # fmt: skip
-        flat_parent = (rows[:, None] * k + parent).view(-1)  # (B*K,)
+        flat_parent = (rows[:, None] * live + parent).view(-1)  # (B*K,)
         state = out.state.select(flat_parent)
         tokens = tokens.view(-1)
 

@@ -62,6 +62,15 @@ def test_beam_finds_what_greedy_misses():
     assert beam.scores[0] > greedy.scores[0]
 
 
+@pytest.mark.parametrize("beam_size", [3, 4, 5])
+def test_more_beams_than_half_the_vocabulary(beam_size):
+    """With 7 words, 2K candidates outnumber the first step's 7: the search still works and
+    a wider beam still finds the best caption."""
+    beam = beam_search(ToyDecoder(TRAP), torch.zeros(2, 4, 3), beam_size=beam_size, max_length=5)
+    assert beam.tokens[:, 0].tolist() == [B, B] and beam.lengths.tolist() == [1, 1]
+    assert beam.scores.tolist() == pytest.approx([math.log(0.36)] * 2, abs=1e-4)
+
+
 def test_no_finished_beam_returns_the_best_unfinished_one():
     decoder = ToyDecoder({1: {A: 0.7, B: 0.3}, A: {A: 0.9, C: 0.1}, B: {B: 1.0}, C: {C: 1.0}})
     decoder.ending = decoder.table[C]

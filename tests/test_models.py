@@ -6,6 +6,7 @@ from torch import nn
 
 from captioning.config import load_config
 from captioning.losses import caption_loss
+from captioning.models import attention as attention_module
 from captioning.models import build_model
 from captioning.models.attention import (
     SCORES,
@@ -62,6 +63,51 @@ def test_every_score_function(name):
     for pname, param in score.named_parameters():
         assert param.grad is not None and param.grad.abs().sum() > 0, pname
     assert query.grad.abs().sum() > 0 and features.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("kind", ["soft", "hard", "none"])
+@pytest.mark.parametrize("name", sorted(SCORES))
+def test_grouped_queries_equal_a_repeated_grid(kind, name):
+    """G queries per image against one copy of the grid give what G copies of it give."""
+    torch.manual_seed(0)
+    attention = attention_module.build_attention(kind, name, 8, 6, 5)
+    images, g = 3, 4
+    features = torch.randn(images, 9, 8)
+    query = torch.randn(images * g, 6)  # image-major: the 4 queries of image 0 first
+    cells = torch.randint(0, 9, (images * g,))
+    keys = attention.project_keys(features)
+    repeated = features.repeat_interleave(g, dim=0)  # (B*G, L, D)
+    kwargs = {"mode": "argmax", "cell": cells} if kind == "hard" else {}
+    grouped = attention(features, keys, query, **kwargs)
+    copied = attention(repeated, attention.project_keys(repeated), query, **kwargs)
+    assert grouped.alpha.shape == (images * g, 9) and grouped.context.shape == (images * g, 8)
+    torch.testing.assert_close(grouped.alpha, copied.alpha, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(grouped.context, copied.context, rtol=1e-5, atol=1e-6)
+    if kind == "hard":
+        assert torch.equal(grouped.context, features[torch.arange(images).repeat_interleave(g),
+                                                     cells])  # fmt: skip
+        torch.testing.assert_close(grouped.log_prob, copied.log_prob)
+    with pytest.raises(ValueError, match="do not divide"):
+        attention(features, keys, torch.randn(images * g + 1, 6))
+
+
+def test_additive_score_in_blocks_and_in_compiled_form_match_the_plain_one(monkeypatch):
+    torch.manual_seed(0)
+    score = make_score("additive", 8, 6, 5)
+    keys = score.project_keys(torch.randn(7, 9, 8))
+    query = torch.randn(7 * 3, 6)
+    with torch.no_grad():
+        plain = score(keys, query)  # one block: 7 * 3 * 9 * 5 values fit the budget
+        monkeypatch.setattr(attention_module, "SCORE_BLOCK_ELEMENTS", 2 * 3 * 9 * 5)
+        blocked = score(keys, query)  # blocks of 2 images, the last one of 1
+        monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+        fused = score(keys, query)  # the reduction form that torch.compile fuses
+    expected = (torch.tanh(keys.repeat_interleave(3, dim=0) + score.query_proj(query)[:, None])
+                @ score.out.weight[0] + score.out.bias)  # fmt: skip
+    assert plain.shape == (21, 9)
+    torch.testing.assert_close(plain, expected)
+    torch.testing.assert_close(blocked, expected)
+    torch.testing.assert_close(fused, expected)
 
 
 def test_make_score_accepts_a_module_and_rejects_unknown_names():

@@ -5,6 +5,10 @@ features (B, L, D) → keys (B, L, K), and :meth:`forward` scores the keys again
 state at each step → logits (B, L). Re-projecting the grid at every word is the main waste of
 the tutorial implementations.
 
+Every step function also takes G > 1 queries per image: queries (B*G, ...) in image-major
+order against one copy of the grid (B, L, ...), giving (B*G, L). Beam search uses this for
+its K beams, so the grid and its keys are never copied K times.
+
 Soft, hard and no attention share one interface: they return an :class:`AttentionOutput`
 with the context vector, the weights ``alpha`` and, for hard attention, the chosen cell and
 its log-probability (the REINFORCE term itself lives in ``losses.py``).
@@ -23,6 +27,21 @@ from torch import nn
 from captioning.errors import ConfigError
 
 # --------------------------------------------------------------------------- scores
+
+
+def groups(keys: torch.Tensor, rows: int) -> int:
+    """G, the queries per image: ``rows`` queries against ``keys`` (B, ...) of B images."""
+    batch = keys.shape[0]
+    if rows % batch:
+        raise ValueError(f"{rows} query rows do not divide among {batch} images")
+    return rows // batch
+
+
+# Images per block when the additive score runs in blocks (on CPU, without gradients): a
+# block's hidden layer (images * G * L * A values) is kept to about this many elements, 2 MB
+# in fp32, so that it stays in a core's cache between the add, the activation and the
+# projection instead of streaming three times through memory.
+SCORE_BLOCK_ELEMENTS = 1 << 19
 
 
 class AdditiveScore(nn.Module):
@@ -48,8 +67,29 @@ class AdditiveScore(nn.Module):
         return self.key_proj(features)  # (B, L, A)
 
     def forward(self, keys: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
-        hidden = self.activation(keys + self.query_proj(query).unsqueeze(1))  # (B, L, A)
-        return self.out(hidden).squeeze(2)  # (B, L)
+        """``keys`` (B, L, A), ``query`` (B*G, Q) → scores (B*G, L)."""
+        batch, cells, dim = keys.shape
+        g = groups(keys, query.shape[0])
+        projected = self.query_proj(query).view(batch, g, 1, dim)  # (B, G, 1, A)
+        keys = keys.unsqueeze(1)  # (B, 1, L, A)
+        if torch.compiler.is_compiling():
+            # As one reduction the compiler fuses add, activation and projection, and the
+            # (B, G, L, A) hidden layer is never written out.
+            hidden = self.activation(keys + projected)  # (B, G, L, A)
+            scores = (hidden * self.out.weight[0]).sum(dim=3) + self.out.bias  # (B, G, L)
+            return scores.view(batch * g, cells)
+        per_block = max(1, SCORE_BLOCK_ELEMENTS // (g * cells * dim))  # images
+        if per_block >= batch or keys.device.type != "cpu" or torch.is_grad_enabled():
+            return self._scores(keys, projected).view(batch * g, cells)
+        blocks = [
+            self._scores(keys[start : start + per_block], projected[start : start + per_block])
+            for start in range(0, batch, per_block)
+        ]  # cache blocking: (b, G, L) each
+        return torch.cat(blocks).view(batch * g, cells)
+
+    def _scores(self, keys: torch.Tensor, projected: torch.Tensor) -> torch.Tensor:
+        """(b, 1, L, A) keys, (b, G, 1, A) projected queries → (b, G, L)."""
+        return self.out(self.activation(keys + projected)).squeeze(3)
 
 
 class DotScore(nn.Module):
@@ -83,10 +123,11 @@ class DotScore(nn.Module):
         return F.normalize(keys, dim=-1) if self.cosine else keys
 
     def forward(self, keys: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
-        query = self.query_proj(query)  # (B, A)
+        """``keys`` (B, L, A), ``query`` (B*G, Q) → scores (B*G, L)."""
+        query = self.query_proj(query)  # (B*G, A)
         if self.cosine:
             query = F.normalize(query, dim=-1)
-        logits = torch.bmm(keys, query.unsqueeze(2)).squeeze(2)  # (B, L)
+        logits = grouped_dot(keys, query)  # (B*G, L)
         if self.log_temperature is not None:
             return logits * self.log_temperature.exp()
         return logits * self.scale
@@ -103,7 +144,16 @@ class GeneralScore(nn.Module):
         return features  # (B, L, D)
 
     def forward(self, keys: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
-        return torch.bmm(keys, self.query_proj(query).unsqueeze(2)).squeeze(2)  # (B, L)
+        """``keys`` (B, L, D), ``query`` (B*G, Q) → scores (B*G, L)."""
+        return grouped_dot(keys, self.query_proj(query))
+
+
+def grouped_dot(keys: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
+    """Dot products of (B, L, A) keys with (B*G, A) queries → (B*G, L)."""
+    batch, cells, dim = keys.shape
+    g = groups(keys, query.shape[0])
+    logits = torch.bmm(keys, query.view(batch, g, dim).transpose(1, 2))  # (B, L, G)
+    return logits.transpose(1, 2).reshape(batch * g, cells)
 
 
 SCORES = {
@@ -133,6 +183,8 @@ def make_score(
 @dataclass
 class AttentionOutput:
     """What every attention returns at one step.
+
+    B counts query rows: B*G with G queries per image (see the module docstring).
 
     Attributes:
         context: (B, D) the context vector z_t (before the decoder's gate).
@@ -171,8 +223,11 @@ class SoftAttention(nn.Module):
 
 
 def expected_context(alpha: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
-    """sum_i alpha_i a_i: (B, L) weights, (B, L, D) features → (B, D)."""
-    return torch.bmm(alpha.unsqueeze(1).to(features.dtype), features).squeeze(1)
+    """sum_i alpha_i a_i: (B*G, L) weights, (B, L, D) features → (B*G, D)."""
+    batch, cells, dim = features.shape
+    g = groups(features, alpha.shape[0])
+    weights = alpha.view(batch, g, cells).to(features.dtype)  # (B, G, L)
+    return torch.bmm(weights, features).view(batch * g, dim)
 
 
 class HardAttention(SoftAttention):
@@ -209,8 +264,9 @@ class HardAttention(SoftAttention):
                 if mode == "sample"
                 else alpha.argmax(dim=1)
             )  # (B,)
-        rows = torch.arange(features.shape[0], device=features.device)
-        context = features[rows, cell]  # (B, D)
+        rows = torch.arange(alpha.shape[0], device=features.device)  # (B*G,)
+        images = rows // groups(features, alpha.shape[0])  # (B*G,) the image of each row
+        context = features[images, cell]  # (B*G, D)
         log_prob = torch.log(alpha[rows, cell].clamp_min(1e-12))  # (B,)
         sampled = torch.ones_like(cell, dtype=torch.bool)
         if use_expectation is not None:
@@ -230,9 +286,10 @@ class NoAttention(nn.Module):
     def forward(
         self, features: torch.Tensor, keys: torch.Tensor, query: torch.Tensor, **_: object
     ) -> AttentionOutput:
-        batch, cells = features.shape[:2]
-        alpha = features.new_full((batch, cells), 1.0 / cells, dtype=torch.float32)
-        return AttentionOutput(context=keys.squeeze(1), alpha=alpha)
+        rows, cells = query.shape[0], features.shape[1]
+        alpha = features.new_full((rows, cells), 1.0 / cells, dtype=torch.float32)
+        context = keys.squeeze(1).repeat_interleave(groups(features, rows), dim=0)  # (B*G, D)
+        return AttentionOutput(context=context, alpha=alpha)
 
 
 def build_attention(
