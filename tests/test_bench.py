@@ -273,3 +273,41 @@ def test_cuda_without_cuda_is_a_one_line_error(tmp_path, capsys):
     )
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "CUDA" in err and "\n" not in err
+
+
+def _beam_floor():
+    """tools/beam_floor.py as a module (tools/ is not a package)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "tools" / "beam_floor.py"
+    spec = importlib.util.spec_from_file_location("beam_floor", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_beam_floor_bounds_the_speed_up_from_a_bench_file(tmp_path, capsys):
+    results = {"measurements": [
+        {"size": "coco", "device": "cpu", "precision": "fp32", "task": "beam2",
+         "impl": "reference", "median_s": 1000.0},
+    ]}  # fmt: skip
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(results))
+    floor = _beam_floor()
+    args = ["--beam-size", "2", "--images", "2", "--max-length", "2", "--repeats", "1"]
+    assert floor.main([*args, "--no-compile", "--bench", str(path)]) == 0
+    out = capsys.readouterr().out
+    dense = float(out.split("dense layers:")[1].split(" s")[0])
+    tanh = float(out.split("eager tanh:")[1].split(" s")[0])
+    # 2 images, first word on 1 beam, second on 2: 2 * 3 * 196 * 512 activations
+    assert f"{2 * 3 * 196 * 512 / 1e6:.0f}M values" in out
+    assert dense > 0 and tanh > 0
+    bound = float(out.split("at most ")[1].split("x")[0])
+    assert bound == pytest.approx(1000.0 / (dense + tanh), rel=0.02)
+    assert "20x the reference needs 50 s" in out
+
+    # a bench file without that reference is a one-line error
+    assert floor.main([*args, "--no-compile", "--bench", str(tmp_path / "missing.json")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "run `captioning bench --sizes coco` first" in err

@@ -1,0 +1,159 @@
+"""How fast beam search could be on this machine: the arithmetic every implementation of
+the COCO-size model must do, timed on its own.
+
+    python tools/beam_floor.py --bench runs/bench/bench.json
+    python tools/beam_floor.py --beam-size 3 --images 32
+
+Per word, beam search over B images with K beams runs the decoder's dense layers on B*K
+rows (LSTM cell, deep output, vocabulary projection, attention query, gate, context) and the
+additive score's activation on B*K*L*A values. Both the reference and ours must do this
+work; the reference adds the re-projection of the grid. This script times the two parts
+alone, with nothing around them, at the sizes of ``captioning bench --sizes coco``:
+
+- the dense layers, each as one matrix product on B*K rows;
+- the score's activation as eager ``torch.tanh`` on cache-sized blocks (what eager code
+  calls), and the whole score as the one fused reduction ``torch.compile`` makes of it.
+
+Their sum over a caption of ``--max-length`` words (the first word on B rows: every beam of
+an image starts the same) is a floor under any implementation that computes the same
+numbers. Given a ``bench.json``, it prints the largest speed-up over that run's reference
+that the floor allows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from captioning.models import Decoder, build_attention
+
+FEATURE_DIM, CELLS, WIDTH, VOCAB = 2048, 196, 512, 10_000  # COCO size, as in the benchmark
+
+
+def median_seconds(fn: Callable[[], object], repeats: int, warmup: int = 2) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def dense_step(decoder: Decoder, images: int, beams: int) -> tuple[Callable[[], object], float]:
+    """One word's dense layers on images*beams rows, and their GFLOP."""
+    rows = images * beams
+    g = torch.Generator().manual_seed(0)
+    features = torch.randn(images, CELLS, FEATURE_DIM, generator=g)
+    alpha = torch.softmax(torch.randn(images, beams, CELLS, generator=g), dim=2)
+    h, c = torch.randn(rows, WIDTH, generator=g), torch.randn(rows, WIDTH, generator=g)
+    embedded = torch.randn(rows, WIDTH, generator=g)
+    score = decoder.attention.score
+
+    def run() -> object:
+        score.query_proj(h)
+        context = torch.bmm(alpha, features).view(rows, FEATURE_DIM)
+        decoder.gate(h)
+        h2, _ = decoder.lstm(torch.cat([embedded, context], dim=1), (h, c))
+        deep = decoder.hidden_to_out(h2) + decoder.context_to_out(context)
+        return decoder.out(deep)
+
+    macs = rows * (
+        CELLS * FEATURE_DIM  # context
+        + WIDTH * WIDTH  # query projection
+        + WIDTH  # scalar gate
+        + (2 * WIDTH + FEATURE_DIM) * 4 * WIDTH  # LSTM cell
+        + (WIDTH + FEATURE_DIM) * WIDTH  # deep output
+        + WIDTH * VOCAB  # vocabulary
+    )
+    return run, 2 * macs / 1e9
+
+
+def fused_score(keys: torch.Tensor, query: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """(B, 1, L, A) keys, (B, K, 1, A) queries → (B, K, L) scores, as one reduction."""
+    return (torch.tanh(keys + query) * weight).sum(dim=3)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--beam-size", type=int, default=5)
+    parser.add_argument("--images", type=int, default=32)
+    parser.add_argument("--max-length", type=int, default=20)
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--no-compile", action="store_true", help="skip the fused score")
+    parser.add_argument("--bench", type=Path, help="a bench.json with the reference's time")
+    args = parser.parse_args(argv)
+    if min(args.beam_size, args.images, args.max_length, args.repeats) < 1:
+        parser.error("--beam-size, --images, --max-length and --repeats must be at least 1")
+    task = f"beam{args.beam_size}"
+    reference = None
+    if args.bench is not None:
+        try:
+            results = json.loads(args.bench.read_text())
+            reference = next(
+                m["median_s"]
+                for m in results["measurements"]
+                if m["size"] == "coco" and m["device"] == "cpu" and m["precision"] == "fp32"
+                and m["task"] == task and m["impl"] == "reference" and m.get("median_s")
+            )  # fmt: skip
+        except (OSError, ValueError, KeyError, StopIteration) as exc:
+            print(f"error: no fp32 CPU reference time for {task} at COCO size in {args.bench} "
+                  f"({type(exc).__name__}); run `captioning bench --sizes coco` first",
+                  file=sys.stderr)  # fmt: skip
+            return 2
+
+    torch.manual_seed(0)
+    attention = build_attention("soft", "additive", FEATURE_DIM, WIDTH, WIDTH)
+    decoder = Decoder(VOCAB, FEATURE_DIM, attention, embed_dim=WIDTH, hidden_dim=WIDTH).eval()
+    k, b, later = args.beam_size, args.images, args.max_length - 1
+    with torch.no_grad():
+        first, first_gflop = dense_step(decoder, b, 1)
+        step, step_gflop = dense_step(decoder, b, k)
+        dense = median_seconds(first, args.repeats) + later * median_seconds(step, args.repeats)
+        gflop = first_gflop + later * step_gflop
+
+        # torch.tanh on one image's block at a time, as ours runs it: cache-resident
+        block = torch.randn(k, CELLS, WIDTH)
+        out = torch.empty_like(block)
+        per_image = median_seconds(lambda: torch.tanh(block, out=out), args.repeats * 10)
+        activations = b * (1 + later * k) * CELLS * WIDTH
+        tanh = per_image * activations / block.numel()
+
+        fused = None
+        if not args.no_compile:
+            keys = torch.randn(b, 1, CELLS, WIDTH)
+            weight = torch.randn(WIDTH)
+            compiled = torch.compile(fused_score)
+            query_first, query = torch.randn(b, 1, 1, WIDTH), torch.randn(b, k, 1, WIDTH)
+            fused = median_seconds(lambda: compiled(keys, query_first, weight), args.repeats)
+            fused += later * median_seconds(lambda: compiled(keys, query, weight), args.repeats)
+
+    print(f"beam k={k}, {b} images, {args.max_length} words, COCO size, "
+          f"{torch.get_num_threads()} threads")  # fmt: skip
+    print(f"dense layers:                    {dense:.3g} s  ({gflop:.0f} GFLOP, "
+          f"{gflop / dense:.0f} GFLOP/s)")  # fmt: skip
+    print(f"score activation, eager tanh:    {tanh:.3g} s  ({activations / 1e6:.0f}M values)")
+    floors = {"eager": dense + tanh}
+    if fused is not None:
+        print(f"whole score, compiled (fused):   {fused:.3g} s")
+        floors["compiled"] = dense + fused
+    for name, floor in floors.items():
+        line = f"floor, {name}: {floor:.3g} s"
+        if reference is not None:
+            line += f"; at most {reference / floor:.1f}x the reference's {reference:.2f} s"
+        print(line)
+    if reference is not None:
+        print(f"20x the reference needs {reference / 20:.3g} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
