@@ -10,7 +10,8 @@ additive score's activation on B*K*L*A values. Both the reference and ours must 
 work; the reference adds the re-projection of the grid. This script times the two parts
 alone, with nothing around them, at the sizes of ``captioning bench --sizes coco``:
 
-- the dense layers, each as one matrix product on B*K rows;
+- the dense layers, each as one matrix product on B*K rows, and their FLOPs at the rate of
+  one large square product (the machine's best case);
 - the score's activation as eager ``torch.tanh`` on cache-sized blocks (what eager code
   calls), and the whole score as the one fused reduction ``torch.compile`` makes of it.
 
@@ -119,6 +120,9 @@ def main(argv: list[str] | None = None) -> int:
         step, step_gflop = dense_step(decoder, b, k)
         dense = median_seconds(first, args.repeats) + later * median_seconds(step, args.repeats)
         gflop = first_gflop + later * step_gflop
+        # the machine's best: one large square product
+        square = torch.randn(2048, 2048)
+        peak = 2 * 2048**3 / 1e9 / median_seconds(lambda: square @ square, args.repeats)
 
         # torch.tanh on one image's block at a time, as ours runs it: cache-resident
         block = torch.randn(k, CELLS, WIDTH)
@@ -140,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{torch.get_num_threads()} threads")  # fmt: skip
     print(f"dense layers:                    {dense:.3g} s  ({gflop:.0f} GFLOP, "
           f"{gflop / dense:.0f} GFLOP/s)")  # fmt: skip
+    print(f"dense layers at the peak rate:   {gflop / peak:.3g} s  ({peak:.0f} GFLOP/s, "
+          f"2048 x 2048 matrix product)")  # fmt: skip
     print(f"score activation, eager tanh:    {tanh:.3g} s  ({activations / 1e6:.0f}M values)")
     floors = {"eager": dense + tanh}
     if fused is not None:
