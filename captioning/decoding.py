@@ -6,7 +6,7 @@ Every strategy takes grid features (B, L, D), decodes the whole batch at once, a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -155,6 +155,91 @@ def _length_penalty(length: torch.Tensor, alpha: float) -> torch.Tensor:
     return ((5.0 + length.float()) / 6.0) ** alpha
 
 
+@dataclass
+class _Search:
+    """Beam search state of the b images still searching, with n live beams each.
+
+    Attributes:
+        image: (b,) their rows in the batch.
+        scores: (b, n) log-probabilities of the live beams.
+        words: (b, n, t) the live beams' words so far.
+        maps: (b, n, t, L) the attention map of each of those words.
+        cells: (b, n, t) the cell chosen for each word (hard attention; else unused).
+        best: (b,) normalised score of the best finished caption, -inf while there is none.
+        best_raw: (b,) its log-probability.
+        best_words: (b, T) its words, ``<pad>`` after them.
+        best_maps: (b, T, L) its attention maps, ``<end>``'s included.
+        best_cells: (b, T) its chosen cells.
+        best_length: (b,) its number of words.
+    """
+
+    image: torch.Tensor
+    scores: torch.Tensor
+    words: torch.Tensor
+    maps: torch.Tensor
+    cells: torch.Tensor
+    best: torch.Tensor
+    best_raw: torch.Tensor
+    best_words: torch.Tensor
+    best_maps: torch.Tensor
+    best_cells: torch.Tensor
+    best_length: torch.Tensor
+
+    @classmethod
+    def start(cls, batch: int, cells: int, max_length: int, device: torch.device) -> _Search:
+        """Every image with one live beam (all K beams of an image would be the same)."""
+
+        def full(*shape: int, fill: float = 0, dtype: torch.dtype = torch.float) -> torch.Tensor:
+            return torch.full(shape, fill, dtype=dtype, device=device)
+
+        return cls(
+            image=torch.arange(batch, device=device),
+            scores=full(batch, 1),
+            words=full(batch, 1, 0, dtype=torch.long),
+            maps=full(batch, 1, 0, cells),
+            cells=full(batch, 1, 0, dtype=torch.long),
+            best=full(batch, fill=float("-inf")),
+            best_raw=full(batch),
+            best_words=full(batch, max_length, fill=Vocabulary.pad_id, dtype=torch.long),
+            best_maps=full(batch, max_length, cells),
+            best_cells=full(batch, max_length, dtype=torch.long),
+            best_length=full(batch, dtype=torch.long),
+        )
+
+    def take(self, rows: torch.Tensor) -> _Search:
+        """The search of images ``rows`` (b',) only."""
+        return _Search(
+            **{f.name: getattr(self, f.name).index_select(0, rows) for f in fields(self)}
+        )
+
+    def settle(self, out: Decoded, hard: bool) -> None:
+        """Write these images' answers into ``out``: the best finished caption, or, for an
+        image where none finished, its best live beam, unfinished."""
+        max_length = self.best_words.shape[1]
+        unfinished = torch.isinf(self.best)  # (b,)
+        if bool(unfinished.any()):
+            rows = torch.arange(len(self.image), device=self.image.device)
+            beam = self.scores.argmax(dim=1)  # (b,)
+            steps = self.words.shape[2]
+            self.best_raw = torch.where(unfinished, self.scores[rows, beam], self.best_raw)
+            self.best_length = torch.where(
+                unfinished, torch.full_like(self.best_length, steps), self.best_length
+            )
+            words = _slots(self.words[rows, beam], max_length, Vocabulary.pad_id)
+            self.best_words = _keep(unfinished, words, self.best_words)
+            maps = _slots(self.maps[rows, beam], max_length, 0.0)
+            self.best_maps = _keep(unfinished, maps, self.best_maps)
+            if hard:
+                chosen = _slots(self.cells[rows, beam], max_length, 0)
+                self.best_cells = _keep(unfinished, chosen, self.best_cells)
+        out.tokens[self.image] = self.best_words
+        out.lengths[self.image] = self.best_length
+        out.alphas[self.image] = self.best_maps
+        out.scores[self.image] = self.best_raw
+        if out.cells is not None:
+            out.cells[self.image] = self.best_cells
+
+
 @torch.no_grad()
 def beam_search(
     decoder: Decoder,
@@ -170,9 +255,11 @@ def beam_search(
 
     At each step the best 2K continuations of every image are taken; those that end go to
     that image's finished pool (ranked by log-probability / GNMT length penalty), the best K
-    others stay active. Finished beams are masked, never removed one by one. Search stops
-    when no active beam can beat the best finished one, or at ``max_length``; an image
-    with no finished beam returns its best unfinished one. ``beam_size=1`` is greedy.
+    others stay active. Finished beams are masked, never removed one by one. An image's
+    search stops when none of its active beams can beat its best finished caption, or at
+    ``max_length``; an image with no finished beam returns its best unfinished one.
+    Images whose search has stopped leave the batch together, so later steps run only the
+    rows still searching. ``beam_size=1`` is greedy.
 
     Returns the best caption per image with the attention map of each word and its total
     log-probability.
@@ -186,109 +273,108 @@ def beam_search(
     keys = decoder.prepare(features)  # (B, L, A)
     state = decoder.init_state(features)  # (B, H)
     tokens = torch.full((batch,), Vocabulary.start_id, device=device)
-    beam_scores = torch.zeros(batch, 1, device=device)  # (B, live beams)
-    history = torch.zeros(batch, 1, 0, dtype=torch.long, device=device)  # (B, live, t)
-    alpha_history = torch.zeros(batch, 1, 0, cells, device=device)  # (B, live, t, L)
-    cell_history = torch.zeros(batch, 1, 0, dtype=torch.long, device=device)
-    best_score = torch.full((batch,), float("-inf"), device=device)  # normalised
-    best_raw = torch.zeros(batch, device=device)
-    best_tokens = torch.full((batch, max_length), Vocabulary.pad_id, device=device)
-    best_alphas = torch.zeros(batch, max_length, cells, device=device)
-    best_cells = torch.zeros(batch, max_length, dtype=torch.long, device=device)
-    best_length = torch.zeros(batch, dtype=torch.long, device=device)
-    rows = torch.arange(batch, device=device)
+    search = _Search.start(batch, cells, max_length, device)
+    answer = Decoded(
+        tokens=search.best_words.clone(),  # (B, T)
+        lengths=search.best_length.clone(),  # (B,)
+        alphas=search.best_maps.clone(),  # (B, T, L)
+        scores=search.best_raw.clone(),  # (B,)
+    )
     hard = False
     for step in range(max_length):
         out = decoder.step(tokens, state, features, keys, mode=hard_mode)
-        log_probs = torch.log_softmax(out.logits.float(), dim=1)  # (B*K, V)
+        log_probs = torch.log_softmax(out.logits.float(), dim=1)  # (b*n, V)
         log_probs = _mask_logits(log_probs, step, min_length, suppress_unk)
-        live, vocab = beam_scores.shape[1], log_probs.shape[1]  # live: 1 at first, then K
-        candidates = beam_scores.unsqueeze(2) + log_probs.view(batch, live, vocab)  # (B, n, V)
+        # b: images still searching; n: live beams, 1 at the first step and K after it
+        images, live = search.scores.shape
+        vocab = log_probs.shape[1]
+        rows = torch.arange(images, device=device)
+        candidates = search.scores.unsqueeze(2) + log_probs.view(images, live, vocab)
         width = min(2 * k, live * vocab)
-        top_scores, top_index = candidates.view(batch, -1).topk(width, dim=1)  # (B, 2K)
-        top_beam = top_index // vocab  # (B, 2K)
-        top_token = top_index % vocab  # (B, 2K)
+        top_scores, top_index = candidates.view(images, -1).topk(width, dim=1)  # (b, 2K)
+        top_beam = top_index // vocab  # (b, 2K)
+        top_token = top_index % vocab  # (b, 2K)
         # An ending counts only among the top K, as in the usual formulation: with K = 1
         # this is exactly greedy decoding.
         in_top_k = torch.arange(width, device=device) < k  # (2K,)
         is_end = top_token == Vocabulary.end_id
         ended = is_end & in_top_k & torch.isfinite(top_scores)
 
-        step_alpha = out.attention.alpha.view(batch, live, cells)  # (B, n, L)
+        step_alpha = out.attention.alpha.view(images, live, cells)  # (b, n, L)
         step_cell = out.attention.cell
-        hard = step_cell is not None
+        if step_cell is not None and not hard:
+            hard = True
+            answer.cells = search.best_cells.new_zeros(batch, max_length)
         if hard:
-            step_cell = step_cell.view(batch, live)
+            step_cell = step_cell.view(images, live)
 
         # Finished candidates: keep each image's best (normalised) one.
         norm = top_scores / _length_penalty(torch.tensor(step + 1), length_penalty)
         norm = torch.where(ended, norm, float("-inf"))
-        cand_score, cand_rank = norm.max(dim=1)  # (B,)
-        better = cand_score > best_score
+        cand_score, cand_rank = norm.max(dim=1)  # (b,)
+        better = cand_score > search.best
         if bool(better.any()):
-            beam = top_beam[rows, cand_rank]  # (B,)
-            best_score = torch.where(better, cand_score, best_score)
-            best_raw = torch.where(better, top_scores[rows, cand_rank], best_raw)
-            best_length = torch.where(better, torch.full_like(best_length, step), best_length)
+            beam = top_beam[rows, cand_rank]  # (b,)
+            search.best = torch.where(better, cand_score, search.best)
+            search.best_raw = torch.where(better, top_scores[rows, cand_rank], search.best_raw)
+            search.best_length = torch.where(
+                better, torch.full_like(search.best_length, step), search.best_length
+            )
             # the words before <end>, and the maps of every step including <end>'s
-            words = _slots(history[rows, beam], max_length, Vocabulary.pad_id)
-            best_tokens = _keep(better, words, best_tokens)
-            maps = torch.cat([alpha_history[rows, beam], step_alpha[rows, beam, None]], dim=1)
-            best_alphas = _keep(better, _slots(maps, max_length, 0.0), best_alphas)
+            words = _slots(search.words[rows, beam], max_length, Vocabulary.pad_id)
+            search.best_words = _keep(better, words, search.best_words)
+            maps = torch.cat([search.maps[rows, beam], step_alpha[rows, beam, None]], dim=1)
+            search.best_maps = _keep(better, _slots(maps, max_length, 0.0), search.best_maps)
             if hard:
-                chosen = torch.cat([cell_history[rows, beam], step_cell[rows, beam, None]], dim=1)
-                best_cells = _keep(better, _slots(chosen, max_length, 0), best_cells)
+                chosen = torch.cat([search.cells[rows, beam], step_cell[rows, beam, None]], dim=1)
+                search.best_cells = _keep(better, _slots(chosen, max_length, 0), search.best_cells)
 
         # The best K candidates that did not end stay active (a stable sort keeps score order).
-        order = torch.sort(is_end.float(), dim=1, stable=True).indices[:, :k]  # (B, K)
-        beam_scores = top_scores.gather(1, order)  # (B, K)
-        parent = top_beam.gather(1, order)  # (B, K)
-        tokens = top_token.gather(1, order)  # (B, K)
-        steps = history.shape[2]
-        history = torch.cat([history.gather(1, parent[:, :, None].expand(-1, -1, steps)),
-                             tokens.unsqueeze(2)], dim=2)  # fmt: skip
+        order = torch.sort(is_end.float(), dim=1, stable=True).indices[:, :k]  # (b, K)
+        search.scores = top_scores.gather(1, order)  # (b, K)
+        parent = top_beam.gather(1, order)  # (b, K)
+        tokens = top_token.gather(1, order)  # (b, K)
+        steps = search.words.shape[2]
+        search.words = torch.cat([search.words.gather(1, parent[:, :, None].expand(-1, -1, steps)),
+                                  tokens.unsqueeze(2)], dim=2)  # fmt: skip
         parent_alpha = step_alpha.gather(1, parent[:, :, None].expand(-1, -1, cells))
-        alpha_history = torch.cat(
-            [alpha_history.gather(1, parent[:, :, None, None].expand(-1, -1, steps, cells)),
+        search.maps = torch.cat(
+            [search.maps.gather(1, parent[:, :, None, None].expand(-1, -1, steps, cells)),
              parent_alpha.unsqueeze(2)], dim=2)  # fmt: skip
         if hard:
-            cell_history = torch.cat(
-                [cell_history.gather(1, parent[:, :, None].expand(-1, -1, steps)),
+            search.cells = torch.cat(
+                [search.cells.gather(1, parent[:, :, None].expand(-1, -1, steps)),
                  step_cell.gather(1, parent).unsqueeze(2)], dim=2)  # fmt: skip
-        flat_parent = (rows[:, None] * live + parent).view(-1)  # (B*K,)
+        flat_parent = (rows[:, None] * live + parent).view(-1)  # (b*K,)
         state = out.state.select(flat_parent)
         tokens = tokens.view(-1)
 
-        # Stop when no active beam can still beat the best finished caption: scores only
-        # fall as captions grow, and the penalty is largest at max_length.
-        bound = beam_scores.max(dim=1).values / _length_penalty(
+        # An image is done when no active beam can still beat its best finished caption:
+        # scores only fall as captions grow, and the penalty is largest at max_length.
+        bound = search.scores.max(dim=1).values / _length_penalty(
             torch.tensor(max_length), length_penalty
         )
-        if bool((best_score >= bound).all()):
+        done = search.best >= bound  # (b,)
+        if bool(done.all()):
             break
+        if bool(done.any()):  # the done images leave the batch together
+            search.take(done.nonzero().squeeze(1)).settle(answer, hard)
+            keep = (~done).nonzero().squeeze(1)  # (b',)
+            search = search.take(keep)
+            features, keys = features.index_select(0, keep), keys.index_select(0, keep)
+            beams = search.scores.shape[1]
+            beam_rows = (keep[:, None] * beams + torch.arange(beams, device=device)).view(-1)
+            state = state.select(beam_rows)
+            tokens = tokens.index_select(0, beam_rows)
+    search.settle(answer, hard)
 
-    # Images with no finished beam: their best active beam, unfinished.
-    none_finished = torch.isinf(best_score)
-    if bool(none_finished.any()):
-        steps = history.shape[2]
-        beam = beam_scores.argmax(dim=1)  # (B,)
-        best_raw = torch.where(none_finished, beam_scores[rows, beam], best_raw)
-        best_length = torch.where(none_finished, torch.full_like(best_length, steps), best_length)
-        words = _slots(history[rows, beam], max_length, Vocabulary.pad_id)
-        best_tokens = _keep(none_finished, words, best_tokens)
-        maps = _slots(alpha_history[rows, beam], max_length, 0.0)
-        best_alphas = _keep(none_finished, maps, best_alphas)
-        if hard:
-            best_cells = _keep(none_finished, _slots(cell_history[rows, beam], max_length, 0),
-                               best_cells)  # fmt: skip
-
-    width = max(int(best_length.max()) + 1, 1)
+    width = max(int(answer.lengths.max()) + 1, 1)
     return Decoded(
-        tokens=best_tokens[:, :width],
-        lengths=best_length,
-        alphas=best_alphas[:, :width],
-        scores=best_raw,
-        cells=best_cells[:, :width] if hard else None,
+        tokens=answer.tokens[:, :width],
+        lengths=answer.lengths,
+        alphas=answer.alphas[:, :width],
+        scores=answer.scores,
+        cells=answer.cells[:, :width] if answer.cells is not None else None,
     )
 
 

@@ -128,6 +128,48 @@ def test_batch_gives_the_same_captions_as_one_image_at_a_time(beam_size):
         assert torch.allclose(together.alphas[i, : n + 1], alone.alphas[0, : n + 1], atol=1e-5)
 
 
+class CountdownDecoder(ToyDecoder):
+    """Image i says ``A`` (0.6) or ``B`` (0.4) for ``features[i, 0, 0]`` words, then
+    ``<end>`` (0.9). The state counts the words said; each step records its row count."""
+
+    def __init__(self):
+        super().__init__({})
+        self.rows = []
+
+    def step(self, tokens, state, features, keys, **_):
+        self.rows.append(tokens.shape[0])
+        per_image = tokens.shape[0] // features.shape[0]
+        target = features[:, 0, 0].repeat_interleave(per_image)  # (rows,) from its image
+        said = state.h[:, 0]  # (rows,)
+        speak = torch.full((7,), 1e-9).index_put_((torch.tensor([A, B]),), torch.tensor([0.6, 0.4]))
+        stop = torch.full((7,), 1e-9).index_put_(
+            (torch.tensor([END, B]),), torch.tensor([0.9, 0.1])
+        )
+        probs = torch.where((said >= target)[:, None], stop, speak)  # (rows, V)
+        cells = features.shape[1]
+        alpha = torch.full((tokens.shape[0], cells), 1.0 / cells)
+        new = DecoderState((said + 1)[:, None], state.c)
+        return StepOutput(torch.log(probs / probs.sum(1, keepdim=True)), new,
+                          AttentionOutput(torch.zeros(tokens.shape[0], 3), alpha))  # fmt: skip
+
+
+def test_images_that_are_done_leave_the_batch():
+    """Rows stop being decoded once their image's search is over, and every image still gets
+    its own answer."""
+    targets = [1, 4, 6, 2, 3, 5]
+    features = torch.zeros(6, 4, 3)
+    features[:, 0, 0] = torch.tensor(targets, dtype=torch.float)
+    decoder = CountdownDecoder()
+    out = beam_search(decoder, features, beam_size=3, max_length=10)
+    assert out.lengths.tolist() == targets
+    for i, n in enumerate(targets):
+        assert out.tokens[i, :n].tolist() == [A] * n
+        assert out.scores[i].item() == pytest.approx(n * math.log(0.6) + math.log(0.9), abs=1e-4)
+    # One beam per image first, then K. The image of n words finds its <end> at step n
+    # (from 0), when no live beam can beat it any more, and leaves: 3 rows fewer each step.
+    assert decoder.rows == [6, 18, 15, 12, 9, 6, 3]
+
+
 def test_sampling_is_seeded_and_top_k_restricts():
     decoder = ToyDecoder({1: {A: 0.5, B: 0.3, C: 0.2}, A: {END: 1.0}, B: {END: 1.0},
                           C: {END: 1.0}})  # fmt: skip
