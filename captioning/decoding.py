@@ -212,26 +212,43 @@ class _Search:
             **{f.name: getattr(self, f.name).index_select(0, rows) for f in fields(self)}
         )
 
+    def record(
+        self,
+        mask: torch.Tensor,
+        raw: torch.Tensor,
+        length: int,
+        words: torch.Tensor,
+        maps: torch.Tensor,
+        cells: torch.Tensor | None,
+    ) -> None:
+        """Make a caption the answer of the images in ``mask`` (b,): its log-probability
+        ``raw`` (b,), ``length`` words ``words`` (b, t), attention ``maps`` (b, t', L) and
+        chosen ``cells`` (b, t') (None without hard attention)."""
+        max_length = self.best_words.shape[1]
+        self.best_raw = torch.where(mask, raw, self.best_raw)
+        self.best_length = torch.where(
+            mask, torch.full_like(self.best_length, length), self.best_length
+        )
+        self.best_words = _keep(mask, _slots(words, max_length, Vocabulary.pad_id), self.best_words)
+        self.best_maps = _keep(mask, _slots(maps, max_length, 0.0), self.best_maps)
+        if cells is not None:
+            self.best_cells = _keep(mask, _slots(cells, max_length, 0), self.best_cells)
+
     def settle(self, out: Decoded, hard: bool) -> None:
         """Write these images' answers into ``out``: the best finished caption, or, for an
         image where none finished, its best live beam, unfinished."""
-        max_length = self.best_words.shape[1]
         unfinished = torch.isinf(self.best)  # (b,)
         if bool(unfinished.any()):
             rows = torch.arange(len(self.image), device=self.image.device)
             beam = self.scores.argmax(dim=1)  # (b,)
-            steps = self.words.shape[2]
-            self.best_raw = torch.where(unfinished, self.scores[rows, beam], self.best_raw)
-            self.best_length = torch.where(
-                unfinished, torch.full_like(self.best_length, steps), self.best_length
+            self.record(
+                unfinished,
+                self.scores[rows, beam],
+                self.words.shape[2],
+                self.words[rows, beam],
+                self.maps[rows, beam],
+                self.cells[rows, beam] if hard else None,
             )
-            words = _slots(self.words[rows, beam], max_length, Vocabulary.pad_id)
-            self.best_words = _keep(unfinished, words, self.best_words)
-            maps = _slots(self.maps[rows, beam], max_length, 0.0)
-            self.best_maps = _keep(unfinished, maps, self.best_maps)
-            if hard:
-                chosen = _slots(self.cells[rows, beam], max_length, 0)
-                self.best_cells = _keep(unfinished, chosen, self.best_cells)
         out.tokens[self.image] = self.best_words
         out.lengths[self.image] = self.best_length
         out.alphas[self.image] = self.best_maps
@@ -280,6 +297,7 @@ def beam_search(
         alphas=search.best_maps.clone(),  # (B, T, L)
         scores=search.best_raw.clone(),  # (B,)
     )
+    longest_penalty = _length_penalty(torch.tensor(max_length), length_penalty)
     hard = False
     for step in range(max_length):
         out = decoder.step(tokens, state, features, keys, mode=hard_mode)
@@ -316,18 +334,17 @@ def beam_search(
         if bool(better.any()):
             beam = top_beam[rows, cand_rank]  # (b,)
             search.best = torch.where(better, cand_score, search.best)
-            search.best_raw = torch.where(better, top_scores[rows, cand_rank], search.best_raw)
-            search.best_length = torch.where(
-                better, torch.full_like(search.best_length, step), search.best_length
+            # the words before <end>, and the maps (cells) of every step including <end>'s
+            search.record(
+                better,
+                top_scores[rows, cand_rank],
+                step,
+                search.words[rows, beam],
+                torch.cat([search.maps[rows, beam], step_alpha[rows, beam, None]], dim=1),
+                torch.cat([search.cells[rows, beam], step_cell[rows, beam, None]], dim=1)
+                if hard
+                else None,
             )
-            # the words before <end>, and the maps of every step including <end>'s
-            words = _slots(search.words[rows, beam], max_length, Vocabulary.pad_id)
-            search.best_words = _keep(better, words, search.best_words)
-            maps = torch.cat([search.maps[rows, beam], step_alpha[rows, beam, None]], dim=1)
-            search.best_maps = _keep(better, _slots(maps, max_length, 0.0), search.best_maps)
-            if hard:
-                chosen = torch.cat([search.cells[rows, beam], step_cell[rows, beam, None]], dim=1)
-                search.best_cells = _keep(better, _slots(chosen, max_length, 0), search.best_cells)
 
         # The best K candidates that did not end stay active (a stable sort keeps score order).
         order = torch.sort(is_end.float(), dim=1, stable=True).indices[:, :k]  # (b, K)
@@ -351,9 +368,7 @@ def beam_search(
 
         # An image is done when no active beam can still beat its best finished caption:
         # scores only fall as captions grow, and the penalty is largest at max_length.
-        bound = search.scores.max(dim=1).values / _length_penalty(
-            torch.tensor(max_length), length_penalty
-        )
+        bound = search.scores.max(dim=1).values / longest_penalty
         done = search.best >= bound  # (b,)
         if bool(done.all()):
             break
