@@ -33,9 +33,14 @@ from pathlib import Path
 
 import torch
 
+from captioning.bench import coco_size
 from captioning.models import Decoder, build_attention
 
-FEATURE_DIM, CELLS, WIDTH, VOCAB = 2048, 196, 512, 10_000  # COCO size, as in the benchmark
+# The benchmark's COCO size: its vocabulary and widths, and the grid of its ResNet-101 at
+# 448 px (14 x 14 cells of 2048 features), which is not built here.
+COCO = coco_size()
+VOCAB, WIDTH = COCO.vocab_size, COCO.config.model.hidden_dim
+FEATURE_DIM, CELLS = 2048, 14 * 14
 
 
 def median_seconds(fn: Callable[[], object], repeats: int, warmup: int = 2) -> float:
@@ -112,7 +117,12 @@ def main(argv: list[str] | None = None) -> int:
             return 2
 
     torch.manual_seed(0)
-    attention = build_attention("soft", "additive", FEATURE_DIM, WIDTH, WIDTH)
+    model = COCO.config.model
+    # the FLOP count below takes one width for embedding, attention and LSTM, a scalar gate,
+    # the deep output and the context fed to the LSTM, as the COCO size has them
+    assert model.embed_dim == model.attention_dim == WIDTH and model.gate == "scalar"
+    assert model.deep_output and model.context_to_lstm
+    attention = build_attention(model.attention, model.score, FEATURE_DIM, WIDTH, WIDTH)
     decoder = Decoder(VOCAB, FEATURE_DIM, attention, embed_dim=WIDTH, hidden_dim=WIDTH).eval()
     k, b, later = args.beam_size, args.images, args.max_length - 1
     with torch.no_grad():

@@ -175,7 +175,10 @@ class Decoder(nn.Module):
         keys: torch.Tensor,
         **attention_kwargs: object,
     ) -> StepOutput:
-        """One word: previous ``tokens`` (B,) → next-word logits (B, V) and the new state."""
+        """One word: previous ``tokens`` (B,) → next-word logits (B, V) and the new state.
+
+        ``features`` and ``keys`` may hold B / G images for G rows each, image-major (the
+        beams of beam search); see :mod:`captioning.models.attention`."""
         embedded = self.embedding(tokens)  # (B, E)
         state, attended, context, _ = self._advance(
             embedded, state, features, keys, **attention_kwargs
