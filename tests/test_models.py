@@ -96,10 +96,15 @@ def test_additive_score_in_blocks_and_in_compiled_form_match_the_plain_one(monke
     score = make_score("additive", 8, 6, 5)
     keys = score.project_keys(torch.randn(7, 9, 8))
     query = torch.randn(7 * 3, 6)
+    blocks = []
+    plain_scores = score._scores
+    score._scores = lambda k, q: blocks.append(k.shape[0]) or plain_scores(k, q)
     with torch.no_grad():
         plain = score(keys, query)  # one block: 7 * 3 * 9 * 5 values fit the budget
+        assert blocks == [7]
         monkeypatch.setattr(attention_module, "SCORE_BLOCK_ELEMENTS", 2 * 3 * 9 * 5)
         blocked = score(keys, query)  # blocks of 2 images, the last one of 1
+        assert blocks == [7, 2, 2, 2, 1]
         monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
         fused = score(keys, query)  # the reduction form that torch.compile fuses
     expected = (torch.tanh(keys.repeat_interleave(3, dim=0) + score.query_proj(query)[:, None])
