@@ -1,9 +1,11 @@
 """Checkpoints: plain data only, written atomically, read with ``weights_only=True``.
 
-A checkpoint is a dict of tensors, numbers, strings, lists and dicts: ``model``,
-``optimizer``, ``scheduler``, ``epoch``, ``step``, ``config`` (the resolved config dict),
-``vocab`` (the word list), ``best_score``, ``rng`` and ``format_version``. It rebuilds its own
-model, and a file crafted to run code when unpickled is refused instead of executed.
+A checkpoint is a dict of tensors, numbers, strings, lists and dicts. Its schema is
+:meth:`captioning.train.Run.state_dict` (``model``, ``optimizer``, ``scheduler``, ``epoch``,
+``step``, ``config``: the resolved config dict, ``vocab``: the word list, ``rng``: one state
+per process, ...) plus ``format_version``. It rebuilds its own model, and a file crafted to
+run code when unpickled is refused instead of executed. Files of an older format version are
+upgraded when they are read.
 """
 
 from __future__ import annotations
@@ -18,9 +20,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from captioning.config import rename_legacy_keys
 from captioning.errors import CheckpointError
 
-FORMAT_VERSION = 1
+# 2: renamed config keys (see captioning.config.RENAMED_KEYS); ``rng`` is a list with one
+#    state per process (version 1: one dict, and every rank's in ``rng_ranks`` under DDP).
+FORMAT_VERSION = 2
 REQUIRED_KEYS = ("format_version", "model", "config", "vocab", "epoch", "step")
 _PLAIN = (str, int, float, bool, type(None), torch.Tensor)
 
@@ -85,7 +90,9 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     version = payload.get("format_version")
     if version is None:
         raise CheckpointError(f"{path}: not a captioning checkpoint (no format_version)")
-    if version != FORMAT_VERSION:
+    if version == 1:
+        payload = _upgrade_from_version_1(payload)
+    elif version != FORMAT_VERSION:
         raise CheckpointError(
             f"{path}: checkpoint format version {version}, this code reads version "
             f"{FORMAT_VERSION}; use the matching release of captioning"
@@ -93,6 +100,18 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     for key in REQUIRED_KEYS:
         if key not in payload:
             raise CheckpointError(f"{path}: checkpoint is missing the key {key!r}")
+    return payload
+
+
+def _upgrade_from_version_1(payload: dict[str, Any]) -> dict[str, Any]:
+    """A version-1 checkpoint in the version-2 schema."""
+    payload = dict(payload)
+    if isinstance(payload.get("config"), dict):
+        payload["config"] = rename_legacy_keys(payload["config"])
+    ranks = payload.pop("rng_ranks", None)
+    if isinstance(payload.get("rng"), dict):
+        payload["rng"] = list(ranks) if ranks else [payload["rng"]]
+    payload["format_version"] = FORMAT_VERSION
     return payload
 
 

@@ -9,6 +9,7 @@ import argparse
 import logging
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from captioning.errors import CaptioningError
 
@@ -35,6 +36,28 @@ def _add_config_args(parser: argparse.ArgumentParser, required: bool = True) -> 
         metavar="KEY=VALUE",
         help="override one config key, e.g. --set train.epochs=3 (repeatable)",
     )
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, got {text!r}")
+    return value
+
+
+def _add_checkpoint_args(parser: argparse.ArgumentParser) -> None:
+    """A checkpoint, where it runs, and how it decodes (see ``inference.with_decoding``)."""
+    parser.add_argument("--checkpoint", required=True, help="a best.pt or last.pt file")
+    parser.add_argument("--beam-size", type=_positive_int, default=None,
+                        help="beam search with this many beams (1 = greedy)")  # fmt: skip
+    parser.add_argument("--hard-context", choices=["expectation", "argmax", "sample"],
+                        default=None,
+                        help="hard attention: the expected context (the authors'), the most "
+                        "likely cell, or a sampled cell")  # fmt: skip
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
 
 
 # --------------------------------------------------------------------------- verbs
@@ -65,8 +88,7 @@ def cmd_shapes(args: argparse.Namespace) -> int:
 
 def cmd_check_data(args: argparse.Namespace) -> int:
     from captioning.config import load_config
-    from captioning.data.build import drop_bad_images, load_splits
-    from captioning.vocab import Vocabulary
+    from captioning.data import build_vocabulary, drop_bad_images, load_splits
 
     cfg = load_config(args.config, args.overrides)
     splits = load_splits(cfg.data)
@@ -74,10 +96,7 @@ def cmd_check_data(args: argparse.Namespace) -> int:
     skip_cfg = type(cfg.data)(**{**vars(cfg.data), "on_bad_image": "skip"})
     total = sum(len(r) for r in splits.values())
     bad = drop_bad_images(splits, skip_cfg, progress=not args.quiet)
-    train = splits.get("train", [])
-    vocab = Vocabulary.build(
-        (c for r in train for c in r.captions), cfg.data.min_count, cfg.data.max_vocab
-    )
+    vocab = build_vocabulary(splits, cfg.data)
     print(f"data root: {cfg.data.root} ({cfg.data.format} format)")
     for split, records in splits.items():
         captions = sum(len(r.captions) for r in records)
@@ -104,13 +123,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.quiet:
         overrides.append("train.quiet=true")
     cfg = load_config(args.config, overrides)
-    fit(cfg, out_dir=args.out, resume=args.resume)
+    out_dir = args.out or Path("runs") / Path(args.config).stem
+    fit(cfg, out_dir=out_dir, resume=args.resume)
     return 0
 
 
 def cmd_extract_features(args: argparse.Namespace) -> int:
     from captioning.config import load_config
-    from captioning.features import extract_features
+    from captioning.feature_cache import extract_features
 
     cfg = load_config(args.config, args.overrides)
     summary = extract_features(
@@ -136,7 +156,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         beam_size=args.beam_size,
         out_dir=args.out,
         data_root=args.data_root,
-        hard_decode=args.hard_decode,
+        hard_context=args.hard_context,
         max_images=args.max_images,
         spice=args.spice,
         progress=not args.quiet,
@@ -151,31 +171,32 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 def cmd_caption(args: argparse.Namespace) -> int:
     import json
 
-    from captioning.inference import caption_files, draw_attention, figure_stem
-    from captioning.train import load_model, resolve_device
+    from captioning.inference import (
+        caption_files,
+        draw_attention,
+        figure_stem,
+        load_model,
+        with_decoding,
+    )
+    from captioning.runtime import resolve_device
 
     device = resolve_device(args.device)
     model, cfg, vocab = load_model(args.checkpoint, device)
-    overrides = {"hard_decode": args.hard_decode} if args.hard_decode else {}
-    if args.beam_size is not None:
-        strategy = "greedy" if args.beam_size == 1 else "beam"
-        overrides.update(strategy=strategy, beam_size=args.beam_size)
-    if overrides:
-        from captioning.config import replace_section
-
-        cfg = replace_section(cfg, "decode", **overrides)
+    cfg = with_decoding(cfg, args.beam_size, args.hard_context)
     failures = 0
     used: set[str] = set()
     for result in caption_files(args.images, model, vocab, cfg, device):
-        if result.error is None and args.attention_dir:
-            draw_attention(result, model.grid, args.attention_dir, figure_stem(result.image, used),
-                           smooth=not args.no_smooth, gif=args.gif)  # fmt: skip
         if result.error is not None:
             failures += 1
             print(f"error: {result.error}", file=sys.stderr)
             if args.json:
                 print(json.dumps({"image": result.image, "error": result.error}), flush=True)
-        elif args.json:
+            continue
+        if args.attention_dir:
+            draw_attention(result, model.grid_shape, args.attention_dir,
+                           figure_stem(result.image, used), smooth=not args.no_smooth,
+                           gif=args.gif)  # fmt: skip
+        if args.json:
             record = {"image": result.image, "caption": result.caption}
             if result.figure:
                 record["attention"] = result.figure
@@ -195,38 +216,6 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
         overrides=args.overrides,
         quiet=args.quiet,
     )
-    return 0
-
-
-def cmd_bench(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from captioning.bench import BenchOptions, format_markdown, run_benchmark
-
-    options = BenchOptions(
-        sizes=[s.strip() for s in args.sizes.split(",") if s.strip()],
-        device=args.device,
-        precisions=[p.strip() for p in args.precisions.split(",") if p.strip()],
-        compile=args.compile,
-        repeats=args.repeats,
-        warmup=args.warmup,
-        ref_repeats=args.ref_repeats,
-        full_repeats=args.full_repeats,
-        skip_full=args.skip_full,
-        batch_size=args.batch_size,
-        check_images=args.check_images,
-        threads=args.threads,
-        seed=args.seed,
-        quick=args.quick,
-        quiet=args.quiet,
-        out=args.out,
-    )
-    results = run_benchmark(options)
-    print(format_markdown(results))
-    print(f"wrote {args.out} and {Path(args.out).with_suffix('.md')}")
-    if not results["passed"]:
-        print("error: ours and the reference disagree (see the checks table)", file=sys.stderr)
-        return 1
     return 0
 
 
@@ -286,28 +275,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_extract_features)
 
     p = add_verb("evaluate", help="decode a split with a checkpoint and score it")
-    p.add_argument("--checkpoint", required=True, help="a best.pt or last.pt file")
+    _add_checkpoint_args(p)
     p.add_argument("--split", default="test", choices=["train", "val", "test"])
-    p.add_argument("--beam-size", type=int, default=None, help="beam search (1 = greedy)")
     p.add_argument("--out", default=None, help="folder for metrics.json and predictions.json")
     p.add_argument("--data-root", default=None, help="read the data from here instead")
-    p.add_argument("--hard-decode", choices=["expectation", "argmax", "sample"], default=None,
-                   help="how a hard-attention model attends while decoding")  # fmt: skip
     p.add_argument("--max-images", type=int, default=None, help="score only the first N")
     p.add_argument("--spice", action="store_true", help="also SPICE (downloads its models)")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
     p.set_defaults(func=cmd_evaluate)
 
     p = add_verb("caption", help="caption image files and draw per-word attention")
     p.add_argument("images", nargs="+", metavar="IMG", help="image files (JPEG, PNG, WebP, ...)")
-    p.add_argument("--checkpoint", required=True, help="a best.pt or last.pt file")
-    p.add_argument("--beam-size", type=int, default=None, help="beam search (1 = greedy)")
+    _add_checkpoint_args(p)
     p.add_argument("--attention-dir", default=None, help="write per-word heatmaps here")
     p.add_argument("--gif", action="store_true", help="also an animated GIF per image")
     p.add_argument("--no-smooth", action="store_true", help="blocky cells, not interpolated")
     p.add_argument("--json", action="store_true", help="one JSON object per line")
-    p.add_argument("--hard-decode", choices=["expectation", "argmax", "sample"], default=None)
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
     p.set_defaults(func=cmd_caption)
 
     p = add_verb("quickstart", help="shapes data, a short training run, evaluation, heatmaps")
@@ -316,55 +298,6 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(p, required=False)
     p.set_defaults(func=cmd_quickstart)
 
-    p = add_verb("bench", help="time training steps and decoding against a naive reference")
-    p.add_argument(
-        "--sizes",
-        default="shapes,coco",
-        help="comma-separated: shapes, coco, tiny (seconds, for smoke runs)",
-    )
-    p.add_argument(
-        "--device",
-        choices=["cpu", "cuda", "all"],
-        default="all",
-        help="all: CPU, and CUDA when available (default)",
-    )
-    p.add_argument("--precisions", default="fp32,bf16", help="fp32 and/or bf16 autocast")
-    p.add_argument(
-        "--compile",
-        action="store_true",
-        help="also time torch.compile'd variants (slow to compile; off by default)",
-    )
-    p.add_argument("--repeats", type=int, default=5, help="timed runs, median reported")
-    p.add_argument("--warmup", type=int, default=1, help="untimed runs first (default 1)")
-    p.add_argument(
-        "--ref-repeats",
-        type=int,
-        default=None,
-        help="timed runs of the slow reference (default: --repeats; 2 at coco size)",
-    )
-    p.add_argument(
-        "--full-repeats",
-        type=int,
-        default=None,
-        help="timed runs of the full step (default as --ref-repeats)",
-    )
-    p.add_argument("--skip-full", action="store_true", help="leave out the full step")
-    p.add_argument("--batch-size", type=int, default=None, help="override every size's batch")
-    p.add_argument(
-        "--check-images",
-        type=int,
-        default=None,
-        help="images in the reference checks (default: shapes all, coco 8)",
-    )
-    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--quick", action="store_true", help="one warm-up and one run of each")
-    p.add_argument(
-        "--out",
-        default="runs/bench/bench.json",
-        help="JSON results; the Markdown table goes beside it (.md)",
-    )
-    p.set_defaults(func=cmd_bench)
     return parser
 
 

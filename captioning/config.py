@@ -106,7 +106,7 @@ class TrainConfig:
     early_stop_patience: int = 5  # epochs without improvement; 0 turns it off
     select_metric: Literal["CIDEr", "Bleu_4", "exact_match"] = "CIDEr"
     val_max_images: int | None = None  # decode only this many validation images per epoch
-    doubly_stochastic: float = 1.0  # λ of the attention penalty
+    doubly_stochastic_weight: float = 1.0  # λ of the doubly stochastic attention penalty
     # hard attention (REINFORCE); the authors' values
     reinforce_weight: float = 0.1
     entropy_weight: float = 0.002
@@ -136,7 +136,9 @@ class DecodeConfig:
     suppress_unk: bool = False
     temperature: float = 1.0
     top_k: int = 0
-    hard_decode: Literal["expectation", "argmax", "sample"] = "expectation"
+    # how a hard-attention model forms its context when decoding: the expected context (as
+    # the authors decode), the most likely cell's feature, or a sampled cell's
+    hard_context: Literal["expectation", "argmax", "sample"] = "expectation"
 
 
 @dataclass
@@ -215,7 +217,31 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     raise ConfigError(f"{key}: unsupported type {tp}")
 
 
+# Keys that were renamed: old dotted name → new one. Files and overrides that use an old name
+# get an error that names the new one; checkpoints written before are upgraded on load.
+RENAMED_KEYS = {
+    "train.doubly_stochastic": "train.doubly_stochastic_weight",
+    "decode.hard_decode": "decode.hard_context",
+}
+
+
+def rename_legacy_keys(values: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a nested config dict with every renamed key under its new name (for configs
+    stored in old checkpoints)."""
+    out = {k: dict(v) if isinstance(v, dict) else v for k, v in values.items()}
+    for old, new in RENAMED_KEYS.items():
+        old_section, old_key = old.split(".")
+        new_section, new_key = new.split(".")
+        section = out.get(old_section)
+        if isinstance(section, dict) and old_key in section:
+            out.setdefault(new_section, {})[new_key] = section.pop(old_key)
+    return out
+
+
 def _unknown_key(key: str, valid: list[str], prefix: str) -> ConfigError:
+    full = f"{prefix}{key}"
+    if full in RENAMED_KEYS:
+        return ConfigError(f"config key {full} was renamed to {RENAMED_KEYS[full]}; use that name")
     if not prefix:  # a bare `epochs=3` most likely meant a key inside a section
         valid = valid + [
             f"{section.name}.{f.name}"
@@ -223,7 +249,6 @@ def _unknown_key(key: str, valid: list[str], prefix: str) -> ConfigError:
             for f in dataclasses.fields(section.default_factory())
         ]
     close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
-    full = f"{prefix}{key}"
     hint = f"; did you mean {prefix}{close[0]}?" if close else f"; valid keys: {', '.join(valid)}"
     return ConfigError(f"unknown config key {full}{hint}")
 

@@ -36,6 +36,17 @@ class Decoded:
     def captions(self, vocab: Vocabulary) -> list[str]:
         return [vocab.decode(row[:n].tolist()) for row, n in zip(self.tokens, self.lengths)]
 
+    def row(self, index: int) -> Decoded:
+        """Image ``index`` alone, on the CPU: tokens (T,), lengths (), alphas (T, L) in fp32,
+        scores (), cells (T,) or None."""
+        return Decoded(
+            tokens=self.tokens[index].cpu(),
+            lengths=self.lengths[index].cpu(),
+            alphas=self.alphas[index].float().cpu(),
+            scores=self.scores[index].cpu(),
+            cells=None if self.cells is None else self.cells[index].cpu(),
+        )
+
 
 def _mask_logits(
     log_probs: torch.Tensor, step: int, min_length: int, suppress_unk: bool
@@ -58,7 +69,7 @@ def _step_by_step(
     max_length: int,
     min_length: int,
     suppress_unk: bool,
-    hard_mode: str,
+    hard_context: str,
 ) -> Decoded:
     """Greedy or sampled decoding: ``choose(log_probs (B, V)) -> ids (B,)``."""
     batch = features.shape[0]
@@ -70,7 +81,7 @@ def _step_by_step(
     scores = torch.zeros(batch, device=features.device)
     words, alphas, cells = [], [], []
     for step in range(max_length):
-        out = decoder.step(tokens, state, features, keys, mode=hard_mode)
+        out = decoder.step(tokens, state, features, keys, hard_context=hard_context)
         log_probs = torch.log_softmax(out.logits.float(), dim=1)  # (B, V)
         log_probs = _mask_logits(log_probs, step, min_length, suppress_unk)
         tokens = choose(log_probs)  # (B,)
@@ -100,7 +111,7 @@ def greedy_decode(
     max_length: int = 20,
     min_length: int = 1,
     suppress_unk: bool = False,
-    hard_mode: str = "expectation",
+    hard_context: str = "expectation",
 ) -> Decoded:
     """The most likely word at every step."""
     return _step_by_step(
@@ -110,7 +121,7 @@ def greedy_decode(
         max_length,
         min_length,
         suppress_unk,
-        hard_mode,
+        hard_context,
     )
 
 
@@ -122,7 +133,7 @@ def sample_decode(
     suppress_unk: bool = False,
     temperature: float = 1.0,
     top_k: int = 0,
-    hard_mode: str = "expectation",
+    hard_context: str = "expectation",
     generator: torch.Generator | None = None,
 ) -> Decoded:
     """Words drawn from the softmax at ``temperature``, optionally from the ``top_k`` only."""
@@ -135,7 +146,9 @@ def sample_decode(
         probs = torch.softmax(scaled, dim=1)
         return torch.multinomial(probs, 1, generator=generator).squeeze(1)
 
-    return _step_by_step(decoder, features, choose, max_length, min_length, suppress_unk, hard_mode)
+    return _step_by_step(
+        decoder, features, choose, max_length, min_length, suppress_unk, hard_context
+    )
 
 
 def _slots(prefix: torch.Tensor, max_length: int, fill: float) -> torch.Tensor:
@@ -234,7 +247,66 @@ class _Search:
         if cells is not None:
             self.best_cells = _keep(mask, _slots(cells, max_length, 0), self.best_cells)
 
-    def settle(self, out: Decoded, hard: bool) -> None:
+    def finish(
+        self,
+        top: _Candidates,
+        norm: torch.Tensor,
+        step: int,
+        step_alpha: torch.Tensor,
+        step_cell: torch.Tensor | None,
+    ) -> None:
+        """Keep, per image, the best of this step's candidates that end (scored by ``norm``
+        (b, 2K), the length-normalised log-probability) if it beats its finished pool. The
+        caption is the words before ``<end>``; the maps (cells) include ``<end>``'s, from
+        ``step_alpha`` (b, n, L) and ``step_cell`` (b, n)."""
+        norm = torch.where(top.ended, norm, float("-inf"))
+        cand_score, cand_rank = norm.max(dim=1)  # (b,)
+        better = cand_score > self.best
+        if not bool(better.any()):
+            return
+        rows = top.rows
+        beam = top.beam[rows, cand_rank]  # (b,)
+        self.best = torch.where(better, cand_score, self.best)
+        cells = None
+        if step_cell is not None:
+            cells = torch.cat([self.cells[rows, beam], step_cell[rows, beam, None]], dim=1)
+        self.record(
+            better,
+            top.scores[rows, cand_rank],
+            step,
+            self.words[rows, beam],
+            torch.cat([self.maps[rows, beam], step_alpha[rows, beam, None]], dim=1),
+            cells,
+        )
+
+    def advance(
+        self,
+        top: _Candidates,
+        beam_size: int,
+        step_alpha: torch.Tensor,
+        step_cell: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The best ``beam_size`` candidates that did not end become the live beams (a stable
+        sort keeps score order). Returns their parent beams (b, K) and words (b*K,)."""
+        order = torch.sort(top.is_end.float(), dim=1, stable=True).indices[:, :beam_size]
+        self.scores = top.scores.gather(1, order)  # (b, K)
+        parent = top.beam.gather(1, order)  # (b, K)
+        tokens = top.token.gather(1, order)  # (b, K)
+        steps, cells = self.words.shape[2], step_alpha.shape[2]
+        by_parent = parent[:, :, None].expand(-1, -1, steps)  # (b, K, t)
+        self.words = torch.cat([self.words.gather(1, by_parent), tokens.unsqueeze(2)], dim=2)
+        parent_alpha = step_alpha.gather(1, parent[:, :, None].expand(-1, -1, cells))
+        self.maps = torch.cat(
+            [self.maps.gather(1, parent[:, :, None, None].expand(-1, -1, steps, cells)),
+             parent_alpha.unsqueeze(2)], dim=2)  # fmt: skip
+        if step_cell is not None:
+            self.cells = torch.cat(
+                [self.cells.gather(1, by_parent), step_cell.gather(1, parent).unsqueeze(2)],
+                dim=2,
+            )
+        return parent, tokens.view(-1)
+
+    def settle(self, out: Decoded) -> None:
         """Write these images' answers into ``out``: the best finished caption, or, for an
         image where none finished, its best live beam, unfinished."""
         unfinished = torch.isinf(self.best)  # (b,)
@@ -247,7 +319,7 @@ class _Search:
                 self.words.shape[2],
                 self.words[rows, beam],
                 self.maps[rows, beam],
-                self.cells[rows, beam] if hard else None,
+                self.cells[rows, beam] if out.cells is not None else None,
             )
         out.tokens[self.image] = self.best_words
         out.lengths[self.image] = self.best_length
@@ -255,6 +327,49 @@ class _Search:
         out.scores[self.image] = self.best_raw
         if out.cells is not None:
             out.cells[self.image] = self.best_cells
+
+
+@dataclass
+class _Candidates:
+    """One step's best 2K continuations of each of the b searching images.
+
+    Attributes:
+        rows: (b,) 0..b-1.
+        scores: (b, 2K) their log-probabilities, best first.
+        beam: (b, 2K) the live beam each continues.
+        token: (b, 2K) the word each adds.
+        is_end: (b, 2K) the word is ``<end>``.
+        ended: (b, 2K) an ending that counts: among the top K, with a finite score.
+    """
+
+    rows: torch.Tensor
+    scores: torch.Tensor
+    beam: torch.Tensor
+    token: torch.Tensor
+    is_end: torch.Tensor
+    ended: torch.Tensor
+
+    @classmethod
+    def top(cls, search: _Search, log_probs: torch.Tensor, beam_size: int) -> _Candidates:
+        """The candidates from the live beams' scores and this step's ``log_probs`` (b*n, V)."""
+        images, live = search.scores.shape
+        vocab = log_probs.shape[1]
+        candidates = search.scores.unsqueeze(2) + log_probs.view(images, live, vocab)
+        width = min(2 * beam_size, live * vocab)
+        scores, index = candidates.view(images, -1).topk(width, dim=1)  # (b, 2K)
+        token = index % vocab  # (b, 2K)
+        is_end = token == Vocabulary.end_id
+        # An ending counts only among the top K, as in the usual formulation: with K = 1
+        # this is exactly greedy decoding.
+        in_top_k = torch.arange(width, device=scores.device) < beam_size  # (2K,)
+        return cls(
+            rows=torch.arange(images, device=scores.device),
+            scores=scores,
+            beam=index // vocab,
+            token=token,
+            is_end=is_end,
+            ended=is_end & in_top_k & torch.isfinite(scores),
+        )
 
 
 @torch.no_grad()
@@ -266,7 +381,7 @@ def beam_search(
     min_length: int = 1,
     length_penalty: float = 0.0,
     suppress_unk: bool = False,
-    hard_mode: str = "expectation",
+    hard_context: str = "expectation",
 ) -> Decoded:
     """Beam search over all images and beams at once, in one (B * K) batch.
 
@@ -282,7 +397,6 @@ def beam_search(
     log-probability.
     """
     batch, cells, _ = features.shape
-    k = beam_size
     device = features.device
     # The grid and its keys stay one copy per image: the step scores the beams of an image
     # against it as a group. The search starts from one live beam per image, so the first
@@ -298,90 +412,36 @@ def beam_search(
         scores=search.best_raw.clone(),  # (B,)
     )
     longest_penalty = _length_penalty(torch.tensor(max_length), length_penalty)
-    hard = False
     for step in range(max_length):
-        out = decoder.step(tokens, state, features, keys, mode=hard_mode)
+        out = decoder.step(tokens, state, features, keys, hard_context=hard_context)
+        if out.attention.cell is not None and answer.cells is None:
+            answer.cells = search.best_cells.new_zeros(batch, max_length)
         log_probs = torch.log_softmax(out.logits.float(), dim=1)  # (b*n, V)
         log_probs = _mask_logits(log_probs, step, min_length, suppress_unk)
-        # b: images still searching; n: live beams, 1 at the first step and K after it
+        candidates = _Candidates.top(search, log_probs, beam_size)
         images, live = search.scores.shape
-        vocab = log_probs.shape[1]
-        rows = torch.arange(images, device=device)
-        candidates = search.scores.unsqueeze(2) + log_probs.view(images, live, vocab)
-        width = min(2 * k, live * vocab)
-        top_scores, top_index = candidates.view(images, -1).topk(width, dim=1)  # (b, 2K)
-        top_beam = top_index // vocab  # (b, 2K)
-        top_token = top_index % vocab  # (b, 2K)
-        # An ending counts only among the top K, as in the usual formulation: with K = 1
-        # this is exactly greedy decoding.
-        in_top_k = torch.arange(width, device=device) < k  # (2K,)
-        is_end = top_token == Vocabulary.end_id
-        ended = is_end & in_top_k & torch.isfinite(top_scores)
-
         step_alpha = out.attention.alpha.view(images, live, cells)  # (b, n, L)
-        step_cell = out.attention.cell
-        if step_cell is not None and not hard:
-            hard = True
-            answer.cells = search.best_cells.new_zeros(batch, max_length)
-        if hard:
-            step_cell = step_cell.view(images, live)
-
-        # Finished candidates: keep each image's best (normalised) one.
-        norm = top_scores / _length_penalty(torch.tensor(step + 1), length_penalty)
-        norm = torch.where(ended, norm, float("-inf"))
-        cand_score, cand_rank = norm.max(dim=1)  # (b,)
-        better = cand_score > search.best
-        if bool(better.any()):
-            beam = top_beam[rows, cand_rank]  # (b,)
-            search.best = torch.where(better, cand_score, search.best)
-            # the words before <end>, and the maps (cells) of every step including <end>'s
-            search.record(
-                better,
-                top_scores[rows, cand_rank],
-                step,
-                search.words[rows, beam],
-                torch.cat([search.maps[rows, beam], step_alpha[rows, beam, None]], dim=1),
-                torch.cat([search.cells[rows, beam], step_cell[rows, beam, None]], dim=1)
-                if hard
-                else None,
-            )
-
-        # The best K candidates that did not end stay active (a stable sort keeps score order).
-        order = torch.sort(is_end.float(), dim=1, stable=True).indices[:, :k]  # (b, K)
-        search.scores = top_scores.gather(1, order)  # (b, K)
-        parent = top_beam.gather(1, order)  # (b, K)
-        tokens = top_token.gather(1, order)  # (b, K)
-        steps = search.words.shape[2]
-        search.words = torch.cat([search.words.gather(1, parent[:, :, None].expand(-1, -1, steps)),
-                                  tokens.unsqueeze(2)], dim=2)  # fmt: skip
-        parent_alpha = step_alpha.gather(1, parent[:, :, None].expand(-1, -1, cells))
-        search.maps = torch.cat(
-            [search.maps.gather(1, parent[:, :, None, None].expand(-1, -1, steps, cells)),
-             parent_alpha.unsqueeze(2)], dim=2)  # fmt: skip
-        if hard:
-            search.cells = torch.cat(
-                [search.cells.gather(1, parent[:, :, None].expand(-1, -1, steps)),
-                 step_cell.gather(1, parent).unsqueeze(2)], dim=2)  # fmt: skip
-        flat_parent = (rows[:, None] * live + parent).view(-1)  # (b*K,)
-        state = out.state.select(flat_parent)
-        tokens = tokens.view(-1)
+        step_cell = None if answer.cells is None else out.attention.cell.view(images, live)
+        norm = candidates.scores / _length_penalty(torch.tensor(step + 1), length_penalty)
+        search.finish(candidates, norm, step, step_alpha, step_cell)
+        parent, tokens = search.advance(candidates, beam_size, step_alpha, step_cell)
+        state = out.state.select((candidates.rows[:, None] * live + parent).view(-1))  # (b*K)
 
         # An image is done when no active beam can still beat its best finished caption:
         # scores only fall as captions grow, and the penalty is largest at max_length.
-        bound = search.scores.max(dim=1).values / longest_penalty
-        done = search.best >= bound  # (b,)
+        done = search.best >= search.scores.max(dim=1).values / longest_penalty  # (b,)
         if bool(done.all()):
             break
         if bool(done.any()):  # the done images leave the batch together
-            search.take(done.nonzero().squeeze(1)).settle(answer, hard)
+            search.take(done.nonzero().squeeze(1)).settle(answer)
             keep = (~done).nonzero().squeeze(1)  # (b',)
             search = search.take(keep)
             features, keys = features.index_select(0, keep), keys.index_select(0, keep)
             beams = search.scores.shape[1]
-            beam_rows = (keep[:, None] * beams + torch.arange(beams, device=device)).view(-1)
-            state = state.select(beam_rows)
-            tokens = tokens.index_select(0, beam_rows)
-    search.settle(answer, hard)
+            beam_rows = keep[:, None] * beams + torch.arange(beams, device=device)  # (b', K)
+            state = state.select(beam_rows.view(-1))
+            tokens = tokens.index_select(0, beam_rows.view(-1))
+    search.settle(answer)
 
     width = max(int(answer.lengths.max()) + 1, 1)
     return Decoded(
@@ -399,7 +459,7 @@ def decode(decoder: Decoder, features: torch.Tensor, cfg: DecodeConfig) -> Decod
         max_length=cfg.max_length,
         min_length=cfg.min_length,
         suppress_unk=cfg.suppress_unk,
-        hard_mode=cfg.hard_decode,
+        hard_context=cfg.hard_context,
     )
     if cfg.strategy == "greedy":
         return greedy_decode(decoder, features, **common)

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from captioning.errors import CaptioningError
+from captioning.runtime import resolve_device
 
 
 @dataclass(frozen=True)
@@ -48,8 +49,6 @@ def init_world(device_name: str) -> tuple[World, torch.device]:
 
     CUDA processes use NCCL and the GPU ``cuda:LOCAL_RANK``; CPU processes use gloo.
     """
-    from captioning.train import resolve_device
-
     if not launched_by_torchrun():
         return SINGLE, resolve_device(device_name)
     world = World(

@@ -12,7 +12,9 @@ import torch
 from captioning.config import replace_section
 from captioning.data import CaptionDataset, load_splits
 from captioning.errors import CaptioningError
-from captioning.train import decode_dataset, load_model, resolve_device
+from captioning.inference import decode_dataset, load_model, with_decoding
+from captioning.metrics import AttentionMaps, score_predictions
+from captioning.runtime import resolve_device
 
 logger = logging.getLogger("captioning")
 
@@ -26,7 +28,7 @@ def evaluate_checkpoint(
     beam_size: int | None = None,
     out_dir: str | Path | None = None,
     data_root: str | None = None,
-    hard_decode: str | None = None,
+    hard_context: str | None = None,
     max_images: int | None = None,
     spice: bool = False,
     progress: bool = True,
@@ -44,22 +46,13 @@ def evaluate_checkpoint(
             settings (greedy by default), 1 is greedy.
         out_dir: where to write the two json files (nothing is written without it).
         data_root: read the data from here instead of the checkpoint's ``data.root``.
-        hard_decode: for hard-attention models, ``expectation``, ``argmax`` or ``sample``.
+        hard_context: for hard-attention models, ``expectation``, ``argmax`` or ``sample``.
         max_images: score only the first this many images of the split.
         spice: also compute SPICE (downloads Stanford models on first use).
     """
-    from captioning.metrics import caption_metrics, exact_match, exact_match_by_group
-    from captioning.metrics.grounding import grounding_scores
-
     torch_device = resolve_device(device)
     model, cfg, vocab = load_model(checkpoint, torch_device)
-    if data_root is not None:
-        cfg = replace_section(cfg, "data", root=data_root)
-    if beam_size is not None:
-        strategy = "greedy" if beam_size == 1 else "beam"
-        cfg = replace_section(cfg, "decode", strategy=strategy, beam_size=beam_size)
-    if hard_decode is not None:
-        cfg = replace_section(cfg, "decode", hard_decode=hard_decode)
+    cfg = with_decoding(replace_section(cfg, "data", root=data_root), beam_size, hard_context)
     splits = load_splits(cfg.data)
     if not splits.get(split):
         raise CaptioningError(f"split {split!r} has no images under {cfg.data.root}")
@@ -72,21 +65,14 @@ def evaluate_checkpoint(
         predictions, details = decode_dataset(
             model, dataset, cfg, torch_device, progress=progress, desc=f"decoding {split}"
         )
-    references = {r.image_id: list(r.captions) for r in records if r.image_id in predictions}
-    metrics: dict[str, Any] = dict(caption_metrics(predictions, references, spice=spice))
-    metrics["exact_match"] = exact_match(predictions, references)
-    with_objects = [r for r in records if r.objects and r.image_id in predictions]
-    if with_objects:
-        groups = {r.image_id: len(r.objects) for r in with_objects}
-        metrics["exact_match_by_objects"] = exact_match_by_group(
-            {i: predictions[i] for i in groups}, references, groups
-        )
-        metrics.update(grounding_scores(with_objects, details, vocab, model.grid))
+    attention = AttentionMaps(details, vocab, model.grid_shape)
+    metrics = score_predictions(predictions, records, spice=spice, attention=attention)
     metrics["num_images"] = len(predictions)
     metrics["decoding"] = {
         "strategy": cfg.decode.strategy,
         "beam_size": cfg.decode.beam_size if cfg.decode.strategy == "beam" else 1,
-        "hard_decode": cfg.decode.hard_decode if cfg.model.attention == "hard" else None,
+        "hard_context": cfg.decode.hard_context if cfg.model.attention == "hard" else None,
+        "precision": cfg.train.precision,
     }
     if out_dir is not None:
         out = Path(out_dir)

@@ -1,4 +1,9 @@
-"""Caption image files with a checkpoint, and draw where each word looked."""
+"""Inference: a model from its checkpoint, and the one path from images to captions.
+
+:func:`caption_batch` is the only place where a batch is encoded and decoded: validation
+during training, ``evaluate``, ``caption``, the quickstart and the benchmark all go through
+it, so all of them decode under the same precision and the same decoding settings.
+"""
 
 from __future__ import annotations
 
@@ -7,13 +12,68 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch.utils.data import DataLoader, Subset
+from tqdm import tqdm
 
-from captioning.config import Config
+from captioning.checkpoint import load_checkpoint
+from captioning.config import Config, DecodeConfig, config_from_dict, replace_section
+from captioning.data import CaptionDataset, collate
 from captioning.data.images import load_image
 from captioning.decoding import Decoded, decode
-from captioning.errors import DataError
-from captioning.models import Captioner
+from captioning.distributed import SINGLE, World
+from captioning.errors import CaptioningError, CheckpointError, DataError
+from captioning.models import Captioner, build_model
+from captioning.runtime import autocast
 from captioning.vocab import Vocabulary
+
+
+def load_model(
+    path: str | Path, device: str | torch.device = "cpu"
+) -> tuple[Captioner, Config, Vocabulary]:
+    """A model rebuilt from nothing but its checkpoint, in eval mode, with its config and
+    vocabulary."""
+    payload = load_checkpoint(path)
+    try:
+        cfg = config_from_dict(payload["config"])
+    except CaptioningError as exc:
+        raise CheckpointError(f"{path}: its config does not load ({exc})") from exc
+    vocab = Vocabulary(payload["vocab"])
+    model = build_model(cfg.model, len(vocab))
+    try:
+        model.load_state_dict(payload["model"])
+    except RuntimeError as exc:
+        first = str(exc).splitlines()[0]
+        raise CheckpointError(f"{path}: weights do not fit its own config ({first})") from exc
+    return model.to(device).eval(), cfg, vocab
+
+
+def with_decoding(
+    cfg: Config, beam_size: int | None = None, hard_context: str | None = None
+) -> Config:
+    """``cfg`` with the decoding asked for on a command line: ``beam_size`` 1 is greedy and
+    more is beam search; ``hard_context`` is how a hard-attention model forms its context.
+    None keeps the config's own setting."""
+    if beam_size is not None:
+        strategy = "greedy" if beam_size == 1 else "beam"
+        cfg = replace_section(cfg, "decode", strategy=strategy, beam_size=beam_size)
+    return replace_section(cfg, "decode", hard_context=hard_context)
+
+
+@torch.no_grad()
+def caption_batch(
+    model: Captioner,
+    decode_cfg: DecodeConfig,
+    precision: str = "fp32",
+    images: torch.Tensor | None = None,
+    grid: torch.Tensor | None = None,
+) -> Decoded:
+    """Captions for a batch of ``images`` (B, 3, S, S), or of cached backbone grids
+    (B, L, D), under ``precision`` (``train.precision`` of the run) and ``decode_cfg``.
+    The model should be in eval mode."""
+    device = (images if images is not None else grid).device
+    with autocast(device, precision):
+        features = model.encode(images, grid)  # (B, L, D)
+        return decode(model.decoder, features, decode_cfg)
 
 
 @dataclass
@@ -28,6 +88,70 @@ class CaptionResult:
     figure: str | None = None
     gif: str | None = None
     error: str | None = None
+
+    @classmethod
+    def from_decoded(cls, image: str, decoded: Decoded, vocab: Vocabulary) -> CaptionResult:
+        """The result of one image from its single-image ``decoded`` (see
+        :meth:`Decoded.row`): the caption's words, each with the map that produced it.
+        ``<end>`` is no word of the caption, so its map is not shown."""
+        length = int(decoded.lengths)
+        words = vocab.decode_tokens(decoded.tokens[:length].tolist())
+        cells = None if decoded.cells is None else decoded.cells[:length].tolist()
+        return cls(
+            image=image,
+            caption=" ".join(words),
+            words=words,
+            alphas=decoded.alphas[:length].float().cpu(),  # (T, L)
+            cells=cells,
+        )
+
+
+def decode_dataset(
+    model: Captioner,
+    dataset: CaptionDataset,
+    cfg: Config,
+    device: torch.device,
+    batch_size: int | None = None,
+    progress: bool = False,
+    desc: str = "decoding",
+    world: World = SINGLE,
+) -> tuple[dict[int, str], dict[int, Decoded]]:
+    """Captions for every image of ``dataset`` with the config's decoding settings.
+
+    Returns ``{image_id: caption}`` and, per image id, its single-image :class:`Decoded`
+    (tokens, attention maps) for figures and grounding. With several processes each
+    decodes every ``world.size``-th image, starting at its rank.
+    """
+    shard = dataset
+    if world.enabled:
+        shard = Subset(dataset, range(world.rank, len(dataset), world.size))
+    loader = DataLoader(
+        shard,
+        batch_size=batch_size or cfg.train.batch_size,
+        shuffle=False,
+        collate_fn=collate,
+        num_workers=cfg.data.num_workers,
+        pin_memory=device.type == "cuda",
+    )
+    model.eval()
+    captions: dict[int, str] = {}
+    details: dict[int, Decoded] = {}
+    for batch in tqdm(loader, desc=desc, disable=not progress, leave=False):
+        if batch is None:
+            continue
+        decoded = caption_batch(
+            model,
+            cfg.decode,
+            cfg.train.precision,
+            images=batch["images"].to(device) if "images" in batch else None,
+            grid=batch["grid"].to(device) if "grid" in batch else None,
+        )
+        texts = decoded.captions(dataset.vocab)
+        for row, index in enumerate(batch["indices"].tolist()):
+            image_id = dataset.records[index].image_id
+            captions[image_id] = texts[row]
+            details[image_id] = decoded.row(row)
+    return captions, details
 
 
 def caption_files(
@@ -44,20 +168,10 @@ def caption_files(
     pending: list[tuple[str, torch.Tensor]] = []
 
     def flush() -> Iterator[CaptionResult]:
-        images = torch.stack([tensor for _, tensor in pending]).to(device)
-        with torch.no_grad():
-            decoded: Decoded = decode(model.decoder, model.encoder(images), cfg.decode)
+        images = torch.stack([tensor for _, tensor in pending]).to(device)  # (B, 3, S, S)
+        decoded = caption_batch(model, cfg.decode, cfg.train.precision, images=images)
         for row, (path, _) in enumerate(pending):
-            length = int(decoded.lengths[row])
-            words = vocab.decode_tokens(decoded.tokens[row, :length].tolist())
-            cells = None if decoded.cells is None else decoded.cells[row, :length].tolist()
-            yield CaptionResult(
-                image=path,
-                caption=" ".join(words),
-                words=words,
-                alphas=decoded.alphas[row, :length].float().cpu(),
-                cells=cells,
-            )
+            yield CaptionResult.from_decoded(path, decoded.row(row), vocab)
         pending.clear()
 
     for path in paths:
@@ -86,7 +200,7 @@ def figure_stem(path: str, used: set[str]) -> str:
 
 def draw_attention(
     result: CaptionResult,
-    grid: tuple[int, int],
+    grid_shape: tuple[int, int],
     out_dir: str | Path,
     stem: str,
     smooth: bool = True,
@@ -99,28 +213,22 @@ def draw_attention(
         return result
     image = load_image(result.image)
     out_dir = Path(out_dir)
+    drawing = dict(smooth=smooth, chosen_cells=result.cells)
     result.figure = str(
         attention_grid_figure(
             image,
             result.words,
             result.alphas,
-            grid,
+            grid_shape,
             out_dir / f"{stem}.png",
-            smooth=smooth,
-            chosen_cells=result.cells,
             title=result.caption,
-        )
+            **drawing,
+        )  # fmt: skip
     )
     if gif:
         result.gif = str(
             attention_gif(
-                image,
-                result.words,
-                result.alphas,
-                grid,
-                out_dir / f"{stem}.gif",
-                smooth=smooth,
-                chosen_cells=result.cells,
-            )  # fmt: skip
+                image, result.words, result.alphas, grid_shape, out_dir / f"{stem}.gif", **drawing
+            )
         )
     return result

@@ -10,6 +10,12 @@ from pathlib import Path
 from typing import Any
 
 from captioning.config import load_config
+from captioning.data import load_splits
+from captioning.data.shapes import generate_shapes
+from captioning.evaluate import evaluate_checkpoint, format_table
+from captioning.inference import caption_files, draw_attention, figure_stem, load_model
+from captioning.runtime import resolve_device
+from captioning.train import fit
 
 logger = logging.getLogger("captioning")
 
@@ -31,11 +37,6 @@ def quickstart(
 
     Returns a summary with the paths of everything written; ``out_dir`` is replaced.
     """
-    from captioning.data.shapes import generate_shapes
-    from captioning.evaluate import evaluate_checkpoint, format_table
-    from captioning.inference import caption_files, draw_attention, figure_stem
-    from captioning.train import fit, load_model, resolve_device
-
     started = time.time()
     data_root = Path(data_root)
     if not (data_root / "annotations" / "captions_train.json").is_file():
@@ -57,13 +58,13 @@ def quickstart(
     )
     device = resolve_device(cfg.train.device)
     model, model_cfg, vocab = load_model(checkpoint, device)
-    from captioning.data import load_splits
-
     test = load_splits(model_cfg.data)["test"]
     paths = [r.path for r in test[:num_examples]]
     examples, used = [], set()
     for result in caption_files(paths, model, vocab, model_cfg, device):
-        draw_attention(result, model.grid, out_dir / "attention", figure_stem(result.image, used))
+        draw_attention(
+            result, model.grid_shape, out_dir / "attention", figure_stem(result.image, used)
+        )
         examples.append({"image": result.image, "caption": result.caption,
                          "attention": result.figure})  # fmt: skip
     summary = {

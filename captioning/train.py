@@ -1,33 +1,39 @@
-"""Training: ``fit(cfg)`` reads top to bottom as set-up, ``train_one_epoch``, ``evaluate``.
+"""Training: :func:`fit` reads top to bottom as :func:`set_up`, then per epoch
+:func:`train_one_epoch`, :func:`validate` and :func:`end_epoch`.
 
 Model selection uses metrics of generated (greedy) captions on the validation split, never
-teacher-forced accuracy. Checkpoints (``last.pt`` every epoch, ``best.pt`` on improvement)
-hold plain data and everything needed to continue exactly where a run stopped.
+teacher-forced accuracy. Everything a run carries from epoch to epoch lives in one
+:class:`Run`, whose :meth:`Run.state_dict` is the checkpoint: ``last.pt`` every epoch,
+``best.pt`` on improvement, enough to continue exactly where a run stopped.
 """
 
 from __future__ import annotations
 
-import contextlib
+import dataclasses
 import logging
 import math
-import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
+from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader, Subset
+from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from captioning.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from captioning.config import Config, config_from_dict, config_to_dict, save_config
-from captioning.data import CaptionBatchSampler, CaptionDataset, collate, drop_bad_images
-from captioning.data.build import load_splits
-from captioning.data.records import ImageRecord
-from captioning.decoding import Decoded, decode
+from captioning.data import (
+    CaptionBatchSampler,
+    CaptionDataset,
+    build_vocabulary,
+    collate,
+    drop_bad_images,
+    load_splits,
+)
+from captioning.decoding import Decoded
 from captioning.distributed import (
     SINGLE,
     World,
@@ -39,9 +45,13 @@ from captioning.distributed import (
     mean_over_ranks,
 )
 from captioning.errors import CaptioningError, CheckpointError
-from captioning.features import find_caches
+from captioning.feature_cache import find_caches
+from captioning.inference import CaptionResult, decode_dataset, draw_attention
 from captioning.losses import LossTerms, MovingAverageBaseline, caption_loss
+from captioning.metrics import score_predictions
 from captioning.models import Captioner, build_model
+from captioning.optim import LRSchedule, build_optimizer
+from captioning.runtime import autocast, seed_everything
 from captioning.vocab import Vocabulary
 
 logger = logging.getLogger("captioning")
@@ -51,203 +61,103 @@ class TrainingError(CaptioningError):
     """Training cannot go on (for example a non-finite loss)."""
 
 
-# --------------------------------------------------------------------------- set-up helpers
-
-
-def resolve_device(name: str) -> torch.device:
-    """``auto`` picks CUDA when present, else CPU; any other name is used as given."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise CaptioningError(f"train.device={name} but CUDA is not available; use cpu or auto")
-    return device
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
-    """Mixed precision for the forward pass; fp32 is a no-op."""
-    if precision == "fp32":
-        return contextlib.nullcontext()
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
-    return torch.autocast(device_type=device.type, dtype=dtype)
-
-
-def build_vocab(records: list[ImageRecord], cfg: Config) -> Vocabulary:
-    """The vocabulary of the training split only."""
-    return Vocabulary.build(
-        (c for r in records for c in r.captions), cfg.data.min_count, cfg.data.max_vocab
-    )
-
-
-def build_optimizer(model: Captioner, cfg: Config) -> torch.optim.Optimizer:
-    """Adam with separate learning rates for encoder and decoder."""
-    encoder_params = [p for p in model.encoder.parameters() if p.requires_grad]
-    groups = [{"params": list(model.decoder.parameters()), "lr": cfg.train.lr, "name": "decoder"}]
-    if encoder_params:
-        groups.append({"params": encoder_params, "lr": cfg.train.encoder_lr, "name": "encoder"})
-    return torch.optim.Adam(groups, weight_decay=cfg.train.weight_decay)
-
-
-def build_scheduler(optimizer: torch.optim.Optimizer, cfg: Config, steps_per_epoch: int) -> Any:
-    """Plateau (on the validation metric) and step schedules act once per epoch; cosine decay
-    (with optional linear warm-up) acts after every optimiser step."""
-    if cfg.train.schedule == "cosine":
-        total = max(cfg.train.epochs * steps_per_epoch, 1)
-        warmup = cfg.train.warmup_steps
-
-        def multiplier(step: int) -> float:
-            if step < warmup:
-                return (step + 1) / warmup
-            progress = (step - warmup) / max(total - warmup, 1)
-            return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
-
-        return torch.optim.lr_scheduler.LambdaLR(optimizer, multiplier)
-    if cfg.train.schedule == "plateau":
-        return torch.optim.lr_scheduler.ReduceLROnPlateau(
-            optimizer, mode="max", factor=cfg.train.lr_factor, patience=cfg.train.lr_patience
-        )
-    if cfg.train.schedule == "step":
-        return torch.optim.lr_scheduler.StepLR(
-            optimizer, step_size=cfg.train.lr_step, gamma=cfg.train.lr_factor
-        )
-    return None
-
-
-def decode_dataset(
-    model: Captioner,
-    dataset: CaptionDataset,
-    cfg: Config,
-    device: torch.device,
-    batch_size: int | None = None,
-    progress: bool = False,
-    desc: str = "decoding",
-    world: World = SINGLE,
-) -> tuple[dict[int, str], dict[int, Decoded]]:
-    """Captions for every image of ``dataset`` with the config's decoding settings.
-
-    Returns ``{image_id: caption}`` and, per image id, its single-image :class:`Decoded`
-    slice (tokens, attention maps) for figures and grounding. With several processes each
-    decodes every ``world.size``-th image, starting at its rank.
-    """
-    shard = dataset
-    if world.enabled:
-        shard = Subset(dataset, range(world.rank, len(dataset), world.size))
-    loader = DataLoader(
-        shard,
-        batch_size=batch_size or cfg.train.batch_size,
-        shuffle=False,
-        collate_fn=collate,
-        num_workers=cfg.data.num_workers,
-        pin_memory=device.type == "cuda",
-    )
-    model.eval()
-    captions: dict[int, str] = {}
-    details: dict[int, Decoded] = {}
-    with torch.no_grad(), autocast(device, cfg.train.precision):
-        for batch in tqdm(loader, desc=desc, disable=not progress, leave=False):
-            if batch is None:
-                continue
-            features = model.features(  # (B, L, D)
-                images=batch["images"].to(device) if "images" in batch else None,
-                grid=batch["grid"].to(device) if "grid" in batch else None,
-            )
-            decoded = decode(model.decoder, features, cfg.decode)
-            texts = decoded.captions(dataset.vocab)
-            for row, index in enumerate(batch["indices"].tolist()):
-                image_id = dataset.records[index].image_id
-                captions[image_id] = texts[row]
-                details[image_id] = Decoded(
-                    tokens=decoded.tokens[row].cpu(),
-                    lengths=decoded.lengths[row].cpu(),
-                    alphas=decoded.alphas[row].float().cpu(),
-                    scores=decoded.scores[row].cpu(),
-                    cells=None if decoded.cells is None else decoded.cells[row].cpu(),
-                )
-    return captions, details
-
-
-def score_predictions(
-    predictions: dict[int, str], records: list[ImageRecord], full: bool = False
-) -> dict[str, float | None]:
-    """Validation metrics of generated captions: BLEU, ROUGE-L, CIDEr-D and exact match
-    (METEOR too with ``full``; it costs a Java process)."""
-    from captioning.metrics import caption_metrics, exact_match
-
-    references = {r.image_id: list(r.captions) for r in records if r.image_id in predictions}
-    scores = caption_metrics(predictions, references, meteor=full)
-    scores["exact_match"] = exact_match(predictions, references)
-    return scores
-
-
-# --------------------------------------------------------------------------- state
+# --------------------------------------------------------------------------- the run's state
 
 
 @dataclass
-class TrainState:
-    """Counters that a checkpoint carries besides the weights."""
+class Progress:
+    """The counters of a run."""
 
     epoch: int = 0  # epochs completed
-    step: int = 0
+    step: int = 0  # optimiser steps taken
     best_score: float = -math.inf
     best_epoch: int = 0
-    bad_epochs: int = 0
+    bad_epochs: int = 0  # epochs since the last improvement
     history: list[dict[str, float]] = field(default_factory=list)
 
 
-def make_checkpoint(
-    model: Captioner,
-    optimizer: torch.optim.Optimizer,
-    scheduler: Any,
-    baseline: MovingAverageBaseline,
-    scaler: torch.amp.GradScaler | None,
-    state: TrainState,
-    cfg: Config,
-    vocab: Vocabulary,
-) -> dict[str, Any]:
-    return {
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "scheduler": scheduler.state_dict() if scheduler is not None else None,
-        "scaler": scaler.state_dict() if scaler is not None else None,
-        "baseline": baseline.state_dict(),
-        "epoch": state.epoch,
-        "step": state.step,
-        "best_score": state.best_score,
-        "best_epoch": state.best_epoch,
-        "bad_epochs": state.bad_epochs,
-        "history": state.history,
-        "config": config_to_dict(cfg),
-        "vocab": vocab.to_list(),
-        "rng": rng_state(),
-    }
+@dataclass
+class Run:
+    """Everything a training run carries from step to step, and so everything its
+    checkpoints hold: :meth:`state_dict` is the checkpoint schema, and
+    :meth:`load_state_dict` the only code that reads it back.
+
+    Attributes:
+        cfg: the resolved config.
+        vocab: the training split's vocabulary.
+        model: the captioner (not its DDP wrapper).
+        optimizer: Adam over the trainable weights.
+        schedule: the learning-rate schedule.
+        scaler: the fp16 loss scaler, else None.
+        baseline: the hard-attention reward baseline.
+        progress: the counters.
+        world: this process's place among the training processes.
+    """
+
+    cfg: Config
+    vocab: Vocabulary
+    model: Captioner
+    optimizer: torch.optim.Optimizer
+    schedule: LRSchedule
+    scaler: torch.amp.GradScaler | None
+    baseline: MovingAverageBaseline
+    progress: Progress = field(default_factory=Progress)
+    world: World = SINGLE
+
+    @classmethod
+    def create(
+        cls,
+        cfg: Config,
+        vocab: Vocabulary,
+        model: Captioner,
+        steps_per_epoch: int,
+        device: torch.device,
+        world: World = SINGLE,
+    ) -> Run:
+        """A fresh run of ``model``: its optimiser, schedule, scaler and baseline from ``cfg``."""
+        optimizer = build_optimizer(model, cfg.train)
+        return cls(
+            cfg=cfg,
+            vocab=vocab,
+            model=model,
+            optimizer=optimizer,
+            schedule=LRSchedule(optimizer, cfg.train, steps_per_epoch),
+            scaler=torch.amp.GradScaler(device.type) if cfg.train.precision == "fp16" else None,
+            baseline=MovingAverageBaseline(cfg.train.baseline_decay),
+            world=world,
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        """The checkpoint: plain data only. Every process must call it (it gathers each
+        process's RNG state, so that a resumed run continues exactly)."""
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.schedule.state_dict(),
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "baseline": self.baseline.state_dict(),
+            **dataclasses.asdict(self.progress),
+            "config": config_to_dict(self.cfg),
+            "vocab": self.vocab.to_list(),
+            "rng": gather_objects(self.world, rng_state()),  # one per process, rank order
+        }
+
+    def load_state_dict(self, payload: dict[str, Any]) -> None:
+        """Continue from a checkpoint written by :meth:`state_dict` (see
+        :func:`captioning.checkpoint.load_checkpoint`, which upgrades older formats)."""
+        self.model.load_state_dict(payload["model"])
+        self.optimizer.load_state_dict(payload["optimizer"])
+        self.schedule.load_state_dict(payload["scheduler"])
+        if self.scaler is not None and payload.get("scaler") is not None:
+            self.scaler.load_state_dict(payload["scaler"])
+        self.baseline.load_state_dict(payload["baseline"])
+        self.progress = Progress(**{f.name: payload[f.name] for f in dataclasses.fields(Progress)})
+        self.progress.history = list(self.progress.history)
+        ranks = payload["rng"]
+        set_rng_state(ranks[self.world.rank] if len(ranks) == self.world.size else ranks[0])
 
 
-def load_model(
-    path: str | Path, device: str | torch.device = "cpu"
-) -> tuple[Captioner, Config, Vocabulary]:
-    """A model rebuilt from nothing but its checkpoint, in eval mode."""
-    payload = load_checkpoint(path)
-    try:
-        cfg = config_from_dict(payload["config"])
-    except CaptioningError as exc:
-        raise CheckpointError(f"{path}: its config does not load ({exc})") from exc
-    vocab = Vocabulary(payload["vocab"])
-    model = build_model(cfg.model, len(vocab))
-    try:
-        model.load_state_dict(payload["model"])
-    except RuntimeError as exc:
-        first = str(exc).splitlines()[0]
-        raise CheckpointError(f"{path}: weights do not fit its own config ({first})") from exc
-    return model.to(device).eval(), cfg, vocab
-
-
-# --------------------------------------------------------------------------- one epoch
+# --------------------------------------------------------------------------- one step
 
 
 def semi_sampling_kwargs(
@@ -265,129 +175,153 @@ def semi_sampling_kwargs(
     """
     if granularity == "batch":
         coin = float(torch.rand((), generator=generator))
-        return {"mode": "sample" if coin < p else "expectation"}
+        return {"hard_context": "sample" if coin < p else "expectation"}
     use_expectation = torch.rand(batch_size) >= p  # (B,)
-    return {"mode": "sample", "use_expectation": use_expectation.to(device)}
+    return {"hard_context": "sample", "use_expectation": use_expectation.to(device)}
+
+
+@dataclass
+class StepResult:
+    """What one optimisation step reports: its loss terms and the gradient norm before
+    clipping."""
+
+    terms: LossTerms
+    grad_norm: float
+
+
+def train_step(
+    run: Run, module: nn.Module, batch: dict[str, torch.Tensor], device: torch.device
+) -> StepResult | None:
+    """One optimisation step on ``batch``: forward, loss, backward, clipping, optimiser and
+    schedule. ``module`` is what is called, ``run.model`` or its DDP wrapper.
+
+    Returns None when the loss was not finite on some process and the step was skipped
+    (``train.stop_on_nonfinite: false``); raises :class:`TrainingError` otherwise.
+    """
+    cfg = run.cfg.train
+    images = batch["images"].to(device, non_blocking=True) if "images" in batch else None
+    grid = batch["grid"].to(device, non_blocking=True) if "grid" in batch else None
+    tokens = batch["tokens"].to(device, non_blocking=True)  # (B, T)
+    attention_kwargs = {}
+    if run.cfg.model.attention == "hard":
+        coin = torch.Generator().manual_seed(cfg.seed * 1_000_003 + run.progress.step)
+        attention_kwargs = semi_sampling_kwargs(
+            cfg.semi_sampling_p, cfg.semi_sampling, tokens.shape[0], device, coin
+        )
+    with autocast(device, cfg.precision):
+        output = module(images, tokens, grid=grid, **attention_kwargs)
+    terms = caption_loss(
+        output,
+        tokens[:, 1:],
+        Vocabulary.pad_id,
+        penalty_weight=cfg.doubly_stochastic_weight,
+        baseline=run.baseline,
+        reinforce_weight=cfg.reinforce_weight,
+        entropy_weight=cfg.entropy_weight,
+    )
+    run.optimizer.zero_grad(set_to_none=True)
+    if any_rank(run.world, not bool(torch.isfinite(terms.total)), device):
+        message = (
+            f"non-finite loss at step {run.progress.step + 1} (epoch {run.progress.epoch + 1}); "
+            f"the last good checkpoint is kept; try a lower train.lr or train.precision=fp32"
+        )
+        if cfg.stop_on_nonfinite:
+            raise TrainingError(message)
+        logger.warning("skipping batch: %s", message)
+        return None
+    scaler = run.scaler
+    if scaler is not None:
+        scaler.scale(terms.total).backward()
+        scaler.unscale_(run.optimizer)
+    else:
+        terms.total.backward()
+    params = [p for group in run.optimizer.param_groups for p in group["params"]]
+    grad_norm = torch.nn.utils.clip_grad_norm_(
+        params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
+    )
+    if scaler is not None:
+        scaler.step(run.optimizer)
+        scaler.update()
+    else:
+        run.optimizer.step()
+    run.schedule.after_step()
+    run.progress.step += 1
+    return StepResult(terms, float(grad_norm))
+
+
+# --------------------------------------------------------------------------- one epoch
 
 
 def train_one_epoch(
-    model: Captioner,
-    loader: DataLoader,
-    optimizer: torch.optim.Optimizer,
-    scheduler: Any,
-    baseline: MovingAverageBaseline,
-    scaler: torch.amp.GradScaler | None,
-    cfg: Config,
-    device: torch.device,
-    state: TrainState,
-    writer: Any = None,
-    world: World = SINGLE,
+    run: Run, module: nn.Module, loader: DataLoader, device: torch.device, writer: Any = None
 ) -> dict[str, float]:
     """One pass over the training data; returns the epoch's mean loss terms (averaged over
-    the processes when there are several).
-
-    ``model`` may be wrapped in DistributedDataParallel; its gradients are then averaged
-    over the processes during ``backward``.
-    """
-    model.train()
-    hard = cfg.model.attention == "hard"
+    the processes when there are several). ``module`` is ``run.model`` or its DDP wrapper,
+    which averages the gradients over the processes during ``backward``."""
+    module.train()
+    hard = run.cfg.model.attention == "hard"
     totals: dict[str, float] = {"loss": 0.0, "nll_per_token": 0.0, "penalty": 0.0}
+    if hard:
+        totals.update(reward=0.0, entropy=0.0)
     batches = 0
     bar = tqdm(
         loader,
-        desc=f"epoch {state.epoch + 1}",
-        disable=cfg.train.quiet or not world.is_main,
+        desc=f"epoch {run.progress.epoch + 1}",
+        disable=run.cfg.train.quiet or not run.world.is_main,
         leave=False,
         ncols=100,
     )
     for batch in bar:
         if batch is None:
             continue
-        images = batch["images"].to(device, non_blocking=True) if "images" in batch else None
-        grid = batch["grid"].to(device, non_blocking=True) if "grid" in batch else None
-        tokens = batch["tokens"].to(device, non_blocking=True)
-        kwargs = {}
-        if hard:
-            coin = torch.Generator().manual_seed(cfg.train.seed * 1_000_003 + state.step)
-            kwargs = semi_sampling_kwargs(
-                cfg.train.semi_sampling_p, cfg.train.semi_sampling, tokens.shape[0], device, coin
-            )
-        with autocast(device, cfg.train.precision):
-            output = model(images, tokens, grid=grid, **kwargs)
-        terms: LossTerms = caption_loss(
-            output,
-            tokens[:, 1:],
-            Vocabulary.pad_id,
-            penalty_weight=cfg.train.doubly_stochastic,
-            baseline=baseline,
-            reinforce_weight=cfg.train.reinforce_weight,
-            entropy_weight=cfg.train.entropy_weight,
-        )
-        if any_rank(world, not bool(torch.isfinite(terms.total)), device):
-            message = (
-                f"non-finite loss at step {state.step + 1} (epoch {state.epoch + 1}); "
-                f"the last good checkpoint is kept; try a lower train.lr or train.precision=fp32"
-            )
-            if cfg.train.stop_on_nonfinite:
-                raise TrainingError(message)
-            logger.warning("skipping batch: %s", message)
-            optimizer.zero_grad(set_to_none=True)
+        result = train_step(run, module, batch, device)
+        if result is None:
             continue
-        optimizer.zero_grad(set_to_none=True)
-        if scaler is not None:
-            scaler.scale(terms.total).backward()
-            scaler.unscale_(optimizer)
-        else:
-            terms.total.backward()
-        params = [p for group in optimizer.param_groups for p in group["params"]]
-        grad_norm = torch.nn.utils.clip_grad_norm_(
-            params, cfg.train.grad_clip if cfg.train.grad_clip > 0 else float("inf")
-        )
-        if scaler is not None:
-            scaler.step(optimizer)
-            scaler.update()
-        else:
-            optimizer.step()
-        if isinstance(scheduler, torch.optim.lr_scheduler.LambdaLR):
-            scheduler.step()
-        state.step += 1
+        terms = result.terms
         batches += 1
         totals["loss"] += float(terms.total.detach())
         totals["nll_per_token"] += float(terms.nll_per_token)
         totals["penalty"] += float(terms.penalty)
         if hard:
-            totals["reward"] = totals.get("reward", 0.0) + float(terms.reward)
-            totals["entropy"] = totals.get("entropy", 0.0) + float(terms.entropy)
+            totals["reward"] += float(terms.reward)
+            totals["entropy"] += float(terms.entropy)
         bar.set_postfix(
             loss=f"{totals['loss'] / batches:.3f}", nll=f"{float(terms.nll_per_token):.3f}"
         )
-        if writer is not None and state.step % cfg.train.log_every == 0:  # rank 0 only
-            writer.add_scalar("train/loss", float(terms.total.detach()), state.step)
-            writer.add_scalar("train/nll_per_token", float(terms.nll_per_token), state.step)
-            writer.add_scalar("train/attention_penalty", float(terms.penalty), state.step)
-            writer.add_scalar("train/grad_norm", float(grad_norm), state.step)
-            for group in optimizer.param_groups:
-                writer.add_scalar(f"lr/{group.get('name', 'group')}", group["lr"], state.step)
-            if hard:
-                writer.add_scalar("train/reward", float(terms.reward), state.step)
-                writer.add_scalar("train/baseline", baseline.value, state.step)
-                writer.add_scalar("train/attention_entropy", float(terms.entropy), state.step)
-    return mean_over_ranks(world, {k: v / max(batches, 1) for k, v in totals.items()}, device)
+        if writer is not None and run.progress.step % run.cfg.train.log_every == 0:
+            _log_step(writer, run, result)
+    means = {k: v / max(batches, 1) for k, v in totals.items()}
+    return mean_over_ranks(run.world, means, device)
 
 
-def evaluate(
+def _log_step(writer: Any, run: Run, result: StepResult) -> None:
+    """TensorBoard scalars of one step (rank 0 only)."""
+    step, terms = run.progress.step, result.terms
+    writer.add_scalar("train/loss", float(terms.total.detach()), step)
+    writer.add_scalar("train/nll_per_token", float(terms.nll_per_token), step)
+    writer.add_scalar("train/attention_penalty", float(terms.penalty), step)
+    writer.add_scalar("train/grad_norm", result.grad_norm, step)
+    for group in run.optimizer.param_groups:
+        writer.add_scalar(f"lr/{group.get('name', 'group')}", group["lr"], step)
+    if run.cfg.model.attention == "hard":
+        writer.add_scalar("train/reward", float(terms.reward), step)
+        writer.add_scalar("train/baseline", run.baseline.value, step)
+        writer.add_scalar("train/attention_entropy", float(terms.entropy), step)
+
+
+def validate(
     model: Captioner,
     dataset: CaptionDataset,
     cfg: Config,
     device: torch.device,
-    full: bool = False,
     world: World = SINGLE,
-) -> tuple[dict[str, float | None], dict[int, str], dict[int, Decoded]]:
-    """Decode ``dataset`` and score the generated captions against its references.
+) -> tuple[dict[str, Any], dict[int, str], dict[int, Decoded]]:
+    """Decode ``dataset`` and score the generated captions against its references (without
+    METEOR, which costs a Java process).
 
     With several processes each decodes its share; the captions are gathered and scored
-    once, on rank 0, and every rank gets the same scores. ``details`` holds this process's
-    share only.
+    once, on rank 0, and every rank gets the same scores. The per-image details hold this
+    process's share only.
     """
     predictions, details = decode_dataset(
         model,
@@ -402,31 +336,179 @@ def evaluate(
         predictions = {k: v for part in gather_objects(world, predictions) for k, v in part.items()}
     if not predictions:
         raise TrainingError("no validation image could be decoded")
-    scores = score_predictions(predictions, dataset.records, full=full) if world.is_main else None
+    scores = None
+    if world.is_main:
+        scores = score_predictions(predictions, dataset.records, meteor=False)
     return broadcast_object(world, scores), predictions, details
 
 
-def _attention_figure(
-    model: Captioner, dataset: CaptionDataset, details: dict[int, Decoded], path: Path
-) -> None:
-    from captioning.data.images import load_image
-    from captioning.viz import attention_grid_figure
+def end_epoch(
+    run: Run,
+    train_terms: dict[str, float],
+    scores: dict[str, Any],
+    seconds: float,
+    out_dir: Path,
+) -> bool:
+    """Book an epoch that has been trained and validated: counters, the epoch-wise schedule,
+    the history, and the checkpoints (``best.pt`` too on improvement). Returns whether the
+    selection metric improved."""
+    progress = run.progress
+    progress.epoch += 1
+    score = float(scores[run.cfg.train.select_metric] or 0.0)
+    improved = score > progress.best_score
+    if improved:
+        progress.best_score, progress.best_epoch, progress.bad_epochs = score, progress.epoch, 0
+    else:
+        progress.bad_epochs += 1
+    run.schedule.after_epoch(score)
+    record = {"epoch": progress.epoch, "seconds": seconds, **train_terms}
+    record.update({f"val_{k}": float(v) for k, v in scores.items() if v is not None})
+    progress.history.append(record)
+    checkpoint = run.state_dict()  # every process: it gathers their RNG states
+    if run.world.is_main:
+        save_checkpoint(checkpoint, out_dir / "last.pt")
+        if improved:
+            save_checkpoint(checkpoint, out_dir / "best.pt")
+    return improved
 
-    record = dataset.records[0]
-    decoded = details.get(record.image_id)
-    if decoded is None:
-        return
-    length = int(decoded.lengths)
-    words = dataset.vocab.decode_tokens(decoded.tokens[:length].tolist()) + ["<end>"]
-    alphas = decoded.alphas[: length + 1]
-    words = words[: alphas.shape[0]]
-    cells = None if decoded.cells is None else decoded.cells[: len(words)].tolist()
-    attention_grid_figure(
-        load_image(record.path), words, alphas, model.grid, path, chosen_cells=cells
+
+def _log_epoch(
+    run: Run, train_terms: dict[str, float], scores: dict[str, Any], seconds: float, best: bool
+) -> None:
+    metric = run.cfg.train.select_metric
+    logger.info(
+        "epoch %d/%d  loss %.3f  nll/word %.3f  val %s %.3f  BLEU-4 %.3f  exact %.3f  "
+        "lr %.2g  %.0fs%s",
+        run.progress.epoch,
+        run.cfg.train.epochs,
+        train_terms["loss"],
+        train_terms["nll_per_token"],
+        metric,
+        float(scores[metric] or 0.0),
+        scores.get("Bleu_4") or 0.0,
+        scores.get("exact_match") or 0.0,
+        run.optimizer.param_groups[0]["lr"],
+        seconds,
+        "  *best*" if best else "",
     )
 
 
-# --------------------------------------------------------------------------- fit
+def _epoch_figure(
+    run: Run, dataset: CaptionDataset, details: dict[int, Decoded], path: Path
+) -> None:
+    """The per-word attention of the first validation image, as ``caption`` draws it."""
+    record = dataset.records[0]
+    decoded = details.get(record.image_id)
+    if decoded is not None:
+        result = CaptionResult.from_decoded(record.path, decoded, run.vocab)
+        draw_attention(result, run.model.grid_shape, path.parent, path.stem)
+
+
+# --------------------------------------------------------------------------- set-up
+
+
+@dataclass
+class Setup:
+    """What :func:`set_up` makes: the run, the training data and the validation split.
+
+    Attributes:
+        run: the run (resumed from the checkpoint, if one was given).
+        module: what training calls: ``run.model``, or its DDP wrapper.
+        loader: the training batches.
+        sampler: their sampler (one order per epoch).
+        val_dataset: the validation images.
+    """
+
+    run: Run
+    module: nn.Module
+    loader: DataLoader
+    sampler: CaptionBatchSampler
+    val_dataset: CaptionDataset
+
+
+def set_up(cfg: Config, resume: str | None, world: World, device: torch.device) -> Setup:
+    """Data, vocabulary, model, optimiser and state, from scratch or from ``resume``."""
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
+    seed_everything(cfg.train.seed)
+    payload = load_checkpoint(resume) if resume else None
+    if payload is not None:
+        _check_resume_config(cfg, payload, resume)
+    splits = load_splits(cfg.data)
+    for split in ("train", "val"):
+        if not splits.get(split):
+            raise CaptioningError(f"the {split} split has no images (check data.splits)")
+    if cfg.data.check_images:
+        drop_bad_images(splits, cfg.data, progress=not cfg.train.quiet and world.is_main)
+    vocab = Vocabulary(payload["vocab"]) if payload else build_vocabulary(splits, cfg.data)
+    logger.info("vocabulary: %d words (from the training split)", len(vocab))
+    if cfg.train.val_max_images:
+        splits["val"] = splits["val"][: cfg.train.val_max_images]
+
+    model = build_model(cfg.model, len(vocab)).to(device)
+    if world.enabled:
+        model = _sync_batchnorm(model, device)
+    _log_model(model, cfg)
+    datasets = _datasets(cfg, splits, vocab, model)
+    sampler = CaptionBatchSampler(
+        datasets["train"].caption_lengths(),
+        cfg.train.batch_size,
+        seed=cfg.train.seed,
+        bucket=cfg.data.bucket_by_length,
+        num_replicas=world.size,
+        rank=world.rank,
+    )
+    loader = DataLoader(
+        datasets["train"],
+        batch_sampler=sampler,
+        collate_fn=collate,
+        num_workers=cfg.data.num_workers,
+        persistent_workers=cfg.data.num_workers > 0,
+        pin_memory=device.type == "cuda",
+    )
+    run = Run.create(cfg, vocab, model, len(sampler), device, world)
+    if payload is not None:
+        run.load_state_dict(payload)
+        logger.info("resumed from %s after epoch %d (step %d)", resume, run.progress.epoch,
+                    run.progress.step)  # fmt: skip
+    module: nn.Module = model
+    if world.enabled:
+        module = DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None
+        )
+    return Setup(run, module, loader, sampler, datasets["val"])
+
+
+def _datasets(
+    cfg: Config, splits: dict[str, list], vocab: Vocabulary, model: Captioner
+) -> dict[str, CaptionDataset]:
+    """The training and validation datasets, reading cached grids where the frozen encoder
+    has them."""
+    caches = find_caches(cfg, model.encoder, ["train", "val"])
+    return {
+        split: CaptionDataset(
+            splits[split],
+            vocab,
+            model.encoder.transform,
+            max_length=cfg.data.max_caption_length,
+            skip_bad_images=cfg.data.on_bad_image == "skip",
+            cache_images=cfg.data.cache_images,
+            feature_cache=caches[split],
+        )
+        for split in ("train", "val")
+    }
+
+
+def _log_model(model: Captioner, cfg: Config) -> None:
+    num_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    logger.info(
+        "model: %s encoder, %s attention (%s), grid %dx%d, %.2fM trainable parameters",
+        cfg.model.encoder,
+        cfg.model.attention,
+        cfg.model.score,
+        *model.grid_shape,
+        num_params / 1e6,
+    )
 
 
 def _sync_batchnorm(model: Captioner, device: torch.device) -> Captioner:
@@ -470,227 +552,79 @@ def _check_resume_config(cfg: Config, payload: dict[str, Any], path: str) -> Non
         raise CheckpointError(f"{path}: model config differs from this run's: {diffs[0]}")
 
 
-def fit(
-    cfg: Config, out_dir: str | Path | None = None, resume: str | None = None
-) -> dict[str, Any]:
+# --------------------------------------------------------------------------- fit
+
+
+def fit(cfg: Config, out_dir: str | Path, resume: str | None = None) -> dict[str, Any]:
     """Train a model as ``cfg`` says; write ``config.yaml``, checkpoints, TensorBoard events
     and per-epoch attention figures into ``out_dir``. Returns a summary dict.
 
     Launched by ``torchrun`` with several processes, it trains data-parallel (see
     :mod:`captioning.distributed`); ``train.batch_size`` is then the batch of each process.
     """
+    started = time.time()
+    out_dir = Path(out_dir)
+    _check_run_dir(out_dir, resume)
     world, device = init_world(cfg.train.device)
     try:
-        return _fit(cfg, out_dir, resume, world, device)
+        if not world.is_main:
+            logger.setLevel(logging.WARNING)  # one process speaks
+        elif world.enabled:
+            logger.info("data-parallel training: %d processes (%s), batch %d per process",
+                        world.size, "nccl" if device.type == "cuda" else "gloo",
+                        cfg.train.batch_size)  # fmt: skip
+        setup = set_up(cfg, resume, world, device)
+        _train(setup, out_dir, device)
     finally:
         close_world(world)
-
-
-def _fit(
-    cfg: Config,
-    out_dir: str | Path | None,
-    resume: str | None,
-    world: World,
-    device: torch.device,
-) -> dict[str, Any]:
-    started = time.time()
-    out_dir = Path(out_dir) if out_dir else Path("runs") / "run"
-    _check_run_dir(out_dir, resume)
-    if not world.is_main:
-        logger.setLevel(logging.WARNING)  # one process speaks
-    elif world.enabled:
-        logger.info("data-parallel training: %d processes (%s), batch %d per process",
-                    world.size, "nccl" if device.type == "cuda" else "gloo",
-                    cfg.train.batch_size)  # fmt: skip
-    if cfg.train.threads:
-        torch.set_num_threads(cfg.train.threads)
-    seed_everything(cfg.train.seed)
-    payload = load_checkpoint(resume) if resume else None
-    if payload is not None:
-        _check_resume_config(cfg, payload, resume)
-
-    # data
-    splits = load_splits(cfg.data)
-    for split in ("train", "val"):
-        if not splits.get(split):
-            raise CaptioningError(f"the {split} split has no images (check data.splits)")
-    if cfg.data.check_images:
-        drop_bad_images(splits, cfg.data, progress=not cfg.train.quiet and world.is_main)
-    vocab = Vocabulary(payload["vocab"]) if payload else build_vocab(splits["train"], cfg)
-    logger.info("vocabulary: %d words (from the training split)", len(vocab))
-
-    # model
-    model = build_model(cfg.model, len(vocab)).to(device)
-    if world.enabled:
-        model = _sync_batchnorm(model, device)
-    num_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    logger.info(
-        "model: %s encoder, %s attention (%s), grid %dx%d, %.2fM trainable parameters",
-        cfg.model.encoder,
-        cfg.model.attention,
-        cfg.model.score,
-        *model.grid,
-        num_params / 1e6,
-    )
-    if cfg.train.val_max_images:
-        splits["val"] = splits["val"][: cfg.train.val_max_images]
-    caches = find_caches(cfg, model.encoder, ["train", "val"])
-    datasets = {
-        split: CaptionDataset(
-            splits[split],
-            vocab,
-            model.encoder.transform,
-            max_length=cfg.data.max_caption_length,
-            skip_bad_images=cfg.data.on_bad_image == "skip",
-            cache_images=cfg.data.cache_images,
-            features=caches[split],
-        )
-        for split in ("train", "val")
+    progress = setup.run.progress
+    summary = {
+        "out_dir": str(out_dir),
+        "best_score": progress.best_score,
+        "best_epoch": progress.best_epoch,
+        "select_metric": cfg.train.select_metric,
+        "epochs": progress.epoch,
+        "steps": progress.step,
+        "seconds": time.time() - started,
+        "history": progress.history,
     }
-    val_dataset = datasets["val"]
-    sampler = CaptionBatchSampler(
-        datasets["train"].caption_lengths(),
-        cfg.train.batch_size,
-        seed=cfg.train.seed,
-        bucket=cfg.data.bucket_by_length,
-        num_replicas=world.size,
-        rank=world.rank,
-    )
-    loader = DataLoader(
-        datasets["train"],
-        batch_sampler=sampler,
-        collate_fn=collate,
-        num_workers=cfg.data.num_workers,
-        persistent_workers=cfg.data.num_workers > 0,
-        pin_memory=device.type == "cuda",
-    )
+    logger.info("done in %.0fs: best %s %.3f at epoch %d; checkpoints in %s",
+                summary["seconds"], cfg.train.select_metric, progress.best_score,
+                progress.best_epoch, out_dir)  # fmt: skip
+    return summary
 
-    optimizer = build_optimizer(model, cfg)
-    scheduler = build_scheduler(optimizer, cfg, len(sampler))
-    scaler = torch.amp.GradScaler(device.type) if cfg.train.precision == "fp16" else None
-    baseline = MovingAverageBaseline(cfg.train.baseline_decay)
-    state = TrainState()
-    if payload is not None:
-        model.load_state_dict(payload["model"])
-        optimizer.load_state_dict(payload["optimizer"])
-        if scheduler is not None and payload.get("scheduler") is not None:
-            scheduler.load_state_dict(payload["scheduler"])
-        if scaler is not None and payload.get("scaler") is not None:
-            scaler.load_state_dict(payload["scaler"])
-        baseline.load_state_dict(payload["baseline"])
-        state = TrainState(
-            epoch=payload["epoch"],
-            step=payload["step"],
-            best_score=payload["best_score"],
-            best_epoch=payload["best_epoch"],
-            bad_epochs=payload["bad_epochs"],
-            history=list(payload["history"]),
-        )
-        ranks = payload.get("rng_ranks")
-        set_rng_state(ranks[world.rank] if ranks and len(ranks) == world.size else payload["rng"])
-        logger.info("resumed from %s after epoch %d (step %d)", resume, state.epoch, state.step)
 
-    trained = model  # what the loop calls: the model itself, or its DDP wrapper
-    if world.enabled:
-        trained = DistributedDataParallel(
-            model, device_ids=[device.index] if device.type == "cuda" else None
-        )
+def _train(setup: Setup, out_dir: Path, device: torch.device) -> None:
+    """The epoch loop, until ``train.epochs`` or early stopping."""
+    run, cfg = setup.run, setup.run.cfg
     writer = None
-    if world.is_main:
+    if run.world.is_main:
         out_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, out_dir / "config.yaml")
         from torch.utils.tensorboard import SummaryWriter
 
         writer = SummaryWriter(str(out_dir))
-    metric = cfg.train.select_metric
+    patience = cfg.train.early_stop_patience
     try:
-        while state.epoch < cfg.train.epochs:
-            if cfg.train.early_stop_patience and state.bad_epochs >= cfg.train.early_stop_patience:
-                logger.info("early stop: %s has not improved for %d epochs", metric,
-                            state.bad_epochs)  # fmt: skip
+        while run.progress.epoch < cfg.train.epochs:
+            if patience and run.progress.bad_epochs >= patience:
+                logger.info("early stop: %s has not improved for %d epochs",
+                            cfg.train.select_metric, run.progress.bad_epochs)  # fmt: skip
                 break
             epoch_start = time.time()
-            sampler.set_epoch(state.epoch)
-            train_terms = train_one_epoch(
-                trained,
-                loader,
-                optimizer,
-                scheduler,
-                baseline,
-                scaler,
-                cfg,
-                device,
-                state,
-                writer,
-                world,
-            )
-            scores, _, details = evaluate(model, val_dataset, cfg, device, world=world)
-            state.epoch += 1
-            score = float(scores[metric] or 0.0)
-            improved = score > state.best_score
-            if improved:
-                state.best_score, state.best_epoch, state.bad_epochs = score, state.epoch, 0
-            else:
-                state.bad_epochs += 1
-            if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
-                scheduler.step(score)
-            elif isinstance(scheduler, torch.optim.lr_scheduler.StepLR):
-                scheduler.step()
+            setup.sampler.set_epoch(run.progress.epoch)
+            train_terms = train_one_epoch(run, setup.module, setup.loader, device, writer)
+            scores, _, details = validate(run.model, setup.val_dataset, cfg, device, run.world)
             seconds = time.time() - epoch_start
-            record = {"epoch": state.epoch, "seconds": seconds, **train_terms}
-            record.update({f"val_{k}": float(v) for k, v in scores.items() if v is not None})
-            state.history.append(record)
-            # Every rank's RNG goes into the checkpoint, so a resumed run continues exactly.
-            rng_ranks = gather_objects(world, rng_state())
-            if world.is_main:
+            improved = end_epoch(run, train_terms, scores, seconds, out_dir)
+            if writer is not None:
                 for key, value in scores.items():
                     if value is not None:
-                        writer.add_scalar(f"val/{key}", float(value), state.step)
+                        writer.add_scalar(f"val/{key}", float(value), run.progress.step)
                 if cfg.train.figure_every_epoch:
-                    figure = out_dir / "figures" / f"epoch_{state.epoch:03d}.png"
-                    _attention_figure(model, val_dataset, details, figure)
-                checkpoint = make_checkpoint(
-                    model, optimizer, scheduler, baseline, scaler, state, cfg, vocab
-                )
-                if world.enabled:
-                    checkpoint["rng_ranks"] = rng_ranks
-                save_checkpoint(checkpoint, out_dir / "last.pt")
-                if improved:
-                    save_checkpoint(checkpoint, out_dir / "best.pt")
-            logger.info(
-                "epoch %d/%d  loss %.3f  nll/word %.3f  val %s %.3f  BLEU-4 %.3f  exact %.3f  "
-                "lr %.2g  %.0fs%s",
-                state.epoch,
-                cfg.train.epochs,
-                train_terms["loss"],
-                train_terms["nll_per_token"],
-                metric,
-                score,
-                scores.get("Bleu_4") or 0.0,
-                scores.get("exact_match") or 0.0,
-                optimizer.param_groups[0]["lr"],
-                seconds,
-                "  *best*" if improved else "",
-            )
+                    figure = out_dir / "figures" / f"epoch_{run.progress.epoch:03d}.png"
+                    _epoch_figure(run, setup.val_dataset, details, figure)
+            _log_epoch(run, train_terms, scores, seconds, improved)
     finally:
         if writer is not None:
             writer.close()
-    summary = {
-        "out_dir": str(out_dir),
-        "best_score": state.best_score,
-        "best_epoch": state.best_epoch,
-        "select_metric": metric,
-        "epochs": state.epoch,
-        "steps": state.step,
-        "seconds": time.time() - started,
-        "history": state.history,
-    }
-    logger.info(
-        "done in %.0fs: best %s %.3f at epoch %d; checkpoints in %s",
-        summary["seconds"],
-        metric,
-        state.best_score,
-        state.best_epoch,
-        out_dir,
-    )
-    return summary

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import textwrap
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 import numpy as np
@@ -63,10 +65,12 @@ def _as_numpy(values: torch.Tensor | np.ndarray | Sequence, what: str) -> np.nda
     return array
 
 
-def _check_grid(grid: tuple[int, int]) -> tuple[int, int]:
-    if len(grid) != 2 or any(int(n) != n or n < 1 for n in grid):
-        raise ValueError(f"grid must be (grid_h, grid_w) with positive integers, got {grid!r}")
-    return int(grid[0]), int(grid[1])
+def _check_grid(grid_shape: tuple[int, int]) -> tuple[int, int]:
+    if len(grid_shape) != 2 or any(int(n) != n or n < 1 for n in grid_shape):
+        raise ValueError(
+            f"grid_shape must be (grid_h, grid_w), positive integers; got {grid_shape!r}"
+        )
+    return int(grid_shape[0]), int(grid_shape[1])
 
 
 def _check_size(size: tuple[int, int]) -> tuple[int, int]:
@@ -75,9 +79,9 @@ def _check_size(size: tuple[int, int]) -> tuple[int, int]:
     return int(size[0]), int(size[1])
 
 
-def _attention_map(alpha: np.ndarray, grid: tuple[int, int], what: str) -> np.ndarray:
+def _attention_map(alpha: np.ndarray, grid_shape: tuple[int, int], what: str) -> np.ndarray:
     """One word's weights as a (grid_h, grid_w) array, whether given flat or 2-D."""
-    grid_h, grid_w = grid
+    grid_h, grid_w = grid_shape
     if alpha.ndim == 1:
         if alpha.size != grid_h * grid_w:
             raise ValueError(
@@ -96,11 +100,11 @@ def _attention_map(alpha: np.ndarray, grid: tuple[int, int], what: str) -> np.nd
 def _check_caption(
     words: Sequence[str],
     alphas: torch.Tensor | np.ndarray,
-    grid: tuple[int, int],
+    grid_shape: tuple[int, int],
     chosen_cells: Sequence[int] | None,
 ) -> tuple[list[str], list[np.ndarray], list[int] | None]:
     """Validate one caption's words, per-word weights and optional hard-attention cells."""
-    grid = _check_grid(grid)
+    grid_shape = _check_grid(grid_shape)
     words = [str(word) for word in words]
     array = _as_numpy(alphas, "alphas")
     if array.ndim not in (2, 3):
@@ -113,18 +117,18 @@ def _check_caption(
             f"got {len(words)} words but {len(array)} attention rows; "
             "alphas[t] must be the attention for words[t]"
         )
-    maps = [_attention_map(row, grid, f"alphas[{t}]") for t, row in enumerate(array)]
+    maps = [_attention_map(row, grid_shape, f"alphas[{t}]") for t, row in enumerate(array)]
     cells = None
     if chosen_cells is not None:
         cells = [int(cell) for cell in chosen_cells]
         if len(cells) != len(words):
             raise ValueError(f"got {len(words)} words but {len(cells)} chosen_cells")
-        n_cells = grid[0] * grid[1]
+        n_cells = grid_shape[0] * grid_shape[1]
         bad = [cell for cell in cells if not 0 <= cell < n_cells]
         if bad:
             raise ValueError(
                 f"chosen_cells must be cell indices in [0, {n_cells}) for grid "
-                f"{grid[0]}x{grid[1]}; got {bad}"
+                f"{grid_shape[0]}x{grid_shape[1]}; got {bad}"
             )
     return words, maps, cells
 
@@ -163,7 +167,7 @@ def _fit(image: Image.Image, min_side: int, max_side: int) -> Image.Image:
 
 def upsample_attention(
     alpha: torch.Tensor | np.ndarray,
-    grid: tuple[int, int],
+    grid_shape: tuple[int, int],
     size: tuple[int, int],
     smooth: bool = True,
 ) -> np.ndarray:
@@ -173,7 +177,7 @@ def upsample_attention(
         alpha: the word's weights, either flat with ``L = grid_h * grid_w`` entries in
             row-major order (cell ``(r, c)`` at index ``r * grid_w + c``) or already shaped
             ``(grid_h, grid_w)``. A tensor may be on any device and require grad.
-        grid: ``(grid_h, grid_w)``, the encoder's feature-map shape.
+        grid_shape: ``(grid_h, grid_w)``, the encoder's feature-map shape.
         size: the output size as ``(width, height)``, the order PIL's ``Image.size`` uses.
         smooth: True for bilinear interpolation between cell centres (the usual soft look);
             False for nearest, where each cell covers exactly its own block of the image
@@ -185,12 +189,12 @@ def upsample_attention(
         preserved: values are the interpolated weights themselves.
 
     Raises:
-        ValueError: the weights do not match ``grid``, contain NaN or inf, or ``grid`` or
-            ``size`` are not pairs of positive integers.
+        ValueError: the weights do not match ``grid_shape``, contain NaN or inf, or
+            ``grid_shape`` or ``size`` are not pairs of positive integers.
     """
-    grid = _check_grid(grid)
+    grid_shape = _check_grid(grid_shape)
     width, height = _check_size(size)
-    cells = _attention_map(_as_numpy(alpha, "alpha"), grid, "alpha")
+    cells = _attention_map(_as_numpy(alpha, "alpha"), grid_shape, "alpha")
     if smooth:
         # align_corners=False treats each weight as the value at its cell's centre, so the
         # map lines up with the nearest-mode blocks instead of shifting by half a cell.
@@ -204,7 +208,7 @@ def upsample_attention(
     # Explicit index maps rather than interpolate(mode="nearest"): with sizes that are not a
     # multiple of the grid, the pixel-centre rule keeps the blocks where a cell rectangle
     # drawn at c * width / grid_w would put them.
-    grid_h, grid_w = grid
+    grid_h, grid_w = grid_shape
     rows = np.minimum(((np.arange(height) + 0.5) * grid_h / height).astype(int), grid_h - 1)
     cols = np.minimum(((np.arange(width) + 0.5) * grid_w / width).astype(int), grid_w - 1)
     return np.clip(cells[rows[:, None], cols[None, :]], 0.0, None)
@@ -252,10 +256,10 @@ def overlay_array(
 
 
 def _cell_rectangle(
-    cell: int, grid: tuple[int, int], width: int, height: int, linewidth: float
+    cell: int, grid_shape: tuple[int, int], width: int, height: int, linewidth: float
 ) -> Rectangle:
     """Outline of a flat cell index in imshow coordinates of a ``width`` x ``height`` image."""
-    grid_h, grid_w = grid
+    grid_h, grid_w = grid_shape
     row, col = divmod(cell, grid_w)
     cell_w, cell_h = width / grid_w, height / grid_h
     # imshow puts pixel centres on integers, so pixel edges (and cell edges) sit at -0.5.
@@ -279,11 +283,62 @@ def _blank_axes(ax) -> None:
 # --- figures --------------------------------------------------------------------------------
 
 
+@dataclass
+class _PanelLayout:
+    """Rows of image panels with a wrapped heading above the first: sizes in inches."""
+
+    n_rows: int
+    n_cols: int
+    panel_w: float
+    panel_h: float
+    heading: str
+    margin: float = 0.2
+    gap_w: float = 0.2
+    gap_h: float = 0.32
+    bottom: float = 0.1
+    top: float = 0.32
+
+    @classmethod
+    def make(
+        cls, n_panels: int, columns: int, width: int, height: int, heading: str
+    ) -> _PanelLayout:
+        n_cols = min(columns, n_panels)
+        panel_w = _PANEL_INCHES * width / max(width, height)
+        panel_h = _PANEL_INCHES * height / max(width, height)
+        # Roughly the characters of 10 pt text that fit above one panel, so the caption
+        # wraps instead of running over its neighbours.
+        heading = textwrap.fill(heading, max(12, int(panel_w * 11)))
+        # Each row's word title lives in the gap above its panel, and the top margin grows
+        # with the heading's line count so it never leaves the figure.
+        top = 0.14 + 0.18 * (heading.count("\n") + 1)
+        return cls(-(-n_panels // n_cols), n_cols, panel_w, panel_h, heading, top=top)
+
+    @property
+    def fig_w(self) -> float:
+        return self.n_cols * self.panel_w + (self.n_cols - 1) * self.gap_w + 2 * self.margin
+
+    @property
+    def fig_h(self) -> float:
+        return self.n_rows * self.panel_h + (self.n_rows - 1) * self.gap_h + self.top + self.bottom
+
+    def gridspec(self, fig: Figure) -> Any:
+        return fig.add_gridspec(
+            self.n_rows,
+            self.n_cols,
+            left=self.margin / self.fig_w,
+            right=1 - self.margin / self.fig_w,
+            bottom=self.bottom / self.fig_h,
+            top=1 - self.top / self.fig_h,
+            wspace=self.gap_w / self.panel_w,
+            hspace=self.gap_h / self.panel_h,
+        )
+
+
 def attention_grid_figure(
     image: Image.Image,
     words: Sequence[str],
     alphas: torch.Tensor | np.ndarray,
-    grid: tuple[int, int],
+    grid_shape: tuple[int, int],
     path: str | Path,
     smooth: bool = True,
     chosen_cells: Sequence[int] | None = None,
@@ -302,7 +357,7 @@ def attention_grid_figure(
         words: the caption's tokens, in order (``<end>`` included if it was attended).
         alphas: ``(T, L)`` or ``(T, grid_h, grid_w)`` weights with ``T = len(words)``;
             ``alphas[t]`` is the attention used to produce ``words[t]``.
-        grid: ``(grid_h, grid_w)``, the encoder's feature-map shape.
+        grid_shape: ``(grid_h, grid_w)``, the encoder's feature-map shape.
         path: where to write the PNG; missing parent folders are created.
         smooth: bilinear maps if True, blocky per-cell maps if False (see
             :func:`upsample_attention`).
@@ -316,11 +371,11 @@ def attention_grid_figure(
 
     Raises:
         ValueError: ``words``, ``alphas`` and ``chosen_cells`` disagree in length, a row of
-            ``alphas`` does not match ``grid``, a chosen cell is outside the grid, or
+            ``alphas`` does not match ``grid_shape``, a chosen cell is outside the grid, or
             ``columns`` is below 1.
     """
-    words, maps, cells = _check_caption(words, alphas, grid, chosen_cells)
-    grid = _check_grid(grid)
+    words, maps, cells = _check_caption(words, alphas, grid_shape, chosen_cells)
+    grid_shape = _check_grid(grid_shape)
     if columns < 1:
         raise ValueError(f"columns must be at least 1, got {columns}")
     shown = _fit(image, 1, _MAX_DISPLAY_SIDE)
@@ -328,48 +383,27 @@ def attention_grid_figure(
     pixels = np.asarray(shown)
 
     n_panels = 1 + len(words)
-    n_cols = min(columns, n_panels)
-    n_rows = -(-n_panels // n_cols)
-    panel_w = _PANEL_INCHES * width / max(width, height)
-    panel_h = _PANEL_INCHES * height / max(width, height)
-    # Roughly the characters of 10 pt text that fit above one panel, so the caption wraps
-    # instead of running over its neighbours.
-    chars_per_line = max(12, int(panel_w * 11))
-    heading = textwrap.fill(title if title is not None else " ".join(words), chars_per_line)
-    heading_lines = heading.count("\n") + 1
-    # Inches of margins and gaps: each row's word title lives in the gap above its panel,
-    # and the top margin grows with the heading's line count so it never leaves the figure.
-    margin, gap_w, gap_h, bottom = 0.2, 0.2, 0.32, 0.1
-    top = 0.14 + 0.18 * heading_lines
-    fig_w = n_cols * panel_w + (n_cols - 1) * gap_w + 2 * margin
-    fig_h = n_rows * panel_h + (n_rows - 1) * gap_h + top + bottom
+    heading = title if title is not None else " ".join(words)
+    layout = _PanelLayout.make(n_panels, columns, width, height, heading)
 
-    fig = Figure(figsize=(fig_w, fig_h), dpi=_DPI)
+    fig = Figure(figsize=(layout.fig_w, layout.fig_h), dpi=_DPI)
     FigureCanvasAgg(fig)
+    n_cols = layout.n_cols
     try:
-        gs = fig.add_gridspec(
-            n_rows,
-            n_cols,
-            left=margin / fig_w,
-            right=1 - margin / fig_w,
-            bottom=bottom / fig_h,
-            top=1 - top / fig_h,
-            wspace=gap_w / panel_w,
-            hspace=gap_h / panel_h,
-        )
+        gs = layout.gridspec(fig)
         for panel in range(n_panels):
             ax = fig.add_subplot(gs[panel // n_cols, panel % n_cols])
             _blank_axes(ax)
             if panel == 0:
                 ax.imshow(pixels)
                 # parse_math=False: captions are data, and a "$" in one must not start TeX.
-                ax.set_title(heading, fontsize=10, parse_math=False)
+                ax.set_title(layout.heading, fontsize=10, parse_math=False)
                 continue
             t = panel - 1
-            heat = upsample_attention(maps[t], grid, (width, height), smooth=smooth)
+            heat = upsample_attention(maps[t], grid_shape, (width, height), smooth=smooth)
             ax.imshow(overlay_array(pixels, heat))
             if cells is not None:
-                ax.add_patch(_cell_rectangle(cells[t], grid, width, height, 2.0))
+                ax.add_patch(_cell_rectangle(cells[t], grid_shape, width, height, 2.0))
             ax.set_title(words[t], fontsize=11, parse_math=False)
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -385,7 +419,7 @@ def _gif_frame(
     word: str,
     counter: str,
     cell: int | None,
-    grid: tuple[int, int],
+    grid_shape: tuple[int, int],
 ) -> Image.Image:
     """One animation frame, rendered at exactly the pixel size of ``pixels``."""
     height, width = pixels.shape[:2]
@@ -398,7 +432,7 @@ def _gif_frame(
         ax.set_xlim(-0.5, width - 0.5)
         ax.set_ylim(height - 0.5, -0.5)
         if cell is not None:
-            ax.add_patch(_cell_rectangle(cell, grid, width, height, 2.5))
+            ax.add_patch(_cell_rectangle(cell, grid_shape, width, height, 2.5))
         # Sized from the frame's height so a word reads the same at any image size.
         points = 0.075 * height * 72 / _DPI
         box = {"facecolor": "black", "alpha": 0.65, "edgecolor": "none", "pad": 3}
@@ -439,7 +473,7 @@ def attention_gif(
     image: Image.Image,
     words: Sequence[str],
     alphas: torch.Tensor | np.ndarray,
-    grid: tuple[int, int],
+    grid_shape: tuple[int, int],
     path: str | Path,
     smooth: bool = True,
     chosen_cells: Sequence[int] | None = None,
@@ -456,7 +490,7 @@ def attention_gif(
         words: the caption's tokens, in order; at least one.
         alphas: ``(T, L)`` or ``(T, grid_h, grid_w)`` weights with ``T = len(words)``;
             ``alphas[t]`` is the attention used to produce ``words[t]``.
-        grid: ``(grid_h, grid_w)``, the encoder's feature-map shape.
+        grid_shape: ``(grid_h, grid_w)``, the encoder's feature-map shape.
         path: where to write the GIF; missing parent folders are created.
         smooth: bilinear maps if True, blocky per-cell maps if False.
         chosen_cells: for hard attention, the flat cell index chosen for each word; it is
@@ -468,11 +502,11 @@ def attention_gif(
 
     Raises:
         ValueError: no words, ``words``, ``alphas`` and ``chosen_cells`` disagree in length,
-            a row of ``alphas`` does not match ``grid``, a chosen cell is outside the grid,
+            a row of ``alphas`` does not match ``grid_shape``, a chosen cell is outside the grid,
             or ``frame_ms`` is not positive.
     """
-    words, maps, cells = _check_caption(words, alphas, grid, chosen_cells)
-    grid = _check_grid(grid)
+    words, maps, cells = _check_caption(words, alphas, grid_shape, chosen_cells)
+    grid_shape = _check_grid(grid_shape)
     if not words:
         raise ValueError("attention_gif needs at least one word: a GIF cannot have no frames")
     if frame_ms <= 0:
@@ -482,11 +516,11 @@ def attention_gif(
     frames = [
         _gif_frame(
             pixels,
-            upsample_attention(maps[t], grid, shown.size, smooth=smooth),
+            upsample_attention(maps[t], grid_shape, shown.size, smooth=smooth),
             words[t],
             f"{t + 1}/{len(words)}",
             None if cells is None else cells[t],
-            grid,
+            grid_shape,
         )
         for t in range(len(words))
     ]

@@ -18,7 +18,7 @@ def test_defaults_are_paper_settings():
     assert cfg.model.gate == "scalar"
     assert cfg.model.deep_output is True
     assert cfg.model.init_state == "tanh"
-    assert cfg.train.doubly_stochastic == 1.0
+    assert cfg.train.doubly_stochastic_weight == 1.0
     assert cfg.train.baseline_decay == 0.9
     assert cfg.train.semi_sampling_p == 0.5
 

@@ -99,8 +99,8 @@ def test_beam_size_one_is_greedy(attention):
     with torch.no_grad():
         features = model.encoder(images)
     mode = "argmax" if attention == "hard" else "expectation"
-    greedy = greedy_decode(model.decoder, features, max_length=8, hard_mode=mode)
-    beam = beam_search(model.decoder, features, beam_size=1, max_length=8, hard_mode=mode)
+    greedy = greedy_decode(model.decoder, features, max_length=8, hard_context=mode)
+    beam = beam_search(model.decoder, features, beam_size=1, max_length=8, hard_context=mode)
     assert torch.equal(greedy.tokens, beam.tokens) and torch.equal(greedy.lengths, beam.lengths)
     assert torch.allclose(greedy.scores, beam.scores, atol=1e-5)
     assert torch.allclose(greedy.alphas, beam.alphas, atol=1e-6)

@@ -120,7 +120,12 @@ def test_evaluate_cli_beam_and_table(trained, tmp_path, capsys):
     out = capsys.readouterr().out
     assert code == 0 and "CIDEr" in out and "exact_match" in out
     metrics = json.loads((tmp_path / "metrics.json").read_text())
-    assert metrics["decoding"] == {"strategy": "beam", "beam_size": 3, "hard_decode": None}
+    assert metrics["decoding"] == {
+        "strategy": "beam",
+        "beam_size": 3,
+        "hard_context": None,
+        "precision": "fp32",
+    }
     assert main(["evaluate", "--checkpoint", str(tmp_path / "none.pt")]) == 2
     assert "checkpoint not found" in capsys.readouterr().err
 

@@ -77,7 +77,7 @@ def test_grouped_queries_equal_a_repeated_grid(kind, name):
     cells = torch.randint(0, 9, (images * g,))
     keys = attention.project_keys(features)
     repeated = features.repeat_interleave(g, dim=0)  # (B*G, L, D)
-    kwargs = {"mode": "argmax", "cell": cells} if kind == "hard" else {}
+    kwargs = {"hard_context": "argmax", "cell": cells} if kind == "hard" else {}
     grouped = attention(features, keys, query, **kwargs)
     copied = attention(repeated, attention.project_keys(repeated), query, **kwargs)
     assert grouped.alpha.shape == (images * g, 9) and grouped.context.shape == (images * g, 8)
@@ -136,23 +136,23 @@ def test_hard_attention_samples_a_cell_and_reports_its_log_prob():
     features = torch.randn(6, 7, 3)
     keys = attention.project_keys(features)
     query = torch.randn(6, 4)
-    out = attention(features, keys, query, mode="sample")
+    out = attention(features, keys, query, hard_context="sample")
     rows = torch.arange(6)
     assert torch.equal(out.context, features[rows, out.cell])
     assert torch.allclose(out.log_prob, out.alpha[rows, out.cell].log())
-    argmax = attention(features, keys, query, mode="argmax")
+    argmax = attention(features, keys, query, hard_context="argmax")
     assert torch.equal(argmax.cell, argmax.alpha.argmax(dim=1))
-    expected = attention(features, keys, query, mode="expectation")
+    expected = attention(features, keys, query, hard_context="expectation")
     assert expected.log_prob is None
     assert torch.allclose(expected.context, torch.einsum("bl,bld->bd", expected.alpha, features))
 
 
 def test_encoder_grid_positions_and_freezing():
     enc = build_encoder("small_cnn", image_size=32, cnn_channels=[8, 16], fine_tune="all")
-    assert enc.grid == (16, 16) and enc(torch.zeros(2, 3, 32, 32)).shape == (2, 256, 16)
+    assert enc.grid_shape == (16, 16) and enc(torch.zeros(2, 3, 32, 32)).shape == (2, 256, 16)
     pooled = build_encoder("small_cnn", image_size=32, cnn_channels=[8, 16], grid_size=4,
                            fine_tune="all")  # fmt: skip
-    assert pooled.grid == (4, 4)
+    assert pooled.grid_shape == (4, 4)
     codes = sinusoidal_positions(3, 4, 8)
     assert codes.shape == (12, 8) and len({tuple(r.tolist()) for r in codes}) == 12
     sin = build_encoder("small_cnn", image_size=32, cnn_channels=[8, 16], positional="sinusoidal",
@@ -176,7 +176,7 @@ def test_encoder_grid_positions_and_freezing():
 
 def test_vgg19_conv5_4_grid_without_download():
     enc = build_encoder("vgg19", image_size=224)
-    assert enc.grid == (14, 14) and enc.out_channels == 512
+    assert enc.grid_shape == (14, 14) and enc.out_channels == 512
     assert isinstance(list(enc.stages[-1])[-1], nn.ReLU)  # ends at conv5_4 + ReLU, no pool
     assert not any(p.requires_grad for p in enc.parameters())
 

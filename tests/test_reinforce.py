@@ -40,7 +40,7 @@ def exact_gradient(decoder, features, tokens):
     log_p_y = torch.zeros(n)
     log_p_s = torch.zeros(n)
     for t in range(STEPS):
-        out = decoder.step(tokens[:, t].expand(n), state, feats, keys, mode="sample",
+        out = decoder.step(tokens[:, t].expand(n), state, feats, keys, hard_context="sample",
                            cell=cells[:, t])  # fmt: skip
         log_p_y = log_p_y + torch.log_softmax(out.logits, dim=1)[:, tokens[0, t + 1]]
         log_p_s = log_p_s + out.attention.log_prob
@@ -62,7 +62,7 @@ def estimates(decoder, features, tokens, baseline_value, batches=60, samples=200
         baseline.value, baseline.initialized = baseline_value, True
         feats = features.expand(samples, -1, -1)
         inputs = tokens[:, :-1].expand(samples, -1)
-        output = decoder(feats, inputs, mode="sample")
+        output = decoder(feats, inputs, hard_context="sample")
         terms = caption_loss(output, tokens[:, 1:].expand(samples, -1), pad_id=0,
                              penalty_weight=0.0, baseline=baseline, reinforce_weight=1.0,
                              entropy_weight=0.0)  # fmt: skip
@@ -109,11 +109,11 @@ def test_baseline_keeps_it_unbiased_and_lowers_the_variance(gradients):
 def test_mixing_switch():
     device = torch.device("cpu")
     torch.manual_seed(0)
-    assert all(semi_sampling_kwargs(0.0, "batch", 8, device)["mode"] == "expectation"
+    assert all(semi_sampling_kwargs(0.0, "batch", 8, device)["hard_context"] == "expectation"
                for _ in range(50))  # fmt: skip
-    assert all(semi_sampling_kwargs(1.0, "batch", 8, device)["mode"] == "sample"
+    assert all(semi_sampling_kwargs(1.0, "batch", 8, device)["hard_context"] == "sample"
                for _ in range(50))  # fmt: skip
-    modes = [semi_sampling_kwargs(0.5, "batch", 8, device)["mode"] for _ in range(400)]
+    modes = [semi_sampling_kwargs(0.5, "batch", 8, device)["hard_context"] for _ in range(400)]
     assert 0.4 < modes.count("sample") / 400 < 0.6
     never = semi_sampling_kwargs(0.0, "sample", 64, device)["use_expectation"]
     always = semi_sampling_kwargs(1.0, "sample", 64, device)["use_expectation"]
@@ -129,11 +129,11 @@ def test_expectation_rows_neither_sample_nor_get_a_reinforce_term():
     decoder, features, tokens = tiny_problem()
     feats = features.expand(6, -1, -1)
     use_expectation = torch.tensor([True, False, True, False, True, False])
-    out = decoder(feats, tokens[:, :-1].expand(6, -1), mode="sample",
+    out = decoder(feats, tokens[:, :-1].expand(6, -1), hard_context="sample",
                   use_expectation=use_expectation)  # fmt: skip
     assert torch.equal(out.sampled, ~use_expectation[:, None].expand(-1, STEPS))
     assert (out.log_probs[use_expectation] == 0).all()
-    soft = decoder(feats, tokens[:, :-1].expand(6, -1), mode="expectation")
+    soft = decoder(feats, tokens[:, :-1].expand(6, -1), hard_context="expectation")
     assert torch.allclose(out.logits[use_expectation], soft.logits[use_expectation], atol=1e-6)
     assert soft.log_probs is None
 
@@ -154,7 +154,7 @@ def test_padding_contributes_no_reward_or_penalty():
     tokens = torch.tensor([[1, 4, 5, 2, 0, 0], [1, 4, 2, 0, 0, 0]])
     feats = features.expand(2, -1, -1)
     torch.manual_seed(0)
-    out = decoder(feats, tokens[:, :-1], mode="sample")
+    out = decoder(feats, tokens[:, :-1], hard_context="sample")
     baseline = MovingAverageBaseline()
     terms = caption_loss(out, tokens[:, 1:], 0, penalty_weight=1.0, baseline=baseline)
     padded = tokens[:, 1:] == 0

@@ -11,7 +11,8 @@ from captioning.cli import main
 from captioning.config import load_config
 from captioning.data.shapes import generate_shapes
 from captioning.errors import CaptioningError, CheckpointError
-from captioning.train import TrainingError, decode_dataset, fit, load_model
+from captioning.inference import decode_dataset, load_model
+from captioning.train import TrainingError, fit
 
 CONFIG = os.path.join(os.path.dirname(__file__), "..", "configs", "test_tiny.yaml")
 

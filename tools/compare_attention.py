@@ -4,7 +4,7 @@
 
 Each model is trained with its shipped config (configs/shapes_soft.yaml with
 model.attention=none, configs/shapes_soft.yaml, configs/shapes_hard.yaml), then evaluated
-with greedy decoding; the hard model also with each hard_decode mode. Writes results.json
+with greedy decoding; the hard model also with each hard_context mode. Writes results.json
 and results.md (a Markdown table) into --out. A run folder that already holds last.pt
 (for example one made with `captioning train --config ... --out runs/compare/soft`) is
 evaluated as it is, not retrained.
@@ -50,7 +50,7 @@ def main() -> None:
         seconds = sum(epoch["seconds"] for epoch in load_checkpoint(run_dir / "last.pt")["history"])
         modes = ["expectation", "argmax", "sample"] if name == "hard" else [None]
         for mode in modes:
-            metrics = evaluate_checkpoint(run_dir / "best.pt", split="test", hard_decode=mode,
+            metrics = evaluate_checkpoint(run_dir / "best.pt", split="test", hard_context=mode,
                                           out_dir=run_dir / f"eval_{mode or 'greedy'}")  # fmt: skip
             label = name if mode is None else f"hard ({mode})"
             rows.append({"model": label, "train_seconds": seconds, **metrics})

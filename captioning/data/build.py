@@ -13,6 +13,7 @@ from captioning.data.coco import read_coco, read_instances
 from captioning.data.karpathy import read_karpathy
 from captioning.data.records import ImageRecord, ObjectAnnotation
 from captioning.errors import DataError
+from captioning.vocab import Vocabulary
 
 logger = logging.getLogger("captioning")
 
@@ -175,3 +176,12 @@ def drop_bad_images(
             )
         splits[split] = kept
     return bad
+
+
+def build_vocabulary(splits: dict[str, list[ImageRecord]], cfg: DataConfig) -> Vocabulary:
+    """The vocabulary of the training split's captions only (``data.min_count``,
+    ``data.max_vocab``): words seen only in val or test stay ``<unk>``."""
+    if not splits.get("train"):
+        raise DataError("the train split has no images, so no vocabulary can be built")
+    captions = (c for record in splits["train"] for c in record.captions)
+    return Vocabulary.build(captions, cfg.min_count, cfg.max_vocab)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from PIL import Image
@@ -24,6 +24,15 @@ from captioning.vocab import Vocabulary
 logger = logging.getLogger("captioning")
 
 Transform = Callable[[Image.Image], torch.Tensor]
+
+
+class GridSource(Protocol):
+    """Cached backbone grids by image id (what :class:`captioning.feature_cache.FeatureCache`
+    provides)."""
+
+    def check(self, records: list[ImageRecord]) -> None: ...
+
+    def grid(self, image_id: int) -> torch.Tensor: ...
 
 
 class CaptionDataset(Dataset):
@@ -41,8 +50,9 @@ class CaptionDataset(Dataset):
             :func:`collate`, with a warning) instead of raising.
         cache_images: keep each transformed image in memory after its first load
             (for small datasets such as shapes; one copy per DataLoader worker).
-        features: cached backbone grids (:class:`captioning.features.FeatureCache`);
-            items then carry ``grid`` (L, D) instead of ``image`` and no image is opened.
+        feature_cache: cached backbone grids (a
+            :class:`captioning.feature_cache.FeatureCache`); items then carry ``grid`` (L, D)
+            instead of ``image`` and no image is opened.
     """
 
     def __init__(
@@ -53,12 +63,12 @@ class CaptionDataset(Dataset):
         max_length: int | None = None,
         skip_bad_images: bool = False,
         cache_images: bool = False,
-        features: Any = None,
+        feature_cache: GridSource | None = None,
     ) -> None:
         self.records = list(records)
-        self.features = features
-        if features is not None:
-            features.check(self.records)
+        self.feature_cache = feature_cache
+        if feature_cache is not None:
+            feature_cache.check(self.records)
         self.vocab = vocab
         self.transform = transform
         self.skip_bad_images = skip_bad_images
@@ -92,8 +102,8 @@ class CaptionDataset(Dataset):
     def __getitem__(self, item: int | tuple[int, int]) -> dict[str, Any] | None:
         index, caption = item if isinstance(item, tuple) else (item, None)
         tokens = None if caption is None else torch.tensor(self.captions[index][caption])
-        if self.features is not None:
-            grid = self.features.grid(self.records[index].image_id)  # (L, D)
+        if self.feature_cache is not None:
+            grid = self.feature_cache.grid(self.records[index].image_id)  # (L, D)
             return {"grid": grid, "tokens": tokens, "index": index}
         try:
             image = self.image(index)

@@ -148,9 +148,9 @@ def named_object(
 
 
 def _cell_geometry(
-    grid: tuple[int, int], width: float, height: float
+    grid_shape: tuple[int, int], width: float, height: float
 ) -> tuple[torch.Tensor, torch.Tensor, float, float]:
-    rows, cols = grid
+    rows, cols = grid_shape
     cell_w, cell_h = width / cols, height / rows
     ys = (torch.arange(rows, dtype=torch.float64) + 0.5) * cell_h
     xs = (torch.arange(cols, dtype=torch.float64) + 0.5) * cell_w
@@ -160,10 +160,14 @@ def _cell_geometry(
 
 
 def point_and_mass(
-    alpha: torch.Tensor, bbox: Sequence[float], grid: tuple[int, int], width: float, height: float
+    alpha: torch.Tensor,
+    bbox: Sequence[float],
+    grid_shape: tuple[int, int],
+    width: float,
+    height: float,
 ) -> tuple[bool, float]:
     """Pointing-game hit and attention mass inside ``bbox`` (x, y, w, h) for one map (L,)."""
-    centre_x, centre_y, cell_w, cell_h = _cell_geometry(grid, width, height)
+    centre_x, centre_y, cell_w, cell_h = _cell_geometry(grid_shape, width, height)
     x, y, w, h = (float(v) for v in bbox)
     peak = int(alpha.argmax())
     hit = (x - cell_w / 2 <= centre_x[peak] <= x + w + cell_w / 2) and (
@@ -183,7 +187,7 @@ def grounding_scores(
     records: Sequence[ImageRecord],
     decoded: Mapping[int, Any],
     vocab: Vocabulary,
-    grid: tuple[int, int],
+    grid_shape: tuple[int, int],
     synonyms: Mapping[str, str] = COCO_SYNONYMS,
 ) -> dict[str, Any]:
     """Pointing game and attention-in-box over all grounded words of ``records``.
@@ -193,7 +197,7 @@ def grounding_scores(
         decoded: per image id, a single-image :class:`captioning.decoding.Decoded`
             (``tokens`` (T,), ``lengths`` (), ``alphas`` (T, L)).
         vocab: the vocabulary of the tokens.
-        grid: the model's attention grid (rows, columns).
+        grid_shape: the model's attention grid (rows, columns).
     Returns:
         ``pointing_game``, ``attention_in_box`` (None when no word was grounded),
         ``grounded_words`` and ``grounding_by_word_type`` with keys such as
@@ -215,7 +219,7 @@ def grounding_scores(
                 continue
             word_type, obj = found
             hit, mass = point_and_mass(
-                result.alphas[t], obj.bbox, grid, record.width, record.height
+                result.alphas[t], obj.bbox, grid_shape, record.width, record.height
             )
             for key in ("all", word_type):
                 hits[key].append(float(hit))

@@ -235,8 +235,8 @@ class HardAttention(SoftAttention):
     feature. The gradient through the sampling decision comes from the REINFORCE surrogate in
     ``losses.py``, built on the ``log_prob`` returned here.
 
-    ``mode`` at call time: ``sample`` (training), ``argmax``, or ``expectation`` (the soft
-    context, as the authors decode). ``use_expectation`` (B,) bool picks rows that take the
+    ``hard_context`` at call time: ``sample`` (training), ``argmax``, or ``expectation`` (the
+    soft context, as the authors decode). ``use_expectation`` (B,) bool picks rows that take the
     expected context instead of a sample (the paper's mixing of soft and hard minibatches).
     ``cell`` (B,) imposes the chosen cells instead of sampling them (exact enumeration of
     the expected loss in tests, replaying a sample).
@@ -247,21 +247,23 @@ class HardAttention(SoftAttention):
         features: torch.Tensor,
         keys: torch.Tensor,
         query: torch.Tensor,
-        mode: str = "sample",
+        hard_context: str = "sample",
         use_expectation: torch.Tensor | None = None,
         generator: torch.Generator | None = None,
         cell: torch.Tensor | None = None,
         **_: object,
     ) -> AttentionOutput:
         alpha = self.weights(keys, query)  # (B, L)
-        if mode == "expectation":
+        if hard_context == "expectation":
             return AttentionOutput(context=expected_context(alpha, features), alpha=alpha)
-        if mode not in ("sample", "argmax"):
-            raise ValueError(f"hard attention mode must be sample, argmax or expectation: {mode}")
+        if hard_context not in ("sample", "argmax"):
+            raise ValueError(
+                f"hard_context must be sample, argmax or expectation, got {hard_context!r}"
+            )
         if cell is None:
             cell = (
                 torch.multinomial(alpha.detach(), 1, generator=generator).squeeze(1)
-                if mode == "sample"
+                if hard_context == "sample"
                 else alpha.argmax(dim=1)
             )  # (B,)
         rows = torch.arange(alpha.shape[0], device=features.device)  # (B*G,)

@@ -26,15 +26,15 @@ class Captioner(nn.Module):
         self.decoder = decoder
 
     @property
-    def grid(self) -> tuple[int, int]:
+    def grid_shape(self) -> tuple[int, int]:
         """The (rows, columns) of the attention grid."""
-        return self.encoder.grid
+        return self.encoder.grid_shape
 
-    def features(
+    def encode(
         self, images: torch.Tensor | None = None, grid: torch.Tensor | None = None
     ) -> torch.Tensor:
         """Decoder features (B, L, D) from ``images`` (B, 3, S, S), or from a cached backbone
-        ``grid`` (B, L, D) (see :mod:`captioning.features`)."""
+        ``grid`` (B, L, D) (see :mod:`captioning.feature_cache`)."""
         if grid is not None:
             return self.encoder.add_positions(grid.float())
         if images is None:
@@ -51,7 +51,7 @@ class Captioner(nn.Module):
         """Teacher forcing on a batch: ``tokens`` (B, T) are whole captions
         (``<start> … <end> <pad>…``); the outputs predict ``tokens[:, 1:]``. With a cached
         backbone ``grid`` (B, L, D), ``images`` may be None."""
-        features = self.features(images, grid)  # (B, L, D)
+        features = self.encode(images, grid)  # (B, L, D)
         return self.decoder(features, tokens[:, :-1], **attention_kwargs)
 
 

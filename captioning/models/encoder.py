@@ -177,12 +177,12 @@ class Encoder(nn.Module):
                 stage.eval()
                 probe = stage(probe)
             probe = self.pool(probe)
-        self.grid = (int(probe.shape[2]), int(probe.shape[3]))
-        num_cells = self.grid[0] * self.grid[1]
+        self.grid_shape = (int(probe.shape[2]), int(probe.shape[3]))
+        num_cells = self.grid_shape[0] * self.grid_shape[1]
         if positional == "learned":
             self.positions = nn.Parameter(torch.randn(num_cells, out_channels) * 0.02)
         elif positional == "sinusoidal":
-            self.register_buffer("positions", sinusoidal_positions(*self.grid, out_channels))
+            self.register_buffer("positions", sinusoidal_positions(*self.grid_shape, out_channels))
         elif positional == "none":
             self.positions = None
         else:
@@ -214,7 +214,7 @@ class Encoder(nn.Module):
 
     @property
     def num_cells(self) -> int:
-        return self.grid[0] * self.grid[1]
+        return self.grid_shape[0] * self.grid_shape[1]
 
     def transform(self, image: Image.Image) -> torch.Tensor:
         """A PIL RGB image → uint8 tensor (3, S, S), S = ``image_size``."""

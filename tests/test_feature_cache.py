@@ -15,9 +15,10 @@ from captioning.data.build import load_splits
 from captioning.data.images import load_image
 from captioning.data.shapes import generate_shapes
 from captioning.errors import DataError
-from captioning.features import FeatureCache, cache_folder, extract_features, find_cache
+from captioning.feature_cache import FeatureCache, cache_folder, extract_features, find_cache
 from captioning.models import encoder_from_config
-from captioning.train import fit, seed_everything
+from captioning.runtime import seed_everything
+from captioning.train import fit
 
 CONFIG = os.path.join(os.path.dirname(__file__), "..", "configs", "test_tiny.yaml")
 FROZEN = ["model.fine_tune=none", "model.dropout=0", "train.epochs=2", "train.precision=fp32"]

@@ -28,9 +28,13 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from captioning.config import Config
+from captioning.data import CaptionDataset, collate, drop_bad_images, load_splits
 from captioning.data.records import ImageRecord
 from captioning.errors import ConfigError, DataError
+from captioning.models import encoder_from_config
 from captioning.models.encoder import Encoder
+from captioning.runtime import autocast, resolve_device, seed_everything
+from captioning.vocab import SPECIALS, Vocabulary
 
 logger = logging.getLogger("captioning")
 
@@ -40,7 +44,7 @@ FORMAT_VERSION = 1
 def encoder_fingerprint(encoder: Encoder) -> str:
     """A hex digest of everything that decides the backbone grid of an image."""
     digest = hashlib.sha256()
-    digest.update(repr((encoder.image_size, encoder.grid, encoder.out_channels)).encode())
+    digest.update(repr((encoder.image_size, encoder.grid_shape, encoder.out_channels)).encode())
     for name, tensor in sorted(encoder.state_dict().items()):
         if name == "positions":  # added after the cache, and may train
             continue
@@ -148,12 +152,6 @@ def extract_features(
     The encoder is built exactly as :func:`captioning.train.fit` builds it (same seed), so
     a randomly initialised frozen encoder gets the same weights, and the same fingerprint.
     """
-    from captioning.data import CaptionDataset, collate, drop_bad_images
-    from captioning.data.build import load_splits
-    from captioning.models import encoder_from_config
-    from captioning.train import autocast, resolve_device, seed_everything
-    from captioning.vocab import SPECIALS, Vocabulary
-
     if cfg.model.fine_tune != "none":
         raise ConfigError(
             f"model.fine_tune={cfg.model.fine_tune} trains the encoder, so its grid changes "
@@ -187,6 +185,40 @@ def extract_features(
         pin_memory=device.type == "cuda",
     )
     folder.mkdir(parents=True, exist_ok=True)
+    kept = _write_grids(encoder, loader, records, folder / f"{split}.npy", device, cfg, progress)
+    meta = {
+        "format_version": FORMAT_VERSION,
+        "split": split,
+        "shape": [len(kept), encoder.num_cells, encoder.out_channels],
+        "dtype": "float16",
+        "image_ids": kept,
+        "encoder": cfg.model.encoder,
+        "weights": cfg.model.weights,
+        "image_size": cfg.model.image_size,
+        "grid": list(encoder.grid_shape),
+        "fingerprint": encoder_fingerprint(encoder),
+    }
+    # The index is written last: a cache without it is never read.
+    tmp = folder / f"{split}.json.tmp"
+    tmp.write_text(json.dumps(meta))
+    os.replace(tmp, folder / f"{split}.json")
+    size = (folder / f"{split}.npy").stat().st_size
+    return {"folder": str(folder), "images": len(kept), "shape": meta["shape"], "bytes": size}
+
+
+def _write_grids(
+    encoder: Encoder,
+    loader: DataLoader,
+    records: list[ImageRecord],
+    path: Path,
+    device: torch.device,
+    cfg: Config,
+    progress: bool,
+) -> list[int]:
+    """Write the backbone grid of every image in ``loader`` to ``path`` (N, L, D) float16,
+    by way of a partial file; returns the image ids of the rows. Rows of images that failed
+    to load (``on_bad_image: skip``) are dropped."""
+    folder, split = path.parent, path.stem
     shape = (len(records), encoder.num_cells, encoder.out_channels)
     partial = folder / f"{split}.partial.npy"
     array = np.lib.format.open_memmap(partial, mode="w+", dtype=np.float16, shape=shape)
@@ -201,7 +233,6 @@ def extract_features(
             written[indices] = True
     array.flush()
     del array
-    # Rows of images that failed to load (on_bad_image: skip) are dropped from the index.
     kept = [r.image_id for r, ok in zip(records, written) if ok]
     if not written.all():
         full = np.load(partial, mmap_mode="r")
@@ -213,22 +244,5 @@ def extract_features(
         out.flush()
         del out, full
         os.replace(compact, partial)
-    os.replace(partial, folder / f"{split}.npy")
-    meta = {
-        "format_version": FORMAT_VERSION,
-        "split": split,
-        "shape": [len(kept), *shape[1:]],
-        "dtype": "float16",
-        "image_ids": kept,
-        "encoder": cfg.model.encoder,
-        "weights": cfg.model.weights,
-        "image_size": cfg.model.image_size,
-        "grid": list(encoder.grid),
-        "fingerprint": encoder_fingerprint(encoder),
-    }
-    # The index is written last: a cache without it is never read.
-    tmp = folder / f"{split}.json.tmp"
-    tmp.write_text(json.dumps(meta))
-    os.replace(tmp, folder / f"{split}.json")
-    size = (folder / f"{split}.npy").stat().st_size
-    return {"folder": str(folder), "images": len(kept), "shape": meta["shape"], "bytes": size}
+    os.replace(partial, path)
+    return kept

@@ -1,0 +1,112 @@
+"""The package's shape: no import cycles among its modules, counting imports inside functions,
+and nothing below training imports the training module."""
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "captioning"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_modules(path: Path, modules: set[str]) -> set[str]:
+    """The package modules that ``path`` imports anywhere in its body, functions included.
+    ``from a.b import c`` counts as an import of ``a.b.c`` when that is a module, else
+    of ``a.b``."""
+    found = set()
+    package = module_name(path) if path.name == "__init__.py" else module_name(path.parent)
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative import
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            for alias in node.names:
+                full = f"{base}.{alias.name}"
+                found.add(full if full in modules else base)
+    return found & modules
+
+
+def import_graph() -> dict[str, set[str]]:
+    paths = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    modules = set(paths)
+    return {name: imported_modules(path, modules) - {name} for name, path in paths.items()}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of ``graph`` as a list of modules (first == last), or None."""
+    state: dict[str, str] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = "open"
+        stack.append(node)
+        for target in sorted(graph[node]):
+            if state.get(target) == "open":
+                return stack[stack.index(target) :] + [target]
+            if target not in state and (cycle := visit(target)):
+                return cycle
+        state[node] = "done"
+        stack.pop()
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_the_cycle_finder_finds_cycles():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_function_level_imports_are_counted(tmp_path, monkeypatch):
+    package = tmp_path / "captioning"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("def f():\n    from captioning.b import g\n")
+    (package / "b.py").write_text("from captioning import a\n")
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", package)
+    assert find_cycle(import_graph()) == ["captioning.a", "captioning.b", "captioning.a"]
+
+
+def test_no_import_cycles_in_the_package():
+    graph = import_graph()
+    assert len(graph) > 20  # the walk found the package
+    cycle = find_cycle(graph)
+    assert cycle is None, " -> ".join(cycle)
+
+
+@pytest.mark.parametrize(
+    "module", ["captioning.runtime", "captioning.distributed", "captioning.feature_cache",
+               "captioning.inference", "captioning.evaluate", "captioning.decoding",
+               "captioning.models", "captioning.data", "captioning.metrics"],
+)  # fmt: skip
+def test_the_layers_below_training_do_not_import_it(module):
+    graph = import_graph()
+    reachable, todo = set(), [module]
+    while todo:
+        for target in graph[todo.pop()] - reachable:
+            reachable.add(target)
+            todo.append(target)
+    assert not reachable & {"captioning.train", "captioning.cli", "captioning.quickstart"}
+
+
+def test_no_function_in_the_package_is_over_80_lines():
+    long = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > 80:
+                    long.append(f"{module_name(path)}.{node.name}: {lines} lines")
+    assert not long, long
