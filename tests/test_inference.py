@@ -1,0 +1,159 @@
+"""The inference side: one decode path for validation, evaluate and caption; one rule for
+which words a figure shows; checkpoints of the previous format still load."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import captioning.train as train_module
+from captioning.checkpoint import FORMAT_VERSION, load_checkpoint
+from captioning.cli import main
+from captioning.config import load_config
+from captioning.data import CaptionDataset, load_splits
+from captioning.data.shapes import generate_shapes
+from captioning.decoding import Decoded
+from captioning.errors import ConfigError
+from captioning.evaluate import evaluate_checkpoint
+from captioning.inference import (
+    CaptionResult,
+    caption_files,
+    decode_dataset,
+    load_model,
+    with_decoding,
+)
+from captioning.train import fit, validate
+from captioning.vocab import Vocabulary
+
+from .test_train import CONFIG, tiny
+
+DATA = Path(__file__).resolve().parent / "data"
+
+
+@pytest.fixture(scope="module")
+def shapes(tmp_path_factory):
+    root = tmp_path_factory.mktemp("shapes")
+    generate_shapes(root, num_train=24, num_val=6, num_test=6, seed=0, image_size=48)
+    return root
+
+
+@pytest.fixture(scope="module")
+def bf16_run(shapes, tmp_path_factory):
+    run = tmp_path_factory.mktemp("bf16")
+    fit(tiny(shapes, "train.precision=bf16", "train.epochs=1"), out_dir=run)
+    return run / "best.pt"
+
+
+def test_validation_evaluate_and_caption_decode_alike(shapes, bf16_run, tmp_path):
+    """A bf16 model's captions are the same whichever command produces them."""
+    model, cfg, vocab = load_model(bf16_run)
+    val = load_splits(cfg.data)["val"]
+    dataset = CaptionDataset(val, vocab, model.encoder.transform)
+    _, validated, _ = validate(model, dataset, cfg, torch.device("cpu"))
+    evaluated = evaluate_checkpoint(bf16_run, split="val", out_dir=tmp_path, progress=False)
+    predictions = json.loads((tmp_path / "predictions.json").read_text())
+    assert {p["image_id"]: p["caption"] for p in predictions} == validated
+    assert evaluated["decoding"]["precision"] == "bf16"
+    results = caption_files([r.path for r in val], model, vocab, cfg, torch.device("cpu"))
+    assert [r.caption for r in results] == [validated[r.image_id] for r in val]
+
+
+def test_caption_verb_decodes_under_the_run_precision(shapes, bf16_run, monkeypatch, capsys):
+    seen = []
+    real = torch.autocast
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("dtype"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "autocast", spy)
+    image = sorted((shapes / "images" / "test").glob("*.png"))[0]
+    assert main(["caption", str(image), "--checkpoint", str(bf16_run), "--quiet"]) == 0
+    assert seen == [torch.bfloat16]
+
+
+def test_a_figure_shows_the_words_of_the_caption_and_not_end():
+    vocab = Vocabulary(["<pad>", "<start>", "<end>", "<unk>", "red", "circle"])
+    alphas = torch.softmax(torch.randn(4, 6), dim=1)  # (T, L): red, circle, <end>, pad
+    decoded = Decoded(
+        tokens=torch.tensor([4, 5, 0, 0]),
+        lengths=torch.tensor(2),
+        alphas=alphas,
+        scores=torch.tensor(-1.0),
+        cells=torch.tensor([3, 1, 0, 0]),
+    )
+    result = CaptionResult.from_decoded("x.png", decoded, vocab)
+    assert result.caption == "red circle" and result.words == ["red", "circle"]
+    assert torch.equal(result.alphas, alphas[:2]) and result.cells == [3, 1]
+
+
+def test_epoch_figures_follow_the_caption_rule(shapes, tmp_path, monkeypatch):
+    drawn = []
+    real = train_module.draw_attention
+
+    def spy(result, grid_shape, out_dir, stem, **kwargs):
+        drawn.append((result, stem))
+        return real(result, grid_shape, out_dir, stem, **kwargs)
+
+    monkeypatch.setattr(train_module, "draw_attention", spy)
+    fit(tiny(shapes, "train.epochs=1", "decode.min_length=2"), out_dir=tmp_path / "run")
+    (result, stem), = drawn  # fmt: skip
+    assert stem == "epoch_001" and (tmp_path / "run" / "figures" / "epoch_001.png").is_file()
+    assert "<end>" not in result.words and len(result.words) == result.alphas.shape[0]
+    model, cfg, vocab = load_model(tmp_path / "run" / "last.pt")
+    first = load_splits(cfg.data)["val"][0]
+    (captioned,) = caption_files([first.path], model, vocab, cfg, torch.device("cpu"))
+    assert captioned.words == result.words
+    torch.testing.assert_close(captioned.alphas, result.alphas)  # batch of 1 vs 6: rounding
+
+
+def test_with_decoding_turns_a_beam_size_into_a_strategy():
+    cfg = load_config(CONFIG)
+    assert with_decoding(cfg).decode == cfg.decode
+    assert with_decoding(cfg, beam_size=1).decode.strategy == "greedy"
+    beam = with_decoding(cfg, beam_size=4, hard_context="argmax").decode
+    assert (beam.strategy, beam.beam_size, beam.hard_context) == ("beam", 4, "argmax")
+
+
+def test_a_version_1_checkpoint_loads_and_decodes_as_before(shapes, tmp_path):
+    """tests/data/checkpoint_v1.pt was written by the code before the format-2 rename (a hard
+    model with train.doubly_stochastic=0.5 and decode.hard_decode=argmax); its captions
+    were decoded by that code."""
+    payload = load_checkpoint(DATA / "checkpoint_v1.pt")
+    assert payload["format_version"] == FORMAT_VERSION
+    assert payload["config"]["train"]["doubly_stochastic_weight"] == 0.5
+    assert payload["config"]["decode"]["hard_context"] == "argmax"
+    assert isinstance(payload["rng"], list) and len(payload["rng"]) == 1
+    model, cfg, vocab = load_model(DATA / "checkpoint_v1.pt")
+    assert cfg.decode.hard_context == "argmax" and cfg.model.attention == "hard"
+    test = load_splits(load_config(CONFIG, [f"data.root={shapes}"]).data)["test"]
+    captions, _ = decode_dataset(
+        model, CaptionDataset(test, vocab, model.encoder.transform), cfg, torch.device("cpu")
+    )
+    before = json.loads((DATA / "checkpoint_v1_captions.json").read_text())
+    assert {str(k): v for k, v in captions.items()} == before
+    # and a run resumes from it
+    resume_cfg = load_config(CONFIG, [
+        f"data.root={shapes}", "model.attention=hard", "model.gate=none", "train.epochs=2",
+        "train.doubly_stochastic_weight=0.5",
+    ])  # fmt: skip
+    summary = fit(resume_cfg, out_dir=tmp_path / "run", resume=str(DATA / "checkpoint_v1.pt"))
+    assert summary["epochs"] == 2 and summary["steps"] == 6
+
+
+def test_old_config_key_names_say_what_they_became(tmp_path):
+    with pytest.raises(ConfigError, match="renamed to train.doubly_stochastic_weight"):
+        load_config(CONFIG, ["train.doubly_stochastic=0.5"])
+    old = tmp_path / "old.yaml"
+    old.write_text("decode:\n  hard_decode: argmax\n")
+    with pytest.raises(ConfigError, match="decode.hard_decode was renamed to decode.hard_context"):
+        load_config(old)
+
+
+def test_train_writes_to_runs_named_after_the_config(shapes, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args = ["train", "--config", CONFIG, "--set", f"data.root={shapes}", "--set",
+            "train.epochs=1", "--quiet"]  # fmt: skip
+    assert main(args) == 0
+    assert (tmp_path / "runs" / "test_tiny" / "last.pt").is_file()
