@@ -24,12 +24,12 @@ test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow
 
 lint: $(STAMP)
-	$(BIN)/ruff check captioning tests tools
-	$(BIN)/ruff format --check captioning tests tools
+	$(BIN)/ruff check captioning tests tools benchmarks
+	$(BIN)/ruff format --check captioning tests tools benchmarks
 
 format: $(STAMP)
-	$(BIN)/ruff format captioning tests tools
-	$(BIN)/ruff check --fix captioning tests tools
+	$(BIN)/ruff format captioning tests tools benchmarks
+	$(BIN)/ruff check --fix captioning tests tools benchmarks
 
 data: $(STAMP)
 	$(BIN)/captioning shapes --out data/shapes --train 8000 --val 500 --test 500 --seed 0
