@@ -1,14 +1,15 @@
 """How fast beam search could be on this machine: the arithmetic every implementation of
 the COCO-size model must do, timed on its own.
 
-    python tools/beam_floor.py --bench runs/bench/bench.json
-    python tools/beam_floor.py --beam-size 3 --images 32
+    python benchmarks/beam_floor.py --bench runs/bench/bench.json
+    python benchmarks/beam_floor.py --beam-size 3 --images 32
+    python -m benchmarks.beam_floor ...      (the same, from the repository root)
 
 Per word, beam search over B images with K beams runs the decoder's dense layers on B*K
 rows (LSTM cell, deep output, vocabulary projection, attention query, gate, context) and the
 additive score's activation on B*K*L*A values. Both the reference and ours must do this
 work; the reference adds the re-projection of the grid. This script times the two parts
-alone, with nothing around them, at the sizes of ``captioning bench --sizes coco``:
+alone, with nothing around them, at the sizes of ``python benchmarks/bench.py --sizes coco``:
 
 - the dense layers, each as one matrix product on B*K rows, and their FLOPs at the rate of
   one large square product (the machine's best case);
@@ -23,17 +24,21 @@ that the floor allows.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: the repository root holds the benchmarks
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
 import argparse
 import json
 import statistics
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
-from captioning.bench import coco_size
+from benchmarks.bench import coco_size
 from captioning.models import Decoder, build_attention
 
 # The benchmark's COCO size: its vocabulary and widths, and the grid of its ResNet-101 at
@@ -44,6 +49,13 @@ FEATURE_DIM, CELLS = 2048, 14 * 14
 
 
 def median_seconds(fn: Callable[[], object], repeats: int, warmup: int = 2) -> float:
+    """The median time of ``fn``.
+
+    Args:
+        fn: what is timed.
+        repeats: timed calls.
+        warmup: untimed calls first.
+    """
     for _ in range(warmup):
         fn()
     times = []
@@ -55,7 +67,13 @@ def median_seconds(fn: Callable[[], object], repeats: int, warmup: int = 2) -> f
 
 
 def dense_step(decoder: Decoder, images: int, beams: int) -> tuple[Callable[[], object], float]:
-    """One word's dense layers on images*beams rows, and their GFLOP."""
+    """One word's dense layers on images*beams rows, and their GFLOP.
+
+    Args:
+        decoder: a COCO-size decoder, whose layers are run.
+        images: B.
+        beams: K, the live beams per image.
+    """
     rows = images * beams
     g = torch.Generator().manual_seed(0)
     features = torch.randn(images, CELLS, FEATURE_DIM, generator=g)
@@ -88,7 +106,28 @@ def fused_score(keys: torch.Tensor, query: torch.Tensor, weight: torch.Tensor) -
     return (torch.tanh(keys + query) * weight).sum(dim=3)
 
 
-def main(argv: list[str] | None = None) -> int:
+def reference_seconds(path: Path, task: str) -> float:
+    """The reference's median time for ``task`` at COCO size, fp32 on the CPU.
+
+    Args:
+        path: a ``bench.json`` of ``python benchmarks/bench.py``.
+        task: ``beam3``, ``beam5``, ...
+
+    Raises:
+        OSError, ValueError, KeyError: the file cannot be read as a bench.json.
+        StopIteration: it holds no such measurement.
+    """
+    results = json.loads(path.read_text())
+    return next(
+        m["median_s"]
+        for m in results["measurements"]
+        if m["size"] == "coco" and m["device"] == "cpu" and m["precision"] == "fp32"
+        and m["task"] == task and m["impl"] == "reference" and m.get("median_s")
+    )  # fmt: skip
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of :func:`main`."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--beam-size", type=int, default=5)
     parser.add_argument("--images", type=int, default=32)
@@ -96,6 +135,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--no-compile", action="store_true", help="skip the fused score")
     parser.add_argument("--bench", type=Path, help="a bench.json with the reference's time")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Time the floor and print it; with ``--bench``, the speed-up it allows.
+
+    Args:
+        argv: the arguments (None: ``sys.argv[1:]``).
+
+    Returns:
+        0, or 2 when the bench file holds no reference time.
+    """
+    parser = build_parser()
     args = parser.parse_args(argv)
     if min(args.beam_size, args.images, args.max_length, args.repeats) < 1:
         parser.error("--beam-size, --images, --max-length and --repeats must be at least 1")
@@ -103,16 +155,10 @@ def main(argv: list[str] | None = None) -> int:
     reference = None
     if args.bench is not None:
         try:
-            results = json.loads(args.bench.read_text())
-            reference = next(
-                m["median_s"]
-                for m in results["measurements"]
-                if m["size"] == "coco" and m["device"] == "cpu" and m["precision"] == "fp32"
-                and m["task"] == task and m["impl"] == "reference" and m.get("median_s")
-            )  # fmt: skip
+            reference = reference_seconds(args.bench, task)
         except (OSError, ValueError, KeyError, StopIteration) as exc:
             print(f"error: no fp32 CPU reference time for {task} at COCO size in {args.bench} "
-                  f"({type(exc).__name__}); run `captioning bench --sizes coco` first",
+                  f"({type(exc).__name__}); run `python benchmarks/bench.py --sizes coco` first",
                   file=sys.stderr)  # fmt: skip
             return 2
 

@@ -1,27 +1,34 @@
-"""The benchmark: its naive reference must compute what ours computes, and a quick run must
-write every measurement and check."""
+"""The benchmark: its naive reference must compute what ours computes, what it times must be
+the package's own training step and decoding, and a quick run must write every measurement
+and check."""
 
 import json
 import math
+import subprocess
+import sys
 from functools import partial
+from pathlib import Path
 
 import pytest
 import torch
 
-from captioning import bench
-from captioning.bench import (
+from benchmarks import beam_floor, bench, reference
+from benchmarks.reference import (
     ReferenceDecoder,
     check_reference,
     end_biased,
+    load_reference,
     reference_beam_search,
     reference_greedy,
 )
+from captioning import inference, train
 from captioning.config import load_config
 from captioning.decoding import beam_search, greedy_decode
 from captioning.losses import caption_loss
 from captioning.models import build_model
 from captioning.vocab import Vocabulary
 
+REPO_ROOT = Path(__file__).resolve().parents[1]
 TINY = [
     "model.encoder=small_cnn",
     "model.image_size=16",
@@ -33,6 +40,7 @@ TINY = [
     "model.dropout=0",
 ]
 VOCAB = 20
+FEATURE_DIM = 16
 MAX_LENGTH = 8
 
 
@@ -46,48 +54,97 @@ def _one_thread():
     torch.set_num_threads(threads)
 
 
-def tiny_decoder(*overrides, vocab=VOCAB):
+def tiny_model(*overrides, vocab=VOCAB):
+    """The model section and the decoder (eval mode) of a tiny model."""
+    cfg = load_config(None, [*TINY, *overrides]).model
     torch.manual_seed(0)
-    return build_model(load_config(None, [*TINY, *overrides]).model, vocab).decoder.eval()
+    return cfg, build_model(cfg, vocab).decoder.eval()
+
+
+def tiny_decoder(*overrides, vocab=VOCAB):
+    return tiny_model(*overrides, vocab=vocab)[1]
+
+
+def reference_of(decoder, *overrides):
+    """The reference with ``decoder``'s weights (built from the tiny model's section)."""
+    return load_reference(load_config(None, [*TINY, *overrides]).model, decoder.state_dict())
 
 
 def tiny_data(batch=5, length=7):
     """Features (B, 16, 16): a 4x4 grid of 16 dims; captions <start> words <end>."""
     g = torch.Generator().manual_seed(1)
-    features = torch.randn(batch, 16, 16, generator=g)
+    features = torch.randn(batch, 16, FEATURE_DIM, generator=g)
     tokens = torch.randint(4, VOCAB, (batch, length), generator=g)
     tokens[:, 0] = Vocabulary.start_id
     tokens[:, -1] = Vocabulary.end_id
     return features, tokens
 
 
+# --------------------------------------------------------------------------- the reference
+
+
 @pytest.mark.parametrize(
     "overrides",
     [
         [],
-        ["model.score=general"],
+        ["model.score=additive_relu"],
         ["model.gate=vector", "model.deep_output=false"],
         ["model.context_to_lstm=false", "model.gate=none", "model.init_state=linear"],
     ],
-    ids=["additive", "general", "vector-gate-no-deep-output", "context-outside-the-lstm"],
+    ids=["additive", "additive-relu", "vector-gate-no-deep-output", "context-outside-the-lstm"],
 )
 def test_reference_teacher_forcing_matches_ours(overrides):
     decoder = tiny_decoder(*overrides).train()  # dropout is 0: train mode is deterministic
+    ref = reference_of(decoder, *overrides).train()
     features, tokens = tiny_data()
     ours = decoder(features, tokens[:, :-1])
-    reference = ReferenceDecoder(decoder)(features, tokens[:, :-1])
-    assert ours.logits.shape == reference.logits.shape == (5, 6, VOCAB)
-    assert (ours.logits - reference.logits).abs().max() < 1e-5
-    assert torch.allclose(ours.alphas, reference.alphas, atol=1e-6)
-    assert torch.allclose(ours.betas, reference.betas, atol=1e-6)
-    # the reference trains the same weights: same loss, same gradients
+    theirs = ref(features, tokens[:, :-1])
+    assert ours.logits.shape == theirs.logits.shape == (5, 6, VOCAB)
+    assert (ours.logits - theirs.logits).abs().max() < 1e-5
+    assert torch.allclose(ours.alphas, theirs.alphas, atol=1e-6)
+    assert torch.allclose(ours.betas, theirs.betas, atol=1e-6)
+    # the reference trains the same weights: same loss, same gradient for every weight
     grads = []
-    for output in (ours, reference):
-        decoder.zero_grad()
+    for module, output in ((decoder, ours), (ref, theirs)):
         caption_loss(output, tokens[:, 1:], Vocabulary.pad_id).total.backward()
-        grads.append([p.grad.clone() for p in decoder.parameters()])
-    for a, b in zip(*grads):
-        assert torch.allclose(a, b, atol=1e-5)
+        grads.append({name: p.grad for name, p in module.named_parameters()})
+    assert grads[0].keys() == grads[1].keys()
+    for name, grad in grads[0].items():
+        assert torch.allclose(grad, grads[1][name], atol=1e-5), name
+
+
+LAYOUTS = [
+    (gate, deep_output, context_to_lstm)
+    for gate in ("scalar", "vector", "none")
+    for deep_output in (True, False)
+    for context_to_lstm in (True, False)
+    if deep_output or context_to_lstm  # the decoder needs the context somewhere
+]
+
+
+@pytest.mark.parametrize("gate, deep_output, context_to_lstm", LAYOUTS)
+def test_reference_loads_the_decoders_state_dict_strictly(gate, deep_output, context_to_lstm):
+    overrides = [
+        f"model.gate={gate}",
+        f"model.deep_output={str(deep_output).lower()}",
+        f"model.context_to_lstm={str(context_to_lstm).lower()}",
+    ]
+    cfg, decoder = tiny_model(*overrides)
+    ref = ReferenceDecoder(cfg, VOCAB, FEATURE_DIM).eval()
+    state = decoder.state_dict()
+    assert set(ref.state_dict()) == set(state)  # the checkpoint's keys, no more, no fewer
+    missing = ref.load_state_dict(state)  # strict
+    assert not missing.missing_keys and not missing.unexpected_keys
+    features, tokens = tiny_data()
+    with torch.no_grad():
+        ours = decoder(features, tokens[:, :-1]).logits  # (B, T, V)
+        theirs = ref(features, tokens[:, :-1]).logits
+    assert (ours - theirs).abs().max() < 1e-5
+    # its own weights: changing the reference leaves the decoder as it was
+    with torch.no_grad():
+        ref.out.bias.add_(1.0)
+    assert torch.equal(decoder.out.bias, state["out.bias"])
+    assert not torch.equal(ref.out.bias, state["out.bias"])
 
 
 def decoders_by_ending(setting, decode):
@@ -110,13 +167,13 @@ def test_reference_beam_search_matches_ours(beam_size, setting):
     decode = partial(beam_search, beam_size=beam_size, max_length=MAX_LENGTH)
     decoder, features = decoders_by_ending(setting, decode)
     ours = decode(decoder, features)
-    reference = reference_beam_search(
-        ReferenceDecoder(decoder), features, beam_size=beam_size, max_length=MAX_LENGTH
+    theirs = reference_beam_search(
+        reference_of(decoder), features, beam_size=beam_size, max_length=MAX_LENGTH
     )
-    assert torch.equal(ours.tokens, reference.tokens)
-    assert torch.equal(ours.lengths, reference.lengths)
-    assert torch.allclose(ours.scores.double(), reference.scores.double(), atol=1e-6)
-    assert torch.allclose(ours.alphas.float(), reference.alphas, atol=1e-6)
+    assert torch.equal(ours.tokens, theirs.tokens)
+    assert torch.equal(ours.lengths, theirs.lengths)
+    assert torch.allclose(ours.scores.double(), theirs.scores.double(), atol=1e-6)
+    assert torch.allclose(ours.alphas.float(), theirs.alphas, atol=1e-6)
     ended = ours.lengths < MAX_LENGTH
     if setting == "never":
         assert not ended.any()
@@ -131,18 +188,18 @@ def test_reference_greedy_matches_ours(setting):
     decode = partial(greedy_decode, max_length=MAX_LENGTH)
     decoder, features = decoders_by_ending(setting, decode)
     ours = decode(decoder, features)
-    reference = reference_greedy(ReferenceDecoder(decoder), features, max_length=MAX_LENGTH)
-    assert torch.equal(ours.tokens, reference.tokens)
-    assert torch.equal(ours.lengths, reference.lengths)
-    assert torch.allclose(ours.scores.double(), reference.scores.double(), atol=1e-6)
+    theirs = reference_greedy(reference_of(decoder), features, max_length=MAX_LENGTH)
+    assert torch.equal(ours.tokens, theirs.tokens)
+    assert torch.equal(ours.lengths, theirs.lengths)
+    assert torch.allclose(ours.scores.double(), theirs.scores.double(), atol=1e-6)
     for row, length in enumerate(ours.lengths.tolist()):
         steps = min(length + 1, MAX_LENGTH)  # the words and the <end> step
-        assert torch.allclose(ours.alphas[row, :steps].float(), reference.alphas[row, :steps])
+        assert torch.allclose(ours.alphas[row, :steps].float(), theirs.alphas[row, :steps])
     # beam search with one beam is greedy decoding, in the reference too
     one_beam = reference_beam_search(
-        ReferenceDecoder(decoder), features, beam_size=1, max_length=MAX_LENGTH
+        reference_of(decoder), features, beam_size=1, max_length=MAX_LENGTH
     )
-    assert torch.equal(one_beam.lengths, reference.lengths)
+    assert torch.equal(one_beam.lengths, theirs.lengths)
     if setting == "early":
         ended = ours.lengths < MAX_LENGTH
         assert 0 < ended.sum() < len(ended)
@@ -182,20 +239,31 @@ def test_a_finished_caption_gives_way_to_a_better_one_found_later():
     decoder = markov_decoder(table)
     features = torch.randn(3, 16, 16, dtype=torch.float64)
     ours = beam_search(decoder, features, beam_size=2, max_length=6)
-    reference = reference_beam_search(
-        ReferenceDecoder(decoder), features, beam_size=2, max_length=6
-    )
-    assert ours.tokens.tolist() == reference.tokens.tolist() == [[A, D, 0]] * 3
-    assert torch.allclose(reference.scores, torch.tensor(math.log(0.5 * 0.98 * 0.9)), atol=1e-4)
-    assert torch.allclose(ours.scores.double(), reference.scores.double(), atol=1e-6)
+    theirs = reference_beam_search(reference_of(decoder), features, beam_size=2, max_length=6)
+    assert ours.tokens.tolist() == theirs.tokens.tolist() == [[A, D, 0]] * 3
+    assert torch.allclose(theirs.scores, torch.tensor(math.log(0.5 * 0.98 * 0.9)), atol=1e-4)
+    assert torch.allclose(ours.scores.double(), theirs.scores.double(), atol=1e-6)
 
 
-def test_reference_refuses_what_it_does_not_implement():
-    with pytest.raises(ValueError, match="soft attention"):
-        ReferenceDecoder(tiny_decoder("model.attention=hard"))
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("model.attention=hard", "soft attention"),
+        ("model.attention=none", "soft attention"),
+        ("model.score=general", "additive and additive_relu scores"),
+        ("model.score=dot", "additive and additive_relu scores"),
+    ],
+)
+def test_reference_refuses_what_it_does_not_implement(override, message):
+    cfg = load_config(None, [*TINY, override]).model
+    with pytest.raises(ValueError, match=message):
+        ReferenceDecoder(cfg, VOCAB, FEATURE_DIM)
+
+
+def test_reference_beam_search_refuses_a_length_penalty():
     features, _ = tiny_data()
     with pytest.raises(ValueError, match="length_penalty"):
-        reference_beam_search(ReferenceDecoder(tiny_decoder()), features, length_penalty=0.7)
+        reference_beam_search(reference_of(tiny_decoder()), features, length_penalty=0.7)
 
 
 def test_check_reference_reports_a_wrong_reference(monkeypatch):
@@ -205,13 +273,88 @@ def test_check_reference_reports_a_wrong_reference(monkeypatch):
         return decoded
 
     features, tokens = tiny_data()
-    good = check_reference(tiny_decoder(), features, tokens, MAX_LENGTH, torch.device("cpu"))
+    cfg, decoder = tiny_model()
+    good = check_reference(decoder, cfg, features, tokens, MAX_LENGTH, torch.device("cpu"))
     assert good["passed"] and good["logits_max_abs_diff"] < 1e-5
-    monkeypatch.setitem(bench.DECODERS, "beam5", (bench.DECODERS["beam5"][0], drops_a_word))
-    bad = check_reference(tiny_decoder(), features, tokens, MAX_LENGTH, torch.device("cpu"))
+    beam5 = reference.DECODERS["beam5"]
+    monkeypatch.setitem(reference.DECODERS, "beam5", (beam5[0], drops_a_word))
+    bad = check_reference(decoder, cfg, features, tokens, MAX_LENGTH, torch.device("cpu"))
     assert not bad["passed"]
     assert bad["captions"]["random"]["beam5"]["equal_share"] == 0.0
     assert bad["captions"]["random"]["beam3"]["equal_share"] == 1.0
+
+
+# --------------------------------------------------------------------------- what is timed
+
+
+def test_timed_steps_and_decoding_are_the_packages_own(tmp_path, monkeypatch):
+    assert bench.train_step is train.train_step
+    assert bench.caption_batch is inference.caption_batch
+    steps, decodes, compiled = [], [], []
+
+    def counting_step(run, module, batch, device):
+        steps.append({
+            "decoder": type(run.model.decoder).__name__, "inputs": sorted(batch),
+            "precision": run.cfg.train.precision, "compiled": module is not run.model,
+            "training": run.model.training,
+        })  # fmt: skip
+        return train.train_step(run, module, batch, device)
+
+    def counting_caption_batch(model, settings, precision, images=None, grid=None):
+        decodes.append((settings, precision, images is None and grid is not None, model.training))
+        return inference.caption_batch(model, settings, precision, images=images, grid=grid)
+
+    def eager_compile(fn, **kwargs):
+        def run_eagerly(*args, **kw):
+            compiled.append(fn)
+            return fn(*args, **kw)
+
+        return run_eagerly
+
+    monkeypatch.setattr(bench, "train_step", counting_step)
+    monkeypatch.setattr(bench, "caption_batch", counting_caption_batch)
+    monkeypatch.setattr(torch, "compile", eager_compile)
+    options = bench.BenchOptions(
+        sizes=["tiny"],
+        device="cpu",
+        precisions=["bf16"],
+        compile=True,
+        quick=True,
+        quiet=True,
+        out=str(tmp_path / "bench.json"),
+    )
+    results = bench.run_benchmark(options)
+    assert all(m["error"] is None for m in results["measurements"])
+
+    # one warm-up and one timed run of each: reference, ours and ours compiled
+    assert all(s["precision"] == "bf16" and s["training"] for s in steps)
+    theirs, ours, ours_compiled = (
+        ("ReferenceDecoder", False),
+        ("Decoder", False),
+        ("Decoder", True),
+    )
+    decoder_steps = [
+        (s["decoder"], s["compiled"]) for s in steps if s["inputs"] == ["grid", "tokens"]
+    ]
+    assert decoder_steps == [theirs] * 2 + [ours] * 2 + [ours_compiled] * 2
+    full_steps = [
+        (s["decoder"], s["compiled"]) for s in steps if s["inputs"] == ["images", "tokens"]
+    ]
+    assert full_steps == [ours] * 2 + [ours_compiled] * 2
+    assert len(steps) == len(decoder_steps) + len(full_steps)
+
+    # ours decodes through caption_batch, every caption to max_length, eager and compiled
+    assert len(decodes) == 3 * 2 * 2
+    for settings, precision, from_grid, training in decodes:
+        assert settings.max_length == settings.min_length == MAX_LENGTH
+        assert precision == "bf16" and from_grid and not training
+    strategies = [(s.strategy, s.beam_size) for s, *_ in decodes[:6]]
+    assert strategies[::2] == [("greedy", 3), ("beam", 3), ("beam", 5)]  # greedy ignores K
+    compiled_fns = {getattr(fn, "__name__", type(fn).__name__) for fn in compiled}
+    assert compiled_fns == {"step", "Captioner"}  # decoder.step, and the trained captioner
+
+
+# --------------------------------------------------------------------------- the script
 
 
 def test_quick_run_writes_every_measurement(tmp_path, monkeypatch, capsys):
@@ -266,6 +409,27 @@ def test_quick_run_writes_every_measurement(tmp_path, monkeypatch, capsys):
     assert out.with_suffix(".md").read_text().startswith("# Benchmark")
 
 
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--sizes", "tiny,huge"], "--sizes must name some of shapes, coco, tiny"),
+        (["--sizes", ","], "--sizes must name some of"),
+        (["--precisions", "fp16"], "--precisions must name fp32 and/or bf16"),
+        (["--repeats", "0"], "--repeats must be at least 1"),
+        (["--warmup", "-1"], "--warmup must be at least 0"),
+        (["--repeats", "many"], "argument --repeats: invalid int value"),
+        (["--device", "gpu"], "argument --device: invalid choice"),
+        (["--no-such-flag"], "unrecognized arguments"),
+    ],
+)
+def test_bad_options_are_one_line_errors(tmp_path, capsys, args, message):
+    assert bench.main([*args, "--out", str(tmp_path / "b.json")]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert err.startswith("error: ") and message in err and "\n" not in err
+    assert captured.out == "" and not (tmp_path / "b.json").exists()
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_cuda_without_cuda_is_a_one_line_error(tmp_path, capsys):
     assert (
@@ -275,16 +439,39 @@ def test_cuda_without_cuda_is_a_one_line_error(tmp_path, capsys):
     assert err.startswith("error: ") and "CUDA" in err and "\n" not in err
 
 
-def _beam_floor():
-    """tools/beam_floor.py as a module (tools/ is not a package)."""
-    import importlib.util
-    from pathlib import Path
+def test_a_failed_reference_check_exits_1(tmp_path, monkeypatch, capsys):
+    def failing_check(*args, **kwargs):
+        return {**check_reference(*args, **kwargs), "passed": False}
 
-    path = Path(__file__).resolve().parents[1] / "tools" / "beam_floor.py"
-    spec = importlib.util.spec_from_file_location("beam_floor", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    monkeypatch.setattr(bench, "check_reference", failing_check)
+    monkeypatch.setattr(bench, "_time_device", lambda *args, **kwargs: [])  # no timings
+    out = tmp_path / "bench.json"
+    argv = ["--sizes", "tiny", "--quick", "--device", "cpu", "--quiet", "--out", str(out)]
+    assert bench.main(argv) == 1
+    captured = capsys.readouterr()
+    assert "| NO |" in captured.out
+    assert captured.err.strip().splitlines()[-1] == (
+        "error: ours and the reference disagree (see the checks table)"
+    )
+    assert json.loads(out.read_text())["passed"] is False
+
+
+def test_the_scripts_run_from_the_repository_root():
+    def run(*args):
+        return subprocess.run(
+            [sys.executable, *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120
+        )
+
+    as_script = run("benchmarks/bench.py", "--sizes", "nope")
+    assert as_script.returncode == 2
+    assert as_script.stderr.strip().splitlines() == [
+        "error: --sizes must name some of shapes, coco, tiny; got ['nope']"
+    ]
+    as_module = run("-m", "benchmarks.beam_floor", "--help")
+    assert as_module.returncode == 0 and "--bench" in as_module.stdout
+
+
+# --------------------------------------------------------------------------- beam floor
 
 
 def test_beam_floor_bounds_the_speed_up_from_a_bench_file(tmp_path, capsys):
@@ -294,9 +481,8 @@ def test_beam_floor_bounds_the_speed_up_from_a_bench_file(tmp_path, capsys):
     ]}  # fmt: skip
     path = tmp_path / "bench.json"
     path.write_text(json.dumps(results))
-    floor = _beam_floor()
     args = ["--beam-size", "2", "--images", "2", "--max-length", "2", "--repeats", "1"]
-    assert floor.main([*args, "--no-compile", "--bench", str(path)]) == 0
+    assert beam_floor.main([*args, "--no-compile", "--bench", str(path)]) == 0
     out = capsys.readouterr().out
     dense = float(out.split("dense layers:")[1].split(" s")[0])
     tanh = float(out.split("eager tanh:")[1].split(" s")[0])
@@ -308,6 +494,7 @@ def test_beam_floor_bounds_the_speed_up_from_a_bench_file(tmp_path, capsys):
     assert "20x the reference needs 50 s" in out
 
     # a bench file without that reference is a one-line error
-    assert floor.main([*args, "--no-compile", "--bench", str(tmp_path / "missing.json")]) == 2
+    assert beam_floor.main([*args, "--no-compile", "--bench", str(tmp_path / "missing.json")]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "run `captioning bench --sizes coco` first" in err
+    assert len(err.splitlines()) == 1
+    assert "run `python benchmarks/bench.py --sizes coco` first" in err
