@@ -114,7 +114,9 @@ class TrainConfig:
     semi_sampling_p: float = 0.5  # share of minibatches (or captions) that sample cells
     semi_sampling: Literal["batch", "sample"] = "batch"  # the authors mix per minibatch
     # numerics and bookkeeping
-    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    # auto: bf16 where the device computes it natively (CUDA, AVX-512 BF16 or AMX CPUs), else
+    # fp32; training resolves it once and records the result in config.yaml and checkpoints
+    precision: Literal["fp32", "bf16", "fp16", "auto"] = "fp32"
     device: str = "auto"  # auto, cpu, cuda, cuda:1, ...
     threads: int | None = None  # torch.set_num_threads on CPU; None keeps torch's choice
     seed: int = 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -35,8 +36,39 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def native_bf16(device: torch.device) -> bool:
+    """Whether ``device`` computes in bf16 natively: a CUDA GPU that supports it, or a CPU
+    with AVX-512 BF16 or AMX. Elsewhere bf16 autocast is emulated and several times slower
+    than fp32."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    if device.type != "cpu":
+        return False
+    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    line = next((line for line in cpuinfo.splitlines() if line.startswith("flags")), "")
+    return set(line.split(":", 1)[-1].split())
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """``auto`` becomes ``bf16`` where ``device`` runs it natively, else ``fp32``; any other
+    precision is kept."""
+    if precision != "auto":
+        return precision
+    return "bf16" if native_bf16(device) else "fp32"
+
+
 def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
-    """Mixed precision (``bf16`` or ``fp16``) for a forward pass; ``fp32`` is a no-op."""
+    """Mixed precision (``bf16`` or ``fp16``; ``auto``: see :func:`resolve_precision`) for a
+    forward pass; ``fp32`` is a no-op."""
+    precision = resolve_precision(precision, device)
     if precision == "fp32":
         return contextlib.nullcontext()
     dtype = torch.bfloat16 if precision == "bf16" else torch.float16

@@ -24,7 +24,13 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from captioning.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
-from captioning.config import Config, config_from_dict, config_to_dict, save_config
+from captioning.config import (
+    Config,
+    config_from_dict,
+    config_to_dict,
+    replace_section,
+    save_config,
+)
 from captioning.data import (
     CaptionBatchSampler,
     CaptionDataset,
@@ -51,7 +57,7 @@ from captioning.losses import LossTerms, MovingAverageBaseline, caption_loss
 from captioning.metrics import score_predictions
 from captioning.models import Captioner, build_model
 from captioning.optim import LRSchedule, build_optimizer
-from captioning.runtime import autocast, seed_everything
+from captioning.runtime import autocast, resolve_precision, seed_everything
 from captioning.vocab import Vocabulary
 
 logger = logging.getLogger("captioning")
@@ -428,6 +434,10 @@ class Setup:
 
 def set_up(cfg: Config, resume: str | None, world: World, device: torch.device) -> Setup:
     """Data, vocabulary, model, optimiser and state, from scratch or from ``resume``."""
+    precision = resolve_precision(cfg.train.precision, device)
+    if precision != cfg.train.precision:
+        logger.info("train.precision=auto: %s on this %s", precision, device.type)
+        cfg = replace_section(cfg, "train", precision=precision)
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     seed_everything(cfg.train.seed)

@@ -1,0 +1,54 @@
+"""Device, precision and seeding helpers."""
+
+import pytest
+import torch
+import yaml
+
+import captioning.runtime as runtime
+from captioning.checkpoint import load_checkpoint
+from captioning.errors import CaptioningError
+from captioning.runtime import autocast, native_bf16, resolve_device, resolve_precision
+from captioning.train import fit
+
+from .test_train import tiny
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def shapes(tmp_path_factory):
+    from captioning.data.shapes import generate_shapes
+
+    root = tmp_path_factory.mktemp("shapes")
+    generate_shapes(root, num_train=24, num_val=6, num_test=6, seed=0, image_size=48)
+    return root
+
+
+@pytest.mark.parametrize(
+    ("flags", "native"),
+    [({"avx2", "avx512f"}, False), ({"avx512f", "avx512_bf16"}, True), ({"amx_bf16"}, True)],
+)
+def test_auto_precision_is_bf16_only_where_the_cpu_has_it(monkeypatch, flags, native):
+    monkeypatch.setattr(runtime, "cpu_flags", lambda: flags)
+    assert native_bf16(CPU) is native
+    assert resolve_precision("auto", CPU) == ("bf16" if native else "fp32")
+    assert resolve_precision("fp16", CPU) == "fp16"  # an explicit choice is kept
+    with autocast(CPU, "auto"):
+        product = torch.ones(2, 2) @ torch.ones(2, 2)
+    assert product.dtype == (torch.bfloat16 if native else torch.float32)
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_training_records_the_precision_auto_chose(shapes, tmp_path, monkeypatch, native):
+    monkeypatch.setattr(runtime, "cpu_flags", lambda: {"avx512_bf16"} if native else set())
+    fit(tiny(shapes, "train.precision=auto", "train.epochs=1"), out_dir=tmp_path / "run")
+    expected = "bf16" if native else "fp32"
+    saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert saved["train"]["precision"] == expected
+    assert load_checkpoint(tmp_path / "run" / "last.pt")["config"]["train"]["precision"] == expected
+
+
+def test_resolve_device_errors_are_one_line():
+    assert resolve_device("cpu") == CPU
+    with pytest.raises(CaptioningError, match="unknown device 'gpu0'"):
+        resolve_device("gpu0")
