@@ -36,6 +36,7 @@ from torch import nn
 from captioning.config import DecodeConfig, ModelConfig
 from captioning.decoding import Decoded, decode
 from captioning.models import Decoder, DecoderOutput
+from captioning.models.attention import EXPECTATION, HardContext
 from captioning.vocab import Vocabulary
 
 LOGITS_TOLERANCE = 1e-5
@@ -87,6 +88,8 @@ class ReferenceAttention(nn.Module):
     Args:
         score: the :class:`ReferenceScore`.
     """
+
+    stochastic = False  # soft attention
 
     def __init__(self, score: ReferenceScore) -> None:
         super().__init__()
@@ -190,10 +193,16 @@ class ReferenceDecoder(nn.Module):
             logits = self.out(self.dropout(h))  # (B, V)
         return logits, h, c, alpha, beta
 
-    def forward(self, features: torch.Tensor, tokens: torch.Tensor, **_: object) -> DecoderOutput:
+    def forward(
+        self,
+        features: torch.Tensor,
+        tokens: torch.Tensor,
+        hard: HardContext = EXPECTATION,
+        targets: torch.Tensor | None = None,
+    ) -> DecoderOutput:
         """Teacher forcing: ``features`` (B, L, D), input ``tokens`` (B, T) → T steps of
         logits (B, T, V), alphas (B, T, L) and betas (B, T), as :meth:`Decoder.forward`.
-        Attention keyword arguments (hard attention's) are accepted and ignored."""
+        The reference attention is soft: ``hard`` and ``targets`` do not apply to it."""
         h, c = self.init_state(features)
         logits, alphas, betas = [], [], []
         for t in range(tokens.shape[1]):

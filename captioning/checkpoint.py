@@ -25,7 +25,9 @@ from captioning.errors import CheckpointError
 
 # 2: renamed config keys (see captioning.config.RENAMED_KEYS); ``rng`` is a list with one
 #    state per process (version 1: one dict, and every rank's in ``rng_ranks`` under DDP).
-FORMAT_VERSION = 2
+# 3: the training objective's state under ``objective`` (version 2: the hard-attention
+#    baseline under ``baseline``).
+FORMAT_VERSION = 3
 REQUIRED_KEYS = ("format_version", "model", "config", "vocab", "epoch", "step")
 _PLAIN = (str, int, float, bool, type(None), torch.Tensor)
 
@@ -90,9 +92,11 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     version = payload.get("format_version")
     if version is None:
         raise CheckpointError(f"{path}: not a captioning checkpoint (no format_version)")
-    if version == 1:
-        payload = _upgrade_from_version_1(payload)
-    elif version != FORMAT_VERSION:
+    upgrades = {1: _upgrade_from_version_1, 2: _upgrade_from_version_2}
+    while version in upgrades:
+        payload = upgrades[version](payload)
+        version = payload["format_version"]
+    if version != FORMAT_VERSION:
         raise CheckpointError(
             f"{path}: checkpoint format version {version}, this code reads version "
             f"{FORMAT_VERSION}; use the matching release of captioning"
@@ -104,14 +108,24 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
 
 
 def _upgrade_from_version_1(payload: dict[str, Any]) -> dict[str, Any]:
-    """A version-1 checkpoint in the version-2 schema."""
+    """A version-1 checkpoint in the version-2 schema (renamed keys, ``rng`` a list)."""
     payload = dict(payload)
     if isinstance(payload.get("config"), dict):
         payload["config"] = rename_legacy_keys(payload["config"])
     ranks = payload.pop("rng_ranks", None)
     if isinstance(payload.get("rng"), dict):
         payload["rng"] = list(ranks) if ranks else [payload["rng"]]
-    payload["format_version"] = FORMAT_VERSION
+    payload["format_version"] = 2
+    return payload
+
+
+def _upgrade_from_version_2(payload: dict[str, Any]) -> dict[str, Any]:
+    """A version-2 checkpoint in the version-3 schema: the baseline moves into the
+    objective's state."""
+    payload = dict(payload)
+    baseline = payload.pop("baseline", None)
+    payload["objective"] = {"baseline": baseline} if isinstance(baseline, dict) else {}
+    payload["format_version"] = 3
     return payload
 
 

@@ -113,6 +113,15 @@ class TrainConfig:
     baseline_decay: float = 0.9
     semi_sampling_p: float = 0.5  # share of minibatches (or captions) that sample cells
     semi_sampling: Literal["batch", "sample"] = "batch"  # the authors mix per minibatch
+    # how hard attention's gradient is estimated (see captioning/hard_attention.py and the
+    # README): the paper's REINFORCE with a moving-average baseline, leave-one-out
+    # REINFORCE or VIMCO over hard_samples samples per caption, straight-through
+    # Gumbel-softmax, or the exact marginal likelihood (model.context_to_lstm: false only)
+    hard_estimator: Literal["reinforce", "reinforce_loo", "vimco", "gumbel", "exact"] = "reinforce"
+    hard_samples: int = 4  # K, the samples per caption of reinforce_loo and vimco
+    gumbel_temperature: float = 1.0  # the starting temperature of the relaxation
+    gumbel_min_temperature: float = 0.5
+    gumbel_anneal_rate: float = 1e-4  # temperature *= exp(-rate) after every step
     # numerics and bookkeeping
     # auto: bf16 where the device computes it natively (CUDA, AVX-512 BF16 or AMX CPUs), else
     # fp32; training resolves it once and records the result in config.yaml and checkpoints
@@ -139,8 +148,9 @@ class DecodeConfig:
     temperature: float = 1.0
     top_k: int = 0
     # how a hard-attention model forms its context when decoding: the expected context (as
-    # the authors decode), the most likely cell's feature, or a sampled cell's
-    hard_context: Literal["expectation", "argmax", "sample"] = "expectation"
+    # the authors decode), the most likely cell's feature, a sampled cell's, or (with
+    # model.context_to_lstm: false) the exact marginal of the next word over the cells
+    hard_context: Literal["expectation", "argmax", "sample", "marginal"] = "expectation"
 
 
 @dataclass
@@ -288,6 +298,7 @@ def _validate(cfg: Config) -> None:
         "model.image_size": cfg.model.image_size,
         "decode.beam_size": cfg.decode.beam_size,
         "decode.max_length": cfg.decode.max_length,
+        "train.hard_samples": cfg.train.hard_samples,
     }
     for key, value in positive.items():
         if value < 1:
@@ -296,6 +307,7 @@ def _validate(cfg: Config) -> None:
         raise ConfigError(
             f"train.semi_sampling_p must be in [0, 1], got {cfg.train.semi_sampling_p}"
         )
+    _validate_hard_estimator(cfg)
     if not (cfg.model.context_to_lstm or cfg.model.deep_output):
         raise ConfigError(
             "model.context_to_lstm=false needs model.deep_output=true, "
@@ -306,6 +318,38 @@ def _validate(cfg: Config) -> None:
     if set(cfg.data.splits) - {"train", "val", "test"}:
         extra = sorted(set(cfg.data.splits) - {"train", "val", "test"})
         raise ConfigError(f"data.splits keys must be train, val, test; got {extra}")
+
+
+def _validate_hard_estimator(cfg: Config) -> None:
+    """Refuse hard-attention estimator settings that cannot work, with the reason."""
+    train, name = cfg.train, cfg.train.hard_estimator
+    if name != "reinforce" and cfg.model.attention != "hard":
+        raise ConfigError(f"train.hard_estimator={name} trains hard attention; this model has "
+                          f"model.attention={cfg.model.attention}")  # fmt: skip
+    if name == "exact" and cfg.model.context_to_lstm:
+        raise ConfigError(
+            "train.hard_estimator=exact needs model.context_to_lstm=false: with the context "
+            "fed to the LSTM, h_t depends on every earlier cell and the marginal has L^T terms"
+        )
+    if name in ("reinforce_loo", "vimco") and train.hard_samples < 2:
+        raise ConfigError(
+            f"train.hard_estimator={name} compares samples with each other: "
+            f"train.hard_samples must be at least 2, got {train.hard_samples}"
+        )
+    if not 0 < train.gumbel_min_temperature <= train.gumbel_temperature:
+        raise ConfigError(
+            "train.gumbel_temperature must be at least train.gumbel_min_temperature > 0; got "
+            f"{train.gumbel_temperature} and {train.gumbel_min_temperature}"
+        )
+    if train.gumbel_anneal_rate < 0:
+        raise ConfigError(f"train.gumbel_anneal_rate must be >= 0, got {train.gumbel_anneal_rate}")
+    if not 0.0 <= train.baseline_decay <= 1.0:
+        raise ConfigError(f"train.baseline_decay must be in [0, 1], got {train.baseline_decay}")
+    if cfg.decode.hard_context == "marginal" and cfg.model.context_to_lstm:
+        raise ConfigError(
+            "decode.hard_context=marginal needs model.context_to_lstm=false: with the context "
+            "in the LSTM the marginal over cells is not one sum per word"
+        )
 
 
 # --------------------------------------------------------------------------- public API

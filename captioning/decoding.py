@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields
 import torch
 
 from captioning.config import DecodeConfig
+from captioning.models.attention import HardContext
 from captioning.models.decoder import Decoder
 from captioning.vocab import Vocabulary
 
@@ -80,8 +81,9 @@ def _step_by_step(
     lengths = torch.zeros(batch, dtype=torch.long, device=features.device)
     scores = torch.zeros(batch, device=features.device)
     words, alphas, cells = [], [], []
+    hard = HardContext(mode=hard_context)
     for step in range(max_length):
-        out = decoder.step(tokens, state, features, keys, hard_context=hard_context)
+        out = decoder.step(tokens, state, features, keys, hard)
         log_probs = torch.log_softmax(out.logits.float(), dim=1)  # (B, V)
         log_probs = _mask_logits(log_probs, step, min_length, suppress_unk)
         tokens = choose(log_probs)  # (B,)
@@ -412,8 +414,9 @@ def beam_search(
         scores=search.best_raw.clone(),  # (B,)
     )
     longest_penalty = _length_penalty(torch.tensor(max_length), length_penalty)
+    hard = HardContext(mode=hard_context)
     for step in range(max_length):
-        out = decoder.step(tokens, state, features, keys, hard_context=hard_context)
+        out = decoder.step(tokens, state, features, keys, hard)
         if out.attention.cell is not None and answer.cells is None:
             answer.cells = search.best_cells.new_zeros(batch, max_length)
         log_probs = torch.log_softmax(out.logits.float(), dim=1)  # (b*n, V)

@@ -111,3 +111,12 @@ def any_rank(world: World, flag: bool, device: torch.device) -> bool:
     tensor = torch.tensor([1.0 if flag else 0.0], device=device)
     dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
     return bool(tensor.item() > 0)
+
+
+def sum_over_ranks(world: World, values: list[float], device: torch.device) -> list[float]:
+    """The sum of each value over the ranks (all ranks must call this)."""
+    if not world.enabled:
+        return list(values)
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(tensor)
+    return tensor.tolist()

@@ -1,5 +1,6 @@
-"""Training losses: masked cross-entropy, the doubly stochastic attention penalty, and the
-REINFORCE surrogate for hard attention.
+"""Training losses: masked cross-entropy and the doubly stochastic attention penalty, and
+the objective that trains soft attention with them (hard attention's lives in
+:mod:`captioning.hard_attention`).
 
 Normalisation follows the authors' code: the negative log-likelihood is summed over the words
 of a caption and averaged over captions, and the penalty lambda * sum_i (1 - sum_t alpha_ti)^2
@@ -9,11 +10,15 @@ is per caption too, so lambda means what it means in the paper. Padding never co
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from captioning.models.decoder import DecoderOutput
+from captioning.runtime import autocast
+from captioning.vocab import Vocabulary
 
 
 def token_nll(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -43,70 +48,30 @@ def attention_entropy(alphas: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (entropy * mask).sum(dim=1)
 
 
-class MovingAverageBaseline:
-    """b <- decay * b + (1 - decay) * mean reward, the paper's variance-reduction baseline.
-
-    The first update sets b to the first mean reward, so early rewards are not compared with
-    an arbitrary zero. Its state is two numbers, saved in checkpoints.
-    """
-
-    def __init__(self, decay: float = 0.9) -> None:
-        self.decay = decay
-        self.value = 0.0
-        self.initialized = False
-
-    def update(self, rewards: torch.Tensor) -> None:
-        mean = float(rewards.mean())
-        if not self.initialized:
-            self.value, self.initialized = mean, True
-        else:
-            self.value = self.decay * self.value + (1.0 - self.decay) * mean
-
-    def state_dict(self) -> dict[str, float | bool]:
-        return {"value": self.value, "initialized": self.initialized, "decay": self.decay}
-
-    def load_state_dict(self, state: dict[str, float | bool]) -> None:
-        self.value = float(state["value"])
-        self.initialized = bool(state["initialized"])
-        self.decay = float(state["decay"])
-
-
-def reinforce_surrogate(
-    log_probs: torch.Tensor,
-    rewards: torch.Tensor,
-    baseline: float,
-    step_mask: torch.Tensor,
-) -> torch.Tensor:
-    """A per-caption surrogate whose gradient is the REINFORCE estimate.
-
-    d/dθ [-(r - b) * sum_t log p(s_t)] = -(r - b) * sum_t d log p(s_t): minimising it
-    ascends the expected reward. ``r`` is detached: the reward's own gradient reaches the
-    model through the likelihood term of the loss.
-
-    Args:
-        log_probs: (B, T) log p(s_t) of the sampled cells.
-        rewards: (B,) the reward of each caption (its log-likelihood given the samples).
-        baseline: the moving-average baseline b.
-        step_mask: (B, T) 1 where a cell was sampled at a real step.
-    Returns:
-        (B,) surrogate per caption.
-    """
-    advantage = (rewards.detach() - baseline).unsqueeze(1)  # (B, 1)
-    return -(advantage * log_probs * step_mask).sum(dim=1)
-
-
 @dataclass
 class LossTerms:
-    """The parts of a training loss; ``total`` is what is back-propagated."""
+    """The parts of a training loss; ``total`` is what is back-propagated. Terms an
+    objective does not have are None."""
 
     total: torch.Tensor
     nll: torch.Tensor  # mean per caption
     nll_per_token: torch.Tensor
     penalty: torch.Tensor
-    reinforce: torch.Tensor
-    entropy: torch.Tensor
-    reward: torch.Tensor
     tokens: int
+    reinforce: torch.Tensor | None = None  # the score-function surrogate, mean per caption
+    entropy: torch.Tensor | None = None  # attention entropy of the sampled steps
+    reward: torch.Tensor | None = None  # mean log p(y | a, s) of the captions that sampled
+
+    def scalars(self) -> dict[str, float]:
+        """The terms to log, by name."""
+        values = {
+            "loss": self.total,
+            "nll_per_token": self.nll_per_token,
+            "penalty": self.penalty,
+            "reward": self.reward,
+            "entropy": self.entropy,
+        }
+        return {k: float(v.detach()) for k, v in values.items() if v is not None}
 
 
 def caption_loss(
@@ -114,17 +79,10 @@ def caption_loss(
     targets: torch.Tensor,
     pad_id: int,
     penalty_weight: float = 1.0,
-    baseline: MovingAverageBaseline | None = None,
-    reinforce_weight: float = 0.1,
-    entropy_weight: float = 0.002,
 ) -> LossTerms:
-    """The Show, Attend and Tell objective for soft or hard attention.
-
-    Soft: NLL + lambda * penalty. Hard (``output.log_probs`` present): the NLL given the
-    sampled cells, plus the REINFORCE surrogate (reward = the caption's log-likelihood,
-    minus the moving-average baseline, scaled by ``reinforce_weight``), minus
-    ``entropy_weight`` times the attention entropy, plus the penalty. The baseline is updated
-    with the rewards of the captions that sampled.
+    """Soft (or no) attention: NLL + lambda * the doubly stochastic penalty, per caption,
+    averaged over captions. A hard model's sampled output gives its likelihood given the
+    samples here; its estimator terms come from :mod:`captioning.hard_attention`.
 
     Args:
         output: the decoder's teacher-forced output for ``targets``.
@@ -133,32 +91,65 @@ def caption_loss(
     """
     mask = (targets != pad_id).float()  # (B, T)
     nll = token_nll(output.logits, targets, mask)  # (B, T)
-    nll_caption = nll.sum(dim=1)  # (B,)
     penalty = doubly_stochastic_penalty(output.alphas, mask)  # (B,)
-    total = nll_caption + penalty_weight * penalty
-    zero = total.new_zeros(())
-    reinforce, entropy, reward = zero, zero, zero
-    if output.log_probs is not None:
-        step_mask = mask * output.sampled.float()  # (B, T)
-        rows = step_mask.sum(dim=1) > 0  # captions that sampled at all
-        rewards = -nll_caption.detach()  # (B,) log p(y | a, s)
-        if baseline is None:
-            raise ValueError("hard attention needs a MovingAverageBaseline")
-        if rows.any():
-            surrogate = reinforce_surrogate(output.log_probs, rewards, baseline.value, step_mask)
-            entropies = attention_entropy(output.alphas, step_mask)  # (B,)
-            total = total + reinforce_weight * surrogate - entropy_weight * entropies
-            reinforce, entropy = surrogate.mean(), entropies.mean()
-            reward = rewards[rows].mean()
-            baseline.update(rewards[rows])
+    return caption_terms(nll, penalty, penalty_weight, mask)
+
+
+def caption_terms(
+    nll: torch.Tensor, penalty: torch.Tensor, penalty_weight: float, mask: torch.Tensor
+) -> LossTerms:
+    """The cross-entropy objective's terms from per-token NLL (B, T) and penalty (B,)."""
+    nll_caption = nll.sum(dim=1)  # (B,)
     num_tokens = int(mask.sum())
     return LossTerms(
-        total=total.mean(),
+        total=(nll_caption + penalty_weight * penalty).mean(),
         nll=nll_caption.mean().detach(),
         nll_per_token=(nll.sum() / max(num_tokens, 1)).detach(),
         penalty=penalty.mean().detach(),
-        reinforce=reinforce.detach(),
-        entropy=entropy.detach(),
-        reward=reward.detach(),
         tokens=num_tokens,
     )
+
+
+class CrossEntropyObjective:
+    """Soft (or no) attention's training objective: teacher-forced cross-entropy plus the
+    doubly stochastic penalty. It has no state; it shares the interface of
+    :class:`captioning.hard_attention.HardAttentionObjective` so that training never asks
+    which attention it trains.
+
+    Args:
+        penalty_weight: lambda of the doubly stochastic penalty.
+        device, precision: where and in which precision the forward pass runs.
+    """
+
+    def __init__(self, penalty_weight: float, device: torch.device, precision: str) -> None:
+        self.penalty_weight = penalty_weight
+        self.device = device
+        self.precision = precision
+
+    def loss(
+        self,
+        module: nn.Module,
+        images: torch.Tensor | None,
+        grid: torch.Tensor | None,
+        tokens: torch.Tensor,
+        step: int,
+    ) -> LossTerms:
+        """The loss of one batch (``module``: the captioner or its DDP wrapper)."""
+        with autocast(self.device, self.precision):
+            output = module(images, tokens, grid=grid)
+        return caption_loss(output, tokens[:, 1:], Vocabulary.pad_id, self.penalty_weight)
+
+    def commit(self) -> None:
+        """Called once the step is known to be finite; nothing to update."""
+
+    def discard(self) -> None:
+        """Called when the step was skipped; nothing to forget."""
+
+    def scalars(self) -> dict[str, float]:
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Nothing to restore."""

@@ -52,12 +52,13 @@ from captioning.distributed import (
 )
 from captioning.errors import CaptioningError, CheckpointError
 from captioning.feature_cache import find_caches
+from captioning.hard_attention import HardAttentionObjective
 from captioning.inference import CaptionResult, decode_dataset, draw_attention
-from captioning.losses import LossTerms, MovingAverageBaseline, caption_loss
+from captioning.losses import CrossEntropyObjective, LossTerms
 from captioning.metrics import score_predictions
 from captioning.models import Captioner, build_model
 from captioning.optim import LRSchedule, build_optimizer
-from captioning.runtime import autocast, resolve_precision, seed_everything
+from captioning.runtime import resolve_precision, seed_everything
 from captioning.vocab import Vocabulary
 
 logger = logging.getLogger("captioning")
@@ -95,7 +96,8 @@ class Run:
         optimizer: Adam over the trainable weights.
         schedule: the learning-rate schedule.
         scaler: the fp16 loss scaler, else None.
-        baseline: the hard-attention reward baseline.
+        objective: what the model is trained to minimise, and its state (for hard
+            attention: the estimator, its baseline and temperature).
         progress: the counters.
         world: this process's place among the training processes.
     """
@@ -106,7 +108,7 @@ class Run:
     optimizer: torch.optim.Optimizer
     schedule: LRSchedule
     scaler: torch.amp.GradScaler | None
-    baseline: MovingAverageBaseline
+    objective: CrossEntropyObjective | HardAttentionObjective
     progress: Progress = field(default_factory=Progress)
     world: World = SINGLE
 
@@ -120,7 +122,8 @@ class Run:
         device: torch.device,
         world: World = SINGLE,
     ) -> Run:
-        """A fresh run of ``model``: its optimiser, schedule, scaler and baseline from ``cfg``."""
+        """A fresh run of ``model``: its optimiser, schedule, scaler and objective from
+        ``cfg``."""
         optimizer = build_optimizer(model, cfg.train)
         return cls(
             cfg=cfg,
@@ -129,7 +132,7 @@ class Run:
             optimizer=optimizer,
             schedule=LRSchedule(optimizer, cfg.train, steps_per_epoch),
             scaler=torch.amp.GradScaler(device.type) if cfg.train.precision == "fp16" else None,
-            baseline=MovingAverageBaseline(cfg.train.baseline_decay),
+            objective=build_objective(cfg, model, device, world),
             world=world,
         )
 
@@ -141,7 +144,7 @@ class Run:
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.schedule.state_dict(),
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
-            "baseline": self.baseline.state_dict(),
+            "objective": self.objective.state_dict(),
             **dataclasses.asdict(self.progress),
             "config": config_to_dict(self.cfg),
             "vocab": self.vocab.to_list(),
@@ -156,7 +159,7 @@ class Run:
         self.schedule.load_state_dict(payload["scheduler"])
         if self.scaler is not None and payload.get("scaler") is not None:
             self.scaler.load_state_dict(payload["scaler"])
-        self.baseline.load_state_dict(payload["baseline"])
+        self.objective.load_state_dict(payload["objective"])
         self.progress = Progress(**{f.name: payload[f.name] for f in dataclasses.fields(Progress)})
         self.progress.history = list(self.progress.history)
         ranks = payload["rng"]
@@ -166,24 +169,14 @@ class Run:
 # --------------------------------------------------------------------------- one step
 
 
-def semi_sampling_kwargs(
-    p: float,
-    granularity: str,
-    batch_size: int,
-    device: torch.device,
-    generator: torch.Generator | None = None,
-) -> dict[str, Any]:
-    """The paper's mix of hard and soft minibatches: with probability ``p`` a minibatch
-    (``granularity="batch"``, as the authors) or each caption (``"sample"``) is trained with
-    sampled cells, otherwise with the expected context. p=0 never samples, p=1 always does.
-    The minibatch coin uses ``generator`` when given (training seeds it with the step, so
-    every DDP process makes the same choice for its slice of the global batch).
-    """
-    if granularity == "batch":
-        coin = float(torch.rand((), generator=generator))
-        return {"hard_context": "sample" if coin < p else "expectation"}
-    use_expectation = torch.rand(batch_size) >= p  # (B,)
-    return {"hard_context": "sample", "use_expectation": use_expectation.to(device)}
+def build_objective(
+    cfg: Config, model: Captioner, device: torch.device, world: World = SINGLE
+) -> CrossEntropyObjective | HardAttentionObjective:
+    """The objective that trains ``model``: hard attention's estimator, or cross-entropy."""
+    if model.hard_attention:
+        cells = model.grid_shape[0] * model.grid_shape[1]
+        return HardAttentionObjective(cfg, cells, device, cfg.train.precision, world)
+    return CrossEntropyObjective(cfg.train.doubly_stochastic_weight, device, cfg.train.precision)
 
 
 @dataclass
@@ -208,29 +201,14 @@ def train_step(
     images = batch["images"].to(device, non_blocking=True) if "images" in batch else None
     grid = batch["grid"].to(device, non_blocking=True) if "grid" in batch else None
     tokens = batch["tokens"].to(device, non_blocking=True)  # (B, T)
-    attention_kwargs = {}
-    if run.cfg.model.attention == "hard":
-        coin = torch.Generator().manual_seed(cfg.seed * 1_000_003 + run.progress.step)
-        attention_kwargs = semi_sampling_kwargs(
-            cfg.semi_sampling_p, cfg.semi_sampling, tokens.shape[0], device, coin
-        )
-    with autocast(device, cfg.precision):
-        output = module(images, tokens, grid=grid, **attention_kwargs)
-    terms = caption_loss(
-        output,
-        tokens[:, 1:],
-        Vocabulary.pad_id,
-        penalty_weight=cfg.doubly_stochastic_weight,
-        baseline=run.baseline,
-        reinforce_weight=cfg.reinforce_weight,
-        entropy_weight=cfg.entropy_weight,
-    )
+    terms = run.objective.loss(module, images, grid, tokens, run.progress.step)
     run.optimizer.zero_grad(set_to_none=True)
     if any_rank(run.world, not bool(torch.isfinite(terms.total)), device):
         message = (
             f"non-finite loss at step {run.progress.step + 1} (epoch {run.progress.epoch + 1}); "
             f"the last good checkpoint is kept; try a lower train.lr or train.precision=fp32"
         )
+        run.objective.discard()
         if cfg.stop_on_nonfinite:
             raise TrainingError(message)
         logger.warning("skipping batch: %s", message)
@@ -250,6 +228,7 @@ def train_step(
         scaler.update()
     else:
         run.optimizer.step()
+    run.objective.commit()
     run.schedule.after_step()
     run.progress.step += 1
     return StepResult(terms, float(grad_norm))
@@ -265,11 +244,8 @@ def train_one_epoch(
     the processes when there are several). ``module`` is ``run.model`` or its DDP wrapper,
     which averages the gradients over the processes during ``backward``."""
     module.train()
-    hard = run.cfg.model.attention == "hard"
-    totals: dict[str, float] = {"loss": 0.0, "nll_per_token": 0.0, "penalty": 0.0}
-    if hard:
-        totals.update(reward=0.0, entropy=0.0)
-    batches = 0
+    totals: dict[str, float] = {}
+    counts: dict[str, int] = {}
     bar = tqdm(
         loader,
         desc=f"epoch {run.progress.epoch + 1}",
@@ -283,36 +259,31 @@ def train_one_epoch(
         result = train_step(run, module, batch, device)
         if result is None:
             continue
-        terms = result.terms
-        batches += 1
-        totals["loss"] += float(terms.total.detach())
-        totals["nll_per_token"] += float(terms.nll_per_token)
-        totals["penalty"] += float(terms.penalty)
-        if hard:
-            totals["reward"] += float(terms.reward)
-            totals["entropy"] += float(terms.entropy)
+        for key, value in result.terms.scalars().items():
+            totals[key] = totals.get(key, 0.0) + value
+            counts[key] = counts.get(key, 0) + 1
         bar.set_postfix(
-            loss=f"{totals['loss'] / batches:.3f}", nll=f"{float(terms.nll_per_token):.3f}"
+            loss=f"{totals['loss'] / counts['loss']:.3f}",
+            nll=f"{float(result.terms.nll_per_token):.3f}",
         )
         if writer is not None and run.progress.step % run.cfg.train.log_every == 0:
             _log_step(writer, run, result)
-    means = {k: v / max(batches, 1) for k, v in totals.items()}
+    means = {key: totals[key] / counts[key] for key in totals}
+    means.setdefault("loss", math.nan)
+    means.setdefault("nll_per_token", math.nan)
     return mean_over_ranks(run.world, means, device)
 
 
 def _log_step(writer: Any, run: Run, result: StepResult) -> None:
     """TensorBoard scalars of one step (rank 0 only)."""
-    step, terms = run.progress.step, result.terms
-    writer.add_scalar("train/loss", float(terms.total.detach()), step)
-    writer.add_scalar("train/nll_per_token", float(terms.nll_per_token), step)
-    writer.add_scalar("train/attention_penalty", float(terms.penalty), step)
+    step = run.progress.step
+    names = {"nll_per_token": "nll_per_token", "penalty": "attention_penalty",
+             "entropy": "attention_entropy"}  # fmt: skip
+    for key, value in {**result.terms.scalars(), **run.objective.scalars()}.items():
+        writer.add_scalar(f"train/{names.get(key, key)}", value, step)
     writer.add_scalar("train/grad_norm", result.grad_norm, step)
     for group in run.optimizer.param_groups:
         writer.add_scalar(f"lr/{group.get('name', 'group')}", group["lr"], step)
-    if run.cfg.model.attention == "hard":
-        writer.add_scalar("train/reward", float(terms.reward), step)
-        writer.add_scalar("train/baseline", run.baseline.value, step)
-        writer.add_scalar("train/attention_entropy", float(terms.entropy), step)
 
 
 def validate(

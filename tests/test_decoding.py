@@ -33,7 +33,7 @@ class ToyDecoder:
         zeros = torch.zeros(features.shape[0], 1)
         return DecoderState(zeros, zeros)
 
-    def step(self, tokens, state, features, keys, **_):
+    def step(self, tokens, state, features, keys, hard=None):
         # words outside the table (reached only through 1e-9 choices) end the caption
         logits = torch.stack([self.table.get(int(t), self.ending) for t in tokens])
         cells = features.shape[1]
@@ -136,7 +136,7 @@ class CountdownDecoder(ToyDecoder):
         super().__init__({})
         self.rows = []
 
-    def step(self, tokens, state, features, keys, **_):
+    def step(self, tokens, state, features, keys, hard=None):
         self.rows.append(tokens.shape[0])
         per_image = tokens.shape[0] // features.shape[0]
         target = features[:, 0, 0].repeat_interleave(per_image)  # (rows,) from its image

@@ -48,16 +48,33 @@ def overrides(shapes, *extra):
     return [arg for item in (f"data.root={shapes}", *SETTINGS, *extra) for arg in ("--set", item)]
 
 
-def test_two_processes_match_one_with_the_global_batch(shapes, tmp_path):
+# Hard attention with every estimator that samples: the cells of every caption come from one
+# stream for the global batch, and the baseline from rewards summed over the processes.
+VARIANTS = {
+    "soft": [],
+    "hard": ["model.attention=hard"],
+    "hard-loo": ["model.attention=hard", "train.hard_estimator=reinforce_loo"],
+    "hard-vimco": [
+        "model.attention=hard",
+        "train.hard_estimator=vimco",
+        "train.semi_sampling=sample",
+    ],  # fmt: skip
+    "hard-gumbel": ["model.attention=hard", "train.hard_estimator=gumbel"],
+}
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_two_processes_match_one_with_the_global_batch(shapes, tmp_path, variant):
+    extra = VARIANTS[variant]
     result = torchrun(
         2, "train", "--config", CONFIG, "--out", str(tmp_path / "two"),
-        *overrides(shapes, "train.batch_size=4"),
+        *overrides(shapes, "train.batch_size=4", *extra),
     )  # fmt: skip
     assert "data-parallel training: 2 processes (gloo), batch 4 per process" in result.stderr
     # one process speaks: each epoch is logged once
     assert result.stderr.count("epoch 1/2") == 1
     fit(
-        load_config(CONFIG, [f"data.root={shapes}", *SETTINGS, "train.batch_size=8"]),
+        load_config(CONFIG, [f"data.root={shapes}", *SETTINGS, "train.batch_size=8", *extra]),
         out_dir=tmp_path / "one",
     )
     one = load_checkpoint(tmp_path / "one" / "last.pt")
@@ -84,10 +101,20 @@ def test_two_processes_match_one_with_the_global_batch(shapes, tmp_path):
         assert gap <= 1e-3 * moved + 1e-7, (name, float(gap), float(moved))
     # rank 0 writes every process's RNG state, so a resumed run continues exactly
     assert len(two["rng"]) == 2 and len(one["rng"]) == 1
+    # the objective's state (the baseline: a mean over every sampled caption of each step)
+    if variant != "soft":
+        baseline = one["objective"]["baseline"]
+        assert baseline["value"] == pytest.approx(two["objective"]["baseline"]["value"], rel=1e-5)
+    if variant == "hard":
+        assert baseline["initialized"] and baseline["value"] < 0  # rewards are log-likelihoods
+    if variant == "hard-gumbel":
+        assert one["objective"]["temperature"] == two["objective"]["temperature"] < 1.0
 
 
-def test_resume_under_torchrun_is_exact(shapes, tmp_path):
-    args = ["train", "--config", CONFIG, *overrides(shapes, "train.batch_size=4")]
+@pytest.mark.parametrize("variant", ["soft", "hard"])
+def test_resume_under_torchrun_is_exact(shapes, tmp_path, variant):
+    args = ["train", "--config", CONFIG,
+            *overrides(shapes, "train.batch_size=4", *VARIANTS[variant])]  # fmt: skip
     torchrun(2, *args, "--out", str(tmp_path / "straight"))
     torchrun(2, *args, "--out", str(tmp_path / "half"), "--set", "train.epochs=1")
     torchrun(
@@ -97,3 +124,7 @@ def test_resume_under_torchrun_is_exact(shapes, tmp_path):
     resumed = load_checkpoint(tmp_path / "half" / "last.pt")["model"]
     for name, weights in straight.items():
         assert torch.equal(weights, resumed[name]), name
+    assert (
+        load_checkpoint(tmp_path / "straight" / "last.pt")["objective"]
+        == load_checkpoint(tmp_path / "half" / "last.pt")["objective"]
+    )

@@ -11,6 +11,7 @@ from captioning.models import build_model
 from captioning.models.attention import (
     SCORES,
     HardAttention,
+    HardContext,
     NoAttention,
     SoftAttention,
     make_score,
@@ -77,9 +78,9 @@ def test_grouped_queries_equal_a_repeated_grid(kind, name):
     cells = torch.randint(0, 9, (images * g,))
     keys = attention.project_keys(features)
     repeated = features.repeat_interleave(g, dim=0)  # (B*G, L, D)
-    kwargs = {"hard_context": "argmax", "cell": cells} if kind == "hard" else {}
-    grouped = attention(features, keys, query, **kwargs)
-    copied = attention(repeated, attention.project_keys(repeated), query, **kwargs)
+    hard = HardContext(mode="argmax", cells=cells) if kind == "hard" else HardContext()
+    grouped = attention(features, keys, query, hard)
+    copied = attention(repeated, attention.project_keys(repeated), query, hard)
     assert grouped.alpha.shape == (images * g, 9) and grouped.context.shape == (images * g, 8)
     torch.testing.assert_close(grouped.alpha, copied.alpha, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(grouped.context, copied.context, rtol=1e-5, atol=1e-6)
@@ -136,13 +137,13 @@ def test_hard_attention_samples_a_cell_and_reports_its_log_prob():
     features = torch.randn(6, 7, 3)
     keys = attention.project_keys(features)
     query = torch.randn(6, 4)
-    out = attention(features, keys, query, hard_context="sample")
+    out = attention(features, keys, query, HardContext(mode="sample"))
     rows = torch.arange(6)
     assert torch.equal(out.context, features[rows, out.cell])
     assert torch.allclose(out.log_prob, out.alpha[rows, out.cell].log())
-    argmax = attention(features, keys, query, hard_context="argmax")
+    argmax = attention(features, keys, query, HardContext(mode="argmax"))
     assert torch.equal(argmax.cell, argmax.alpha.argmax(dim=1))
-    expected = attention(features, keys, query, hard_context="expectation")
+    expected = attention(features, keys, query, HardContext())
     assert expected.log_prob is None
     assert torch.allclose(expected.context, torch.einsum("bl,bld->bd", expected.alpha, features))
 

@@ -1,27 +1,70 @@
-"""Hard attention: the REINFORCE estimator is unbiased, the baseline lowers its variance,
-the soft/hard mixing switch, the baseline update, and padding."""
+"""Hard attention's estimators against exact enumeration of the cell sequences, the
+objective's state (baseline, temperature, mixing, the random stream) and the typed option.
+
+The tiny problem has L=3 cells and T=3 words, so the L^T = 27 cell sequences s can be
+enumerated: E_q[log p(y | s)] (the paper's objective), the K-sample bound
+E[log (1/K) sum_k p(y | s_k)] (VIMCO's) and log p(y) = log sum_s q(s) p(y | s) (the exact
+marginal) and their gradients are computed exactly and compared with each estimator.
+"""
 
 import itertools
+import math
 from dataclasses import replace
 
 import pytest
 import torch
+from torch import nn
 
-from captioning.losses import MovingAverageBaseline, caption_loss
-from captioning.models.attention import HardAttention, make_score
+from captioning.config import Config
+from captioning.distributed import SINGLE, World
+from captioning.hard_attention import HardAttentionObjective, MovingAverageBaseline
+from captioning.models.attention import EXPECTATION, HardAttention, HardContext, make_score
 from captioning.models.decoder import Decoder
-from captioning.train import semi_sampling_kwargs
 
 CELLS, FEATURES, STEPS = 3, 4, 3
+TOKENS = torch.tensor([[1, 4, 5, 2]])  # <start> w4 w5 <end>: three predicted words
 
 
-def tiny_problem():
+class OnGrid(nn.Module):
+    """A captioner's forward on a fixed grid (the objective calls its module like this)."""
+
+    def __init__(self, decoder: Decoder) -> None:
+        super().__init__()
+        self.decoder = decoder
+
+    def forward(self, images, tokens, grid=None, hard=EXPECTATION, repeat=1):
+        grid = grid.repeat_interleave(repeat, dim=0)
+        tokens = tokens.repeat_interleave(repeat, dim=0)
+        targets = tokens[:, 1:] if hard.mode == "marginal" else None
+        return self.decoder(grid, tokens[:, :-1], hard, targets)
+
+
+def tiny_problem(context_to_lstm=True, dtype=torch.float32):
     torch.manual_seed(0)
     attention = HardAttention(make_score("additive", FEATURES, 5, 4))
-    decoder = Decoder(7, FEATURES, attention, embed_dim=4, hidden_dim=5, dropout=0.0)
-    features = torch.randn(1, CELLS, FEATURES) * 2
-    tokens = torch.tensor([[1, 4, 5, 2]])  # <start> w4 w5 <end>: three predicted words
-    return decoder, features, tokens
+    decoder = Decoder(7, FEATURES, attention, embed_dim=4, hidden_dim=5, dropout=0.0,
+                      context_to_lstm=context_to_lstm).to(dtype)  # fmt: skip
+    features = (torch.randn(1, CELLS, FEATURES) * 2).to(dtype)
+    return decoder, features
+
+
+# lambda_r = 1 and no entropy bonus or penalty: the estimators of the objectives themselves
+UNBIASED = {"reinforce_weight": 1.0, "entropy_weight": 0.0, "doubly_stochastic_weight": 0.0,
+            "semi_sampling_p": 1.0}  # fmt: skip
+
+
+def objective(estimator, context_to_lstm=True, world=SINGLE, **train):
+    cfg = Config()
+    cfg = replace(
+        cfg,
+        model=replace(cfg.model, attention="hard", context_to_lstm=context_to_lstm),
+        train=replace(cfg.train, **{**UNBIASED, "hard_estimator": estimator, **train}),
+    )
+    return HardAttentionObjective(cfg, CELLS, torch.device("cpu"), "fp32", world)
+
+
+def params_of(decoder):
+    return list(decoder.parameters())
 
 
 def flat_grad(loss, params):
@@ -30,53 +73,75 @@ def flat_grad(loss, params):
                       for g, p in zip(grads, params)])  # fmt: skip
 
 
-def exact_gradient(decoder, features, tokens):
-    """-d/dθ E_s[log p(y | s)], enumerating all CELLS ** STEPS cell sequences."""
+def enumerate_sequences(decoder, features):
+    """log q(s) and log p(y | s) for all 27 cell sequences, differentiable."""
     cells = torch.tensor(list(itertools.product(range(CELLS), repeat=STEPS)))  # (27, T)
     n = cells.shape[0]
-    feats = features.expand(n, -1, -1)
-    keys = decoder.prepare(feats)
-    state = decoder.init_state(feats)
-    log_p_y = torch.zeros(n)
-    log_p_s = torch.zeros(n)
-    for t in range(STEPS):
-        out = decoder.step(tokens[:, t].expand(n), state, feats, keys, hard_context="sample",
-                           cell=cells[:, t])  # fmt: skip
-        log_p_y = log_p_y + torch.log_softmax(out.logits, dim=1)[:, tokens[0, t + 1]]
-        log_p_s = log_p_s + out.attention.log_prob
-        state = out.state
-    assert torch.allclose(log_p_s.exp().sum(), torch.tensor(1.0), atol=1e-5)
-    objective = (log_p_s.exp() * log_p_y).sum()  # E_s[log p(y | s, a)]
-    params = [p for p in decoder.parameters()]
-    exact = flat_grad(-objective, params)
-    return exact, objective.detach().item()
+    out = decoder(features.expand(n, -1, -1), TOKENS[:, :-1].expand(n, -1),
+                  HardContext(mode="sample", cells=cells))  # fmt: skip
+    log_p_y = torch.log_softmax(out.logits, dim=2).gather(2, TOKENS[:, 1:, None].expand(n, -1, 1))
+    log_q = out.log_probs.sum(dim=1)  # (27,)
+    assert torch.allclose(log_q.exp().sum(), torch.tensor(1.0, dtype=log_q.dtype), atol=1e-5)
+    return log_q, log_p_y.squeeze(2).sum(dim=1)  # (27,), (27,)
 
 
-def estimates(decoder, features, tokens, baseline_value, batches=60, samples=200):
-    """Batch means of the surrogate's gradient (each over `samples` sampled sequences)."""
-    params = [p for p in decoder.parameters()]
+def paper_objective(decoder, features):
+    """E_q[log p(y | s)]."""
+    log_q, log_p = enumerate_sequences(decoder, features)
+    return (log_q.exp() * log_p).sum()
+
+
+def vimco_bound(decoder, features, k):
+    """E over k independent sequences of log (1/k) sum_j p(y | s_j), by enumeration."""
+    log_q, log_p = enumerate_sequences(decoder, features)
+    n = log_q.shape[0]
+    index = torch.tensor(list(itertools.product(range(n), repeat=k)))  # (27^k, k)
+    weights = log_q[index].sum(dim=1).exp()  # (27^k,)
+    inner = torch.logsumexp(log_p[index], dim=1) - math.log(k)
+    return (weights * inner).sum()
+
+
+def estimates(make_objective, decoder, features, captions, batches=60, setup=None):
+    """Batch means of an estimator's gradient of the loss (each over ``captions``)."""
+    params = params_of(decoder)
+    module = OnGrid(decoder)
     torch.manual_seed(1)
     out = []
-    for _ in range(batches):
-        baseline = MovingAverageBaseline(decay=1.0)  # a constant baseline
-        baseline.value, baseline.initialized = baseline_value, True
-        feats = features.expand(samples, -1, -1)
-        inputs = tokens[:, :-1].expand(samples, -1)
-        output = decoder(feats, inputs, hard_context="sample")
-        terms = caption_loss(output, tokens[:, 1:].expand(samples, -1), pad_id=0,
-                             penalty_weight=0.0, baseline=baseline, reinforce_weight=1.0,
-                             entropy_weight=0.0)  # fmt: skip
+    for step in range(batches):
+        obj = make_objective()
+        if setup is not None:
+            setup(obj)
+        terms = obj.loss(module, None, features.expand(captions, -1, -1),
+                         TOKENS.expand(captions, -1), step)  # fmt: skip
         out.append(flat_grad(terms.total, params))
     return torch.stack(out)  # (batches, P)
 
 
+def constant_baseline(value):
+    def setup(obj):
+        obj.baseline = MovingAverageBaseline(decay=1.0)
+        obj.baseline.value, obj.baseline.initialized = value, True
+
+    return setup
+
+
 @pytest.fixture(scope="module")
-def gradients():
-    decoder, features, tokens = tiny_problem()
-    exact, objective = exact_gradient(decoder, features, tokens)
-    plain = estimates(decoder, features, tokens, baseline_value=0.0)
-    with_baseline = estimates(decoder, features, tokens, baseline_value=objective)
-    return exact, plain, with_baseline
+def problem():
+    decoder, features = tiny_problem()
+    params = params_of(decoder)
+    objective_value = paper_objective(decoder, features)
+    exact = flat_grad(-objective_value, params)
+    return decoder, features, exact, float(objective_value.detach())
+
+
+@pytest.fixture(scope="module")
+def reinforce_gradients(problem):
+    decoder, features, exact, value = problem
+    plain = estimates(lambda: objective("reinforce"), decoder, features, 200,
+                      setup=constant_baseline(0.0))  # fmt: skip
+    with_baseline = estimates(lambda: objective("reinforce"), decoder, features, 200,
+                              setup=constant_baseline(value))  # fmt: skip
+    return plain, with_baseline
 
 
 def _check_unbiased(exact, batch_means):
@@ -93,81 +158,233 @@ def _check_unbiased(exact, batch_means):
     assert cosine > 0.99, float(cosine)
 
 
-def test_reinforce_gradient_is_unbiased(gradients):
-    exact, plain, _ = gradients
-    _check_unbiased(exact, plain)
+def test_reinforce_gradient_is_unbiased(problem, reinforce_gradients):
+    _check_unbiased(problem[2], reinforce_gradients[0])
 
 
-def test_baseline_keeps_it_unbiased_and_lowers_the_variance(gradients):
-    exact, plain, with_baseline = gradients
-    _check_unbiased(exact, with_baseline)
+def test_baseline_keeps_it_unbiased_and_lowers_the_variance(problem, reinforce_gradients):
+    plain, with_baseline = reinforce_gradients
+    _check_unbiased(problem[2], with_baseline)
     ratio = float(plain.var(dim=0).sum() / with_baseline.var(dim=0).sum())
     print(f"estimator variance without / with baseline: {ratio:.1f}x")
     assert ratio > 2.0
 
 
-def test_mixing_switch():
-    device = torch.device("cpu")
-    torch.manual_seed(0)
-    assert all(semi_sampling_kwargs(0.0, "batch", 8, device)["hard_context"] == "expectation"
-               for _ in range(50))  # fmt: skip
-    assert all(semi_sampling_kwargs(1.0, "batch", 8, device)["hard_context"] == "sample"
-               for _ in range(50))  # fmt: skip
-    modes = [semi_sampling_kwargs(0.5, "batch", 8, device)["hard_context"] for _ in range(400)]
-    assert 0.4 < modes.count("sample") / 400 < 0.6
-    never = semi_sampling_kwargs(0.0, "sample", 64, device)["use_expectation"]
-    always = semi_sampling_kwargs(1.0, "sample", 64, device)["use_expectation"]
-    assert never.all() and not always.any()
-    mixed = torch.stack([semi_sampling_kwargs(0.5, "sample", 64, device)["use_expectation"]
-                         for _ in range(20)])  # fmt: skip
-    # per caption: rows of one minibatch differ
-    assert all(0 < int(row.sum()) < 64 for row in mixed)
+def test_leave_one_out_is_unbiased_and_beats_no_baseline(problem, reinforce_gradients):
+    decoder, features, exact, _ = problem
+    # 50 captions x 4 samples: the same 200 sampled sequences per batch as REINFORCE's
+    loo = estimates(lambda: objective("reinforce_loo", hard_samples=4), decoder, features, 50)
+    _check_unbiased(exact, loo)
+    ratio = float(reinforce_gradients[0].var(dim=0).sum() / loo.var(dim=0).sum())
+    print(f"estimator variance, no baseline / leave-one-out: {ratio:.1f}x")
+    assert ratio > 2.0
+
+
+def test_vimco_is_unbiased_for_its_bound():
+    decoder, features = tiny_problem()
+    k = 3
+    bound = vimco_bound(decoder, features, k)
+    exact = flat_grad(-bound, params_of(decoder))
+    # the K-sample bound lies between the paper's objective and log p(y)
+    log_q, log_p = enumerate_sequences(decoder, features)
+    marginal = torch.logsumexp(log_q + log_p, dim=0)
+    paper = paper_objective(decoder, features)
+    assert float(paper.detach()) < float(bound.detach()) < float(marginal.detach())
+    vimco = estimates(lambda: objective("vimco", hard_samples=k), decoder, features, 100)
+    _check_unbiased(exact, vimco)
+
+
+def test_exact_marginal_matches_enumeration():
+    decoder, features = tiny_problem(context_to_lstm=False, dtype=torch.float64)
+    log_q, log_p = enumerate_sequences(decoder, features)
+    marginal = torch.logsumexp(log_q + log_p, dim=0)  # log p(y | a) by enumeration
+    params = params_of(decoder)
+    exact = flat_grad(-marginal, params)
+    terms = objective("exact", context_to_lstm=False).loss(
+        OnGrid(decoder), None, features, TOKENS, step=0
+    )
+    assert float(terms.total) == pytest.approx(-float(marginal), abs=1e-6)
+    assert terms.reinforce is None and terms.reward is None  # nothing was sampled
+    assert (flat_grad(terms.total, params) - exact).abs().max() < 1e-6
+
+
+def test_gumbel_bias_is_measured(problem):
+    decoder, features, exact, _ = problem
+    gumbel = estimates(lambda: objective("gumbel"), decoder, features, 200)
+    mean = gumbel.mean(dim=0)
+    stderr = gumbel.std(dim=0) / gumbel.shape[0] ** 0.5
+    informative = exact.abs() > 1e-6
+    z = ((mean - exact).abs() / (stderr + 1e-12))[informative]
+    relative = float((mean - exact).norm() / exact.norm())
+    cosine = float(torch.nn.functional.cosine_similarity(mean, exact, dim=0))
+    largest = float(z.max())
+    print(
+        f"straight-through Gumbel (temperature 1) against d E_q[log p(y | s)]: relative "
+        f"error of the mean {relative:.3f}, cosine {cosine:.3f}, largest z {largest:.1f}"
+    )
+    # biased, but a usable direction: it still points uphill
+    assert math.isfinite(relative) and cosine > 0
+
+
+# --------------------------------------------------------------------------- the objective
+
+
+def test_reinforce_loss_is_the_papers():
+    """-log p(y | s) - lambda_r (r - b) log q(s) - lambda_e H + lambda * penalty, on the
+    objective's own samples, with the authors' weights."""
+    decoder, features = tiny_problem()
+    obj = objective("reinforce", reinforce_weight=0.1, entropy_weight=0.002,
+                    doubly_stochastic_weight=0.5)  # fmt: skip
+    obj.baseline.value, obj.baseline.initialized = -3.0, True
+    grid, tokens = features.expand(8, -1, -1), TOKENS.expand(8, -1)
+    terms = obj.loss(OnGrid(decoder), None, grid, tokens, step=0)
+    plan = obj.plan(0, 8, STEPS)
+    out = decoder(grid, tokens[:, :-1], plan.hard)
+    nll = -torch.log_softmax(out.logits, 2).gather(2, tokens[:, 1:, None]).squeeze(2).sum(1)
+    penalty = ((1 - out.alphas.sum(dim=1)) ** 2).sum(dim=1)
+    entropy = -(out.alphas * out.alphas.log()).sum(dim=(1, 2))
+    surrogate = -(-nll.detach() + 3.0) * out.log_probs.sum(dim=1)
+    expected = (nll + 0.5 * penalty + 0.1 * surrogate - 0.002 * entropy).mean()
+    assert float(terms.total) == pytest.approx(float(expected), rel=1e-6)
+    assert float(terms.reward) == pytest.approx(float(-nll.mean()), rel=1e-6)
+
+
+def test_baseline_changes_only_on_commit_with_the_mean_reward():
+    decoder, features = tiny_problem()
+    obj = objective("reinforce")
+    module = OnGrid(decoder)
+    grid, tokens = features.expand(6, -1, -1), TOKENS.expand(6, -1)
+    first = obj.loss(module, None, grid, tokens, step=0)
+    assert not obj.baseline.initialized  # nothing changes before the step is known finite
+    obj.commit()
+    assert obj.baseline.value == pytest.approx(float(first.reward), rel=1e-6)
+    obj.loss(module, None, grid, tokens, step=1)
+    obj.discard()  # a skipped step leaves no trace
+    obj.commit()
+    assert obj.baseline.value == pytest.approx(float(first.reward), rel=1e-6)
+    second = obj.loss(module, None, grid, tokens, step=2)
+    obj.commit()
+    expected = 0.9 * float(first.reward) + 0.1 * float(second.reward)
+    assert obj.baseline.value == pytest.approx(expected, rel=1e-6)
+    restored = objective("reinforce")
+    restored.load_state_dict(obj.state_dict())
+    assert restored.baseline.value == obj.baseline.value and restored.baseline.decay == 0.9
+
+
+def test_gumbel_temperature_anneals_and_is_saved():
+    obj = objective("gumbel", gumbel_temperature=2.0, gumbel_min_temperature=0.5,
+                    gumbel_anneal_rate=0.5)  # fmt: skip
+    temperatures = []
+    for _ in range(5):
+        obj.commit()
+        temperatures.append(obj.temperature)
+    assert temperatures[0] == pytest.approx(2.0 * math.exp(-0.5))
+    assert temperatures[-1] == 0.5  # floored
+    restored = objective("gumbel")
+    restored.load_state_dict(obj.state_dict())
+    assert restored.temperature == 0.5
+
+
+def test_mixing_coin():
+    def modes(p, granularity, steps=400):
+        obj = objective("reinforce", semi_sampling_p=p, semi_sampling=granularity)
+        return [obj.plan(step, 64, STEPS).hard for step in range(steps)]
+
+    assert all(h.mode == "expectation" for h in modes(0.0, "batch", 50))
+    assert all(h.mode == "sample" for h in modes(1.0, "batch", 50))
+    assert 0.4 < sum(h.mode == "sample" for h in modes(0.5, "batch")) / 400 < 0.6
+    assert all(h.use_expectation.all() for h in modes(0.0, "sample", 5))
+    assert not any(h.use_expectation.any() for h in modes(1.0, "sample", 5))
+    mixed = torch.stack([h.use_expectation for h in modes(0.5, "sample", 20)])
+    assert all(0 < int(row.sum()) < 64 for row in mixed)  # rows of one minibatch differ
     assert 0.4 < mixed.float().mean() < 0.6
+    # the exact marginal has no samples to mix
+    assert objective("exact", context_to_lstm=False).plan(0, 8, STEPS).hard.mode == "marginal"
 
 
-def test_expectation_rows_neither_sample_nor_get_a_reinforce_term():
-    decoder, features, tokens = tiny_problem()
+@pytest.mark.parametrize("estimator", ["reinforce", "reinforce_loo", "gumbel"])
+def test_samples_do_not_depend_on_the_process_count_or_caption_length(estimator):
+    """Rank r of N draws exactly the rows r*B..(r+1)*B of one process's N*B batch, and a
+    batch's first t words get the same noise whatever its longest caption."""
+    settings = {"semi_sampling": "sample", "semi_sampling_p": 0.5}
+    one = objective(estimator, **settings).plan(7, 8, STEPS)
+    halves = [objective(estimator, world=World(rank=r, size=2), **settings).plan(7, 4, STEPS)
+              for r in range(2)]  # fmt: skip
+    assert torch.equal(torch.cat([h.hard.noise for h in halves]), one.hard.noise)
+    assert torch.equal(
+        torch.cat([h.hard.use_expectation for h in halves]), one.hard.use_expectation
+    )
+    longer = objective(estimator, **settings).plan(7, 8, STEPS + 4)
+    assert torch.equal(longer.hard.noise[:, :STEPS], one.hard.noise)
+    # sampling from the noise is sampling from alpha: the Gumbel-max trick
+    alpha = torch.tensor([[0.2, 0.5, 0.3]]).expand(20000, -1)
+    noise = torch.empty(20000, 3).exponential_(generator=torch.Generator().manual_seed(0))
+    counts = torch.bincount((alpha / noise).argmax(dim=1), minlength=3) / 20000
+    assert torch.allclose(counts, alpha[0], atol=0.015)
+
+
+def test_a_misspelt_attention_option_is_an_error():
+    decoder, features = tiny_problem()
+    with pytest.raises(TypeError):
+        decoder(features, TOKENS[:, :-1], hard_contxt="sample")
+    with pytest.raises(ValueError, match="hard context must be one of"):
+        HardContext(mode="smaple")
+    with pytest.raises(ValueError, match="context_to_lstm=False"):
+        decoder(features, TOKENS[:, :-1], HardContext(mode="marginal"), TOKENS[:, 1:])
+
+
+def test_expectation_rows_neither_sample_nor_get_a_score_term():
+    decoder, features = tiny_problem()
     feats = features.expand(6, -1, -1)
     use_expectation = torch.tensor([True, False, True, False, True, False])
-    out = decoder(feats, tokens[:, :-1].expand(6, -1), hard_context="sample",
-                  use_expectation=use_expectation)  # fmt: skip
+    out = decoder(feats, TOKENS[:, :-1].expand(6, -1),
+                  HardContext(mode="sample", use_expectation=use_expectation))  # fmt: skip
     assert torch.equal(out.sampled, ~use_expectation[:, None].expand(-1, STEPS))
     assert (out.log_probs[use_expectation] == 0).all()
-    soft = decoder(feats, tokens[:, :-1].expand(6, -1), hard_context="expectation")
+    soft = decoder(feats, TOKENS[:, :-1].expand(6, -1), HardContext(mode="expectation"))
     assert torch.allclose(out.logits[use_expectation], soft.logits[use_expectation], atol=1e-6)
     assert soft.log_probs is None
 
 
-def test_baseline_update():
-    baseline = MovingAverageBaseline(decay=0.9)
-    baseline.update(torch.tensor([-4.0, -6.0]))
-    assert baseline.value == pytest.approx(-5.0)  # the first batch sets it
-    baseline.update(torch.tensor([-1.0, -3.0]))
-    assert baseline.value == pytest.approx(0.9 * -5.0 + 0.1 * -2.0)
-    restored = MovingAverageBaseline()
-    restored.load_state_dict(baseline.state_dict())
-    assert restored.value == baseline.value and restored.decay == 0.9
-
-
-def test_padding_contributes_no_reward_or_penalty():
-    decoder, features, tokens = tiny_problem()
+@pytest.mark.parametrize("estimator", ["reinforce", "reinforce_loo", "vimco", "gumbel"])
+def test_padding_contributes_no_reward_or_penalty(estimator):
+    decoder, features = tiny_problem()
     tokens = torch.tensor([[1, 4, 5, 2, 0, 0], [1, 4, 2, 0, 0, 0]])
-    feats = features.expand(2, -1, -1)
-    torch.manual_seed(0)
-    out = decoder(feats, tokens[:, :-1], hard_context="sample")
-    baseline = MovingAverageBaseline()
-    terms = caption_loss(out, tokens[:, 1:], 0, penalty_weight=1.0, baseline=baseline)
-    padded = tokens[:, 1:] == 0
-    noisy = replace(
-        out,
-        logits=out.logits + padded[:, :, None] * torch.randn_like(out.logits) * 10,
-        alphas=torch.where(
-            padded[:, :, None], torch.softmax(torch.randn_like(out.alphas), -1), out.alphas
-        ),  # fmt: skip
-        log_probs=torch.where(padded, torch.randn_like(out.log_probs), out.log_probs),
-    )
-    other = MovingAverageBaseline()
-    moved = caption_loss(noisy, tokens[:, 1:], 0, penalty_weight=1.0, baseline=other)
-    assert torch.allclose(terms.total, moved.total)
-    assert terms.reward == moved.reward and baseline.value == other.value
-    assert terms.penalty == moved.penalty and terms.entropy == moved.entropy
+    grid = features.expand(2, -1, -1)
+    module = OnGrid(decoder)
+
+    def terms_with(noisy):
+        obj = objective(estimator, doubly_stochastic_weight=1.0, entropy_weight=0.01)
+        if noisy:  # change what the padded steps compute: it must not matter
+            real = module.decoder.forward
+
+            def forward(feats, inputs, hard, targets=None):
+                out = real(feats, inputs, hard, targets)
+                repeat = len(inputs) // len(tokens)
+                padded = tokens.repeat_interleave(repeat, dim=0)[:, 1:] == 0  # (R, T)
+                return replace(
+                    out,
+                    logits=out.logits + padded[:, :, None] * torch.randn_like(out.logits) * 10,
+                    alphas=torch.where(
+                        padded[:, :, None],
+                        torch.softmax(torch.randn_like(out.alphas), -1),
+                        out.alphas,
+                    ),  # fmt: skip
+                    log_probs=torch.where(
+                        padded, torch.randn_like(out.log_probs), out.log_probs
+                    ),  # fmt: skip
+                )
+
+            module.decoder.forward = forward
+        try:
+            terms = obj.loss(module, None, grid, tokens, step=0)
+        finally:
+            module.decoder.__dict__.pop("forward", None)
+        obj.commit()
+        return terms, obj.state_dict()
+
+    clean, clean_state = terms_with(False)
+    noisy, noisy_state = terms_with(True)
+    assert torch.allclose(clean.total, noisy.total)
+    assert clean.reward == noisy.reward and clean.penalty == noisy.penalty
+    assert clean.entropy == noisy.entropy and clean_state == noisy_state

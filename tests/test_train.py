@@ -52,12 +52,31 @@ def test_existing_run_is_not_overwritten(shapes, tmp_path):
         fit(tiny(shapes, "train.epochs=1"), out_dir=tmp_path / "run")
 
 
-@pytest.mark.parametrize("attention", ["soft", "hard"])
-def test_resume_is_exact(shapes, tmp_path, attention):
-    straight = fit(tiny(shapes, f"model.attention={attention}"), out_dir=tmp_path / "straight")
-    fit(tiny(shapes, f"model.attention={attention}", "train.epochs=1"), out_dir=tmp_path / "half")
+RESUMED = {
+    "soft": ["model.attention=soft"],
+    "hard": ["model.attention=hard"],  # the paper's REINFORCE, with its baseline
+    "hard-loo": ["model.attention=hard", "train.hard_estimator=reinforce_loo"],
+    "hard-vimco": [
+        "model.attention=hard",
+        "train.hard_estimator=vimco",
+        "train.semi_sampling=sample",
+    ],  # fmt: skip
+    "hard-gumbel": ["model.attention=hard", "train.hard_estimator=gumbel"],
+    "hard-exact": [
+        "model.attention=hard",
+        "train.hard_estimator=exact",
+        "model.context_to_lstm=false",
+    ],  # fmt: skip
+}
+
+
+@pytest.mark.parametrize("variant", RESUMED)
+def test_resume_is_exact(shapes, tmp_path, variant):
+    settings = RESUMED[variant]
+    straight = fit(tiny(shapes, *settings), out_dir=tmp_path / "straight")
+    fit(tiny(shapes, *settings, "train.epochs=1"), out_dir=tmp_path / "half")
     resumed = fit(
-        tiny(shapes, f"model.attention={attention}"),
+        tiny(shapes, *settings),
         out_dir=tmp_path / "half",
         resume=str(tmp_path / "half" / "last.pt"),
     )
@@ -66,7 +85,7 @@ def test_resume_is_exact(shapes, tmp_path, attention):
     assert a["step"] == b["step"] == 6
     for key, value in a["model"].items():
         assert torch.equal(value, b["model"][key]), key
-    assert a["baseline"] == b["baseline"]
+    assert a["objective"] == b["objective"]
     assert straight["history"][-1]["loss"] == resumed["history"][-1]["loss"]
 
 
@@ -133,9 +152,9 @@ def test_checkpoint_format_checks(tmp_path):
 
 
 def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(shapes, tmp_path, monkeypatch):
-    import captioning.train as train_module
+    import captioning.losses as losses_module
 
-    real_loss = train_module.caption_loss
+    real_loss = losses_module.caption_loss
     calls = {"n": 0}
 
     def poisoned(*args, **kwargs):
@@ -145,10 +164,34 @@ def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(shapes, tmp_pat
             terms.total = terms.total * float("nan")
         return terms
 
-    monkeypatch.setattr(train_module, "caption_loss", poisoned)
+    monkeypatch.setattr(losses_module, "caption_loss", poisoned)
     with pytest.raises(TrainingError, match="non-finite loss at step 5 \\(epoch 2\\)"):
         fit(tiny(shapes), out_dir=tmp_path / "run")
     assert load_checkpoint(tmp_path / "run" / "last.pt")["epoch"] == 1
+
+
+def test_a_skipped_nonfinite_batch_leaves_the_baseline_untouched(shapes, tmp_path, monkeypatch):
+    from captioning.hard_attention import HardAttentionObjective
+
+    real_loss = HardAttentionObjective.loss
+    rewards = []
+
+    def poisoned(self, *args, **kwargs):
+        terms = real_loss(self, *args, **kwargs)
+        if len(rewards) == 1:  # the second step of the run
+            terms.total = terms.total * float("nan")
+            rewards.append(None)
+        else:
+            rewards.append(float(terms.reward))
+        return terms
+
+    monkeypatch.setattr(HardAttentionObjective, "loss", poisoned)
+    settings = ["model.attention=hard", "train.semi_sampling_p=1", "train.epochs=1",
+                "train.stop_on_nonfinite=false"]  # fmt: skip
+    summary = fit(tiny(shapes, *settings), out_dir=tmp_path / "run")
+    assert summary["steps"] == 2 and len(rewards) == 3  # three batches, one skipped
+    baseline = load_checkpoint(tmp_path / "run" / "last.pt")["objective"]["baseline"]
+    assert baseline["value"] == pytest.approx(0.9 * rewards[0] + 0.1 * rewards[2], rel=1e-5)
 
 
 def test_cli_train_and_one_line_errors(shapes, tmp_path, capsys):

@@ -3,6 +3,7 @@
 from captioning.models.attention import (
     AttentionOutput,
     HardAttention,
+    HardContext,
     NoAttention,
     SoftAttention,
     build_attention,
@@ -20,6 +21,7 @@ __all__ = [
     "DecoderState",
     "Encoder",
     "HardAttention",
+    "HardContext",
     "NoAttention",
     "SoftAttention",
     "build_attention",

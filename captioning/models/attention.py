@@ -9,16 +9,19 @@ Every step function also takes G > 1 queries per image: queries (B*G, ...) in im
 order against one copy of the grid (B, L, ...), giving (B*G, L). Beam search uses this for
 its K beams, so the grid and its keys are never copied K times.
 
-Soft, hard and no attention share one interface: they return an :class:`AttentionOutput`
-with the context vector, the weights ``alpha`` and, for hard attention, the chosen cell and
-its log-probability (the REINFORCE term itself lives in ``losses.py``).
+Soft, hard and no attention share one interface: they take the grid, its keys, the queries
+and a :class:`HardContext` (how a hard-attention model forms its context; the others ignore
+it), and return an :class:`AttentionOutput` with the context vector, the weights ``alpha``
+and, for hard attention, the chosen cell and its log-probability. How a hard model is
+trained (estimator, baseline, mixing) lives in :mod:`captioning.hard_attention`.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -180,6 +183,72 @@ def make_score(
 # --------------------------------------------------------------------------- attention
 
 
+HARD_CONTEXTS = ("expectation", "argmax", "sample", "gumbel", "marginal")
+
+
+@dataclass(frozen=True)
+class HardContext:
+    """How a hard-attention model forms its context: the one typed option of every
+    attention call (soft and no attention have one context and ignore it).
+
+    B counts query rows, as everywhere in this module. Tensors may also carry a time axis
+    (B, T, ...) for a whole teacher-forced caption; :meth:`at` takes one step's slice.
+
+    Attributes:
+        mode: ``expectation`` (the soft context, as the authors decode), ``argmax`` (the
+            most likely cell), ``sample`` (a cell s ~ alpha), ``gumbel`` (straight-through
+            Gumbel-softmax: the sampled cell's feature forward, the relaxed weights
+            softmax((log alpha + g) / temperature) backward), or ``marginal`` (the decoder
+            sums its output distribution over the cells, weighted by alpha; only without
+            the context in the LSTM).
+        use_expectation: (B,) bool, rows that take the expected context instead (the
+            paper's mixing of soft and hard captions), else None.
+        cells: (B,) cells to impose instead of sampling (exact enumeration in tests,
+            replaying a sample), else None.
+        noise: (B, L) Exp(1) noise that decides the sample, s = argmax(alpha / noise)
+            (the Gumbel-max trick, which is how ``torch.multinomial`` draws one sample), so
+            that training can draw it for the global batch and every process, however
+            many, samples the same cells; None draws from the global generator.
+        temperature: the Gumbel-softmax temperature.
+    """
+
+    mode: Literal["expectation", "argmax", "sample", "gumbel", "marginal"] = "expectation"
+    use_expectation: torch.Tensor | None = None
+    cells: torch.Tensor | None = None
+    noise: torch.Tensor | None = None
+    temperature: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.mode not in HARD_CONTEXTS:
+            raise ValueError(f"hard context must be one of {', '.join(HARD_CONTEXTS)}, "
+                             f"got {self.mode!r}")  # fmt: skip
+        if self.temperature <= 0:
+            raise ValueError(f"the Gumbel-softmax temperature must be positive, got "
+                             f"{self.temperature}")  # fmt: skip
+
+    def at(self, t: int) -> HardContext:
+        """Step ``t`` of a caption-long context: (B, T, ...) tensors → (B, ...)."""
+        return replace(
+            self,
+            cells=None if self.cells is None else self.cells[:, t],
+            noise=None if self.noise is None else self.noise[:, t],
+        )
+
+    def flat(self, steps: int) -> HardContext:
+        """The caption-long context as B*T rows (image-major), for all steps at once."""
+        return replace(
+            self,
+            use_expectation=None
+            if self.use_expectation is None
+            else self.use_expectation.repeat_interleave(steps),
+            cells=None if self.cells is None else self.cells.flatten(),
+            noise=None if self.noise is None else self.noise.flatten(0, 1),
+        )
+
+
+EXPECTATION = HardContext()
+
+
 @dataclass
 class AttentionOutput:
     """What every attention returns at one step.
@@ -204,6 +273,8 @@ class AttentionOutput:
 class SoftAttention(nn.Module):
     """Deterministic attention: the expected feature under alpha."""
 
+    stochastic = False  # whether the context is a sampled cell (hard attention)
+
     def __init__(self, score: nn.Module) -> None:
         super().__init__()
         self.score = score
@@ -216,7 +287,11 @@ class SoftAttention(nn.Module):
         return torch.softmax(self.score(keys, query).float(), dim=1)  # (B, L)
 
     def forward(
-        self, features: torch.Tensor, keys: torch.Tensor, query: torch.Tensor, **_: object
+        self,
+        features: torch.Tensor,
+        keys: torch.Tensor,
+        query: torch.Tensor,
+        hard: HardContext = EXPECTATION,
     ) -> AttentionOutput:
         alpha = self.weights(keys, query)  # (B, L)
         return AttentionOutput(context=expected_context(alpha, features), alpha=alpha)
@@ -232,51 +307,66 @@ def expected_context(alpha: torch.Tensor, features: torch.Tensor) -> torch.Tenso
 
 class HardAttention(SoftAttention):
     """Stochastic attention: one cell s_t ~ Categorical(alpha) per word; the context is its
-    feature. The gradient through the sampling decision comes from the REINFORCE surrogate in
-    ``losses.py``, built on the ``log_prob`` returned here.
-
-    ``hard_context`` at call time: ``sample`` (training), ``argmax``, or ``expectation`` (the
-    soft context, as the authors decode). ``use_expectation`` (B,) bool picks rows that take the
-    expected context instead of a sample (the paper's mixing of soft and hard minibatches).
-    ``cell`` (B,) imposes the chosen cells instead of sampling them (exact enumeration of
-    the expected loss in tests, replaying a sample).
+    feature (see :class:`HardContext` for the other ways to form it). The gradient through
+    the choice comes from the estimator in :mod:`captioning.hard_attention`, built on the
+    ``log_prob`` returned here.
     """
+
+    stochastic = True
 
     def forward(
         self,
         features: torch.Tensor,
         keys: torch.Tensor,
         query: torch.Tensor,
-        hard_context: str = "sample",
-        use_expectation: torch.Tensor | None = None,
-        generator: torch.Generator | None = None,
-        cell: torch.Tensor | None = None,
-        **_: object,
+        hard: HardContext = EXPECTATION,
     ) -> AttentionOutput:
         alpha = self.weights(keys, query)  # (B, L)
-        if hard_context == "expectation":
+        if hard.mode in ("expectation", "marginal"):
             return AttentionOutput(context=expected_context(alpha, features), alpha=alpha)
-        if hard_context not in ("sample", "argmax"):
-            raise ValueError(
-                f"hard_context must be sample, argmax or expectation, got {hard_context!r}"
-            )
-        if cell is None:
-            cell = (
-                torch.multinomial(alpha.detach(), 1, generator=generator).squeeze(1)
-                if hard_context == "sample"
-                else alpha.argmax(dim=1)
-            )  # (B,)
+        cell, noise = hard.cells, hard.noise
+        if hard.mode == "gumbel":
+            if cell is not None:
+                raise ValueError("gumbel attention draws its cells from its noise; "
+                                 "impose the noise, not the cells")  # fmt: skip
+            noise = noise if noise is not None else torch.empty_like(alpha).exponential_()
+        if cell is None and hard.mode == "argmax":
+            cell = alpha.argmax(dim=1)  # (B,)
+        elif cell is None and noise is not None:
+            cell = (alpha.detach() / noise).argmax(dim=1)  # (B,) Gumbel-max
+        elif cell is None:
+            cell = torch.multinomial(alpha.detach(), 1).squeeze(1)  # (B,)
         rows = torch.arange(alpha.shape[0], device=features.device)  # (B*G,)
         images = rows // groups(features, alpha.shape[0])  # (B*G,) the image of each row
-        context = features[images, cell]  # (B*G, D)
+        if hard.mode == "gumbel":
+            context = _straight_through(alpha, cell, noise, hard.temperature, features)
+        else:
+            context = features[images, cell]  # (B*G, D)
         log_prob = torch.log(alpha[rows, cell].clamp_min(1e-12))  # (B,)
         sampled = torch.ones_like(cell, dtype=torch.bool)
-        if use_expectation is not None:
+        if hard.use_expectation is not None:
             expected = expected_context(alpha, features)  # (B, D)
-            context = torch.where(use_expectation[:, None], expected, context)  # (B, D)
-            sampled = ~use_expectation
+            context = torch.where(hard.use_expectation[:, None], expected, context)  # (B, D)
+            sampled = ~hard.use_expectation
             log_prob = log_prob * sampled
         return AttentionOutput(context, alpha, log_prob=log_prob, cell=cell, sampled=sampled)
+
+
+def _straight_through(
+    alpha: torch.Tensor,
+    cell: torch.Tensor,
+    noise: torch.Tensor,
+    temperature: float,
+    features: torch.Tensor,
+) -> torch.Tensor:
+    """The chosen cell's feature forward, the Gumbel-softmax relaxation's gradient backward
+    (Jang et al. 2017): one_hot(s) - y.detach() + y with y = softmax((log alpha + g) / tau),
+    g = -log(noise) the Gumbel noise that chose s = argmax(log alpha + g)."""
+    gumbel = -torch.log(noise)  # (B, L)
+    relaxed = torch.softmax((torch.log(alpha.clamp_min(1e-12)) + gumbel) / temperature, dim=1)
+    one_hot = F.one_hot(cell, alpha.shape[1]).to(relaxed.dtype)  # (B, L)
+    weights = one_hot - relaxed.detach() + relaxed  # (B, L): forward exactly one-hot
+    return expected_context(weights, features)
 
 
 class NoAttention(nn.Module):
@@ -285,8 +375,14 @@ class NoAttention(nn.Module):
     def project_keys(self, features: torch.Tensor) -> torch.Tensor:
         return features.mean(dim=1, keepdim=True)  # (B, 1, D): the context, computed once
 
+    stochastic = False
+
     def forward(
-        self, features: torch.Tensor, keys: torch.Tensor, query: torch.Tensor, **_: object
+        self,
+        features: torch.Tensor,
+        keys: torch.Tensor,
+        query: torch.Tensor,
+        hard: HardContext = EXPECTATION,
     ) -> AttentionOutput:
         rows, cells = query.shape[0], features.shape[1]
         alpha = features.new_full((rows, cells), 1.0 / cells, dtype=torch.float32)

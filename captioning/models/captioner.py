@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from captioning.config import ModelConfig
-from captioning.models.attention import build_attention
+from captioning.models.attention import EXPECTATION, HardContext, build_attention
 from captioning.models.decoder import Decoder, DecoderOutput
 from captioning.models.encoder import Encoder, build_encoder
 
@@ -24,6 +24,11 @@ class Captioner(nn.Module):
         super().__init__()
         self.encoder = encoder
         self.decoder = decoder
+
+    @property
+    def hard_attention(self) -> bool:
+        """Whether the decoder attends to one sampled cell per word (hard attention)."""
+        return self.decoder.attention.stochastic
 
     @property
     def grid_shape(self) -> tuple[int, int]:
@@ -46,13 +51,19 @@ class Captioner(nn.Module):
         images: torch.Tensor | None,
         tokens: torch.Tensor,
         grid: torch.Tensor | None = None,
-        **attention_kwargs: object,
+        hard: HardContext = EXPECTATION,
+        repeat: int = 1,
     ) -> DecoderOutput:
         """Teacher forcing on a batch: ``tokens`` (B, T) are whole captions
         (``<start> … <end> <pad>…``); the outputs predict ``tokens[:, 1:]``. With a cached
-        backbone ``grid`` (B, L, D), ``images`` may be None."""
+        backbone ``grid`` (B, L, D), ``images`` may be None. ``repeat`` > 1 decodes every
+        caption that many times (rows image-major: B*repeat), encoding each image once."""
         features = self.encode(images, grid)  # (B, L, D)
-        return self.decoder(features, tokens[:, :-1], **attention_kwargs)
+        if repeat > 1:
+            features = features.repeat_interleave(repeat, dim=0)  # (B*repeat, L, D)
+            tokens = tokens.repeat_interleave(repeat, dim=0)
+        targets = tokens[:, 1:] if hard.mode == "marginal" else None
+        return self.decoder(features, tokens[:, :-1], hard, targets)
 
 
 def encoder_from_config(cfg: ModelConfig) -> Encoder:

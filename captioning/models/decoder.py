@@ -12,6 +12,13 @@ h_0, c_0 = tanh(W_h mean_i a_i), tanh(W_c mean_i a_i) (``init_state: tanh``, the
 code) or without the tanh (``linear``). :meth:`Decoder.step` is the one-word function that
 decoding reuses; :meth:`Decoder.forward` (teacher forcing) runs the same pieces over a whole
 caption and computes the output layer once for all steps.
+
+Without the context in the LSTM (``context_to_lstm=False``), h_1..h_T under teacher forcing
+do not depend on the attention, so :meth:`Decoder.forward` needs no loop over words: one
+fused LSTM call over the caption (the same weights as the cell :meth:`step` uses), then all
+T queries scored against the grid at once. The same independence makes the exact marginal
+over cells tractable: p(y_t | y_<t, a) = sum_l alpha_tl p(y_t | a_l, h_t) (``HardContext``
+mode ``marginal``), computed in chunks of cells so that memory stays bounded.
 """
 
 from __future__ import annotations
@@ -19,9 +26,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
-from captioning.models.attention import AttentionOutput
+from captioning.models.attention import EXPECTATION, AttentionOutput, HardContext
+
+# Cells per chunk of the exact marginal are chosen so that a chunk's (rows, steps, cells,
+# vocabulary) log-probabilities hold about this many elements (16 MB in fp32).
+MARGINAL_CHUNK_ELEMENTS = 1 << 22
 
 
 @dataclass
@@ -41,20 +54,24 @@ class DecoderOutput:
     """Teacher-forced outputs for T steps.
 
     Attributes:
-        logits: (B, T, V) scores of the next word.
+        logits: (B, T, V) scores of the next word; None for the exact marginal, which
+            gives ``target_log_probs`` instead.
         alphas: (B, T, L) attention weights.
         log_probs: (B, T) log p(s_t) of the chosen cells (hard attention), else None.
         sampled: (B, T) bool, steps whose context came from a sampled cell, else None.
         cells: (B, T) chosen cells (hard attention), else None.
         betas: (B, T) mean gate value per step (1 when there is no gate).
+        target_log_probs: (B, T) log p(y_t | y_<t, a), marginalised over the cells
+            (HardContext mode ``marginal``), else None.
     """
 
-    logits: torch.Tensor
+    logits: torch.Tensor | None
     alphas: torch.Tensor
     log_probs: torch.Tensor | None = None
     sampled: torch.Tensor | None = None
     cells: torch.Tensor | None = None
     betas: torch.Tensor | None = None
+    target_log_probs: torch.Tensor | None = None
 
 
 @dataclass
@@ -134,23 +151,24 @@ class Decoder(nn.Module):
         """The attention keys, computed once per batch: (B, L, D) → (B, L, K)."""
         return self.attention.project_keys(features)
 
+    def _gate(self, h: torch.Tensor, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """beta * z and the mean beta per row: (R, H), (R, D) → (R, D), (R,)."""
+        if self.gate is None:
+            return context, context.new_ones(context.shape[0])
+        beta = torch.sigmoid(self.gate(h))  # (R, 1) or (R, D)
+        return beta * context, beta.mean(dim=1)
+
     def _advance(
         self,
         embedded: torch.Tensor,
         state: DecoderState,
         features: torch.Tensor,
         keys: torch.Tensor,
-        **attention_kwargs: object,
+        hard: HardContext,
     ) -> tuple[DecoderState, AttentionOutput, torch.Tensor, torch.Tensor]:
         """Attend, gate and run the LSTM cell: returns state, attention, gated context, beta."""
-        attended = self.attention(features, keys, state.h, **attention_kwargs)
-        context = attended.context  # (B, D)
-        if self.gate is not None:
-            beta = torch.sigmoid(self.gate(state.h))  # (B, 1) or (B, D)
-            context = beta * context
-            beta_mean = beta.mean(dim=1)  # (B,)
-        else:
-            beta_mean = context.new_ones(context.shape[0])
+        attended = self.attention(features, keys, state.h, hard)
+        context, beta_mean = self._gate(state.h, attended.context)  # (B, D), (B,)
         inputs = torch.cat([embedded, context], dim=1) if self.context_to_lstm else embedded
         h, c = self.lstm(inputs, (state.h, state.c))
         return DecoderState(h, c), attended, context, beta_mean
@@ -165,6 +183,83 @@ class Decoder(nn.Module):
         deep = torch.tanh(embedded + self.hidden_to_out(hidden) + self.context_to_out(context))
         return self.out(self.dropout(deep))
 
+    # ------------------------------------------------------------------ exact marginal
+
+    def _cell_log_probs(
+        self,
+        base: torch.Tensor,
+        beta: torch.Tensor | None,
+        cells: torch.Tensor,
+        log_alpha: torch.Tensor,
+    ) -> torch.Tensor:
+        """log alpha_tl + log p(. | a_l, h_t) for a chunk of C cells.
+
+        ``base`` (R, T, E) = E y + L_h h (the cell-independent part of the deep output),
+        ``beta`` (R, T, 1 or D) the gate or None, ``cells`` (R, C, D) the chunk's features,
+        ``log_alpha`` (R, T, C) → (R, T, C, V)."""
+        weight, bias = self.context_to_out.weight, self.context_to_out.bias
+        if beta is None or beta.shape[-1] == 1:  # linear in the gate: project each cell once
+            projected = F.linear(cells, weight).unsqueeze(1)  # (R, 1, C, E)
+            if beta is not None:
+                projected = beta.unsqueeze(3) * projected  # (R, T, C, E)
+            projected = projected + bias
+        else:  # one gate per feature: project each (step, cell) pair
+            projected = F.linear(beta.unsqueeze(2) * cells.unsqueeze(1), weight, bias)
+        deep = torch.tanh(base.unsqueeze(2) + projected)  # (R, T, C, E)
+        log_probs = torch.log_softmax(self.out(self.dropout(deep)).float(), dim=-1)
+        return log_alpha.unsqueeze(3) + log_probs  # (R, T, C, V)
+
+    def _marginal(
+        self,
+        embedded: torch.Tensor,
+        hidden: torch.Tensor,
+        beta: torch.Tensor | None,
+        features: torch.Tensor,
+        alpha: torch.Tensor,
+        targets: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """log sum_l alpha_tl p(y | a_l, h_t), in chunks of cells.
+
+        ``embedded`` (R, T, E), ``hidden`` (R, T, H) the h_t that predict, ``beta`` (R, T,
+        1 or D) or None, ``features`` (R, L, D), ``alpha`` (R, T, L). With ``targets``
+        (R, T): the log-probability of each target (R, T); chunks are recomputed in the
+        backward pass, so memory holds one chunk at a time. Without: the whole
+        distribution (R, T, V), for decoding."""
+        rows, steps, cells = alpha.shape
+        base = embedded + self.hidden_to_out(self.dropout(hidden))  # (R, T, E): one mask
+        log_alpha = torch.log(alpha.float().clamp_min(1e-30))  # (R, T, L)
+        width = max(self.vocab_size, base.shape[-1], features.shape[-1])
+        chunk = max(1, MARGINAL_CHUNK_ELEMENTS // (rows * steps * width))
+        parts = []
+        for start in range(0, cells, chunk):
+            piece = (base, beta, features[:, start : start + chunk],
+                     log_alpha[:, :, start : start + chunk])  # fmt: skip
+            if targets is None:
+                parts.append(torch.logsumexp(self._cell_log_probs(*piece), dim=2))  # (R, T, V)
+                if len(parts) == 2:  # a running sum keeps two distributions in memory
+                    parts = [torch.logaddexp(*parts)]
+            elif torch.is_grad_enabled():
+                parts.append(checkpoint(self._target_log_probs, *piece, targets,
+                                        use_reentrant=False))  # fmt: skip
+            else:
+                parts.append(self._target_log_probs(*piece, targets))
+        if targets is None:
+            return parts[0]
+        return torch.logsumexp(torch.stack(parts), dim=0)  # (R, T)
+
+    def _target_log_probs(
+        self,
+        base: torch.Tensor,
+        beta: torch.Tensor | None,
+        cells: torch.Tensor,
+        log_alpha: torch.Tensor,
+        targets: torch.Tensor,
+    ) -> torch.Tensor:
+        """log sum over a chunk's cells of alpha_tl p(y_t | a_l, h_t): (R, T)."""
+        joint = self._cell_log_probs(base, beta, cells, log_alpha)  # (R, T, C, V)
+        index = targets[:, :, None, None].expand(-1, -1, joint.shape[2], 1)
+        return torch.logsumexp(joint.gather(3, index).squeeze(3), dim=2)
+
     # ------------------------------------------------------------------ entry points
 
     def step(
@@ -173,34 +268,67 @@ class Decoder(nn.Module):
         state: DecoderState,
         features: torch.Tensor,
         keys: torch.Tensor,
-        **attention_kwargs: object,
+        hard: HardContext = EXPECTATION,
     ) -> StepOutput:
         """One word: previous ``tokens`` (B,) → next-word logits (B, V) and the new state.
 
         ``features`` and ``keys`` may hold B / G images for G rows each, image-major (the
-        beams of beam search); see :mod:`captioning.models.attention`."""
+        beams of beam search); see :mod:`captioning.models.attention`. In ``marginal``
+        mode the logits are the marginal log-probabilities over the cells."""
+        self._check_marginal(hard)
         embedded = self.embedding(tokens)  # (B, E)
-        state, attended, context, _ = self._advance(
-            embedded, state, features, keys, **attention_kwargs
-        )
-        return StepOutput(self.output(embedded, state.h, context), state, attended)
+        previous = state.h
+        state, attended, context, _ = self._advance(embedded, state, features, keys, hard)
+        if hard.mode != "marginal":
+            return StepOutput(self.output(embedded, state.h, context), state, attended)
+        rows = features.repeat_interleave(tokens.shape[0] // features.shape[0], dim=0)
+        beta = torch.sigmoid(self.gate(previous)).unsqueeze(1) if self.gate is not None else None
+        logits = self._marginal(
+            embedded.unsqueeze(1), state.h.unsqueeze(1), beta, rows, attended.alpha.unsqueeze(1)
+        ).squeeze(1)  # (B, V)
+        return StepOutput(logits, state, attended)
 
     def forward(
         self,
         features: torch.Tensor,
         tokens: torch.Tensor,
-        **attention_kwargs: object,
+        hard: HardContext = EXPECTATION,
+        targets: torch.Tensor | None = None,
     ) -> DecoderOutput:
         """Teacher forcing: ``features`` (B, L, D) and input ``tokens`` (B, T) (``<start>``
-        first, last word dropped) → outputs for the T next words."""
+        first, last word dropped) → outputs for the T next words. ``hard`` may carry (B, T)
+        cells or (B, T, L) noise. The ``marginal`` mode needs the ``targets`` (B, T)."""
+        self._check_marginal(hard)
+        if hard.mode == "marginal" and targets is None:
+            raise ValueError("the exact marginal needs the target words")
         keys = self.prepare(features)  # (B, L, K), once per batch
         state = self.init_state(features)
         embedded = self.embedding(tokens)  # (B, T, E)
+        if self.context_to_lstm:
+            return self._forward_by_step(features, keys, state, embedded, hard)
+        return self._forward_parallel(features, keys, state, embedded, hard, targets)
+
+    def _check_marginal(self, hard: HardContext) -> None:
+        if hard.mode == "marginal" and self.context_to_lstm:
+            raise ValueError(
+                "the exact marginal over cells needs context_to_lstm=False: with the context "
+                "in the LSTM, h_t depends on every earlier cell"
+            )
+
+    def _forward_by_step(
+        self,
+        features: torch.Tensor,
+        keys: torch.Tensor,
+        state: DecoderState,
+        embedded: torch.Tensor,
+        hard: HardContext,
+    ) -> DecoderOutput:
+        """The paper's wiring: each h_t depends on the context before it, one step at a time."""
         hiddens, contexts, alphas, betas = [], [], [], []
         log_probs, sampled, cells = [], [], []
-        for t in range(tokens.shape[1]):
+        for t in range(embedded.shape[1]):
             state, attended, context, beta = self._advance(
-                embedded[:, t], state, features, keys, **attention_kwargs
+                embedded[:, t], state, features, keys, hard.at(t)
             )
             hiddens.append(state.h)
             contexts.append(context)
@@ -213,12 +341,63 @@ class Decoder(nn.Module):
         logits = self.output(
             embedded, torch.stack(hiddens, dim=1), torch.stack(contexts, dim=1)
         )  # (B, T, V)
-        hard = bool(log_probs)
+        hard_rows = bool(log_probs)
         return DecoderOutput(
             logits=logits,
             alphas=torch.stack(alphas, dim=1),  # (B, T, L)
-            log_probs=torch.stack(log_probs, dim=1) if hard else None,  # (B, T)
-            sampled=torch.stack(sampled, dim=1) if hard else None,  # (B, T)
-            cells=torch.stack(cells, dim=1) if hard else None,  # (B, T)
+            log_probs=torch.stack(log_probs, dim=1) if hard_rows else None,  # (B, T)
+            sampled=torch.stack(sampled, dim=1) if hard_rows else None,  # (B, T)
+            cells=torch.stack(cells, dim=1) if hard_rows else None,  # (B, T)
             betas=torch.stack(betas, dim=1),  # (B, T)
         )
+
+    def _run_lstm(self, embedded: torch.Tensor, state: DecoderState) -> torch.Tensor:
+        """h_1..h_T (B, T, H) from one fused LSTM call with the cell's own weights."""
+        cell = self.lstm
+        weights = [cell.weight_ih, cell.weight_hh, cell.bias_ih, cell.bias_hh]
+        hx = (state.h.unsqueeze(0).contiguous(), state.c.unsqueeze(0).contiguous())
+        # what nn.LSTM(batch_first=True) calls: one layer, no dropout, one direction
+        hiddens, _, _ = torch._VF.lstm(embedded, hx, weights, True, 1, 0.0, self.training,
+                                       False, True)  # fmt: skip
+        return hiddens
+
+    def _forward_parallel(
+        self,
+        features: torch.Tensor,
+        keys: torch.Tensor,
+        state: DecoderState,
+        embedded: torch.Tensor,
+        hard: HardContext,
+        targets: torch.Tensor | None,
+    ) -> DecoderOutput:
+        """All T words at once: the LSTM never sees the context, so the queries h_0..h_{T-1}
+        are known before any attention runs; they are scored as T query groups per image."""
+        batch, steps, _ = embedded.shape
+        hiddens = self._run_lstm(embedded, state)  # (B, T, H): h_1..h_T
+        queries = torch.cat([state.h.unsqueeze(1), hiddens[:, :-1]], dim=1)  # h_0..h_{T-1}
+        queries = queries.reshape(batch * steps, -1)  # (B*T, H), image-major
+        attended = self.attention(features, keys, queries, hard.flat(steps))
+        context, beta = self._gate(queries, attended.context)  # (B*T, D), (B*T,)
+        alphas = attended.alpha.view(batch, steps, -1)  # (B, T, L)
+
+        def per_step(values: torch.Tensor | None) -> torch.Tensor | None:
+            return None if values is None else values.view(batch, steps)
+
+        output = DecoderOutput(
+            logits=None,
+            alphas=alphas,
+            log_probs=per_step(attended.log_prob),
+            sampled=per_step(attended.sampled),
+            cells=per_step(attended.cell),
+            betas=beta.view(batch, steps),
+        )
+        if hard.mode != "marginal":
+            output.logits = self.output(embedded, hiddens, context.view(batch, steps, -1))
+            return output
+        gate = None
+        if self.gate is not None:
+            gate = torch.sigmoid(self.gate(queries)).view(batch, steps, -1)  # (B, T, 1|D)
+        output.target_log_probs = self._marginal(
+            embedded, hiddens, gate, features, alphas, targets
+        )  # (B, T)
+        return output
