@@ -53,10 +53,11 @@ def _add_checkpoint_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint", required=True, help="a best.pt or last.pt file")
     parser.add_argument("--beam-size", type=_positive_int, default=None,
                         help="beam search with this many beams (1 = greedy)")  # fmt: skip
-    parser.add_argument("--hard-context", choices=["expectation", "argmax", "sample"],
+    parser.add_argument("--hard-context", choices=["expectation", "argmax", "sample", "marginal"],
                         default=None,
                         help="hard attention: the expected context (the authors'), the most "
-                        "likely cell, or a sampled cell")  # fmt: skip
+                        "likely cell, a sampled cell, or (models without the context in the "
+                        "LSTM) the exact marginal over the cells")  # fmt: skip
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
 
 

@@ -31,6 +31,7 @@ def evaluate_checkpoint(
     hard_context: str | None = None,
     max_images: int | None = None,
     spice: bool = False,
+    meteor: bool = True,
     progress: bool = True,
     device: str = "auto",
 ) -> dict[str, Any]:
@@ -49,6 +50,7 @@ def evaluate_checkpoint(
         hard_context: for hard-attention models, ``expectation``, ``argmax`` or ``sample``.
         max_images: score only the first this many images of the split.
         spice: also compute SPICE (downloads Stanford models on first use).
+        meteor: compute METEOR (a Java process); False skips it.
     """
     torch_device = resolve_device(device)
     model, cfg, vocab = load_model(checkpoint, torch_device)
@@ -66,12 +68,14 @@ def evaluate_checkpoint(
             model, dataset, cfg, torch_device, progress=progress, desc=f"decoding {split}"
         )
     attention = AttentionMaps(details, vocab, model.grid_shape)
-    metrics = score_predictions(predictions, records, spice=spice, attention=attention)
+    metrics = score_predictions(
+        predictions, records, meteor=meteor, spice=spice, attention=attention
+    )
     metrics["num_images"] = len(predictions)
     metrics["decoding"] = {
         "strategy": cfg.decode.strategy,
         "beam_size": cfg.decode.beam_size if cfg.decode.strategy == "beam" else 1,
-        "hard_context": cfg.decode.hard_context if cfg.model.attention == "hard" else None,
+        "hard_context": cfg.decode.hard_context if model.hard_attention else None,
         "precision": cfg.train.precision,
     }
     if out_dir is not None:

@@ -285,3 +285,75 @@ def test_one_batch_overfit():
 def test_decoder_rejects_unknown_gate():
     with pytest.raises(ValueError, match="gate"):
         Decoder(10, 4, NoAttention(), embed_dim=4, hidden_dim=4, gate="diagonal")
+
+
+@pytest.mark.parametrize("kind", ["soft", "hard", "none"])
+@pytest.mark.parametrize("gate", ["scalar", "vector", "none"])
+def test_all_words_at_once_equal_the_step_loop(kind, gate):
+    """Without the context in the LSTM, teacher forcing runs all words at once (one fused
+    LSTM call, all queries scored together): the same logits, alphas, log-probabilities and
+    gradients as the step function that decoding uses, for every score function."""
+    for name in SCORES:
+        torch.manual_seed(0)
+        attention = attention_module.build_attention(kind, name, 6, 8, 5)
+        decoder = Decoder(11, 6, attention, embed_dim=4, hidden_dim=8, gate=gate,
+                          context_to_lstm=False, dropout=0.0)  # fmt: skip
+        features = torch.randn(3, 7, 6)
+        tokens = torch.randint(1, 11, (3, 5))
+        cells = torch.randint(0, 7, (3, 5))
+        hard = HardContext(mode="sample", cells=cells) if kind == "hard" else HardContext()
+        params = list(decoder.parameters())
+
+        def gradients(logits, log_probs, params=params):
+            loss = (logits**2).sum() + (log_probs.sum() if log_probs is not None else 0)
+            grads = torch.autograd.grad(loss, params, allow_unused=True)
+            return [torch.zeros_like(p) if g is None else g for g, p in zip(grads, params)]
+
+        together = decoder(features, tokens, hard)
+        keys, state = decoder.prepare(features), decoder.init_state(features)
+        logits, alphas, log_probs = [], [], []
+        for t in range(tokens.shape[1]):
+            out = decoder.step(tokens[:, t], state, features, keys, hard.at(t))
+            state = out.state
+            logits.append(out.logits)
+            alphas.append(out.attention.alpha)
+            log_probs.append(out.attention.log_prob)
+        stepped = torch.stack(logits, dim=1)
+        stepped_log_probs = torch.stack(log_probs, dim=1) if kind == "hard" else None
+        torch.testing.assert_close(together.logits, stepped, rtol=0, atol=1e-5)
+        torch.testing.assert_close(together.alphas, torch.stack(alphas, 1), rtol=0, atol=1e-5)
+        if kind == "hard":
+            torch.testing.assert_close(together.log_probs, stepped_log_probs, rtol=0, atol=1e-5)
+        for a, b in zip(gradients(together.logits, together.log_probs),
+                        gradients(stepped, stepped_log_probs)):  # fmt: skip
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+
+
+def test_exact_marginal_in_chunks_equals_one_chunk_and_decodes(monkeypatch):
+    """The marginal over cells does not depend on the chunk size (the chunks are recomputed
+    in the backward pass), and the step function gives the same distribution."""
+    from captioning.models import decoder as decoder_module
+
+    torch.manual_seed(0)
+    attention = attention_module.build_attention("hard", "additive", 6, 8, 5)
+    decoder = Decoder(11, 6, attention, embed_dim=4, hidden_dim=8, gate="vector",
+                      context_to_lstm=False, dropout=0.0)  # fmt: skip
+    features = torch.randn(3, 7, 6)
+    tokens = torch.randint(1, 11, (3, 5))
+    targets = torch.randint(1, 11, (3, 5))
+    params = list(decoder.parameters())
+    results = []
+    for budget in (1 << 24, 3 * 5 * 11 * 2):  # one chunk; chunks of 2 cells
+        monkeypatch.setattr(decoder_module, "MARGINAL_CHUNK_ELEMENTS", budget)
+        out = decoder(features, tokens, HardContext(mode="marginal"), targets)
+        grads = torch.autograd.grad(out.target_log_probs.sum(), params)
+        results.append((out.target_log_probs, grads))
+    torch.testing.assert_close(results[0][0], results[1][0])
+    for a, b in zip(results[0][1], results[1][1]):
+        torch.testing.assert_close(a, b)
+    # the step function's marginal distribution at step 0 gives the same target log-prob
+    keys, state = decoder.prepare(features), decoder.init_state(features)
+    step = decoder.step(tokens[:, 0], state, features, keys, HardContext(mode="marginal"))
+    assert torch.allclose(step.logits.logsumexp(dim=1), torch.zeros(3), atol=1e-5)
+    picked = step.logits.gather(1, targets[:, :1]).squeeze(1)
+    torch.testing.assert_close(picked, results[0][0][:, 0].detach())

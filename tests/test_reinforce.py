@@ -10,6 +10,7 @@ marginal) and their gradients are computed exactly and compared with each estima
 import itertools
 import math
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -203,7 +204,7 @@ def test_exact_marginal_matches_enumeration():
     terms = objective("exact", context_to_lstm=False).loss(
         OnGrid(decoder), None, features, TOKENS, step=0
     )
-    assert float(terms.total) == pytest.approx(-float(marginal), abs=1e-6)
+    assert float(terms.total) == pytest.approx(-float(marginal.detach()), abs=1e-6)
     assert terms.reinforce is None and terms.reward is None  # nothing was sampled
     assert (flat_grad(terms.total, params) - exact).abs().max() < 1e-6
 
@@ -388,3 +389,27 @@ def test_padding_contributes_no_reward_or_penalty(estimator):
     assert torch.allclose(clean.total, noisy.total)
     assert clean.reward == noisy.reward and clean.penalty == noisy.penalty
     assert clean.entropy == noisy.entropy and clean_state == noisy_state
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        (["model.attention=hard", "train.hard_estimator=exact"],
+         "train.hard_estimator=exact needs model.context_to_lstm=false"),
+        (["model.attention=hard", "train.hard_estimator=vimco", "train.hard_samples=1"],
+         "train.hard_samples must be at least 2"),
+        (["train.hard_estimator=gumbel"], "trains hard attention; this model has "
+         "model.attention=soft"),
+        (["model.attention=hard", "decode.hard_context=marginal"],
+         "decode.hard_context=marginal needs model.context_to_lstm=false"),
+        (["model.attention=hard", "train.gumbel_temperature=0.1"],
+         "train.gumbel_temperature must be at least train.gumbel_min_temperature"),
+    ],
+)  # fmt: skip
+def test_settings_that_cannot_work_are_refused_in_one_line(settings, message):
+    from captioning.config import load_config
+    from captioning.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=message) as caught:
+        load_config(Path(__file__).parent.parent / "configs" / "test_tiny.yaml", settings)
+    assert "\n" not in str(caught.value)

@@ -33,8 +33,8 @@ from torch.utils.checkpoint import checkpoint
 from captioning.models.attention import EXPECTATION, AttentionOutput, HardContext
 
 # Cells per chunk of the exact marginal are chosen so that a chunk's (rows, steps, cells,
-# vocabulary) log-probabilities hold about this many elements (16 MB in fp32).
-MARGINAL_CHUNK_ELEMENTS = 1 << 22
+# vocabulary) log-probabilities hold about this many elements (64 MB in fp32).
+MARGINAL_CHUNK_ELEMENTS = 1 << 24
 
 
 @dataclass
@@ -222,9 +222,9 @@ class Decoder(nn.Module):
 
         ``embedded`` (R, T, E), ``hidden`` (R, T, H) the h_t that predict, ``beta`` (R, T,
         1 or D) or None, ``features`` (R, L, D), ``alpha`` (R, T, L). With ``targets``
-        (R, T): the log-probability of each target (R, T); chunks are recomputed in the
-        backward pass, so memory holds one chunk at a time. Without: the whole
-        distribution (R, T, V), for decoding."""
+        (R, T): the log-probability of each target (R, T); when there is more than one
+        chunk, chunks are recomputed in the backward pass, so memory holds one at a time.
+        Without: the whole distribution (R, T, V), for decoding."""
         rows, steps, cells = alpha.shape
         base = embedded + self.hidden_to_out(self.dropout(hidden))  # (R, T, E): one mask
         log_alpha = torch.log(alpha.float().clamp_min(1e-30))  # (R, T, L)
@@ -238,7 +238,7 @@ class Decoder(nn.Module):
                 parts.append(torch.logsumexp(self._cell_log_probs(*piece), dim=2))  # (R, T, V)
                 if len(parts) == 2:  # a running sum keeps two distributions in memory
                     parts = [torch.logaddexp(*parts)]
-            elif torch.is_grad_enabled():
+            elif torch.is_grad_enabled() and chunk < cells:  # recompute, to hold one chunk
                 parts.append(checkpoint(self._target_log_probs, *piece, targets,
                                         use_reentrant=False))  # fmt: skip
             else:

@@ -1,0 +1,192 @@
+"""Hard attention's gradient estimators against the exact gradient, per unit of wall time.
+
+    python tools/estimator_variance.py --checkpoint runs/hard_mid/last.pt \
+        [--batch 32] [--repeats 20] [--samples 4] [--out runs/estimators]
+
+The checkpoint must be a hard-attention model with ``model.context_to_lstm: false``: then
+h_t does not depend on the cells, the marginal log p(y | a) = sum_t log sum_l alpha_tl
+p(y_t | a_l, h_t) is exact, and so is its gradient (the ``exact`` estimator). So is the
+gradient of the paper's objective E_q[log p(y | s, a)] = sum_t sum_l alpha_tl
+log p(y_t | a_l, h_t), which REINFORCE, leave-one-out and Gumbel estimate (computed here one
+cell at a time).
+
+On one fixed batch of training captions (model in eval mode, so that dropout adds no noise),
+every estimator is run ``--repeats`` times with fresh samples. The table gives, over all
+trainable weights: seconds per estimate; the variance (trace of the covariance of one
+estimate); the squared bias and the mean squared error against the exact gradient of log
+p(y | a); and MSE x seconds, the error that one second of estimates leaves (smaller is
+better). All estimators use lambda_r = 1, no entropy bonus, no penalty and no mixing with the
+expected context, so that each estimates its objective's gradient; "reinforce (paper)" adds
+the authors' lambda_r = 0.1 and entropy bonus 0.002, which bias it on purpose.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from captioning.config import Config, replace_section
+from captioning.data import CaptionDataset, collate, load_splits
+from captioning.hard_attention import HardAttentionObjective
+from captioning.inference import load_model
+from captioning.models import Captioner
+from captioning.models.attention import HardContext
+from captioning.vocab import Vocabulary
+
+UNBIASED = {"reinforce_weight": 1.0, "entropy_weight": 0.0, "doubly_stochastic_weight": 0.0,
+            "semi_sampling_p": 1.0}  # fmt: skip
+ROWS = {
+    "reinforce, no baseline": ("reinforce", {}),
+    "reinforce (baseline: the batch's mean reward)": ("reinforce", {}),
+    "reinforce (paper: lambda_r 0.1, entropy 0.002)": (
+        "reinforce", {"reinforce_weight": 0.1, "entropy_weight": 0.002}),
+    "reinforce_loo": ("reinforce_loo", {}),
+    "vimco": ("vimco", {}),
+    "gumbel (temperature 1)": ("gumbel", {}),
+    "gumbel (temperature 0.5)": ("gumbel", {"gumbel_temperature": 0.5,
+                                            "gumbel_min_temperature": 0.5}),
+    "exact": ("exact", {}),
+}  # fmt: skip
+
+
+def _flat_grad(model: Captioner) -> torch.Tensor:
+    return torch.cat([p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel())
+                      for p in model.parameters() if p.requires_grad])  # fmt: skip
+
+
+def _objective(cfg: Config, estimator: str, settings: dict, samples: int, cells: int):
+    train = {**UNBIASED, "hard_estimator": estimator, "hard_samples": samples, **settings}
+    cfg = replace_section(cfg, "train", **train)
+    return HardAttentionObjective(cfg, cells, torch.device("cpu"), "fp32")
+
+
+def paper_gradient(model: Captioner, images: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """The exact gradient of -E_q[log p(y | s, a)] (mean over captions), one cell at a time:
+    without the context in the LSTM it is -sum_t sum_l alpha_tl log p(y_t | a_l, h_t)."""
+    model.zero_grad(set_to_none=True)
+    features = model.encode(images)
+    grid = features.detach().requires_grad_()
+    targets = tokens[:, 1:]
+    mask = (targets != Vocabulary.pad_id).float()
+    for cell in range(grid.shape[1]):
+        cells = torch.full_like(targets, cell)
+        out = model.decoder(grid, tokens[:, :-1], HardContext(mode="sample", cells=cells))
+        log_p = torch.log_softmax(out.logits.float(), dim=2).gather(2, targets[:, :, None])
+        expected = (out.alphas[:, :, cell] * log_p.squeeze(2) * mask).sum() / len(tokens)
+        (-expected).backward()
+    features.backward(grid.grad)
+    return _flat_grad(model)
+
+
+def measure(model, cfg, batch, repeats: int, samples: int) -> tuple[dict, list[dict]]:
+    images, tokens = batch["images"], batch["tokens"]
+    cells = model.grid_shape[0] * model.grid_shape[1]
+    exact_objective = _objective(cfg, "exact", {}, samples, cells)
+    model.zero_grad(set_to_none=True)
+    exact_objective.loss(model, images, None, tokens, 0).total.backward()
+    exact = _flat_grad(model)
+    start = time.perf_counter()
+    paper = paper_gradient(model, images, tokens)
+    paper_seconds = time.perf_counter() - start
+    reference = {
+        "marginal_gradient_norm": float(exact.norm()),
+        "paper_gradient_norm": float(paper.norm()),
+        "cosine_marginal_paper": float(torch.nn.functional.cosine_similarity(exact, paper, 0)),
+        "paper_gradient_seconds": paper_seconds,
+    }
+    rows = []
+    for name, (estimator, settings) in ROWS.items():
+        objective = _objective(cfg, estimator, settings, samples, cells)
+        if "mean reward" in name:
+            objective.loss(model, images, None, tokens, 10_000)  # rewards, no gradient used
+            objective.commit()
+        estimates, seconds = [], []
+        for repeat in range(1 if estimator == "exact" else repeats):
+            model.zero_grad(set_to_none=True)
+            start = time.perf_counter()
+            objective.loss(model, images, None, tokens, repeat).total.backward()
+            seconds.append(time.perf_counter() - start)
+            estimates.append(_flat_grad(model))
+        stack = torch.stack(estimates)  # (repeats, P)
+        mean = stack.mean(dim=0)
+        variance = float(stack.var(dim=0).sum()) if len(stack) > 1 else 0.0
+        errors = ((stack - exact) ** 2).sum(dim=1)  # squared error of each estimate
+        mse = float(errors.mean())
+        second = sorted(seconds)[len(seconds) // 2]
+        rows.append({
+            "estimator": name,
+            "seconds": second,
+            "variance": variance,
+            # |mean - exact|^2 overestimates the squared bias by variance / n
+            "bias2_marginal": max(0.0, float(((mean - exact) ** 2).sum()) - variance / len(stack)),
+            "mse_marginal": mse,
+            "mse_paper": float(((stack - paper) ** 2).sum(dim=1).mean()),
+            "mse_x_seconds": mse * second,
+        })  # fmt: skip
+        print(json.dumps(rows[-1]), flush=True)
+    return reference, rows
+
+
+def markdown(reference: dict, rows: list[dict], header: str) -> str:
+    lines = [
+        header,
+        "",
+        "| estimator | s / estimate | variance | bias² vs ∇log p(y) | MSE vs ∇log p(y) | "
+        "MSE vs ∇E_q[log p(y|s)] | MSE × s |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['estimator']} | {r['seconds']:.3f} | {r['variance']:.3g} | "
+            f"{r['bias2_marginal']:.3g} | {r['mse_marginal']:.3g} | {r['mse_paper']:.3g} | "
+            f"{r['mse_x_seconds']:.3g} |"
+        )
+    lines += [
+        "",
+        f"|∇log p(y)|² = {reference['marginal_gradient_norm'] ** 2:.3g}, "
+        f"|∇E_q[log p(y|s)]|² = {reference['paper_gradient_norm'] ** 2:.3g}, cosine between "
+        f"them {reference['cosine_marginal_paper']:.3f}.",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--checkpoint", required=True)
+    parser.add_argument("--batch", type=int, default=32, help="captions in the fixed batch")
+    parser.add_argument("--repeats", type=int, default=20, help="estimates per estimator")
+    parser.add_argument("--samples", type=int, default=4, help="K of reinforce_loo and vimco")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default="runs/estimators")
+    args = parser.parse_args()
+    torch.manual_seed(args.seed)
+    model, cfg, vocab = load_model(args.checkpoint)
+    if not model.hard_attention or cfg.model.context_to_lstm:
+        raise SystemExit(
+            "error: the checkpoint must be a hard-attention model with "
+            "model.context_to_lstm=false (the only wiring with an exact gradient)"
+        )
+    records = load_splits(cfg.data)["train"][: args.batch]
+    dataset = CaptionDataset(records, vocab, model.encoder.transform,
+                             max_length=cfg.data.max_caption_length)  # fmt: skip
+    batch = collate([dataset[(i, 0)] for i in range(len(dataset))])  # first caption of each
+    reference, rows = measure(model, cfg, batch, args.repeats, args.samples)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    settings = dataclasses.asdict(args) if dataclasses.is_dataclass(args) else vars(args)
+    (out / "estimators.json").write_text(
+        json.dumps({"settings": settings, "reference": reference, "rows": rows}, indent=2)
+    )
+    header = (f"{args.checkpoint}: {len(batch['tokens'])} captions, {args.repeats} estimates "
+              f"each, K = {args.samples}, seed {args.seed}")  # fmt: skip
+    (out / "estimators.md").write_text(markdown(reference, rows, header) + "\n")
+    print(markdown(reference, rows, header))
+
+
+if __name__ == "__main__":
+    main()
