@@ -137,7 +137,7 @@ def markdown(reference: dict, rows: list[dict], header: str) -> str:
         header,
         "",
         "| estimator | s / estimate | variance | bias² vs ∇log p(y) | MSE vs ∇log p(y) | "
-        "MSE vs ∇E_q[log p(y|s)] | MSE × s |",
+        "MSE vs ∇E_q[r] | MSE × s |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
@@ -148,9 +148,9 @@ def markdown(reference: dict, rows: list[dict], header: str) -> str:
         )
     lines += [
         "",
-        f"|∇log p(y)|² = {reference['marginal_gradient_norm'] ** 2:.3g}, "
-        f"|∇E_q[log p(y|s)]|² = {reference['paper_gradient_norm'] ** 2:.3g}, cosine between "
-        f"them {reference['cosine_marginal_paper']:.3f}.",
+        f"|∇log p(y | a)|² = {reference['marginal_gradient_norm'] ** 2:.3g}, "
+        f"|∇E_q[r]|² = {reference['paper_gradient_norm'] ** 2:.3g} (r = log p(y | s, a)), "
+        f"cosine between them {reference['cosine_marginal_paper']:.3f}.",
     ]
     return "\n".join(lines)
 
