@@ -298,6 +298,7 @@ def test_all_words_at_once_equal_the_step_loop(kind, gate):
         attention = attention_module.build_attention(kind, name, 6, 8, 5)
         decoder = Decoder(11, 6, attention, embed_dim=4, hidden_dim=8, gate=gate,
                           context_to_lstm=False, dropout=0.0)  # fmt: skip
+        decoder.parallel = True
         features = torch.randn(3, 7, 6)
         tokens = torch.randint(1, 11, (3, 5))
         cells = torch.randint(0, 7, (3, 5))

@@ -14,7 +14,8 @@ decoding reuses; :meth:`Decoder.forward` (teacher forcing) runs the same pieces 
 caption and computes the output layer once for all steps.
 
 Without the context in the LSTM (``context_to_lstm=False``), h_1..h_T under teacher forcing
-do not depend on the attention, so :meth:`Decoder.forward` needs no loop over words: one
+do not depend on the attention, so :meth:`Decoder.forward` needs no loop over words (with
+``Decoder.parallel``, and always for the exact marginal): one
 fused LSTM call over the caption (the same weights as the cell :meth:`step` uses), then all
 T queries scored against the grid at once. The same independence makes the exact marginal
 over cells tractable: p(y_t | y_<t, a) = sum_l alpha_tl p(y_t | a_l, h_t) (``HardContext``
@@ -99,6 +100,11 @@ class Decoder(nn.Module):
         init_state: ``tanh`` or ``linear`` MLP from the mean feature to h_0, c_0.
         dropout: dropout on h and on the deep-output layer.
     """
+
+    # Teacher forcing without the context in the LSTM may run all words at once (the same
+    # numbers to 1e-5, as a test checks); off by default, so that training reproduces the
+    # step loop's numbers exactly. The exact marginal always runs all words at once.
+    parallel = False
 
     def __init__(
         self,
@@ -304,7 +310,7 @@ class Decoder(nn.Module):
         keys = self.prepare(features)  # (B, L, K), once per batch
         state = self.init_state(features)
         embedded = self.embedding(tokens)  # (B, T, E)
-        if self.context_to_lstm:
+        if self.context_to_lstm or not (self.parallel or hard.mode == "marginal"):
             return self._forward_by_step(features, keys, state, embedded, hard)
         return self._forward_parallel(features, keys, state, embedded, hard, targets)
 
