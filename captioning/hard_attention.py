@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -110,6 +111,7 @@ class _Sampled:
         """r = log p(y | s, a) per row (R,), detached."""
         return -self.nll.sum(dim=1).detach()
 
+    @cached_property
     def entropies(self) -> torch.Tensor:
         """The attention entropy of the sampled steps, per row (R,)."""
         return attention_entropy(self.output.alphas, self.step_mask)
@@ -222,7 +224,7 @@ class HardAttentionObjective:
         rewards = sampled.rewards
         rows = sampled.rows
         num_tokens = int(sampled.mask.sum())
-        entropies = sampled.entropies()
+        entropies = sampled.entropies
         any_rows = bool(rows.any())
         reward = rewards[rows].mean() if any_rows else rewards.new_zeros(())
         if self.estimator == "reinforce" and any_rows:
@@ -247,16 +249,13 @@ class HardAttentionObjective:
         return (
             sampled.nll.sum(dim=1)
             + cfg.doubly_stochastic_weight * sampled.penalty
-            - cfg.entropy_weight * sampled.entropies()
+            - cfg.entropy_weight * sampled.entropies
         )
 
     def _reinforce(self, sampled: _Sampled, repeat: int) -> LossTerms:
         """The paper: -(r - b) log q(s) with the moving-average baseline b."""
         advantage = sampled.rewards - self.baseline.value  # (R,)
         surrogate = -advantage * sampled.score()  # (R,)
-        if not bool(sampled.rows.any()):  # nothing sampled: plain likelihood, as before
-            nll_pen = sampled.nll.sum(dim=1) + self.cfg.doubly_stochastic_weight * sampled.penalty
-            return self._terms(sampled, nll_pen, None)
         per_caption = self._base(sampled) + self.cfg.reinforce_weight * surrogate
         return self._terms(sampled, per_caption, surrogate)
 
@@ -283,7 +282,7 @@ class HardAttentionObjective:
         signal = (bound.detach().unsqueeze(1) - held_out).flatten()  # (R,)
         surrogate = -signal * sampled.score()  # (R,)
         rest = cfg.doubly_stochastic_weight * sampled.penalty - cfg.entropy_weight * (
-            sampled.entropies()
+            sampled.entropies
         )  # (R,)
         per_caption = (
             -bound

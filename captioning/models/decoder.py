@@ -329,7 +329,9 @@ class Decoder(nn.Module):
         embedded: torch.Tensor,
         hard: HardContext,
     ) -> DecoderOutput:
-        """The paper's wiring: each h_t depends on the context before it, one step at a time."""
+        """One step at a time, as decoding runs: the paper's wiring needs it (each h_t depends
+        on the context before it), and training without the context in the LSTM keeps it
+        unless :attr:`parallel` is set."""
         hiddens, contexts, alphas, betas = [], [], [], []
         log_probs, sampled, cells = [], [], []
         for t in range(embedded.shape[1]):
