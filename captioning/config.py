@@ -72,6 +72,11 @@ class ModelConfig:
     fine_tune: str = "none"  # none | all | last_N (the last N stages)
     positional: Literal["none", "learned", "sinusoidal"] = "none"
     cnn_channels: list[int] = field(default_factory=lambda: [32, 64, 128, 128])
+    # Self-attention over the grid: N pre-norm Transformer encoder layers over the L cells,
+    # after the position codes (and after the feature cache), so a cell can carry its
+    # relations to the others ("left of", "the middle one") to the decoder.
+    grid_layers: int = 0
+    grid_heads: int = 4
     # attention
     attention: Literal["soft", "hard", "none"] = "soft"
     score: str = "additive"  # additive, additive_relu, dot, general, scaled_dot, cosine
@@ -303,6 +308,10 @@ def _validate(cfg: Config) -> None:
     for key, value in positive.items():
         if value < 1:
             raise ConfigError(f"{key} must be at least 1, got {value}")
+    if cfg.model.grid_layers < 0:
+        raise ConfigError(f"model.grid_layers must be 0 or more, got {cfg.model.grid_layers}")
+    if cfg.model.grid_layers and cfg.model.grid_heads < 1:
+        raise ConfigError(f"model.grid_heads must be at least 1, got {cfg.model.grid_heads}")
     if not 0.0 <= cfg.train.semi_sampling_p <= 1.0:
         raise ConfigError(
             f"train.semi_sampling_p must be in [0, 1], got {cfg.train.semi_sampling_p}"

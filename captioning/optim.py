@@ -12,9 +12,12 @@ from captioning.models import Captioner
 
 
 def build_optimizer(model: Captioner, cfg: TrainConfig) -> torch.optim.Optimizer:
-    """Adam with separate learning rates for the decoder and the encoder's trainable part."""
+    """Adam with separate learning rates for the encoder's trainable part (``encoder_lr``)
+    and everything after it (``lr``: the decoder, and the grid self-attention)."""
     encoder_params = [p for p in model.encoder.parameters() if p.requires_grad]
-    groups = [{"params": list(model.decoder.parameters()), "lr": cfg.lr, "name": "decoder"}]
+    in_encoder = {id(p) for p in model.encoder.parameters()}
+    rest = [p for p in model.parameters() if id(p) not in in_encoder]
+    groups = [{"params": rest, "lr": cfg.lr, "name": "decoder"}]
     if encoder_params:
         groups.append({"params": encoder_params, "lr": cfg.encoder_lr, "name": "encoder"})
     return torch.optim.Adam(groups, weight_decay=cfg.weight_decay)

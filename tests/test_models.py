@@ -5,6 +5,7 @@ import torch
 from torch import nn
 
 from captioning.config import load_config
+from captioning.errors import ConfigError
 from captioning.losses import caption_loss
 from captioning.models import attention as attention_module
 from captioning.models import build_model
@@ -358,3 +359,72 @@ def test_exact_marginal_in_chunks_equals_one_chunk_and_decodes(monkeypatch):
     assert torch.allclose(step.logits.logsumexp(dim=1), torch.zeros(3), atol=1e-5)
     picked = step.logits.gather(1, targets[:, :1]).squeeze(1)
     torch.testing.assert_close(picked, results[0][0][:, 0].detach())
+
+
+def test_exact_marginal_dropout_is_one_mask_per_word_whatever_the_chunks(monkeypatch):
+    """In training, the deep output's dropout mask is drawn once per word and shared by the
+    cells, so the chunking (and the recomputation in the backward pass) leaves the numbers
+    unchanged under the same seed."""
+    from captioning.models import decoder as decoder_module
+
+    torch.manual_seed(0)
+    attention = attention_module.build_attention("hard", "additive", 6, 8, 5)
+    decoder = Decoder(11, 6, attention, embed_dim=4, hidden_dim=8, gate="none",
+                      context_to_lstm=False, dropout=0.5).train()  # fmt: skip
+    features, tokens = torch.randn(3, 7, 6), torch.randint(1, 11, (3, 5))
+    targets = torch.randint(1, 11, (3, 5))
+    results = []
+    for budget in (1 << 24, 3 * 5 * 11 * 2):
+        monkeypatch.setattr(decoder_module, "MARGINAL_CHUNK_ELEMENTS", budget)
+        torch.manual_seed(5)
+        out = decoder(features, tokens, HardContext(mode="marginal"), targets)
+        grads = torch.autograd.grad(out.target_log_probs.sum(), list(decoder.parameters()))
+        results.append((out.target_log_probs, grads))
+    torch.testing.assert_close(results[0][0], results[1][0])
+    for a, b in zip(results[0][1], results[1][1]):
+        torch.testing.assert_close(a, b)
+    torch.manual_seed(6)  # and dropout does act: another mask, other numbers
+    other = decoder(features, tokens, HardContext(mode="marginal"), targets).target_log_probs
+    assert not torch.allclose(other, results[0][0])
+
+
+def test_grid_self_attention_relates_cells_and_trains():
+    """``model.grid_layers``: without it a cell's feature depends on its own pixels only
+    (within the CNN's receptive field); with it every cell sees every other cell. Its
+    parameters get gradients and the decoder's learning rate, and cached grids pass through
+    it like images do."""
+    from captioning.config import TrainConfig
+    from captioning.optim import build_optimizer
+
+    images, tokens = batch()
+    changed = images.clone()
+    changed[:, :, :4, :4] = 255 - changed[:, :, :4, :4]  # the top-left corner only
+    for layers, far_cells_change in ((0, False), (1, True)):
+        model = tiny_model(f"model.grid_layers={layers}", "model.grid_heads=2").eval()
+        with torch.no_grad():
+            before, after = model.encode(images), model.encode(changed)
+        far = (before - after)[:, -1].abs().max()  # the bottom-right cell
+        assert (far > 1e-4) == far_cells_change, (layers, float(far))
+    model = tiny_model("model.grid_layers=2", "model.grid_heads=4")
+    assert model.grid is not None and len(model.grid.layers.layers) == 2
+    out = model(images, tokens)
+    loss = caption_loss(out, tokens[:, 1:], 0, penalty_weight=0.0).total
+    loss.backward()
+    for name, param in model.grid.named_parameters():
+        assert param.grad is not None and param.grad.abs().sum() > 0, name
+    optimizer = build_optimizer(model, TrainConfig(lr=1e-3, encoder_lr=1e-5))
+    lr_of = {id(p): group["lr"] for group in optimizer.param_groups for p in group["params"]}
+    assert all(lr_of[id(p)] == 1e-3 for p in model.grid.parameters())
+    assert all(lr_of[id(p)] == 1e-5 for p in model.encoder.parameters() if p.requires_grad)
+    assert len(lr_of) == sum(1 for p in model.parameters() if p.requires_grad)
+    model.eval()
+    with torch.no_grad():
+        cached = model.encoder.backbone(images)
+        torch.testing.assert_close(model.encode(grid=cached), model.encode(images))
+
+
+def test_grid_self_attention_settings_are_checked():
+    with pytest.raises(ConfigError, match="model.grid_layers must be 0 or more"):
+        load_config(None, [*TINY, "model.grid_layers=-1"])
+    with pytest.raises(ConfigError, match="model.grid_heads=3 must divide"):
+        tiny_model("model.grid_layers=1", "model.grid_heads=3")

@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from captioning.config import ModelConfig
+from captioning.errors import ConfigError
 from captioning.models.attention import EXPECTATION, HardContext, build_attention
 from captioning.models.decoder import Decoder, DecoderOutput
 from captioning.models.encoder import Encoder, build_encoder
@@ -18,11 +19,15 @@ class Captioner(nn.Module):
     Args:
         encoder: images (B, 3, S, S) → grid features (B, L, D).
         decoder: the attention LSTM over those features.
+        grid: self-attention over the encoder's cells before the decoder (None: none).
     """
 
-    def __init__(self, encoder: Encoder, decoder: Decoder) -> None:
+    def __init__(
+        self, encoder: Encoder, decoder: Decoder, grid: GridSelfAttention | None = None
+    ) -> None:
         super().__init__()
         self.encoder = encoder
+        self.grid = grid
         self.decoder = decoder
 
     @property
@@ -41,10 +46,12 @@ class Captioner(nn.Module):
         """Decoder features (B, L, D) from ``images`` (B, 3, S, S), or from a cached backbone
         ``grid`` (B, L, D) (see :mod:`captioning.feature_cache`)."""
         if grid is not None:
-            return self.encoder.add_positions(grid.float())
-        if images is None:
+            features = self.encoder.add_positions(grid.float())
+        elif images is None:
             raise ValueError("give images or a cached grid")
-        return self.encoder(images)
+        else:
+            features = self.encoder(images)
+        return features if self.grid is None else self.grid(features)
 
     def forward(
         self,
@@ -98,4 +105,37 @@ def build_model(cfg: ModelConfig, vocab_size: int) -> Captioner:
         init_state=cfg.init_state,
         dropout=cfg.dropout,
     )
-    return Captioner(encoder, decoder)
+    grid = None
+    if cfg.grid_layers:
+        grid = GridSelfAttention(encoder.out_channels, cfg.grid_layers, cfg.grid_heads)
+    return Captioner(encoder, decoder, grid)
+
+
+class GridSelfAttention(nn.Module):
+    """``layers`` pre-norm Transformer encoder layers over the L cells of a grid (B, L, D),
+    then a final LayerNorm: every cell's feature can then depend on every other cell.
+
+    Args:
+        dim: D, the feature size (divisible by ``heads``).
+        layers: the number of layers.
+        heads: attention heads per layer.
+        dropout: dropout inside the layers (kept small: the decoder has its own).
+    """
+
+    def __init__(self, dim: int, layers: int, heads: int = 4, dropout: float = 0.0) -> None:
+        super().__init__()
+        if dim % heads:
+            raise ConfigError(
+                f"model.grid_heads={heads} must divide the encoder's feature size {dim}"
+            )
+        layer = nn.TransformerEncoderLayer(
+            dim, heads, dim_feedforward=4 * dim, dropout=dropout, batch_first=True,
+            norm_first=True,
+        )  # fmt: skip
+        self.layers = nn.TransformerEncoder(
+            layer, layers, norm=nn.LayerNorm(dim), enable_nested_tensor=False
+        )
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        """Features (B, L, D) → features (B, L, D)."""
+        return self.layers(features)

@@ -195,14 +195,16 @@ class Decoder(nn.Module):
         self,
         base: torch.Tensor,
         beta: torch.Tensor | None,
+        keep: torch.Tensor | None,
         cells: torch.Tensor,
         log_alpha: torch.Tensor,
     ) -> torch.Tensor:
         """log alpha_tl + log p(. | a_l, h_t) for a chunk of C cells.
 
         ``base`` (R, T, E) = E y + L_h h (the cell-independent part of the deep output),
-        ``beta`` (R, T, 1 or D) the gate or None, ``cells`` (R, C, D) the chunk's features,
-        ``log_alpha`` (R, T, C) → (R, T, C, V)."""
+        ``beta`` (R, T, 1 or D) the gate or None, ``keep`` (R, T, 1, E) the deep output's
+        dropout mask (scaled; one per word, shared by the cells) or None, ``cells`` (R, C, D)
+        the chunk's features, ``log_alpha`` (R, T, C) → (R, T, C, V)."""
         weight, bias = self.context_to_out.weight, self.context_to_out.bias
         if beta is None or beta.shape[-1] == 1:  # linear in the gate: project each cell once
             projected = F.linear(cells, weight).unsqueeze(1)  # (R, 1, C, E)
@@ -212,7 +214,9 @@ class Decoder(nn.Module):
         else:  # one gate per feature: project each (step, cell) pair
             projected = F.linear(beta.unsqueeze(2) * cells.unsqueeze(1), weight, bias)
         deep = torch.tanh(base.unsqueeze(2) + projected)  # (R, T, C, E)
-        log_probs = torch.log_softmax(self.out(self.dropout(deep)).float(), dim=-1)
+        if keep is not None:
+            deep = deep * keep
+        log_probs = torch.log_softmax(self.out(deep).float(), dim=-1)
         return log_alpha.unsqueeze(3) + log_probs  # (R, T, C, V)
 
     def _marginal(
@@ -233,12 +237,17 @@ class Decoder(nn.Module):
         Without: the whole distribution (R, T, V), for decoding."""
         rows, steps, cells = alpha.shape
         base = embedded + self.hidden_to_out(self.dropout(hidden))  # (R, T, E): one mask
+        # The deep output's dropout: one mask per word, shared by the cells (a mask per
+        # (word, cell) pair would cost as much as the marginal itself).
+        keep = None
+        if self.training and self.dropout.p > 0:
+            keep = self.dropout(base.new_ones(rows, steps, 1, base.shape[-1]))
         log_alpha = torch.log(alpha.float().clamp_min(1e-30))  # (R, T, L)
         width = max(self.vocab_size, base.shape[-1], features.shape[-1])
         chunk = max(1, MARGINAL_CHUNK_ELEMENTS // (rows * steps * width))
         parts = []
         for start in range(0, cells, chunk):
-            piece = (base, beta, features[:, start : start + chunk],
+            piece = (base, beta, keep, features[:, start : start + chunk],
                      log_alpha[:, :, start : start + chunk])  # fmt: skip
             if targets is None:
                 parts.append(torch.logsumexp(self._cell_log_probs(*piece), dim=2))  # (R, T, V)
@@ -257,12 +266,13 @@ class Decoder(nn.Module):
         self,
         base: torch.Tensor,
         beta: torch.Tensor | None,
+        keep: torch.Tensor | None,
         cells: torch.Tensor,
         log_alpha: torch.Tensor,
         targets: torch.Tensor,
     ) -> torch.Tensor:
         """log sum over a chunk's cells of alpha_tl p(y_t | a_l, h_t): (R, T)."""
-        joint = self._cell_log_probs(base, beta, cells, log_alpha)  # (R, T, C, V)
+        joint = self._cell_log_probs(base, beta, keep, cells, log_alpha)  # (R, T, C, V)
         index = targets[:, :, None, None].expand(-1, -1, joint.shape[2], 1)
         return torch.logsumexp(joint.gather(3, index).squeeze(3), dim=2)
 
