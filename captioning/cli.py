@@ -196,7 +196,7 @@ def cmd_caption(args: argparse.Namespace) -> int:
         if args.attention_dir:
             draw_attention(result, model.grid_shape, args.attention_dir,
                            figure_stem(result.image, used), smooth=not args.no_smooth,
-                           gif=args.gif)  # fmt: skip
+                           gif=args.gif, max_pixels=cfg.data.max_image_pixels)  # fmt: skip
         if args.json:
             record = {"image": result.image, "caption": result.caption}
             if result.figure:
@@ -245,9 +245,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add_verb("shapes", help="write the synthetic shapes dataset (COCO format)")
     p.add_argument("--out", default="data/shapes", help="output folder (default data/shapes)")
-    p.add_argument("--train", type=int, default=8000, help="training images (default 8000)")
-    p.add_argument("--val", type=int, default=500, help="validation images (default 500)")
-    p.add_argument("--test", type=int, default=500, help="test images (default 500)")
+    p.add_argument(
+        "--train", type=_positive_int, default=8000, help="training images (default 8000)"
+    )
+    p.add_argument("--val", type=_positive_int, default=500, help="validation images (default 500)")
+    p.add_argument("--test", type=_positive_int, default=500, help="test images (default 500)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--image-size", type=int, default=96, help="image side in pixels")
     p.add_argument(
@@ -271,7 +273,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = add_verb("extract-features", help="cache a frozen encoder's grids (float16) on disk")
     _add_config_args(p)
     p.add_argument("--split", default="train", choices=["train", "val", "test"])
-    p.add_argument("--batch-size", type=int, default=None, help="default: train.batch_size")
+    p.add_argument(
+        "--batch-size", type=_positive_int, default=None, help="default: train.batch_size"
+    )
     p.add_argument("--overwrite", action="store_true", help="replace an existing cache")
     p.set_defaults(func=cmd_extract_features)
 
@@ -280,7 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", default="test", choices=["train", "val", "test"])
     p.add_argument("--out", default=None, help="folder for metrics.json and predictions.json")
     p.add_argument("--data-root", default=None, help="read the data from here instead")
-    p.add_argument("--max-images", type=int, default=None, help="score only the first N")
+    p.add_argument("--max-images", type=_positive_int, default=None, help="score only the first N")
     p.add_argument("--spice", action="store_true", help="also SPICE (downloads its models)")
     p.set_defaults(func=cmd_evaluate)
 

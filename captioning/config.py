@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import re
+import reprlib
 import types
 import typing
 from dataclasses import dataclass, field
@@ -48,9 +49,12 @@ class DataConfig:
     # vocabulary (built from the training split only)
     min_count: int = 1
     max_vocab: int | None = None
-    max_caption_length: int | None = None
+    # longer captions are cut to this many words when training (and the cut ones counted)
+    max_caption_length: int | None = 50
     # loading
     on_bad_image: Literal["error", "skip"] = "error"
+    # images with more pixels are bad images, refused before decoding (see data/images.py)
+    max_image_pixels: int = 64_000_000
     check_images: bool = True
     cache_images: bool = False
     num_workers: int = 0
@@ -189,29 +193,29 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
                 return _coerce(value, option, key)
             except ConfigError:
                 continue
-        raise ConfigError(f"{key} must be {_type_name(tp)}, got {value!r}")
+        raise ConfigError(f"{key} must be {_type_name(tp)}, got {quote(value)}")
     if origin is Literal:
         if value in args:
             return value
         close = difflib.get_close_matches(str(value), [str(a) for a in args], n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ConfigError(f"{key} must be one of {_type_name(tp)}, got {value!r}{hint}")
+        raise ConfigError(f"{key} must be one of {_type_name(tp)}, got {quote(value)}{hint}")
     if origin is list:
         if not isinstance(value, list | tuple):
-            raise ConfigError(f"{key} must be a list, got {value!r}")
+            raise ConfigError(f"{key} must be a list, got {quote(value)}")
         return [_coerce(v, args[0], f"{key}[{i}]") for i, v in enumerate(value)]
     if origin is dict:
         if not isinstance(value, dict):
-            raise ConfigError(f"{key} must be a mapping, got {value!r}")
+            raise ConfigError(f"{key} must be a mapping, got {quote(value)}")
         return {str(k): _coerce(v, args[1], f"{key}.{k}") for k, v in value.items()}
     if tp is bool:
         if isinstance(value, bool):
             return value
-        raise ConfigError(f"{key} must be true or false, got {value!r}")
+        raise ConfigError(f"{key} must be true or false, got {quote(value)}")
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-        raise ConfigError(f"{key} must be an integer, got {value!r}")
+        raise ConfigError(f"{key} must be an integer, got {quote(value)}")
     if tp is float:
         if isinstance(value, int | float) and not isinstance(value, bool):
             return float(value)
@@ -220,17 +224,17 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
                 return float(value)
             except ValueError:
                 pass
-        raise ConfigError(f"{key} must be a number, got {value!r}")
+        raise ConfigError(f"{key} must be a number, got {quote(value)}")
     if tp is str:
         if isinstance(value, str):
             return value
         if isinstance(value, int | float) and not isinstance(value, bool):
             return str(value)
-        raise ConfigError(f"{key} must be a string, got {value!r}")
+        raise ConfigError(f"{key} must be a string, got {quote(value)}")
     if tp is type(None):
         if value is None:
             return None
-        raise ConfigError(f"{key} must be null, got {value!r}")
+        raise ConfigError(f"{key} must be null, got {quote(value)}")
     raise ConfigError(f"{key}: unsupported type {tp}")
 
 
@@ -256,6 +260,7 @@ def rename_legacy_keys(values: dict[str, Any]) -> dict[str, Any]:
 
 
 def _unknown_key(key: str, valid: list[str], prefix: str) -> ConfigError:
+    key = key if len(key) <= 60 else key[:57] + "..."
     full = f"{prefix}{key}"
     if full in RENAMED_KEYS:
         return ConfigError(f"config key {full} was renamed to {RENAMED_KEYS[full]}; use that name")
@@ -292,30 +297,17 @@ def _validate(cfg: Config) -> None:
     if not re.fullmatch(r"none|all|last_[1-9][0-9]*", cfg.model.fine_tune):
         raise ConfigError(
             f"model.fine_tune must be none, all or last_N (e.g. last_2), "
-            f"got {cfg.model.fine_tune!r}"
+            f"got {quote(cfg.model.fine_tune)}"
         )
-    positive = {
-        "train.epochs": cfg.train.epochs,
-        "train.batch_size": cfg.train.batch_size,
-        "model.embed_dim": cfg.model.embed_dim,
-        "model.hidden_dim": cfg.model.hidden_dim,
-        "model.attention_dim": cfg.model.attention_dim,
-        "model.image_size": cfg.model.image_size,
-        "decode.beam_size": cfg.decode.beam_size,
-        "decode.max_length": cfg.decode.max_length,
-        "train.hard_samples": cfg.train.hard_samples,
-    }
-    for key, value in positive.items():
-        if value < 1:
-            raise ConfigError(f"{key} must be at least 1, got {value}")
-    if cfg.model.grid_layers < 0:
-        raise ConfigError(f"model.grid_layers must be 0 or more, got {cfg.model.grid_layers}")
-    if cfg.model.grid_layers and cfg.model.grid_heads < 1:
-        raise ConfigError(f"model.grid_heads must be at least 1, got {cfg.model.grid_heads}")
-    if not 0.0 <= cfg.train.semi_sampling_p <= 1.0:
-        raise ConfigError(
-            f"train.semi_sampling_p must be in [0, 1], got {cfg.train.semi_sampling_p}"
-        )
+    _check_ranges(cfg)
+    if not cfg.model.cnn_channels:
+        raise ConfigError("model.cnn_channels must list at least one channel count")
+    if cfg.decode.min_length > cfg.decode.max_length:
+        raise ConfigError(f"decode.min_length={cfg.decode.min_length} must not exceed "
+                          f"decode.max_length={cfg.decode.max_length}")  # fmt: skip
+    if not re.fullmatch(r"auto|cpu|mps|cuda(:[0-9]+)?", cfg.train.device):
+        raise ConfigError(f"train.device must be auto, cpu, cuda, cuda:N or mps, "
+                          f"got {quote(cfg.train.device)}")  # fmt: skip
     _validate_hard_estimator(cfg)
     if not (cfg.model.context_to_lstm or cfg.model.deep_output):
         raise ConfigError(
@@ -327,6 +319,93 @@ def _validate(cfg: Config) -> None:
     if set(cfg.data.splits) - {"train", "val", "test"}:
         extra = sorted(set(cfg.data.splits) - {"train", "val", "test"})
         raise ConfigError(f"data.splits keys must be train, val, test; got {extra}")
+
+
+# The range of every numeric key, checked in one place: key → (minimum, maximum, which ends
+# are open). None leaves that side unbounded; a key whose value is null is not checked.
+_RANGES: dict[str, tuple[float | None, float | None, str]] = {
+    "data.max_images": (1, None, ""),
+    "data.min_count": (1, None, ""),
+    "data.max_vocab": (1, None, ""),
+    "data.max_caption_length": (1, None, ""),
+    "data.num_workers": (0, None, ""),
+    "data.max_image_pixels": (1, None, ""),
+    "model.image_size": (1, None, ""),
+    "model.grid_size": (1, None, ""),
+    "model.cnn_channels": (1, None, ""),
+    "model.attention_dim": (1, None, ""),
+    "model.embed_dim": (1, None, ""),
+    "model.hidden_dim": (1, None, ""),
+    "model.dropout": (0, 1, "max"),
+    "model.grid_layers": (0, None, ""),
+    "model.grid_heads": (1, None, ""),
+    "train.epochs": (1, None, ""),
+    "train.batch_size": (1, None, ""),
+    "train.lr": (0, None, "min"),
+    "train.encoder_lr": (0, None, ""),
+    "train.weight_decay": (0, None, ""),
+    "train.grad_clip": (0, None, ""),
+    "train.lr_factor": (0, 1, "min max"),
+    "train.lr_patience": (0, None, ""),
+    "train.lr_step": (1, None, ""),
+    "train.warmup_steps": (0, None, ""),
+    "train.early_stop_patience": (0, None, ""),
+    "train.val_max_images": (1, None, ""),
+    "train.doubly_stochastic_weight": (0, None, ""),
+    "train.reinforce_weight": (0, None, ""),
+    "train.entropy_weight": (0, None, ""),
+    "train.baseline_decay": (0, 1, ""),
+    "train.semi_sampling_p": (0, 1, ""),
+    "train.hard_samples": (1, None, ""),
+    "train.gumbel_temperature": (0, None, "min"),
+    "train.gumbel_min_temperature": (0, None, "min"),
+    "train.gumbel_anneal_rate": (0, None, ""),
+    "train.threads": (1, None, ""),
+    "train.seed": (0, 2**63 - 1, ""),
+    "train.log_every": (1, None, ""),
+    "decode.beam_size": (1, None, ""),
+    "decode.max_length": (1, None, ""),
+    "decode.min_length": (0, None, ""),
+    "decode.length_penalty": (0, None, ""),
+    "decode.temperature": (0, None, "min"),
+    "decode.top_k": (0, None, ""),
+}
+
+
+def _check_ranges(cfg: Config) -> None:
+    """Refuse a numeric value outside its range in :data:`_RANGES` (lists and mappings of
+    numbers are checked value by value)."""
+    for key, (low, high, open_ends) in _RANGES.items():
+        section, name = key.split(".")
+        value = getattr(getattr(cfg, section), name)
+        values = value.values() if isinstance(value, dict) else value
+        for item in values if isinstance(values, list | type({}.values())) else [values]:
+            if item is None or isinstance(item, bool) or not isinstance(item, int | float):
+                continue
+            too_low = low is not None and (item <= low if "min" in open_ends else item < low)
+            too_high = high is not None and (item >= high if "max" in open_ends else item > high)
+            if too_low or too_high or item != item:  # NaN is in no range
+                raise ConfigError(f"{key} must be {_describe_range(low, high, open_ends)}, "
+                                  f"got {quote(value)}")  # fmt: skip
+
+
+def _describe_range(low: float | None, high: float | None, open_ends: str) -> str:
+    if high is None:
+        return f"{'more than' if 'min' in open_ends else 'at least'} {low}"
+    left, right = "(" if "min" in open_ends else "[", ")" if "max" in open_ends else "]"
+    return f"in {left}{low}, {high}{right}"
+
+
+_QUOTE = reprlib.Repr()
+_QUOTE.maxstring = _QUOTE.maxother = 60
+_QUOTE.maxlist = _QUOTE.maxtuple = _QUOTE.maxdict = 6
+_QUOTE.maxlevel = 3
+
+
+def quote(value: Any) -> str:
+    """``repr(value)``, bounded: an error message may quote anything a config holds, and a
+    YAML alias bomb must not turn into a line of hundreds of megabytes."""
+    return _QUOTE.repr(value)
 
 
 def _validate_hard_estimator(cfg: Config) -> None:
@@ -393,18 +472,22 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     that hold strings, which take the text as written (``data.images={split}`` is a pattern).
     """
     if "=" not in text:
-        raise ConfigError(f"override {text!r} must look like section.key=value")
+        raise ConfigError(f"override {quote(text)} must look like section.key=value")
     key, raw = (part.strip() for part in text.split("=", 1))
     path = key.split(".")
     if not key or any(not part for part in path):
-        raise ConfigError(f"override {text!r} must look like section.key=value")
+        raise ConfigError(f"override {quote(text)} must look like section.key=value")
     if _field_type(path) in (str, str | None) and raw not in ("null", "~"):
         return path, raw
     try:
-        return path, yaml.safe_load(raw) if raw else ""
+        value = yaml.safe_load(raw) if raw else ""
+        _check_size(value, f"override {quote(text)}")
+        return path, value
     except yaml.YAMLError as exc:
-        first_line = str(exc).splitlines()[0]
-        raise ConfigError(f"override {text!r}: value is not valid YAML ({first_line})") from exc
+        first_line = str(exc).splitlines()[0][:200]
+        raise ConfigError(
+            f"override {quote(text)}: value is not valid YAML ({first_line})"
+        ) from exc
 
 
 def _field_type(path: list[str]) -> Any:
@@ -443,14 +526,46 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
     try:
-        values = yaml.safe_load(path.read_text())
+        values = yaml.safe_load(path.read_bytes())  # UTF-8, or UTF-16/32 with a byte-order mark
+    except (UnicodeDecodeError, yaml.reader.ReaderError) as exc:
+        raise ConfigError(f"config file {path} is not UTF-8 (or UTF-16 with a byte-order "
+                          f"mark) text") from exc  # fmt: skip
     except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path} is not valid YAML: {exc}".splitlines()[0]) from exc
+        first = str(exc).splitlines()[0][:200]
+        raise ConfigError(f"config file {path} is not valid YAML: {first}") from exc
     if values is None:
         return {}
     if not isinstance(values, dict):
         raise ConfigError(f"config file {path} must hold a mapping of sections")
+    _check_size(values, f"config file {path}")
+    for section, body in list(values.items()):
+        if body is None:  # "train:" with nothing under it
+            values[section] = {}
+        elif not isinstance(body, dict):
+            raise ConfigError(f"config file {path}: section {quote(section)} must be a mapping "
+                              f"of keys, got {quote(body)}")  # fmt: skip
     return values
+
+
+# A real config holds a few hundred values; YAML aliases can make a few hundred bytes stand
+# for billions of them (each alias is a reference, expanded only when walked).
+MAX_CONFIG_VALUES = 100_000
+
+
+def _check_size(values: Any, source: str) -> None:
+    """Refuse a YAML document that holds, with its aliases expanded, more than
+    :data:`MAX_CONFIG_VALUES` values."""
+    count, stack = 0, [values]
+    while stack:
+        node = stack.pop()
+        count += 1
+        if count > MAX_CONFIG_VALUES:
+            raise ConfigError(f"{source} holds more than {MAX_CONFIG_VALUES:,} values once its "
+                              f"YAML aliases are expanded; a config is a few hundred")  # fmt: skip
+        if isinstance(node, dict):
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:

@@ -60,7 +60,11 @@ def evaluate_checkpoint(
         raise CaptioningError(f"split {split!r} has no images under {cfg.data.root}")
     records = splits[split][:max_images] if max_images else splits[split]
     dataset = CaptionDataset(
-        records, vocab, model.encoder.transform, skip_bad_images=cfg.data.on_bad_image == "skip"
+        records,
+        vocab,
+        model.encoder.transform,
+        skip_bad_images=cfg.data.on_bad_image == "skip",
+        max_pixels=cfg.data.max_image_pixels,
     )
     with torch.random.fork_rng():
         torch.manual_seed(cfg.train.seed)  # sampled hard decoding is reproducible

@@ -176,6 +176,7 @@ def extract_features(
         Vocabulary(list(SPECIALS)),  # captions are not needed here
         encoder.transform,
         skip_bad_images=cfg.data.on_bad_image == "skip",
+        max_pixels=cfg.data.max_image_pixels,
     )
     loader = DataLoader(
         dataset,

@@ -18,7 +18,7 @@ from tqdm import tqdm
 from captioning.checkpoint import load_checkpoint
 from captioning.config import Config, DecodeConfig, config_from_dict, replace_section
 from captioning.data import CaptionDataset, collate
-from captioning.data.images import load_image
+from captioning.data.images import MAX_IMAGE_PIXELS, load_image
 from captioning.decoding import Decoded, decode
 from captioning.distributed import SINGLE, World
 from captioning.errors import CaptioningError, CheckpointError, DataError
@@ -176,7 +176,8 @@ def caption_files(
 
     for path in paths:
         try:
-            pending.append((path, model.encoder.transform(load_image(path))))
+            image = load_image(path, cfg.data.max_image_pixels)
+            pending.append((path, model.encoder.transform(image)))
         except DataError as exc:
             yield from flush() if pending else ()
             yield CaptionResult(image=path, error=str(exc))
@@ -205,13 +206,14 @@ def draw_attention(
     stem: str,
     smooth: bool = True,
     gif: bool = False,
+    max_pixels: int = MAX_IMAGE_PIXELS,
 ) -> CaptionResult:
     """Write the per-word attention grid (and optionally a GIF) of a captioned image."""
     from captioning.viz import attention_gif, attention_grid_figure
 
     if not result.words:  # an empty caption has nothing to show
         return result
-    image = load_image(result.image)
+    image = load_image(result.image, max_pixels)
     out_dir = Path(out_dir)
     drawing = dict(smooth=smooth, chosen_cells=result.cells)
     result.figure = str(

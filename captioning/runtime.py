@@ -22,10 +22,19 @@ def resolve_device(name: str) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         device = torch.device(name)
-    except RuntimeError as exc:
-        raise CaptioningError(f"unknown device {name!r}; use auto, cpu, cuda or cuda:N") from exc
+    except (RuntimeError, TypeError):
+        device = None
+    if device is None or device.type not in ("cpu", "cuda", "mps"):
+        raise CaptioningError(f"unknown device {name[:40]!r}; use auto, cpu, cuda or cuda:N")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise CaptioningError(f"device {name} asked for but CUDA is not available; use cpu or auto")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        count = torch.cuda.device_count()
+        raise CaptioningError(
+            f"device {name}: this machine has {count} CUDA devices (cuda:0 to cuda:{count - 1})"
+        )
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise CaptioningError(f"device {name} asked for but MPS is not available; use cpu or auto")
     return device
 
 

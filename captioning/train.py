@@ -475,6 +475,7 @@ def _datasets(
             skip_bad_images=cfg.data.on_bad_image == "skip",
             cache_images=cfg.data.cache_images,
             feature_cache=caches[split],
+            max_pixels=cfg.data.max_image_pixels,
         )
         for split in ("train", "val")
     }

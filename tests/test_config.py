@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 import yaml
 
@@ -9,6 +11,8 @@ from captioning.config import (
     save_config,
 )
 from captioning.errors import ConfigError
+
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
 
 def test_defaults_are_paper_settings():
@@ -98,3 +102,103 @@ def test_shipped_configs_load():
     assert configs, "no configs shipped"
     for path in configs:
         load_config(path)
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("train.log_every=0", "train.log_every must be at least 1, got 0"),
+        ("train.lr_factor=1.5", "train.lr_factor must be in (0, 1), got 1.5"),
+        ("train.lr_factor=1", "train.lr_factor must be in (0, 1), got 1.0"),
+        ("data.num_workers=-1", "data.num_workers must be at least 0, got -1"),
+        ("train.threads=-2", "train.threads must be at least 1, got -2"),
+        ("train.lr=-1", "train.lr must be more than 0, got -1.0"),
+        ("train.lr=nan", "train.lr must be more than 0, got nan"),
+        ("train.encoder_lr=-1e-4", "train.encoder_lr must be at least 0, got -0.0001"),
+        ("data.max_images=-5", "data.max_images must be at least 1, got -5"),
+        ("data.max_images={train: 0}", "data.max_images must be at least 1, got {'train': 0}"),
+        ("model.cnn_channels=[8, 0]", "model.cnn_channels must be at least 1, got [8, 0]"),
+        ("model.cnn_channels=[]", "model.cnn_channels must list at least one channel count"),
+        ("model.dropout=1", "model.dropout must be in [0, 1), got 1.0"),
+        ("decode.temperature=0", "decode.temperature must be more than 0, got 0.0"),
+        ("decode.min_length=30", "decode.min_length=30 must not exceed decode.max_length=20"),
+        ("train.seed=-3", "train.seed must be in [0, 9223372036854775807], got -3"),
+        ("train.device=tpu9", "train.device must be auto, cpu, cuda, cuda:N or mps, got 'tpu9'"),
+        ("train.grad_clip=-1", "train.grad_clip must be at least 0, got -1.0"),
+        ("data.max_caption_length=0", "data.max_caption_length must be at least 1, got 0"),
+        ("model.grid_layers=-1", "model.grid_layers must be at least 0, got -1"),
+    ],
+)
+def test_every_numeric_key_has_a_range(override, message):
+    with pytest.raises(ConfigError) as caught:
+        load_config(None, [override])
+    assert str(caught.value) == message
+
+
+def test_every_numeric_key_is_in_the_range_table():
+    import dataclasses
+    import typing
+
+    from captioning.config import _RANGES, Config
+
+    numeric = set()
+    for section in dataclasses.fields(Config):
+        for name, tp in typing.get_type_hints(section.default_factory).items():
+            if {int, float} & {tp, *typing.get_args(tp), *map(typing.get_origin, [tp])}:
+                numeric.add(f"{section.name}.{name}")
+            elif any(int in typing.get_args(a) for a in typing.get_args(tp)):
+                numeric.add(f"{section.name}.{name}")  # list[int] | None, dict[str, int]
+    numeric.discard("data.subset_seed")  # any integer seeds random.Random
+    assert numeric <= set(_RANGES), sorted(numeric - set(_RANGES))
+
+
+def test_a_section_given_as_a_scalar_is_refused(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("train: [1, 2]\n")
+    with pytest.raises(
+        ConfigError, match=r"section 'train' must be a mapping of keys, got \[1, 2\]"
+    ):
+        load_config(path, ["train.quiet=true"])
+    path.write_text("train:\nmodel: {hidden_dim: 8}\n")  # an empty section is no section
+    assert load_config(path).model.hidden_dim == 8
+
+
+def test_a_yaml_alias_bomb_is_refused_in_one_short_line(tmp_path):
+    lines = ['a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    for name, previous in zip("bcdefg", "abcdef"):
+        lines.append(f"{name}: &{name} [" + ", ".join([f"*{previous}"] * 9) + "]")
+    path = tmp_path / "bomb.yaml"
+    path.write_text("\n".join(lines + ["train: {epochs: *g}"]) + "\n")
+    assert path.stat().st_size < 600
+    with pytest.raises(ConfigError, match="holds more than 100,000 values") as caught:
+        load_config(path)
+    assert len(str(caught.value)) < 200
+    with pytest.raises(ConfigError, match="holds more than 100,000 values"):
+        load_config(None, ["train.epochs=" + "\n".join(lines[:6]).replace("\n", ", ")
+                           .replace("a: ", "{a: ", 1) + "}"])  # fmt: skip
+
+
+def test_error_messages_quote_values_within_bounds():
+    with pytest.raises(ConfigError) as caught:
+        load_config(None, ["train.epochs=" + "x" * 100_000])
+    assert len(str(caught.value)) < 200
+    with pytest.raises(ConfigError) as caught:
+        load_config(None, ["train.epochs=[" + ", ".join(["[1, 2, 3]"] * 10_000) + "]"])
+    assert len(str(caught.value)) < 200
+
+
+def test_a_utf16_config_file_is_read(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("train:\n  epochs: 3\n", encoding="utf-16")
+    assert load_config(path).train.epochs == 3
+    path.write_bytes(b"train:\n  epochs: \xff\xfe3\n")
+    with pytest.raises(ConfigError, match="is not UTF-8"):
+        load_config(path)
+
+
+def test_an_image_size_too_small_for_the_encoder_is_a_config_error():
+    from captioning.models import build_model
+
+    cfg = load_config(CONFIGS / "test_tiny.yaml", ["model.image_size=2"])
+    with pytest.raises(ConfigError, match="model.image_size=2 is too small for this encoder"):
+        build_model(cfg.model, 10)

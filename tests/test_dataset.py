@@ -43,10 +43,24 @@ def test_items_and_collate(coco2014):
     assert batch["tokens"][0, 4:].tolist() == [Vocabulary.pad_id] * 2
 
 
-def test_max_length_cuts_but_keeps_end(coco2014):
+def test_max_length_cuts_but_keeps_end(coco2014, caplog):
     dataset, _ = _dataset(coco2014, max_length=2)
     ids = dataset.captions[0][0]
     assert len(ids) == 4 and ids[-1] == dataset.vocab.end_id
+    assert "cut 8 of 8 captions to data.max_caption_length=2 words" in caplog.text
+
+
+def test_a_caption_of_ten_thousand_words_is_cut_by_default(coco2014, caplog):
+    cfg = load_config(None, [f"data.root={coco2014}", *COCO2014])
+    assert cfg.data.max_caption_length == 50
+    splits = load_splits(cfg.data)
+    record = splits["train"][0]
+    splits["train"][0] = type(record)(**{**record.__dict__, "captions": ("dog " * 10_000,)})
+    vocab = Vocabulary.build(c for r in splits["train"] for c in r.captions)
+    dataset = CaptionDataset(splits["train"], vocab, to_tensor,
+                             max_length=cfg.data.max_caption_length)  # fmt: skip
+    assert len(dataset.captions[0][0]) == 52  # <start>, 50 words, <end>
+    assert "cut 1 of 7 captions to data.max_caption_length=50 words" in caplog.text
 
 
 def test_sampler_is_a_function_of_seed_and_epoch():

@@ -157,6 +157,45 @@ def test_caption_cli_reports_bad_files_and_captions_the_rest(trained, tmp_path, 
     assert list(figures.glob("*.gif"))
 
 
+def test_cli_refuses_bad_counts_and_devices_in_one_line(trained, tmp_path, capsys):
+    root, checkpoint = trained
+    image = str(sorted((root / "images" / "test").glob("*.png"))[0])
+    for argv, message in (
+        (
+            ["evaluate", "--checkpoint", str(checkpoint), "--max-images", "-1"],
+            "--max-images: must be a whole number of at least 1, got '-1'",
+        ),
+        (
+            ["caption", image, "--checkpoint", str(checkpoint), "--device", "tpu9"],
+            "unknown device 'tpu9'; use auto, cpu, cuda or cuda:N",
+        ),
+        (
+            ["evaluate", "--checkpoint", str(checkpoint), "--device", "meta"],
+            "unknown device 'meta'",
+        ),
+    ):
+        refused = pytest.raises(SystemExit) if "--max-images" in argv else None
+        with refused or contextlib.nullcontext() as exited:
+            code = main(argv)
+        code = exited.value.code if exited is not None else code
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and message in err[-1], (argv, err)
+        assert not any("Traceback" in line for line in err)
+
+
+def test_a_huge_image_is_reported_and_the_others_captioned(trained, tmp_path, capsys):
+    from .test_images import _png_declaring
+
+    root, checkpoint = trained
+    good = str(sorted((root / "images" / "test").glob("*.png"))[0])
+    big = _png_declaring(tmp_path / "big.png", 12000, 12000)
+    assert main(["caption", big, good, "--checkpoint", str(checkpoint), "--json"]) == 2
+    captured = capsys.readouterr()
+    lines = [json.loads(line) for line in captured.out.splitlines()]
+    assert "more than data.max_image_pixels=64,000,000" in lines[0]["error"]
+    assert lines[1]["image"] == good and "caption" in lines[1]
+
+
 def test_caption_cli_refuses_a_bad_checkpoint(trained, tmp_path, capsys):
     root, _ = trained
     fake = tmp_path / "model.pt"

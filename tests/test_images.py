@@ -356,3 +356,39 @@ def test_check_images_all_good_and_empty(tmp_path):
     assert check_images([], num_threads=2) == []
     with pytest.raises(ValueError):
         check_images(paths, num_threads=0)
+
+
+def _png_declaring(path, width: int, height: int) -> str:
+    """A small PNG whose header declares ``width`` x ``height`` (its pixel data is short)."""
+    import struct
+    import zlib
+
+    data = bytearray(open(_save(Image.new("RGB", (W, H)), path), "rb").read())
+    ihdr = data.index(b"IHDR")
+    data[ihdr + 4 : ihdr + 12] = struct.pack(">II", width, height)
+    crc = zlib.crc32(bytes(data[ihdr : ihdr + 17])) & 0xFFFFFFFF
+    data[ihdr + 17 : ihdr + 21] = struct.pack(">I", crc)
+    path.write_bytes(bytes(data))
+    return str(path)
+
+
+def test_an_image_past_the_pixel_limit_is_refused_before_decoding(tmp_path):
+    big = _png_declaring(tmp_path / "big.png", 12000, 12000)
+    good = _save(Image.new("RGB", (W, H)), tmp_path / "good.png")
+    _assert_bad(big, "image is 12000 x 12000 = 144,000,000 pixels, more than "
+                     "data.max_image_pixels=64,000,000")  # fmt: skip
+    assert check_image(good, max_pixels=W * H) is None
+    assert "more than data.max_image_pixels=23" in check_image(good, max_pixels=W * H - 1)
+    assert check_images([good, big, good]) == [(big, check_image(big))]
+
+
+def test_a_png_whose_text_chunk_inflates_past_the_limit_is_a_bad_image(tmp_path):
+    from PIL.PngImagePlugin import PngInfo
+
+    info = PngInfo()
+    info.add_text("comment", "x" * (3 << 20), zip=True)  # 3 MB of text, a few KB on disk
+    path = _save(Image.new("RGB", (W, H)), tmp_path / "text.png", pnginfo=info)
+    assert (tmp_path / "text.png").stat().st_size < 50_000
+    _assert_bad(path, "image metadata is too large to read safely (")
+    good = _save(Image.new("RGB", (W, H)), tmp_path / "good.png")
+    assert check_images([path, good]) == [(path, check_image(path))]

@@ -1,3 +1,6 @@
+import json
+import re
+
 import pytest
 
 from captioning.config import load_config
@@ -114,13 +117,159 @@ def test_karpathy_through_config_with_categories(tmp_path, coco2014):
     assert splits["test"] == []  # image 5: dog and cat
 
 
-def test_malformed_karpathy(tmp_path):
-    path = write_json(tmp_path / "k.json", {"images": [{"split": "train"}]})
-    with pytest.raises(DataError, match="entry 0 is malformed"):
+def _karpathy_image(**changes):
+    image = {"split": "train", "cocoid": 1, "filepath": "f", "filename": "a.jpg",
+             "sentences": [{"raw": "A dog."}]}  # fmt: skip
+    image.update(changes)
+    return {k: v for k, v in image.items() if v is not _ABSENT}
+
+
+_ABSENT = object()
+
+
+@pytest.mark.parametrize(
+    "image, message",
+    [
+        (_karpathy_image(filename=_ABSENT), "images[0] needs 'filename' as a string, got nothing"),
+        (
+            _karpathy_image(sentences=[{"raw": None}]),
+            "images[0].sentences[0] has neither a 'raw' string nor a 'tokens' list",
+        ),
+        (_karpathy_image(sentences=[{}]), "images[0].sentences[0] has neither a 'raw'"),
+        (_karpathy_image(sentences=["A dog."]), "images[0].sentences[0] is not an object"),
+        (_karpathy_image(cocoid="7"), "images[0] needs 'cocoid' as an integer, got a string (7)"),
+        (_karpathy_image(split="dev"), "images[0] has unknown split 'dev'"),
+        (_karpathy_image(filepath="../.."), "is not a path inside the image folder"),
+        (_karpathy_image(filename="/etc/passwd"), "is not a path inside the image folder"),
+        (_karpathy_image(filename="a\x00.jpg"), "is not a path inside the image folder"),
+    ],
+)
+def test_malformed_karpathy_entries_are_named(tmp_path, image, message):
+    path = write_json(tmp_path / "k.json", {"images": [image]})
+    with pytest.raises(DataError, match=re.escape(message)) as caught:
         read_karpathy(path, tmp_path)
-    path = write_json(tmp_path / "k2.json", {"nothing": []})
-    with pytest.raises(DataError, match="not a Karpathy split file"):
+    assert "\n" not in str(caught.value) and str(caught.value).startswith(str(path))
+
+
+def test_karpathy_sentence_tokens_stand_in_for_raw(tmp_path):
+    image = _karpathy_image(sentences=[{"tokens": ["a", "dog"]}, {"raw": "  "}])
+    splits = read_karpathy(write_json(tmp_path / "k.json", {"images": [image]}), tmp_path)
+    assert splits["train"][0].captions == ("a dog",)
+    assert splits["train"][0].path == str(tmp_path / "f" / "a.jpg")
+
+
+def test_malformed_karpathy_files(tmp_path):
+    for data in ({"nothing": []}, [1, 2], {"images": 3}):
+        path = write_json(tmp_path / "k.json", data)
+        with pytest.raises(DataError, match="not a Karpathy split file"):
+            read_karpathy(path, tmp_path)
+    path = write_json(tmp_path / "k.json", {"images": [5]})
+    with pytest.raises(DataError, match=r"images\[0\] is an integer \(5\), not an object"):
         read_karpathy(path, tmp_path)
+
+
+def _coco(tmp_path, images=None, annotations=None):
+    images = [{"id": 1, "file_name": "a.jpg"}, {"id": 2, "file_name": "sub/b.jpg"}] if (
+        images is None) else images  # fmt: skip
+    if annotations is None:
+        annotations = [{"id": 1, "image_id": 1, "caption": "A dog."},
+                       {"id": 2, "image_id": 2, "caption": "A cat."}]  # fmt: skip
+    return write_json(tmp_path / "c.json", {"images": images, "annotations": annotations})
+
+
+@pytest.mark.parametrize(
+    "images, annotations, message",
+    [
+        ([{"id": 1}], [], "images[0] needs 'file_name' as a string, got nothing"),
+        (
+            [{"id": 1, "file_name": 5}],
+            [],
+            "images[0] needs 'file_name' as a string, got an integer (5)",
+        ),  # fmt: skip
+        (
+            [{"id": "x", "file_name": "a.jpg"}],
+            [],
+            "images[0] needs 'id' as an integer, got a string (x)",
+        ),  # fmt: skip
+        (
+            [{"id": 1, "file_name": "a.jpg"}, {"id": "2", "file_name": "b.jpg"}],
+            [],
+            "images[1] needs 'id' as an integer",
+        ),
+        ([{"id": True, "file_name": "a.jpg"}], [], "got a boolean"),
+        (
+            [{"id": 1, "file_name": "../../../outside/x.png"}],
+            [],
+            "images[0] has file name '../../../outside/x.png', which is not a path inside",
+        ),
+        ([{"id": 1, "file_name": "/abs/x.png"}], [], "not a path inside the image folder"),
+        ([{"id": 1, "file_name": "a\x00.png"}], [], "not a path inside the image folder"),
+        ([{"id": 1, "file_name": ""}], [], "not a path inside the image folder"),
+        (None, [{"image_id": 1}], "annotations[0] needs 'caption' as a string, got nothing"),
+        (None, [{"image_id": 1, "caption": None}], "needs 'caption' as a string, got null"),
+        (None, [{"image_id": 1, "caption": 7}], "got an integer (7)"),
+        (None, [{"caption": "A dog."}], "annotations[0] needs 'image_id' as an integer"),
+        (None, ["A dog."], "annotations[0] is a string (A dog.), not an object"),
+    ],
+)
+def test_malformed_coco_entries_are_named(tmp_path, images, annotations, message):
+    path = _coco(tmp_path, images, annotations)
+    with pytest.raises(DataError, match=re.escape(message)) as caught:
+        read_coco(path, tmp_path / "images", "train")
+    assert "\n" not in str(caught.value) and str(caught.value).startswith(str(path))
+
+
+def test_malformed_coco_files(tmp_path):
+    for data in ({"images": []}, [], {"images": {}, "annotations": []}):
+        path = write_json(tmp_path / "c.json", data)
+        with pytest.raises(DataError, match="not a COCO captions file"):
+            read_coco(path, tmp_path, "train")
+    path = tmp_path / "deep.json"
+    path.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(DataError, match="nested too deeply"):
+        read_coco(path, tmp_path, "train")
+    path = tmp_path / "utf16.json"  # JSON may come in UTF-16
+    path.write_text(json.dumps({"images": [{"id": 1, "file_name": "é.jpg"}],
+                                "annotations": [{"image_id": 1, "caption": "Été."}]}),
+                    encoding="utf-16")  # fmt: skip
+    assert read_coco(path, tmp_path, "train")[0].captions == ("Été.",)
+    path.write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(DataError, match="not valid JSON"):
+        read_coco(path, tmp_path, "train")
+
+
+def test_unusable_coco_entries_are_dropped_and_counted(tmp_path, caplog):
+    images = [{"id": 1, "file_name": "a.jpg"}, {"id": 2, "file_name": "b.jpg"},
+              {"id": 2, "file_name": "c.jpg"}, {"id": 3, "file_name": "d.jpg"}]  # fmt: skip
+    annotations = [
+        {"image_id": 1, "caption": " A dog. "},
+        {"image_id": 9, "caption": "Lost."},
+        {"image_id": 2, "caption": "A cat."},
+        {"image_id": 2, "caption": "  "},
+    ]
+    records = read_coco(_coco(tmp_path, images, annotations), tmp_path / "im", "train")
+    assert [(r.image_id, r.captions) for r in records] == [(1, ("A dog.",)), (2, ("A cat.",))]
+    assert records[1].path == str(tmp_path / "im" / "b.jpg")  # the first entry of id 2
+    assert (
+        "dropped 1 captions of image ids not in 'images', 1 empty captions, 1 images "
+        "without captions, 1 repeated image ids (the first entry kept)"
+    ) in caplog.text
+
+
+def test_malformed_instances_are_named(tmp_path):
+    from captioning.data.coco import read_instances
+
+    base = {"categories": [{"id": 1, "name": "dog"}]}
+    good = {"id": 1, "image_id": 1, "category_id": 1, "bbox": [0, 0, 2, 2]}
+    assert read_instances(write_json(tmp_path / "i.json", {**base, "annotations": [good]}))
+    for change, message in (
+        ({"bbox": [0, 0, 2]}, "annotations[0] needs 'bbox' as 4 numbers"),
+        ({"bbox": None}, "annotations[0] needs 'bbox' as a list, got null"),
+        ({"category_id": "dog"}, "needs 'category_id' as an integer"),
+    ):
+        path = write_json(tmp_path / "i.json", {**base, "annotations": [{**good, **change}]})
+        with pytest.raises(DataError, match=re.escape(message)):
+            read_instances(path)
 
 
 def test_category_subset_from_instances(coco2014, caplog):

@@ -52,3 +52,9 @@ def test_resolve_device_errors_are_one_line():
     assert resolve_device("cpu") == CPU
     with pytest.raises(CaptioningError, match="unknown device 'gpu0'"):
         resolve_device("gpu0")
+    for name in ("tpu9", "meta", "xla", "cpu:x"):  # torch knows some of them; we run on none
+        with pytest.raises(CaptioningError, match=f"unknown device '{name}'; use auto, cpu"):
+            resolve_device(name)
+    if not torch.cuda.is_available():
+        with pytest.raises(CaptioningError, match="CUDA is not available"):
+            resolve_device("cuda:7")

@@ -154,7 +154,7 @@ def drop_bad_images(
     from captioning.data.images import check_images
 
     paths = [r.path for records in splits.values() for r in records]
-    bad = check_images(paths, progress=progress)
+    bad = check_images(paths, progress=progress, max_pixels=cfg.max_image_pixels)
     for path, problem in bad:
         logger.warning("bad image: %s: %s", path, problem)
     if not bad:

@@ -16,7 +16,7 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset, Sampler
 
-from captioning.data.images import load_image
+from captioning.data.images import MAX_IMAGE_PIXELS, load_image
 from captioning.data.records import ImageRecord
 from captioning.errors import DataError
 from captioning.vocab import Vocabulary
@@ -64,8 +64,10 @@ class CaptionDataset(Dataset):
         skip_bad_images: bool = False,
         cache_images: bool = False,
         feature_cache: GridSource | None = None,
+        max_pixels: int = MAX_IMAGE_PIXELS,
     ) -> None:
         self.records = list(records)
+        self.max_pixels = max_pixels
         self.feature_cache = feature_cache
         if feature_cache is not None:
             feature_cache.check(self.records)
@@ -73,14 +75,20 @@ class CaptionDataset(Dataset):
         self.transform = transform
         self.skip_bad_images = skip_bad_images
         self.captions: list[list[list[int]]] = []
+        cut = 0
         for record in self.records:
             encoded = []
             for caption in record.captions:
                 ids = vocab.encode(caption)
                 if max_length is not None and len(ids) > max_length + 2:
                     ids = ids[: max_length + 1] + [vocab.end_id]
+                    cut += 1
                 encoded.append(ids)
             self.captions.append(encoded)
+        if cut:
+            total = sum(len(c) for c in self.captions)
+            logger.warning("cut %d of %d captions to data.max_caption_length=%d words",
+                           cut, total, max_length)  # fmt: skip
         self._cache: dict[int, torch.Tensor] | None = {} if cache_images else None
 
     def __len__(self) -> int:
@@ -94,7 +102,7 @@ class CaptionDataset(Dataset):
         """The transformed image at ``index``."""
         if self._cache is not None and index in self._cache:
             return self._cache[index]
-        tensor = self.transform(load_image(self.records[index].path))
+        tensor = self.transform(load_image(self.records[index].path, self.max_pixels))
         if self._cache is not None:
             self._cache[index] = tensor
         return tensor

@@ -7,6 +7,7 @@ import stat
 import warnings
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -21,12 +22,23 @@ _ALPHA_MODES = frozenset({"RGBA", "LA", "PA", "La", "RGBa"})
 # Modes whose convert("RGB") is a real colour conversion, not a clip or a byte copy.
 _CONVERTIBLE_MODES = frozenset({"1", "L", "P", "CMYK", "YCbCr", "LAB", "HSV", "RGBX"})
 
+# The one place that decides how large an image may be (``data.max_image_pixels``). Pillow
+# only warns below 2 x ``Image.MAX_IMAGE_PIXELS`` (179M pixels), so a 140 KB PNG that declares
+# 12000 x 12000 would be decoded in full (1.6 GB). The size is read from the header, before any
+# pixel is decoded; 64M pixels (8000 x 8000) is larger than any camera photo in common use.
+# PNG text and ICC chunks keep Pillow's own limit (``PngImagePlugin.MAX_TEXT_CHUNK``, 1 MB
+# decompressed): a file past it is reported as a bad image like any other.
+MAX_IMAGE_PIXELS = 64_000_000
+# That check replaces Pillow's warning (between 89M and 179M pixels), which would otherwise
+# print beside the one-line refusal.
+warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
+
 
 class _Problem(Exception):
     """Why one image cannot be used; the message is the plain-words problem, without the path."""
 
 
-def load_image(path: str | Path) -> Image.Image:
+def load_image(path: str | Path, max_pixels: int = MAX_IMAGE_PIXELS) -> Image.Image:
     """Open an image file and return it fully decoded as an upright 8-bit RGB image.
 
     Transparent pixels are composited over white, 16-bit and float greyscale is scaled to
@@ -35,6 +47,8 @@ def load_image(path: str | Path) -> Image.Image:
 
     Args:
         path: the image file (any format PIL opens: JPEG, PNG, GIF, BMP, TIFF, WebP, ...).
+        max_pixels: refuse images with more pixels than this (width x height), before
+            decoding them.
 
     Returns:
         A new ``RGB`` image that holds no open file.
@@ -44,30 +58,34 @@ def load_image(path: str | Path) -> Image.Image:
             corrupt, too large to decode safely, or of an unsupported mode.
     """
     try:
-        return _load(path)
+        return _load(path, max_pixels)
     except _Problem as problem:
         raise DataError(f"{path}: {problem}") from problem.__cause__
 
 
-def check_image(path: str | Path) -> str | None:
+def check_image(path: str | Path, max_pixels: int = MAX_IMAGE_PIXELS) -> str | None:
     """Say whether an image file loads, without raising.
 
     Args:
         path: the image file.
+        max_pixels: as for :func:`load_image`.
 
     Returns:
         None when :func:`load_image` succeeds, else the problem in plain words
         (``"file is empty (0 bytes)"``, ``"no such file"``, ...).
     """
     try:
-        _load(path)
+        _load(path, max_pixels)
     except _Problem as problem:
         return str(problem)
     return None
 
 
 def check_images(
-    paths: Sequence[str], num_threads: int = 4, progress: bool = False
+    paths: Sequence[str],
+    num_threads: int = 4,
+    progress: bool = False,
+    max_pixels: int = MAX_IMAGE_PIXELS,
 ) -> list[tuple[str, str]]:
     """Decode every image once and list those that cannot be loaded.
 
@@ -75,6 +93,7 @@ def check_images(
         paths: the image files.
         num_threads: worker threads; PIL releases the GIL while decoding, so threads help.
         progress: show a tqdm progress bar.
+        max_pixels: as for :func:`load_image`.
 
     Returns:
         ``(path, problem)`` for each bad image, in the order of ``paths``.
@@ -82,7 +101,7 @@ def check_images(
     if num_threads < 1:
         raise ValueError(f"num_threads must be at least 1, got {num_threads}")
     with ThreadPoolExecutor(max_workers=num_threads) as pool:
-        results = pool.map(check_image, paths)
+        results = pool.map(partial(check_image, max_pixels=max_pixels), paths)
         if progress:
             results = tqdm(results, total=len(paths), desc="checking images")
         # Exhaust the iterator before zipping: zip stops early and the bar would never close.
@@ -90,7 +109,7 @@ def check_images(
     return [(path, problem) for path, problem in zip(paths, problems) if problem is not None]
 
 
-def _load(path: str | Path) -> Image.Image:
+def _load(path: str | Path, max_pixels: int = MAX_IMAGE_PIXELS) -> Image.Image:
     _check_file(path)
     if ImageFile.LOAD_TRUNCATED_IMAGES:
         # The flag is process-wide and read by PIL while decoding, so flipping it here would
@@ -115,7 +134,16 @@ def _load(path: str | Path) -> Image.Image:
         if err.errno is None:
             raise _Problem(f"image is truncated or corrupt ({_one_line(err)})") from err
         raise _Problem(f"cannot read file ({_one_line(err)})") from err
+    except ValueError as err:
+        # PNG text/ICC chunks that decompress past Pillow's limit: "Decompressed data too large".
+        raise _Problem(f"image metadata is too large to read safely ({_one_line(err)})") from err
     with image:
+        width, height = image.size
+        if width * height > max_pixels:
+            raise _Problem(
+                f"image is {width} x {height} = {width * height:,} pixels, more than "
+                f"data.max_image_pixels={max_pixels:,}; resize it, or raise the limit"
+            )
         try:
             image.load()
         except Image.DecompressionBombError as err:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import json
+import os
 from pathlib import Path
 
+from captioning.data.coco import entries, field_of, image_path, load_json
 from captioning.data.records import ImageRecord, ObjectAnnotation
 from captioning.errors import DataError
 
@@ -28,44 +29,53 @@ def read_karpathy(
             and attention grounding.
     """
     path = Path(path)
-    if not path.is_file():
-        raise DataError(f"{path}: Karpathy split file not found")
-    try:
-        data = json.loads(path.read_text())
-        images = data["images"]
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise DataError(f"{path}: not valid JSON ({exc})") from exc
-    except (KeyError, TypeError) as exc:
-        raise DataError(f"{path}: not a Karpathy split file (no 'images' list)") from exc
-
+    data = load_json(path, "Karpathy split file")
+    images = entries(path, data, "images", "Karpathy split file")
     splits: dict[str, list[ImageRecord]] = {"train": [], "val": [], "test": []}
     for index, image in enumerate(images):
-        try:
-            split = image["split"]
-            if split == "restval":
-                if not restval:
-                    continue
-                split = "train"
-            image_id = int(image.get("cocoid", image.get("imgid", index)))
-            captions = tuple(
-                s["raw"].strip() if "raw" in s else " ".join(s["tokens"])
-                for s in image["sentences"]
-            )
-            file_path = Path(image_root) / image.get("filepath", "") / image["filename"]
-        except (KeyError, TypeError, ValueError) as exc:
-            raise DataError(f"{path}: image entry {index} is malformed (missing {exc})") from exc
+        where = f"images[{index}]"
+        split = field_of(path, image, where, "split", str)
+        if split == "restval":
+            if not restval:
+                continue
+            split = "train"
         if split not in splits:
-            raise DataError(f"{path}: image entry {index} has unknown split {split!r}")
+            raise DataError(f"{path}: {where} has unknown split {split[:40]!r} "
+                            f"(train, val, test or restval)")  # fmt: skip
+        key = "cocoid" if "cocoid" in image else "imgid" if "imgid" in image else None
+        image_id = field_of(path, image, where, key, int) if key else index
+        folder = image.get("filepath", "")
+        if not isinstance(folder, str):
+            folder = field_of(path, image, where, "filepath", str)
+        file_name = field_of(path, image, where, "filename", str)
+        file_path = image_path(path, image_root, os.path.join(folder, file_name), where)
+        captions = []
+        for number, sentence in enumerate(field_of(path, image, where, "sentences", list)):
+            captions.append(_sentence(path, sentence, f"{where}.sentences[{number}]"))
+        captions = [c for c in captions if c]
         if captions:
             splits[split].append(
                 ImageRecord(
                     image_id=image_id,
-                    path=str(file_path),
+                    path=file_path,
                     split=split,
-                    captions=captions,
+                    captions=tuple(captions),
                     objects=(objects or {}).get(image_id, ()),
                 )
             )
     for records in splits.values():
         records.sort(key=lambda r: r.image_id)
     return splits
+
+
+def _sentence(path: Path, sentence: object, where: str) -> str:
+    """A sentence's ``raw`` text, or its ``tokens`` joined when it has no ``raw``."""
+    if not isinstance(sentence, dict):
+        raise DataError(f"{path}: {where} is not an object; fix or remove the entry")
+    if isinstance(sentence.get("raw"), str):
+        return sentence["raw"].strip()
+    tokens = sentence.get("tokens")
+    if isinstance(tokens, list) and all(isinstance(t, str) for t in tokens):
+        return " ".join(tokens).strip()
+    raise DataError(f"{path}: {where} has neither a 'raw' string nor a 'tokens' list of "
+                    f"strings; fix or remove the entry")  # fmt: skip

@@ -173,10 +173,16 @@ class Encoder(nn.Module):
         self.pool = nn.AdaptiveAvgPool2d(grid_size) if grid_size else nn.Identity()
         with torch.no_grad():
             probe = torch.zeros(1, 3, image_size, image_size)
-            for stage in self.stages:
-                stage.eval()
-                probe = stage(probe)
-            probe = self.pool(probe)
+            try:
+                for stage in self.stages:
+                    stage.eval()
+                    probe = stage(probe)
+                probe = self.pool(probe)
+            except RuntimeError as exc:  # a stage's output would be smaller than 1 x 1
+                raise ConfigError(
+                    f"model.image_size={image_size} is too small for this encoder (a stage's "
+                    f"output would be empty); use a larger image size"
+                ) from exc
         self.grid_shape = (int(probe.shape[2]), int(probe.shape[3]))
         num_cells = self.grid_shape[0] * self.grid_shape[1]
         if positional == "learned":
