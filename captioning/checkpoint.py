@@ -104,7 +104,41 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     for key in REQUIRED_KEYS:
         if key not in payload:
             raise CheckpointError(f"{path}: checkpoint is missing the key {key!r}")
+    _check_contents(payload, path)
     return payload
+
+
+# What resuming needs beyond the weights (a checkpoint cut down to weights cannot resume).
+TRAINING_KEYS = ("optimizer", "scheduler", "objective", "rng")
+
+
+def check_resumable(payload: dict[str, Any], path: str | Path) -> None:
+    """Refuse to resume from a checkpoint that lacks a training-state key."""
+    missing = [key for key in TRAINING_KEYS if not isinstance(payload.get(key), dict | list)]
+    if missing:
+        raise CheckpointError(
+            f"{path}: holds no training state ({', '.join(missing)} missing), so it cannot be "
+            f"resumed; evaluate or caption with it, or start a new run"
+        )
+
+
+def _check_contents(payload: dict[str, Any], path: Path) -> None:
+    """The types of what every reader uses: the config, the vocabulary, the weights and the
+    counters."""
+    problem = None
+    vocab = payload["vocab"]
+    if not isinstance(payload["config"], dict):
+        problem = "its config is not a mapping"
+    elif not isinstance(vocab, list | tuple) or not all(isinstance(w, str) for w in vocab):
+        problem = "its vocabulary is not a list of words"
+    elif not isinstance(payload["model"], dict) or not all(
+        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in payload["model"].items()
+    ):
+        problem = "its model is not a mapping of parameter names to tensors"
+    elif not all(isinstance(payload[k], int) and payload[k] >= 0 for k in ("epoch", "step")):
+        problem = "its epoch and step are not counts"
+    if problem:
+        raise CheckpointError(f"{path}: not a usable captioning checkpoint ({problem})")
 
 
 def _upgrade_from_version_1(payload: dict[str, Any]) -> dict[str, Any]:

@@ -10,8 +10,10 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
+from torch import nn
 from torch.utils.data import DataLoader, Subset
 from tqdm import tqdm
 
@@ -33,18 +35,37 @@ def load_model(
     """A model rebuilt from nothing but its checkpoint, in eval mode, with its config and
     vocabulary."""
     payload = load_checkpoint(path)
-    try:
-        cfg = config_from_dict(payload["config"])
-    except CaptioningError as exc:
-        raise CheckpointError(f"{path}: its config does not load ({exc})") from exc
-    vocab = Vocabulary(payload["vocab"])
+    cfg, vocab = checkpoint_config(payload, path)
     model = build_model(cfg.model, len(vocab))
+    load_weights(model, payload, path)
+    return model.to(device).eval(), cfg, vocab
+
+
+def checkpoint_config(payload: dict[str, Any], path: str | Path) -> tuple[Config, Vocabulary]:
+    """The config and vocabulary a checkpoint was trained with. The config's
+    ``model.weights`` is cleared: the weights are in the checkpoint, and a checkpoint must
+    never make the loader read another file."""
+    values = dict(payload["config"])
+    if isinstance(values.get("model"), dict):
+        values["model"] = {**values["model"], "weights": None}
+    try:
+        cfg = config_from_dict(values)
+        vocab = Vocabulary(payload["vocab"])
+    except CaptioningError as exc:
+        raise CheckpointError(f"{path}: its config or vocabulary does not load ({exc})") from exc
+    return cfg, vocab
+
+
+def load_weights(model: nn.Module, payload: dict[str, Any], path: str | Path) -> None:
+    """Load a checkpoint's weights into ``model``, with a one-line error when they do not
+    fit (another vocabulary size, another architecture)."""
     try:
         model.load_state_dict(payload["model"])
     except RuntimeError as exc:
-        first = str(exc).splitlines()[0]
-        raise CheckpointError(f"{path}: weights do not fit its own config ({first})") from exc
-    return model.to(device).eval(), cfg, vocab
+        first = " ".join(str(exc).split())[:300]
+        raise CheckpointError(
+            f"{path}: its weights do not fit the model its config and vocabulary describe ({first})"
+        ) from exc
 
 
 def with_decoding(

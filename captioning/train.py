@@ -23,11 +23,18 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-from captioning.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from captioning.checkpoint import (
+    check_resumable,
+    load_checkpoint,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
 from captioning.config import (
     Config,
     config_from_dict,
     config_to_dict,
+    quote,
     replace_section,
     save_config,
 )
@@ -53,7 +60,7 @@ from captioning.distributed import (
 from captioning.errors import CaptioningError, CheckpointError
 from captioning.feature_cache import find_caches
 from captioning.hard_attention import HardAttentionObjective
-from captioning.inference import CaptionResult, decode_dataset, draw_attention
+from captioning.inference import CaptionResult, decode_dataset, draw_attention, load_weights
 from captioning.losses import CrossEntropyObjective, LossTerms
 from captioning.metrics import score_predictions
 from captioning.models import Captioner, build_model
@@ -449,7 +456,14 @@ def set_up(cfg: Config, resume: str | None, world: World, device: torch.device) 
     )
     run = Run.create(cfg, vocab, model, len(sampler), device, world)
     if payload is not None:
-        run.load_state_dict(payload)
+        load_weights(model, payload, resume)  # a one-line error when they do not fit
+        try:
+            run.load_state_dict(payload)
+        except (RuntimeError, KeyError, ValueError, TypeError, IndexError) as exc:
+            first = " ".join(str(exc).split())[:200] or type(exc).__name__
+            raise CheckpointError(
+                f"{resume}: its training state does not fit this run ({first})"
+            ) from exc
         logger.info("resumed from %s after epoch %d (step %d)", resume, run.progress.epoch,
                     run.progress.step)  # fmt: skip
     module: nn.Module = model
@@ -523,15 +537,42 @@ def _check_run_dir(out_dir: Path, resume: str | None) -> None:
         )
 
 
+# What may differ from the checkpoint's config when a run resumes: where the data is and how
+# it is read, how long the run goes on, what it logs and how it validates. Everything else
+# (the model, the data's content, the optimiser, the schedule, the objective, the seed) would
+# not continue the same run, so a difference is refused by name.
+SAFE_ON_RESUME = frozenset({
+    "data.root", "data.num_workers", "data.check_images", "data.cache_images",
+    "data.on_bad_image", "data.feature_cache", "data.max_image_pixels", "data.max_caption_length",
+    "train.epochs", "train.early_stop_patience", "train.val_max_images",
+    "train.stop_on_nonfinite", "train.log_every", "train.figure_every_epoch", "train.quiet",
+    "train.device", "train.threads",
+})  # fmt: skip
+
+
 def _check_resume_config(cfg: Config, payload: dict[str, Any], path: str) -> None:
-    saved = config_from_dict(payload["config"])
-    if saved.model != cfg.model:
-        diffs = [
-            f"model.{k}: {v!r} (checkpoint) vs {getattr(cfg.model, k)!r}"
-            for k, v in vars(saved.model).items()
-            if getattr(cfg.model, k) != v
-        ]
-        raise CheckpointError(f"{path}: model config differs from this run's: {diffs[0]}")
+    """Refuse to resume with a setting that differs from the checkpoint's, unless it is in
+    :data:`SAFE_ON_RESUME` (or in the ``decode`` section, which only validation uses)."""
+    check_resumable(payload, path)
+    try:
+        saved = config_to_dict(config_from_dict(payload["config"]))
+    except CaptioningError as exc:
+        raise CheckpointError(f"{path}: its config does not load ({exc})") from exc
+    ours = config_to_dict(cfg)
+    changed = [
+        f"{section}.{key}"
+        for section in ("data", "model", "train")
+        for key, value in saved[section].items()
+        if ours[section][key] != value and f"{section}.{key}" not in SAFE_ON_RESUME
+    ]
+    if changed:
+        key = changed[0]
+        section, name = key.split(".")
+        raise CheckpointError(
+            f"{path}: {key} is {quote(saved[section][name])} in the checkpoint and "
+            f"{quote(ours[section][name])} here; a resumed run keeps it (start a new run to "
+            f"change it){f'; also {len(changed) - 1} more' if len(changed) > 1 else ''}"
+        )
 
 
 # --------------------------------------------------------------------------- fit

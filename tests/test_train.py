@@ -96,6 +96,104 @@ def test_resume_refuses_a_different_model(shapes, tmp_path):
             resume=str(tmp_path / "run" / "last.pt"))  # fmt: skip
 
 
+@pytest.fixture(scope="module")
+def one_epoch(shapes, tmp_path_factory):
+    run = tmp_path_factory.mktemp("one_epoch")
+    fit(tiny(shapes, "train.epochs=1"), out_dir=run)
+    return run / "last.pt"
+
+
+def test_resume_applies_safe_changes_and_refuses_the_others_by_name(shapes, one_epoch, tmp_path):
+    with pytest.raises(CheckpointError) as caught:
+        fit(tiny(shapes, "train.lr=0.01", "train.seed=4"), out_dir=tmp_path / "a",
+            resume=str(one_epoch))  # fmt: skip
+    assert str(caught.value) == (
+        f"{one_epoch}: train.lr is 0.003 in the checkpoint and 0.01 here; a resumed run keeps "
+        f"it (start a new run to change it); also 1 more"
+    )
+    summary = fit(tiny(shapes, "train.epochs=3", "train.log_every=1", "decode.beam_size=2"),
+                  out_dir=tmp_path / "b", resume=str(one_epoch))  # fmt: skip
+    assert summary["epochs"] == 3 and load_checkpoint(tmp_path / "b" / "last.pt")["step"] == 9
+
+
+def test_resume_needs_training_state_and_fitting_weights(shapes, one_epoch, tmp_path):
+    payload = load_checkpoint(one_epoch)
+    for key in ("optimizer", "rng"):
+        save_checkpoint({k: v for k, v in payload.items() if k != key}, tmp_path / "cut.pt")
+        with pytest.raises(CheckpointError, match=rf"holds no training state \({key} missing\)"):
+            fit(tiny(shapes), out_dir=tmp_path / key, resume=str(tmp_path / "cut.pt"))
+    save_checkpoint({**payload, "vocab": payload["vocab"] + ["zebra"]}, tmp_path / "vocab.pt")
+    with pytest.raises(CheckpointError, match="its weights do not fit the model its config and "
+                                              "vocabulary describe"):  # fmt: skip
+        fit(tiny(shapes), out_dir=tmp_path / "vocab", resume=str(tmp_path / "vocab.pt"))
+
+
+@pytest.mark.parametrize(
+    "change, problem",
+    [
+        ({"vocab": [0, 1, 2, 3]}, "its vocabulary is not a list of words"),
+        ({"model": torch.zeros(3)}, "its model is not a mapping of parameter names to tensors"),
+        ({"config": [1, 2]}, "its config is not a mapping"),
+        ({"epoch": -1}, "its epoch and step are not counts"),
+        ({"vocab": ["a", "b"]}, "its config or vocabulary does not load (vocabulary must start"),
+    ],
+)
+def test_malformed_checkpoints_get_one_line(shapes, one_epoch, tmp_path, capsys, change, problem):
+    path = tmp_path / "bad.pt"
+    save_checkpoint({**load_checkpoint(one_epoch), **change}, path)
+    image = str(sorted((shapes / "images" / "test").glob("*.png"))[0])
+    assert main(["caption", image, "--checkpoint", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and problem in err[0] and str(path) in err[0], err
+
+
+def test_a_checkpoints_config_never_makes_the_loader_read_another_file(
+    one_epoch, tmp_path, monkeypatch
+):
+    from captioning.models import encoder
+
+    payload = load_checkpoint(one_epoch)
+    elsewhere = tmp_path / "elsewhere.pt"
+    torch.save({"stages.0.0.weight": torch.zeros(1)}, elsewhere)
+    payload["config"]["model"]["weights"] = str(elsewhere)
+    save_checkpoint(payload, tmp_path / "pointing.pt")
+
+    def read(*args, **kwargs):
+        raise AssertionError("the loader read model.weights")
+
+    monkeypatch.setattr(encoder, "_load_small_cnn_weights", read)
+    model, cfg, _ = load_model(tmp_path / "pointing.pt")
+    assert cfg.model.weights is None
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, payload["model"][key]), key
+
+
+class _RunsCode:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_model_weights_that_would_run_code_are_refused_in_one_line(shapes, tmp_path, capsys):
+    marker = tmp_path / "ran"
+    evil = tmp_path / "evil.pt"
+    torch.save(_RunsCode(str(marker)), evil)
+    code = main(["train", "--config", CONFIG, "--set", f"data.root={shapes}",
+                 "--set", f"model.weights={evil}", "--out", str(tmp_path / "run")])  # fmt: skip
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert code == 2 and len(errors) == 1 and "Traceback" not in err
+    assert "refused to load" in errors[0] and str(evil) in errors[0]
+    assert not marker.exists()
+    torch.save({"nothing": torch.zeros(1)}, evil)
+    argv = ["train", "--config", CONFIG, "--set", f"data.root={shapes}", "--set",
+            f"model.weights={evil}", "--out", str(tmp_path / "run")]  # fmt: skip
+    assert main(argv) == 2
+    assert "does not fit model.cnn_channels" in capsys.readouterr().err
+
+
 def test_checkpoint_rebuilds_its_own_model(shapes, tmp_path):
     cfg = tiny(shapes, "train.epochs=1")
     fit(cfg, out_dir=tmp_path / "run")

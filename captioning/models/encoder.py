@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import pickle
 from pathlib import Path
 
 import numpy as np
@@ -257,6 +258,28 @@ class Encoder(nn.Module):
         return x.flatten(2).transpose(1, 2)  # (B, L, D)
 
 
+def _load_small_cnn_weights(cnn: SmallCNN, path: str) -> None:
+    """``model.weights`` for the small CNN: a state dict saved with ``torch.save``, read as
+    plain data only."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise ConfigError(
+            f"model.weights={path}: refused to load: it holds objects other than plain data, "
+            f"which could run code; save the CNN's state_dict() with torch.save"
+        ) from exc
+    except Exception as exc:
+        reason = " ".join(str(exc).split())[:200] or type(exc).__name__
+        raise ConfigError(f"model.weights={path}: not a readable weights file ({reason})") from exc
+    try:
+        cnn.load_state_dict(state)
+    except (RuntimeError, TypeError, AttributeError) as exc:
+        raise ConfigError(
+            f"model.weights={path}: does not fit model.cnn_channels "
+            f"({' '.join(str(exc).split())[:200]})"
+        ) from exc
+
+
 def build_encoder(
     name: str,
     weights: str | None = None,
@@ -273,7 +296,7 @@ def build_encoder(
                 raise ConfigError(f"model.weights file {weights} does not exist")
         cnn = SmallCNN(cnn_channels or [32, 64, 128, 128])
         if weights and weights.lower() != "none":
-            cnn.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))
+            _load_small_cnn_weights(cnn, weights)
         stages, channels = list(cnn.stages), cnn.out_channels
         mean, std = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)
         if fine_tune != "all" and not weights:
