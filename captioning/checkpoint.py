@@ -10,10 +10,14 @@ upgraded when they are read.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import random
+import signal
 import tempfile
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -52,17 +56,45 @@ def save_checkpoint(payload: dict[str, Any], path: str | Path) -> Path:
     _check_plain(payload)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            torch.save(payload, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with _interrupt_after():
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                torch.save(payload, handle)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
     return path
+
+
+def remove_partial_writes(folder: str | Path) -> list[Path]:
+    """Delete the temporary files of checkpoint writes that never finished (a process killed
+    mid-write); call it only while no other process writes into ``folder``."""
+    removed = []
+    for tmp in Path(folder).glob(".*.pt.*.tmp"):
+        tmp.unlink(missing_ok=True)
+        removed.append(tmp)
+    return removed
+
+
+@contextlib.contextmanager
+def _interrupt_after() -> Iterator[None]:
+    """Hold back Ctrl-C (SIGINT) until the block is done, then raise KeyboardInterrupt: a
+    checkpoint write is never cut in the middle (only the main thread can do this)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if received:
+        raise KeyboardInterrupt
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,7 @@ from tqdm import tqdm
 from captioning.checkpoint import (
     check_resumable,
     load_checkpoint,
+    remove_partial_writes,
     rng_state,
     save_checkpoint,
     set_rng_state,
@@ -380,12 +382,42 @@ def _log_epoch(
 def _epoch_figure(
     run: Run, dataset: CaptionDataset, details: dict[int, Decoded], path: Path
 ) -> None:
-    """The per-word attention of the first validation image, as ``caption`` draws it."""
+    """The per-word attention of the first validation image, as ``caption`` draws it (none,
+    with a warning, when a diverged model's weights are not finite)."""
     record = dataset.records[0]
     decoded = details.get(record.image_id)
-    if decoded is not None:
-        result = CaptionResult.from_decoded(record.path, decoded, run.vocab)
-        draw_attention(result, run.model.grid_shape, path.parent, path.stem)
+    if decoded is None:
+        return
+    result = CaptionResult.from_decoded(record.path, decoded, run.vocab)
+    if result.alphas is not None and not bool(torch.isfinite(result.alphas).all()):
+        logger.warning("no attention figure for epoch %d: the weights are not finite",
+                       run.progress.epoch)  # fmt: skip
+        return
+    draw_attention(result, run.model.grid_shape, path.parent, path.stem,
+                   max_pixels=run.cfg.data.max_image_pixels)  # fmt: skip
+
+
+def _lock_run_dir(out_dir: Path) -> Any:
+    """An exclusive lock on ``out_dir`` for as long as the returned file stays open, so that
+    two trainings never write into one run folder."""
+    import fcntl
+
+    handle = open(out_dir / ".lock", "a+")  # noqa: SIM115 (held open for the whole run)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        handle.seek(0)
+        holder = handle.read().strip() or "another process"
+        handle.close()
+        raise CaptioningError(
+            f"run folder {out_dir} is in use by another training ({holder}); wait for it to "
+            f"finish, or choose another --out"
+        ) from exc
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"pid {os.getpid()}\n")
+    handle.flush()
+    return handle
 
 
 # --------------------------------------------------------------------------- set-up
@@ -621,8 +653,12 @@ def _train(setup: Setup, out_dir: Path, device: torch.device) -> None:
     """The epoch loop, until ``train.epochs`` or early stopping."""
     run, cfg = setup.run, setup.run.cfg
     writer = None
+    lock = None
     if run.world.is_main:
         out_dir.mkdir(parents=True, exist_ok=True)
+        lock = _lock_run_dir(out_dir)
+        for tmp in remove_partial_writes(out_dir):
+            logger.warning("removed %s, a checkpoint write that never finished", tmp)
         save_config(cfg, out_dir / "config.yaml")
         from torch.utils.tensorboard import SummaryWriter
 
@@ -651,3 +687,5 @@ def _train(setup: Setup, out_dir: Path, device: torch.device) -> None:
     finally:
         if writer is not None:
             writer.close()
+        if lock is not None:
+            lock.close()  # releases the lock

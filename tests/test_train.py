@@ -194,6 +194,74 @@ def test_model_weights_that_would_run_code_are_refused_in_one_line(shapes, tmp_p
     assert "does not fit model.cnn_channels" in capsys.readouterr().err
 
 
+def test_ctrl_c_during_a_checkpoint_write_finishes_the_write_then_stops(
+    shapes, tmp_path, capsys, monkeypatch
+):
+    import signal
+
+    from captioning import checkpoint
+
+    real_save = torch.save
+
+    def interrupted_save(obj, handle):  # Ctrl-C arrives in the middle of the write
+        os.kill(os.getpid(), signal.SIGINT)
+        real_save(obj, handle)
+
+    monkeypatch.setattr(checkpoint.torch, "save", interrupted_save)
+    run = tmp_path / "run"
+    argv = ["train", "--config", CONFIG, "--set", f"data.root={shapes}", "--out", str(run)]
+    assert main(argv) == 130
+    assert capsys.readouterr().err.strip().splitlines()[-1] == "interrupted"
+    assert load_checkpoint(run / "last.pt")["epoch"] == 1  # whole, and the run stopped
+    assert not list(run.glob(".*.tmp"))
+    monkeypatch.setattr(checkpoint.torch, "save", real_save)
+    assert main([*argv, "--resume", str(run / "last.pt")]) == 0
+    assert load_checkpoint(run / "last.pt")["epoch"] == 2
+
+
+def test_a_run_folder_takes_one_training_at_a_time(shapes, tmp_path, caplog):
+    from captioning.train import _lock_run_dir
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / ".last.pt.abc123.tmp").write_bytes(b"half a checkpoint")  # a write killed midway
+    held = _lock_run_dir(run)
+    try:
+        with pytest.raises(CaptioningError, match=rf"run folder {run} is in use by another "
+                                                  rf"training \(pid {os.getpid()}\)"):  # fmt: skip
+            fit(tiny(shapes, "train.epochs=1"), out_dir=run)
+    finally:
+        held.close()
+    assert not (run / "config.yaml").exists()  # nothing of the refused run was written
+    fit(tiny(shapes, "train.epochs=1"), out_dir=run)
+    assert not list(run.glob(".*.tmp"))
+    assert "a checkpoint write that never finished" in caplog.text
+
+
+def test_a_diverged_model_skips_its_figure_and_keeps_training(shapes, tmp_path, caplog):
+    from captioning.inference import CaptionResult
+    from captioning.train import _epoch_figure
+
+    fit(tiny(shapes, "train.epochs=1"), out_dir=tmp_path / "run")
+    model, cfg, vocab = load_model(tmp_path / "run" / "last.pt")
+    for param in model.decoder.attention.parameters():
+        param.data.fill_(float("nan"))
+
+    from types import SimpleNamespace
+
+    from captioning.data import CaptionDataset, load_splits
+
+    run = SimpleNamespace(model=model, vocab=vocab, cfg=cfg, progress=SimpleNamespace(epoch=1))
+
+    dataset = CaptionDataset(load_splits(cfg.data)["val"], vocab, model.encoder.transform)
+    _, details = decode_dataset(model, dataset, cfg, torch.device("cpu"))
+    decoded = details[dataset.records[0].image_id]
+    assert not torch.isfinite(CaptionResult.from_decoded("x", decoded, vocab).alphas).all()
+    _epoch_figure(run, dataset, details, tmp_path / "figures" / "epoch_001.png")
+    assert "no attention figure for epoch 1: the weights are not finite" in caplog.text
+    assert not (tmp_path / "figures").exists()
+
+
 def test_checkpoint_rebuilds_its_own_model(shapes, tmp_path):
     cfg = tiny(shapes, "train.epochs=1")
     fit(cfg, out_dir=tmp_path / "run")
