@@ -172,6 +172,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 def cmd_caption(args: argparse.Namespace) -> int:
     import json
 
+    from captioning.data.images import ImageLimits
     from captioning.inference import (
         caption_files,
         draw_attention,
@@ -196,7 +197,7 @@ def cmd_caption(args: argparse.Namespace) -> int:
         if args.attention_dir:
             draw_attention(result, model.grid_shape, args.attention_dir,
                            figure_stem(result.image, used), smooth=not args.no_smooth,
-                           gif=args.gif, max_pixels=cfg.data.max_image_pixels)  # fmt: skip
+                           gif=args.gif, limits=ImageLimits.from_config(cfg.data))  # fmt: skip
         if args.json:
             record = {"image": result.image, "caption": result.caption}
             if result.figure:

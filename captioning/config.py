@@ -55,6 +55,7 @@ class DataConfig:
     on_bad_image: Literal["error", "skip"] = "error"
     # images with more pixels are bad images, refused before decoding (see data/images.py)
     max_image_pixels: int = 64_000_000
+    max_image_text_bytes: int = 1 << 20  # one PNG text/ICC chunk, decompressed
     check_images: bool = True
     cache_images: bool = False
     num_workers: int = 0
@@ -330,6 +331,7 @@ _RANGES: dict[str, tuple[float | None, float | None, str]] = {
     "data.max_caption_length": (1, None, ""),
     "data.num_workers": (0, None, ""),
     "data.max_image_pixels": (1, None, ""),
+    "data.max_image_text_bytes": (1, None, ""),
     "model.image_size": (1, None, ""),
     "model.grid_size": (1, None, ""),
     "model.cnn_channels": (1, None, ""),

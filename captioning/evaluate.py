@@ -11,6 +11,7 @@ import torch
 
 from captioning.config import replace_section
 from captioning.data import CaptionDataset, load_splits
+from captioning.data.images import ImageLimits
 from captioning.errors import CaptioningError
 from captioning.inference import decode_dataset, load_model, with_decoding
 from captioning.metrics import AttentionMaps, score_predictions
@@ -64,7 +65,7 @@ def evaluate_checkpoint(
         vocab,
         model.encoder.transform,
         skip_bad_images=cfg.data.on_bad_image == "skip",
-        max_pixels=cfg.data.max_image_pixels,
+        limits=ImageLimits.from_config(cfg.data),
     )
     with torch.random.fork_rng():
         torch.manual_seed(cfg.train.seed)  # sampled hard decoding is reproducible

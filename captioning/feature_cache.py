@@ -29,6 +29,7 @@ from tqdm import tqdm
 
 from captioning.config import Config
 from captioning.data import CaptionDataset, collate, drop_bad_images, load_splits
+from captioning.data.images import ImageLimits
 from captioning.data.records import ImageRecord
 from captioning.errors import ConfigError, DataError
 from captioning.models import encoder_from_config
@@ -176,7 +177,7 @@ def extract_features(
         Vocabulary(list(SPECIALS)),  # captions are not needed here
         encoder.transform,
         skip_bad_images=cfg.data.on_bad_image == "skip",
-        max_pixels=cfg.data.max_image_pixels,
+        limits=ImageLimits.from_config(cfg.data),
     )
     loader = DataLoader(
         dataset,

@@ -20,7 +20,7 @@ from tqdm import tqdm
 from captioning.checkpoint import load_checkpoint
 from captioning.config import Config, DecodeConfig, config_from_dict, replace_section
 from captioning.data import CaptionDataset, collate
-from captioning.data.images import MAX_IMAGE_PIXELS, load_image
+from captioning.data.images import DEFAULT_LIMITS, ImageLimits, load_image
 from captioning.decoding import Decoded, decode
 from captioning.distributed import SINGLE, World
 from captioning.errors import CaptioningError, CheckpointError, DataError
@@ -197,7 +197,7 @@ def caption_files(
 
     for path in paths:
         try:
-            image = load_image(path, cfg.data.max_image_pixels)
+            image = load_image(path, ImageLimits.from_config(cfg.data))
             pending.append((path, model.encoder.transform(image)))
         except DataError as exc:
             yield from flush() if pending else ()
@@ -227,14 +227,14 @@ def draw_attention(
     stem: str,
     smooth: bool = True,
     gif: bool = False,
-    max_pixels: int = MAX_IMAGE_PIXELS,
+    limits: ImageLimits = DEFAULT_LIMITS,
 ) -> CaptionResult:
     """Write the per-word attention grid (and optionally a GIF) of a captioned image."""
     from captioning.viz import attention_gif, attention_grid_figure
 
     if not result.words:  # an empty caption has nothing to show
         return result
-    image = load_image(result.image, max_pixels)
+    image = load_image(result.image, limits)
     out_dir = Path(out_dir)
     drawing = dict(smooth=smooth, chosen_cells=result.cells)
     result.figure = str(

@@ -48,6 +48,7 @@ from captioning.data import (
     drop_bad_images,
     load_splits,
 )
+from captioning.data.images import ImageLimits
 from captioning.decoding import Decoded
 from captioning.distributed import (
     SINGLE,
@@ -394,7 +395,7 @@ def _epoch_figure(
                        run.progress.epoch)  # fmt: skip
         return
     draw_attention(result, run.model.grid_shape, path.parent, path.stem,
-                   max_pixels=run.cfg.data.max_image_pixels)  # fmt: skip
+                   limits=ImageLimits.from_config(run.cfg.data))  # fmt: skip
 
 
 def _lock_run_dir(out_dir: Path) -> Any:
@@ -521,7 +522,7 @@ def _datasets(
             skip_bad_images=cfg.data.on_bad_image == "skip",
             cache_images=cfg.data.cache_images,
             feature_cache=caches[split],
-            max_pixels=cfg.data.max_image_pixels,
+            limits=ImageLimits.from_config(cfg.data),
         )
         for split in ("train", "val")
     }

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from PIL import Image, ImageFile, features
 
-from captioning.data.images import check_image, check_images, load_image
+from captioning.data.images import ImageLimits, check_image, check_images, load_image
 from captioning.errors import CaptioningError, DataError
 
 W, H = 6, 4
@@ -377,8 +377,10 @@ def test_an_image_past_the_pixel_limit_is_refused_before_decoding(tmp_path):
     good = _save(Image.new("RGB", (W, H)), tmp_path / "good.png")
     _assert_bad(big, "image is 12000 x 12000 = 144,000,000 pixels, more than "
                      "data.max_image_pixels=64,000,000")  # fmt: skip
-    assert check_image(good, max_pixels=W * H) is None
-    assert "more than data.max_image_pixels=23" in check_image(good, max_pixels=W * H - 1)
+    assert check_image(good, ImageLimits(max_pixels=W * H)) is None
+    assert "more than data.max_image_pixels=23" in check_image(
+        good, ImageLimits(max_pixels=W * H - 1)
+    )
     assert check_images([good, big, good]) == [(big, check_image(big))]
 
 
@@ -390,5 +392,8 @@ def test_a_png_whose_text_chunk_inflates_past_the_limit_is_a_bad_image(tmp_path)
     path = _save(Image.new("RGB", (W, H)), tmp_path / "text.png", pnginfo=info)
     assert (tmp_path / "text.png").stat().st_size < 50_000
     _assert_bad(path, "image metadata is too large to read safely (")
+    assert "data.max_image_text_bytes=1,048,576" in check_image(path)
+    assert check_image(path, ImageLimits(max_text_bytes=8 << 20)) is None  # configurable
+    assert check_image(path) is not None  # and back
     good = _save(Image.new("RGB", (W, H)), tmp_path / "good.png")
     assert check_images([path, good]) == [(path, check_image(path))]

@@ -151,10 +151,10 @@ def drop_bad_images(
     problem was logged); with ``skip`` the records are removed in place and counted.
     Returns the ``(path, problem)`` pairs.
     """
-    from captioning.data.images import check_images
+    from captioning.data.images import ImageLimits, check_images
 
     paths = [r.path for records in splits.values() for r in records]
-    bad = check_images(paths, progress=progress, max_pixels=cfg.max_image_pixels)
+    bad = check_images(paths, progress=progress, limits=ImageLimits.from_config(cfg))
     for path, problem in bad:
         logger.warning("bad image: %s: %s", path, problem)
     if not bad:

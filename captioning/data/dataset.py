@@ -16,7 +16,7 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset, Sampler
 
-from captioning.data.images import MAX_IMAGE_PIXELS, load_image
+from captioning.data.images import DEFAULT_LIMITS, ImageLimits, load_image
 from captioning.data.records import ImageRecord
 from captioning.errors import DataError
 from captioning.vocab import Vocabulary
@@ -64,10 +64,10 @@ class CaptionDataset(Dataset):
         skip_bad_images: bool = False,
         cache_images: bool = False,
         feature_cache: GridSource | None = None,
-        max_pixels: int = MAX_IMAGE_PIXELS,
+        limits: ImageLimits = DEFAULT_LIMITS,
     ) -> None:
         self.records = list(records)
-        self.max_pixels = max_pixels
+        self.limits = limits
         self.feature_cache = feature_cache
         if feature_cache is not None:
             feature_cache.check(self.records)
@@ -102,7 +102,7 @@ class CaptionDataset(Dataset):
         """The transformed image at ``index``."""
         if self._cache is not None and index in self._cache:
             return self._cache[index]
-        tensor = self.transform(load_image(self.records[index].path, self.max_pixels))
+        tensor = self.transform(load_image(self.records[index].path, self.limits))
         if self._cache is not None:
             self._cache[index] = tensor
         return tensor

@@ -7,13 +7,15 @@ import stat
 import warnings
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
+from PIL import Image, ImageFile, ImageOps, PngImagePlugin, UnidentifiedImageError
 from tqdm import tqdm
 
+from captioning.config import DataConfig
 from captioning.errors import DataError
 
 _WIDE_16BIT_MODES = frozenset({"I;16", "I;16B", "I;16L", "I;16N"})
@@ -22,15 +24,31 @@ _ALPHA_MODES = frozenset({"RGBA", "LA", "PA", "La", "RGBa"})
 # Modes whose convert("RGB") is a real colour conversion, not a clip or a byte copy.
 _CONVERTIBLE_MODES = frozenset({"1", "L", "P", "CMYK", "YCbCr", "LAB", "HSV", "RGBX"})
 
-# The one place that decides how large an image may be (``data.max_image_pixels``). Pillow
-# only warns below 2 x ``Image.MAX_IMAGE_PIXELS`` (179M pixels), so a 140 KB PNG that declares
-# 12000 x 12000 would be decoded in full (1.6 GB). The size is read from the header, before any
-# pixel is decoded; 64M pixels (8000 x 8000) is larger than any camera photo in common use.
-# PNG text and ICC chunks keep Pillow's own limit (``PngImagePlugin.MAX_TEXT_CHUNK``, 1 MB
-# decompressed): a file past it is reported as a bad image like any other.
-MAX_IMAGE_PIXELS = 64_000_000
-# That check replaces Pillow's warning (between 89M and 179M pixels), which would otherwise
-# print beside the one-line refusal.
+
+@dataclass(frozen=True)
+class ImageLimits:
+    """The one place that decides how large an image file may be (``data.max_image_pixels``
+    and ``data.max_image_text_bytes``).
+
+    Pillow only warns below 2 x ``Image.MAX_IMAGE_PIXELS`` (179M pixels), so a 140 KB PNG
+    that declares 12000 x 12000 would be decoded in full (1.6 GB). Here the size is read from
+    the header and checked before any pixel is decoded; 64M pixels (8000 x 8000) is more than
+    any camera photo in common use. A PNG text or ICC chunk is decompressed whole when the
+    file is opened: Pillow's limit for one chunk (``PngImagePlugin.MAX_TEXT_CHUNK``) is set
+    from ``max_text_bytes``, and a file past it is a bad image like any other.
+    """
+
+    max_pixels: int = 64_000_000
+    max_text_bytes: int = 1 << 20
+
+    @classmethod
+    def from_config(cls, cfg: DataConfig) -> ImageLimits:
+        return cls(cfg.max_image_pixels, cfg.max_image_text_bytes)
+
+
+DEFAULT_LIMITS = ImageLimits()
+# The pixel check replaces Pillow's warning (between 89M and 179M pixels), which would
+# otherwise print beside the one-line refusal.
 warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
 
 
@@ -38,7 +56,7 @@ class _Problem(Exception):
     """Why one image cannot be used; the message is the plain-words problem, without the path."""
 
 
-def load_image(path: str | Path, max_pixels: int = MAX_IMAGE_PIXELS) -> Image.Image:
+def load_image(path: str | Path, limits: ImageLimits = DEFAULT_LIMITS) -> Image.Image:
     """Open an image file and return it fully decoded as an upright 8-bit RGB image.
 
     Transparent pixels are composited over white, 16-bit and float greyscale is scaled to
@@ -47,8 +65,7 @@ def load_image(path: str | Path, max_pixels: int = MAX_IMAGE_PIXELS) -> Image.Im
 
     Args:
         path: the image file (any format PIL opens: JPEG, PNG, GIF, BMP, TIFF, WebP, ...).
-        max_pixels: refuse images with more pixels than this (width x height), before
-            decoding them.
+        limits: how large a file may be (see :class:`ImageLimits`).
 
     Returns:
         A new ``RGB`` image that holds no open file.
@@ -58,24 +75,24 @@ def load_image(path: str | Path, max_pixels: int = MAX_IMAGE_PIXELS) -> Image.Im
             corrupt, too large to decode safely, or of an unsupported mode.
     """
     try:
-        return _load(path, max_pixels)
+        return _load(path, limits)
     except _Problem as problem:
         raise DataError(f"{path}: {problem}") from problem.__cause__
 
 
-def check_image(path: str | Path, max_pixels: int = MAX_IMAGE_PIXELS) -> str | None:
+def check_image(path: str | Path, limits: ImageLimits = DEFAULT_LIMITS) -> str | None:
     """Say whether an image file loads, without raising.
 
     Args:
         path: the image file.
-        max_pixels: as for :func:`load_image`.
+        limits: as for :func:`load_image`.
 
     Returns:
         None when :func:`load_image` succeeds, else the problem in plain words
         (``"file is empty (0 bytes)"``, ``"no such file"``, ...).
     """
     try:
-        _load(path, max_pixels)
+        _load(path, limits)
     except _Problem as problem:
         return str(problem)
     return None
@@ -85,7 +102,7 @@ def check_images(
     paths: Sequence[str],
     num_threads: int = 4,
     progress: bool = False,
-    max_pixels: int = MAX_IMAGE_PIXELS,
+    limits: ImageLimits = DEFAULT_LIMITS,
 ) -> list[tuple[str, str]]:
     """Decode every image once and list those that cannot be loaded.
 
@@ -93,7 +110,7 @@ def check_images(
         paths: the image files.
         num_threads: worker threads; PIL releases the GIL while decoding, so threads help.
         progress: show a tqdm progress bar.
-        max_pixels: as for :func:`load_image`.
+        limits: as for :func:`load_image`.
 
     Returns:
         ``(path, problem)`` for each bad image, in the order of ``paths``.
@@ -101,7 +118,7 @@ def check_images(
     if num_threads < 1:
         raise ValueError(f"num_threads must be at least 1, got {num_threads}")
     with ThreadPoolExecutor(max_workers=num_threads) as pool:
-        results = pool.map(partial(check_image, max_pixels=max_pixels), paths)
+        results = pool.map(partial(check_image, limits=limits), paths)
         if progress:
             results = tqdm(results, total=len(paths), desc="checking images")
         # Exhaust the iterator before zipping: zip stops early and the bar would never close.
@@ -109,7 +126,7 @@ def check_images(
     return [(path, problem) for path, problem in zip(paths, problems) if problem is not None]
 
 
-def _load(path: str | Path, max_pixels: int = MAX_IMAGE_PIXELS) -> Image.Image:
+def _load(path: str | Path, limits: ImageLimits = DEFAULT_LIMITS) -> Image.Image:
     _check_file(path)
     if ImageFile.LOAD_TRUNCATED_IMAGES:
         # The flag is process-wide and read by PIL while decoding, so flipping it here would
@@ -119,6 +136,9 @@ def _load(path: str | Path, max_pixels: int = MAX_IMAGE_PIXELS) -> Image.Image:
             RuntimeWarning,
             stacklevel=3,
         )
+    if PngImagePlugin.MAX_TEXT_CHUNK != limits.max_text_bytes:  # the same value all run long
+        PngImagePlugin.MAX_TEXT_CHUNK = limits.max_text_bytes
+        PngImagePlugin.MAX_TEXT_MEMORY = 64 * limits.max_text_bytes
     try:
         image = Image.open(path)
     except Image.DecompressionBombError as err:
@@ -136,13 +156,16 @@ def _load(path: str | Path, max_pixels: int = MAX_IMAGE_PIXELS) -> Image.Image:
         raise _Problem(f"cannot read file ({_one_line(err)})") from err
     except ValueError as err:
         # PNG text/ICC chunks that decompress past Pillow's limit: "Decompressed data too large".
-        raise _Problem(f"image metadata is too large to read safely ({_one_line(err)})") from err
+        raise _Problem(
+            f"image metadata is too large to read safely ({_one_line(err)}; the limit is "
+            f"data.max_image_text_bytes={limits.max_text_bytes:,})"
+        ) from err
     with image:
         width, height = image.size
-        if width * height > max_pixels:
+        if width * height > limits.max_pixels:
             raise _Problem(
                 f"image is {width} x {height} = {width * height:,} pixels, more than "
-                f"data.max_image_pixels={max_pixels:,}; resize it, or raise the limit"
+                f"data.max_image_pixels={limits.max_pixels:,}; resize it, or raise the limit"
             )
         try:
             image.load()
