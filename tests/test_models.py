@@ -424,7 +424,7 @@ def test_grid_self_attention_relates_cells_and_trains():
 
 
 def test_grid_self_attention_settings_are_checked():
-    with pytest.raises(ConfigError, match="model.grid_layers must be 0 or more"):
+    with pytest.raises(ConfigError, match="model.grid_layers must be at least 0, got -1"):
         load_config(None, [*TINY, "model.grid_layers=-1"])
     with pytest.raises(ConfigError, match="model.grid_heads=3 must divide"):
         tiny_model("model.grid_layers=1", "model.grid_heads=3")
