@@ -112,8 +112,12 @@ def build_model(cfg: ModelConfig, vocab_size: int) -> Captioner:
 
 
 class GridSelfAttention(nn.Module):
-    """``layers`` pre-norm Transformer encoder layers over the L cells of a grid (B, L, D),
-    then a final LayerNorm: every cell's feature can then depend on every other cell.
+    """``layers`` pre-norm Transformer encoder layers over the L cells of a grid (B, L, D):
+    every cell's feature can then depend on every other cell. Each layer starts as the
+    identity (the output projections of its attention and feed-forward blocks are zero, as in
+    ReZero and Fixup), so the decoder first sees the grid unchanged and the layers add
+    relations to it as they learn; there is no final normalisation, which would rescale the
+    features the decoder attends over.
 
     Args:
         dim: D, the feature size (divisible by ``heads``).
@@ -132,9 +136,11 @@ class GridSelfAttention(nn.Module):
             dim, heads, dim_feedforward=4 * dim, dropout=dropout, batch_first=True,
             norm_first=True,
         )  # fmt: skip
-        self.layers = nn.TransformerEncoder(
-            layer, layers, norm=nn.LayerNorm(dim), enable_nested_tensor=False
-        )
+        self.layers = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        for block in self.layers.layers:
+            for out in (block.self_attn.out_proj, block.linear2):
+                nn.init.zeros_(out.weight)
+                nn.init.zeros_(out.bias)
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         """Features (B, L, D) → features (B, L, D)."""
