@@ -84,7 +84,9 @@ class ModelConfig:
     grid_heads: int = 4
     # attention
     attention: Literal["soft", "hard", "none"] = "soft"
-    score: str = "additive"  # additive, additive_relu, dot, general, scaled_dot, cosine
+    # additive, additive_relu, dot, general, scaled_dot, cosine, or location (W h: where,
+    # not what; Luong 2015)
+    score: str = "additive"
     attention_dim: int = 512
     # decoder
     embed_dim: int = 512

@@ -50,7 +50,7 @@ def batch(size=3, length=6, vocab=11):
 @pytest.mark.parametrize("name", sorted(SCORES))
 def test_every_score_function(name):
     torch.manual_seed(0)
-    score = make_score(name, feature_dim=8, query_dim=6, attention_dim=5)
+    score = make_score(name, feature_dim=8, query_dim=6, attention_dim=5, cells=9)
     attention = SoftAttention(score)
     features = torch.randn(4, 9, 8, requires_grad=True)
     query = torch.randn(4, 6, requires_grad=True)
@@ -72,7 +72,7 @@ def test_every_score_function(name):
 def test_grouped_queries_equal_a_repeated_grid(kind, name):
     """G queries per image against one copy of the grid give what G copies of it give."""
     torch.manual_seed(0)
-    attention = attention_module.build_attention(kind, name, 8, 6, 5)
+    attention = attention_module.build_attention(kind, name, 8, 6, 5, cells=9)
     images, g = 3, 4
     features = torch.randn(images, 9, 8)
     query = torch.randn(images * g, 6)  # image-major: the 4 queries of image 0 first
@@ -296,7 +296,7 @@ def test_all_words_at_once_equal_the_step_loop(kind, gate):
     gradients as the step function that decoding uses, for every score function."""
     for name in SCORES:
         torch.manual_seed(0)
-        attention = attention_module.build_attention(kind, name, 6, 8, 5)
+        attention = attention_module.build_attention(kind, name, 6, 8, 5, cells=7)
         decoder = Decoder(11, 6, attention, embed_dim=4, hidden_dim=8, gate=gate,
                           context_to_lstm=False, dropout=0.0)  # fmt: skip
         decoder.parallel = True
@@ -435,3 +435,26 @@ def test_grid_self_attention_settings_are_checked():
         load_config(None, [*TINY, "model.grid_layers=-1"])
     with pytest.raises(ConfigError, match="model.grid_heads=3 must divide"):
         tiny_model("model.grid_layers=1", "model.grid_heads=3")
+
+
+def test_location_score_looks_at_where_not_at_what():
+    """``model.score=location``: alpha = softmax(W_a h) depends on the decoder state only;
+    two grids with other contents get the same weights (and other contexts)."""
+    torch.manual_seed(0)
+    attention = attention_module.build_attention("soft", "location", 8, 6, 5, cells=9)
+    query = torch.randn(4, 6)
+    a, b = torch.randn(4, 9, 8), torch.randn(4, 9, 8)
+    out_a = attention(a, attention.project_keys(a), query)
+    out_b = attention(b, attention.project_keys(b), query)
+    torch.testing.assert_close(out_a.alpha, out_b.alpha)
+    assert not torch.allclose(out_a.context, out_b.context)
+    expected = torch.softmax(attention.score.proj(query), dim=1)
+    torch.testing.assert_close(out_a.alpha, expected)
+    with pytest.raises(ValueError, match="built for 9 cells; this grid has 7"):
+        small = torch.randn(4, 7, 8)
+        attention(small, attention.project_keys(small), query)
+    with pytest.raises(ConfigError, match="needs the number of grid cells"):
+        make_score("location", 8, 6, 5)
+    model = tiny_model("model.score=location")  # the grid's size comes from the encoder
+    images, tokens = batch()
+    assert model(images, tokens).alphas.shape[-1] == model.encoder.num_cells

@@ -151,6 +151,37 @@ class GeneralScore(nn.Module):
         return grouped_dot(keys, self.query_proj(query))
 
 
+class LocationScore(nn.Module):
+    """Luong's location-based score ``W_a h``: one logit per cell from the decoder state
+    alone, blind to what the cells hold. The ablation that shows how much of the grounding
+    comes from *what* is in a cell rather than *where* it is.
+
+    Args:
+        feature_dim, query_dim, attention_dim: as for the other scores (only ``query_dim``
+            is used).
+        cells: L, the number of grid cells (fixed by the encoder).
+    """
+
+    def __init__(
+        self, feature_dim: int, query_dim: int, attention_dim: int, cells: int | None = None
+    ) -> None:
+        super().__init__()
+        if not cells:
+            raise ConfigError("model.score=location needs the number of grid cells")
+        self.proj = nn.Linear(query_dim, cells)
+
+    def project_keys(self, features: torch.Tensor) -> torch.Tensor:
+        return features[:, :, :0]  # (B, L, 0): nothing about the content is used
+
+    def forward(self, keys: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
+        """``keys`` (B, L, 0), ``query`` (B*G, Q) → scores (B*G, L)."""
+        groups(keys, query.shape[0])  # the rows must divide among the images
+        if keys.shape[1] != self.proj.out_features:
+            raise ValueError(f"the location score was built for {self.proj.out_features} "
+                             f"cells; this grid has {keys.shape[1]}")  # fmt: skip
+        return self.proj(query)
+
+
 def grouped_dot(keys: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
     """Dot products of (B, L, A) keys with (B*G, A) queries → (B*G, L)."""
     batch, cells, dim = keys.shape
@@ -166,17 +197,25 @@ SCORES = {
     "scaled_dot": partial(DotScore, scaled=True),
     "cosine": partial(DotScore, cosine=True),
     "general": GeneralScore,
+    "location": LocationScore,
 }
 
 
 def make_score(
-    score: str | nn.Module, feature_dim: int, query_dim: int, attention_dim: int
+    score: str | nn.Module,
+    feature_dim: int,
+    query_dim: int,
+    attention_dim: int,
+    cells: int | None = None,
 ) -> nn.Module:
-    """A score module by name (see ``SCORES``) or a ready module, returned as is."""
+    """A score module by name (see ``SCORES``) or a ready module, returned as is. ``cells``
+    (L) is needed by the location score only."""
     if isinstance(score, nn.Module):
         return score
     if score not in SCORES:
         raise ConfigError(f"model.score must be one of {', '.join(SCORES)}; got {score!r}")
+    if score == "location":
+        return LocationScore(feature_dim, query_dim, attention_dim, cells)
     return SCORES[score](feature_dim, query_dim, attention_dim)
 
 
@@ -391,10 +430,16 @@ class NoAttention(nn.Module):
 
 
 def build_attention(
-    kind: str, score: str | nn.Module, feature_dim: int, query_dim: int, attention_dim: int
+    kind: str,
+    score: str | nn.Module,
+    feature_dim: int,
+    query_dim: int,
+    attention_dim: int,
+    cells: int | None = None,
 ) -> nn.Module:
-    """``soft``, ``hard`` or ``none`` attention with the named score function."""
+    """``soft``, ``hard`` or ``none`` attention with the named score function over a grid
+    of ``cells`` cells."""
     if kind == "none":
         return NoAttention()
-    score_module = make_score(score, feature_dim, query_dim, attention_dim)
+    score_module = make_score(score, feature_dim, query_dim, attention_dim, cells)
     return {"soft": SoftAttention, "hard": HardAttention}[kind](score_module)

@@ -91,7 +91,12 @@ def build_model(cfg: ModelConfig, vocab_size: int) -> Captioner:
     """The :class:`Captioner` that ``cfg`` describes."""
     encoder = encoder_from_config(cfg)
     attention = build_attention(
-        cfg.attention, cfg.score, encoder.out_channels, cfg.hidden_dim, cfg.attention_dim
+        cfg.attention,
+        cfg.score,
+        encoder.out_channels,
+        cfg.hidden_dim,
+        cfg.attention_dim,
+        encoder.num_cells,
     )
     decoder = Decoder(
         vocab_size=vocab_size,
