@@ -88,6 +88,10 @@ class ModelConfig:
     # not what; Luong 2015)
     score: str = "additive"
     attention_dim: int = 512
+    # what the context averages: the features themselves (the paper), or values W_v a_i of
+    # size value_dim, a projection of their own beside the score's keys (key-value attention)
+    values: Literal["features", "projected"] = "features"
+    value_dim: int = 512
     # decoder
     embed_dim: int = 512
     hidden_dim: int = 1024
@@ -311,6 +315,9 @@ def _validate(cfg: Config) -> None:
     if not re.fullmatch(r"auto|cpu|mps|cuda(:[0-9]+)?", cfg.train.device):
         raise ConfigError(f"train.device must be auto, cpu, cuda, cuda:N or mps, "
                           f"got {quote(cfg.train.device)}")  # fmt: skip
+    if cfg.model.values == "projected" and cfg.model.attention == "none":
+        raise ConfigError("model.values=projected averages values by attention weights; "
+                          "model.attention=none has none (use soft or hard)")  # fmt: skip
     _validate_hard_estimator(cfg)
     if not (cfg.model.context_to_lstm or cfg.model.deep_output):
         raise ConfigError(
@@ -338,6 +345,7 @@ _RANGES: dict[str, tuple[float | None, float | None, str]] = {
     "model.grid_size": (1, None, ""),
     "model.cnn_channels": (1, None, ""),
     "model.attention_dim": (1, None, ""),
+    "model.value_dim": (1, None, ""),
     "model.embed_dim": (1, None, ""),
     "model.hidden_dim": (1, None, ""),
     "model.dropout": (0, 1, "max"),

@@ -108,11 +108,13 @@ def test_beam_size_one_is_greedy(attention):
         assert torch.equal(greedy.cells, beam.cells)
 
 
-@pytest.mark.parametrize(("beam_size", "score"), [(2, "additive"), (5, "additive"),
-                                                   (5, "location")])  # fmt: skip
-def test_batch_gives_the_same_captions_as_one_image_at_a_time(beam_size, score):
+@pytest.mark.parametrize(("beam_size", "variant"), [
+    (2, []), (5, []), (5, ["model.score=location"]),
+    (5, ["model.values=projected", "model.value_dim=6"]),
+])  # fmt: skip
+def test_batch_gives_the_same_captions_as_one_image_at_a_time(beam_size, variant):
     torch.manual_seed(3)
-    model = tiny_model("model.hidden_dim=40", f"model.score={score}").eval()
+    model = tiny_model("model.hidden_dim=40", *variant).eval()
     with torch.no_grad():
         for p in model.decoder.out.parameters():
             p.mul_(8)  # sharper word distributions: longer, more varied captions

@@ -458,3 +458,37 @@ def test_location_score_looks_at_where_not_at_what():
     model = tiny_model("model.score=location")  # the grid's size comes from the encoder
     images, tokens = batch()
     assert model(images, tokens).alphas.shape[-1] == model.encoder.num_cells
+
+
+@pytest.mark.parametrize("attention", ["soft", "hard"])
+def test_key_value_attention_averages_projected_values(attention):
+    """``model.values=projected``: the keys score the cells, the context averages values
+    W_v a_i of their own size; the step loop, all words at once and the exact marginal agree,
+    and the value projection trains."""
+    images, tokens = batch()
+    model = tiny_model(f"model.attention={attention}", "model.values=projected",
+                       "model.value_dim=7", "model.context_to_lstm=false")  # fmt: skip
+    decoder = model.decoder
+    features = model.encode(images)
+    prepared = decoder.prepare(features)
+    assert prepared.shape[-1] == 7 + decoder.attention.project_keys(features).shape[-1]
+    state = decoder.init_state(features)
+    hard = HardContext(mode="expectation")
+    out = decoder.step(tokens[:, 0], state, features, prepared, hard)
+    values = decoder.value_proj(features)  # (B, L, 7)
+    expected = torch.bmm(out.attention.alpha.unsqueeze(1), values).squeeze(1)
+    torch.testing.assert_close(out.attention.context, expected)
+    loop = model(images, tokens)
+    decoder.parallel = True
+    together = model(images, tokens)
+    torch.testing.assert_close(together.logits, loop.logits, rtol=0, atol=1e-5)
+    caption_loss(loop, tokens[:, 1:], 0, penalty_weight=0.0).total.backward()
+    assert decoder.value_proj.weight.grad.abs().sum() > 0
+    if attention == "hard":  # the marginal sums over the cells' values
+        marginal = model(images, tokens, hard=HardContext(mode="marginal"))
+        keys, state = decoder.prepare(features), decoder.init_state(features)
+        step = decoder.step(tokens[:, 0], state, features, keys, HardContext(mode="marginal"))
+        picked = step.logits.gather(1, tokens[:, 1:2]).squeeze(1)
+        torch.testing.assert_close(picked, marginal.target_log_probs[:, 0])
+    with pytest.raises(ConfigError, match="model.attention=none has none"):
+        load_config(None, ["model.attention=none", "model.values=projected"])

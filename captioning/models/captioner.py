@@ -109,6 +109,7 @@ def build_model(cfg: ModelConfig, vocab_size: int) -> Captioner:
         context_to_lstm=cfg.context_to_lstm,
         init_state=cfg.init_state,
         dropout=cfg.dropout,
+        value_dim=cfg.value_dim if cfg.values == "projected" else None,
     )
     grid = None
     if cfg.grid_layers:

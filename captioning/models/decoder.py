@@ -99,6 +99,9 @@ class Decoder(nn.Module):
             output alone, so no glimpse is carried to later words.
         init_state: ``tanh`` or ``linear`` MLP from the mean feature to h_0, c_0.
         dropout: dropout on h and on the deep-output layer.
+        value_dim: None: the context is a weighted average of the features themselves.
+            Else key-value attention: the context averages values W_v a_i of this size, a
+            projection of its own beside the score's keys.
     """
 
     # Teacher forcing without the context in the LSTM may run all words at once (the same
@@ -118,6 +121,7 @@ class Decoder(nn.Module):
         context_to_lstm: bool = True,
         init_state: str = "tanh",
         dropout: float = 0.5,
+        value_dim: int | None = None,
     ) -> None:
         super().__init__()
         self.vocab_size = vocab_size
@@ -127,19 +131,21 @@ class Decoder(nn.Module):
         self.init_h = nn.Linear(feature_dim, hidden_dim)
         self.init_c = nn.Linear(feature_dim, hidden_dim)
         self.init_activation = torch.tanh if init_state == "tanh" else nn.Identity()
-        gate_sizes = {"scalar": 1, "vector": feature_dim, "none": 0}
+        self.value_proj = nn.Linear(feature_dim, value_dim) if value_dim else None
+        context_dim = value_dim or feature_dim
+        gate_sizes = {"scalar": 1, "vector": context_dim, "none": 0}
         if gate not in gate_sizes:
             raise ValueError(f"gate must be scalar, vector or none, got {gate!r}")
         self.gate = nn.Linear(hidden_dim, gate_sizes[gate]) if gate != "none" else None
         if not (context_to_lstm or deep_output):
             raise ValueError("context_to_lstm=False needs deep_output=True to use the context")
         self.context_to_lstm = context_to_lstm
-        self.lstm = nn.LSTMCell(embed_dim + (feature_dim if context_to_lstm else 0), hidden_dim)
+        self.lstm = nn.LSTMCell(embed_dim + (context_dim if context_to_lstm else 0), hidden_dim)
         self.dropout = nn.Dropout(dropout)
         self.deep_output = deep_output
         if deep_output:
             self.hidden_to_out = nn.Linear(hidden_dim, embed_dim)
-            self.context_to_out = nn.Linear(feature_dim, embed_dim)
+            self.context_to_out = nn.Linear(context_dim, embed_dim)
             self.out = nn.Linear(embed_dim, vocab_size)
         else:
             self.out = nn.Linear(hidden_dim, vocab_size)
@@ -154,8 +160,23 @@ class Decoder(nn.Module):
         )
 
     def prepare(self, features: torch.Tensor) -> torch.Tensor:
-        """The attention keys, computed once per batch: (B, L, D) → (B, L, K)."""
-        return self.attention.project_keys(features)
+        """The attention keys, computed once per batch: (B, L, D) → (B, L, K). With
+        key-value attention the values come first: (B, L, V + K), one tensor, so that beam
+        search selects both at once."""
+        keys = self.attention.project_keys(features)
+        if self.value_proj is None:
+            return keys
+        return torch.cat([self.value_proj(features), keys], dim=-1)
+
+    def _values_and_keys(
+        self, features: torch.Tensor, prepared: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """What the context averages (the features, or their values) and the score's keys,
+        from :meth:`prepare`'s tensor."""
+        if self.value_proj is None:
+            return features, prepared
+        size = self.value_proj.out_features
+        return prepared[..., :size], prepared[..., size:]
 
     def _gate(self, h: torch.Tensor, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """beta * z and the mean beta per row: (R, H), (R, D) → (R, D), (R,)."""
@@ -173,7 +194,8 @@ class Decoder(nn.Module):
         hard: HardContext,
     ) -> tuple[DecoderState, AttentionOutput, torch.Tensor, torch.Tensor]:
         """Attend, gate and run the LSTM cell: returns state, attention, gated context, beta."""
-        attended = self.attention(features, keys, state.h, hard)
+        values, keys = self._values_and_keys(features, keys)
+        attended = self.attention(values, keys, state.h, hard)
         context, beta_mean = self._gate(state.h, attended.context)  # (B, D), (B,)
         inputs = torch.cat([embedded, context], dim=1) if self.context_to_lstm else embedded
         h, c = self.lstm(inputs, (state.h, state.c))
@@ -297,7 +319,8 @@ class Decoder(nn.Module):
         state, attended, context, _ = self._advance(embedded, state, features, keys, hard)
         if hard.mode != "marginal":
             return StepOutput(self.output(embedded, state.h, context), state, attended)
-        rows = features.repeat_interleave(tokens.shape[0] // features.shape[0], dim=0)
+        values, _ = self._values_and_keys(features, keys)
+        rows = values.repeat_interleave(tokens.shape[0] // values.shape[0], dim=0)
         beta = torch.sigmoid(self.gate(previous)).unsqueeze(1) if self.gate is not None else None
         logits = self._marginal(
             embedded.unsqueeze(1), state.h.unsqueeze(1), beta, rows, attended.alpha.unsqueeze(1)
@@ -391,10 +414,11 @@ class Decoder(nn.Module):
         """All T words at once: the LSTM never sees the context, so the queries h_0..h_{T-1}
         are known before any attention runs; they are scored as T query groups per image."""
         batch, steps, _ = embedded.shape
+        values, keys = self._values_and_keys(features, keys)
         hiddens = self._run_lstm(embedded, state)  # (B, T, H): h_1..h_T
         queries = torch.cat([state.h.unsqueeze(1), hiddens[:, :-1]], dim=1)  # h_0..h_{T-1}
         queries = queries.reshape(batch * steps, -1)  # (B*T, H), image-major
-        attended = self.attention(features, keys, queries, hard.flat(steps))
+        attended = self.attention(values, keys, queries, hard.flat(steps))
         context, beta = self._gate(queries, attended.context)  # (B*T, D), (B*T,)
         alphas = attended.alpha.view(batch, steps, -1)  # (B, T, L)
 
@@ -416,6 +440,6 @@ class Decoder(nn.Module):
         if self.gate is not None:
             gate = torch.sigmoid(self.gate(queries)).view(batch, steps, -1)  # (B, T, 1|D)
         output.target_log_probs = self._marginal(
-            embedded, hiddens, gate, features, alphas, targets
+            embedded, hiddens, gate, values, alphas, targets
         )  # (B, T)
         return output
