@@ -92,6 +92,7 @@ class ModelConfig:
     # size value_dim, a projection of their own beside the score's keys (key-value attention)
     values: Literal["features", "projected"] = "features"
     value_dim: int = 512
+    heads: int = 1  # > 1: soft multi-head attention, attention_dim / heads per head
     # decoder
     embed_dim: int = 512
     hidden_dim: int = 1024
@@ -315,6 +316,14 @@ def _validate(cfg: Config) -> None:
     if not re.fullmatch(r"auto|cpu|mps|cuda(:[0-9]+)?", cfg.train.device):
         raise ConfigError(f"train.device must be auto, cpu, cuda, cuda:N or mps, "
                           f"got {quote(cfg.train.device)}")  # fmt: skip
+    if cfg.model.heads > 1 and cfg.model.attention != "soft":
+        raise ConfigError(
+            f"model.heads={cfg.model.heads} needs model.attention=soft: hard attention samples "
+            f"one cell from one distribution (use model.heads=1)"
+        )
+    if cfg.model.attention_dim % cfg.model.heads:
+        raise ConfigError(f"model.heads={cfg.model.heads} must divide "
+                          f"model.attention_dim={cfg.model.attention_dim}")  # fmt: skip
     if cfg.model.values == "projected" and cfg.model.attention == "none":
         raise ConfigError("model.values=projected averages values by attention weights; "
                           "model.attention=none has none (use soft or hard)")  # fmt: skip
@@ -346,6 +355,7 @@ _RANGES: dict[str, tuple[float | None, float | None, str]] = {
     "model.cnn_channels": (1, None, ""),
     "model.attention_dim": (1, None, ""),
     "model.value_dim": (1, None, ""),
+    "model.heads": (1, None, ""),
     "model.embed_dim": (1, None, ""),
     "model.hidden_dim": (1, None, ""),
     "model.dropout": (0, 1, "max"),

@@ -492,3 +492,33 @@ def test_key_value_attention_averages_projected_values(attention):
         torch.testing.assert_close(picked, marginal.target_log_probs[:, 0])
     with pytest.raises(ConfigError, match="model.attention=none has none"):
         load_config(None, ["model.attention=none", "model.values=projected"])
+
+
+@pytest.mark.parametrize("score", ["scaled_dot", "additive"])
+def test_multi_head_attention(score):
+    """``model.heads=H``: H heads with their own projections; ``alpha`` is their mean (a
+    distribution), each head's weights are reported, every head and the combination train,
+    and all words at once equal the step loop."""
+    images, tokens = batch()
+    model = tiny_model("model.heads=4", f"model.score={score}", "model.context_to_lstm=false")
+    attention = model.decoder.attention
+    assert len(attention.heads) == 4
+    features = model.encode(images)
+    keys = model.decoder.prepare(features)
+    out = attention(features, keys, torch.randn(3, 24))
+    assert out.heads.shape == (3, 4, features.shape[1])
+    torch.testing.assert_close(out.alpha, out.heads.mean(dim=1))
+    torch.testing.assert_close(out.heads.sum(dim=2), torch.ones(3, 4))
+    assert not torch.allclose(out.heads[:, 0], out.heads[:, 1])  # heads look differently
+    loop = model(images, tokens)
+    model.decoder.parallel = True
+    torch.testing.assert_close(model(images, tokens).logits, loop.logits, rtol=0, atol=1e-5)
+    caption_loss(loop, tokens[:, 1:], 0, penalty_weight=0.0).total.backward()
+    for name, param in attention.named_parameters():
+        assert param.grad is not None and param.grad.abs().sum() > 0, name
+    for setting, message in (
+        (["model.attention=hard"], "model.heads=4 needs model.attention=soft"),
+        (["model.attention_dim=10"], "model.heads=4 must divide model.attention_dim=10"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            load_config(None, ["model.heads=4", *setting])

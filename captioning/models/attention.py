@@ -300,6 +300,8 @@ class AttentionOutput:
         log_prob: (B,) log alpha of the chosen cell for hard attention, else None.
         cell: (B,) index of the chosen cell for hard attention, else None.
         sampled: (B,) bool, which rows used a sampled cell (hard attention), else None.
+        heads: (B, H, L) each head's weights for multi-head attention (``alpha`` is their
+            mean), else None.
     """
 
     context: torch.Tensor
@@ -307,6 +309,7 @@ class AttentionOutput:
     log_prob: torch.Tensor | None = None
     cell: torch.Tensor | None = None
     sampled: torch.Tensor | None = None
+    heads: torch.Tensor | None = None
 
 
 class SoftAttention(nn.Module):
@@ -429,6 +432,47 @@ class NoAttention(nn.Module):
         return AttentionOutput(context=context, alpha=alpha)
 
 
+class MultiHeadAttention(nn.Module):
+    """H soft attentions over the same grid, each with its own score and projections (of
+    ``attention_dim / H`` each); their H contexts are concatenated and projected back to D.
+    The reported ``alpha`` is the mean of the heads' weights (a distribution over the
+    cells); ``heads`` holds each head's.
+
+    Args:
+        scores: one score module per head, all of one kind.
+        feature_dim: D, the size of what the context averages.
+    """
+
+    stochastic = False
+
+    def __init__(self, scores: list[nn.Module], feature_dim: int) -> None:
+        super().__init__()
+        self.heads = nn.ModuleList(scores)
+        self.combine = nn.Linear(len(scores) * feature_dim, feature_dim)
+
+    def project_keys(self, features: torch.Tensor) -> torch.Tensor:
+        """Every head's keys side by side: (B, L, H * K)."""
+        return torch.cat([head.project_keys(features) for head in self.heads], dim=-1)
+
+    def forward(
+        self,
+        features: torch.Tensor,
+        keys: torch.Tensor,
+        query: torch.Tensor,
+        hard: HardContext = EXPECTATION,
+    ) -> AttentionOutput:
+        per_head = keys.shape[-1] // len(self.heads)
+        alphas, contexts = [], []
+        for index, head in enumerate(self.heads):
+            head_keys = keys[..., index * per_head : (index + 1) * per_head]
+            alpha = torch.softmax(head(head_keys, query).float(), dim=1)  # (B, L)
+            alphas.append(alpha)
+            contexts.append(expected_context(alpha, features))  # (B, D)
+        heads = torch.stack(alphas, dim=1)  # (B, H, L)
+        context = self.combine(torch.cat(contexts, dim=1))  # (B, D)
+        return AttentionOutput(context=context, alpha=heads.mean(dim=1), heads=heads)
+
+
 def build_attention(
     kind: str,
     score: str | nn.Module,
@@ -436,10 +480,27 @@ def build_attention(
     query_dim: int,
     attention_dim: int,
     cells: int | None = None,
+    heads: int = 1,
+    context_dim: int | None = None,
 ) -> nn.Module:
     """``soft``, ``hard`` or ``none`` attention with the named score function over a grid
-    of ``cells`` cells."""
+    of ``cells`` cells; ``heads`` > 1 gives soft multi-head attention, whose contexts (of
+    ``context_dim``, default ``feature_dim``: the size of what the context averages) are
+    combined into one."""
     if kind == "none":
         return NoAttention()
+    if heads > 1:
+        if kind != "soft":
+            raise ConfigError(
+                f"model.heads={heads} needs model.attention=soft: hard attention samples one "
+                f"cell from one distribution (use model.heads=1)"
+            )
+        if attention_dim % heads:
+            raise ConfigError(
+                f"model.heads={heads} must divide model.attention_dim={attention_dim}"
+            )
+        scores = [make_score(score, feature_dim, query_dim, attention_dim // heads, cells)
+                  for _ in range(heads)]  # fmt: skip
+        return MultiHeadAttention(scores, context_dim or feature_dim)
     score_module = make_score(score, feature_dim, query_dim, attention_dim, cells)
     return {"soft": SoftAttention, "hard": HardAttention}[kind](score_module)

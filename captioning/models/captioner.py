@@ -97,6 +97,8 @@ def build_model(cfg: ModelConfig, vocab_size: int) -> Captioner:
         cfg.hidden_dim,
         cfg.attention_dim,
         encoder.num_cells,
+        cfg.heads,
+        cfg.value_dim if cfg.values == "projected" else None,
     )
     decoder = Decoder(
         vocab_size=vocab_size,
