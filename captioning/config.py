@@ -83,7 +83,10 @@ class ModelConfig:
     grid_layers: int = 0
     grid_heads: int = 4
     # attention
-    attention: Literal["soft", "hard", "none"] = "soft"
+    # local: soft attention times a Gaussian around a centre the decoder predicts (Luong's
+    # local-p on the 2-D grid), local_sigma cells wide
+    attention: Literal["soft", "hard", "local", "none"] = "soft"
+    local_sigma: float = 1.0
     # additive, additive_relu, dot, general, scaled_dot, cosine, or location (W h: where,
     # not what; Luong 2015)
     score: str = "additive"
@@ -356,6 +359,7 @@ _RANGES: dict[str, tuple[float | None, float | None, str]] = {
     "model.attention_dim": (1, None, ""),
     "model.value_dim": (1, None, ""),
     "model.heads": (1, None, ""),
+    "model.local_sigma": (0, None, "min"),
     "model.embed_dim": (1, None, ""),
     "model.hidden_dim": (1, None, ""),
     "model.dropout": (0, 1, "max"),

@@ -112,6 +112,7 @@ def test_beam_size_one_is_greedy(attention):
     (2, []), (5, []), (5, ["model.score=location"]),
     (5, ["model.values=projected", "model.value_dim=6"]),
     (3, ["model.heads=2", "model.attention_dim=12"]),
+    (3, ["model.attention=local"]),
 ])  # fmt: skip
 def test_batch_gives_the_same_captions_as_one_image_at_a_time(beam_size, variant):
     torch.manual_seed(3)

@@ -522,3 +522,35 @@ def test_multi_head_attention(score):
     ):
         with pytest.raises(ConfigError, match=message):
             load_config(None, ["model.heads=4", *setting])
+
+
+def test_local_attention_is_a_gaussian_window_around_a_predicted_centre():
+    """``model.attention=local``: alpha = softmax(score - ||cell - p||^2 / (2 sigma^2)), a
+    distribution; the centre p is differentiable and moves toward a target cell under a few
+    gradient steps on -log alpha(target)."""
+    torch.manual_seed(0)
+    attention = attention_module.build_attention(
+        "local", "additive", 8, 6, 5, cells=12, grid_shape=(3, 4), local_sigma=0.8
+    )
+    features, query = torch.randn(2, 12, 8), torch.randn(2, 6)
+    keys = attention.project_keys(features).detach()
+    out = attention(features, keys, query)
+    assert out.centre.shape == (2, 2)
+    assert bool(((out.centre >= 0) & (out.centre <= torch.tensor([3.0, 4.0]))).all())
+    rows, cols = torch.meshgrid(torch.arange(3.0), torch.arange(4.0), indexing="ij")
+    cells = torch.stack([rows.flatten() + 0.5, cols.flatten() + 0.5], dim=1)  # (12, 2)
+    distance = (cells[None] - out.centre[:, None]).pow(2).sum(2)
+    expected = torch.softmax(attention.score(keys, query) - distance / (2 * 0.8**2), dim=1)
+    torch.testing.assert_close(out.alpha, expected)
+    target = 11  # the bottom-right cell, centre (2.5, 3.5)
+    before = float((out.centre.detach() - cells[target]).norm(dim=1).mean())
+    optimizer = torch.optim.Adam(attention.centre.parameters(), lr=0.05)
+    for _ in range(30):
+        optimizer.zero_grad()
+        loss = -torch.log(attention(features, keys, query).alpha[:, target]).mean()
+        loss.backward()
+        optimizer.step()
+    after = attention(features, keys, query).centre.detach()
+    assert float((after - cells[target]).norm(dim=1).mean()) < before / 2
+    with pytest.raises(ConfigError, match="model.local_sigma must be more than 0"):
+        load_config(None, ["model.attention=local", "model.local_sigma=0"])

@@ -302,6 +302,8 @@ class AttentionOutput:
         sampled: (B,) bool, which rows used a sampled cell (hard attention), else None.
         heads: (B, H, L) each head's weights for multi-head attention (``alpha`` is their
             mean), else None.
+        centre: (B, 2) the predicted centre (row, column, in cells) of local attention,
+            else None.
     """
 
     context: torch.Tensor
@@ -310,6 +312,7 @@ class AttentionOutput:
     cell: torch.Tensor | None = None
     sampled: torch.Tensor | None = None
     heads: torch.Tensor | None = None
+    centre: torch.Tensor | None = None
 
 
 class SoftAttention(nn.Module):
@@ -432,6 +435,57 @@ class NoAttention(nn.Module):
         return AttentionOutput(context=context, alpha=alpha)
 
 
+class LocalAttention(SoftAttention):
+    """Luong's local-p attention carried to a 2-D grid. The decoder state predicts a centre
+    p_t = (rows, cols) * sigmoid(v_p^T tanh(W_p h)) (in cells, differentiable), and the
+    score's softmax is multiplied by a Gaussian exp(-||cell - p_t||^2 / (2 sigma^2)) around it
+    and renormalised: alpha = softmax(score - ||cell - p_t||^2 / (2 sigma^2)), computed in
+    that stable form. Renormalised, the weights stay a distribution, so the context is an
+    average, and grounding, the doubly stochastic penalty and the heatmaps read them as they
+    read soft attention's.
+
+    Args:
+        score: the score module.
+        query_dim: the decoder state size.
+        attention_dim: the hidden size of the centre's MLP.
+        grid_shape: (rows, columns) of the grid.
+        sigma: the Gaussian's width, in cells.
+    """
+
+    def __init__(
+        self,
+        score: nn.Module,
+        query_dim: int,
+        attention_dim: int,
+        grid_shape: tuple[int, int],
+        sigma: float,
+    ) -> None:
+        super().__init__(score)
+        self.centre = nn.Sequential(
+            nn.Linear(query_dim, attention_dim), nn.Tanh(), nn.Linear(attention_dim, 2)
+        )
+        rows, cols = grid_shape
+        grid = torch.stack(torch.meshgrid(torch.arange(rows), torch.arange(cols),
+                                          indexing="ij"), dim=-1)  # fmt: skip
+        self.register_buffer("cells", grid.reshape(-1, 2).float() + 0.5, persistent=False)
+        self.register_buffer("size", torch.tensor([float(rows), float(cols)]),
+                             persistent=False)  # fmt: skip
+        self.sigma = sigma
+
+    def forward(
+        self,
+        features: torch.Tensor,
+        keys: torch.Tensor,
+        query: torch.Tensor,
+        hard: HardContext = EXPECTATION,
+    ) -> AttentionOutput:
+        centre = torch.sigmoid(self.centre(query).float()) * self.size  # (B, 2)
+        distance = (self.cells[None] - centre[:, None]).pow(2).sum(dim=2)  # (B, L)
+        logits = self.score(keys, query).float() - distance / (2 * self.sigma**2)
+        alpha = torch.softmax(logits, dim=1)  # (B, L)
+        return AttentionOutput(expected_context(alpha, features), alpha, centre=centre)
+
+
 class MultiHeadAttention(nn.Module):
     """H soft attentions over the same grid, each with its own score and projections (of
     ``attention_dim / H`` each); their H contexts are concatenated and projected back to D.
@@ -482,9 +536,12 @@ def build_attention(
     cells: int | None = None,
     heads: int = 1,
     context_dim: int | None = None,
+    grid_shape: tuple[int, int] | None = None,
+    local_sigma: float = 1.0,
 ) -> nn.Module:
-    """``soft``, ``hard`` or ``none`` attention with the named score function over a grid
-    of ``cells`` cells; ``heads`` > 1 gives soft multi-head attention, whose contexts (of
+    """``soft``, ``hard``, ``local`` or ``none`` attention with the named score function over
+    a grid of ``cells`` cells (``grid_shape`` for local attention, whose Gaussian has width
+    ``local_sigma`` cells); ``heads`` > 1 gives soft multi-head attention, whose contexts (of
     ``context_dim``, default ``feature_dim``: the size of what the context averages) are
     combined into one."""
     if kind == "none":
@@ -503,4 +560,8 @@ def build_attention(
                   for _ in range(heads)]  # fmt: skip
         return MultiHeadAttention(scores, context_dim or feature_dim)
     score_module = make_score(score, feature_dim, query_dim, attention_dim, cells)
+    if kind == "local":
+        if grid_shape is None:
+            raise ConfigError("model.attention=local needs the grid's shape")
+        return LocalAttention(score_module, query_dim, attention_dim, grid_shape, local_sigma)
     return {"soft": SoftAttention, "hard": HardAttention}[kind](score_module)

@@ -99,6 +99,8 @@ def build_model(cfg: ModelConfig, vocab_size: int) -> Captioner:
         encoder.num_cells,
         cfg.heads,
         cfg.value_dim if cfg.values == "projected" else None,
+        encoder.grid_shape,
+        cfg.local_sigma,
     )
     decoder = Decoder(
         vocab_size=vocab_size,
