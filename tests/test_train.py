@@ -262,8 +262,19 @@ def test_a_diverged_model_skips_its_figure_and_keeps_training(shapes, tmp_path, 
     assert not (tmp_path / "figures").exists()
 
 
-def test_checkpoint_rebuilds_its_own_model(shapes, tmp_path):
-    cfg = tiny(shapes, "train.epochs=1")
+ATTENTION_VARIANTS = {
+    "soft": [],
+    "location": ["model.score=location"],
+    "key-value": ["model.values=projected", "model.value_dim=24"],
+    "multi-head": ["model.heads=4"],
+    "local": ["model.attention=local", "model.local_sigma=1.5"],
+    "grid-self-attention": ["model.grid_layers=1"],
+}
+
+
+@pytest.mark.parametrize("variant", ATTENTION_VARIANTS)
+def test_checkpoint_rebuilds_its_own_model(shapes, tmp_path, variant):
+    cfg = tiny(shapes, "train.epochs=1", *ATTENTION_VARIANTS[variant])
     fit(cfg, out_dir=tmp_path / "run")
     model, loaded_cfg, vocab = load_model(tmp_path / "run" / "best.pt")
     assert loaded_cfg == cfg and not model.training
