@@ -262,6 +262,8 @@ def test_malformed_instances_are_named(tmp_path):
     base = {"categories": [{"id": 1, "name": "dog"}]}
     good = {"id": 1, "image_id": 1, "category_id": 1, "bbox": [0, 0, 2, 2]}
     assert read_instances(write_json(tmp_path / "i.json", {**base, "annotations": [good]}))
+    nameless = read_instances(write_json(tmp_path / "i.json", {"annotations": [good]}))
+    assert nameless[1][0].category == "1"  # no categories list: the id stands for the name
     for change, message in (
         ({"bbox": [0, 0, 2]}, "annotations[0] needs 'bbox' as 4 numbers"),
         ({"bbox": None}, "annotations[0] needs 'bbox' as a list, got null"),

@@ -79,7 +79,8 @@ def read_instances(path: str | Path) -> dict[int, tuple[ObjectAnnotation, ...]]:
     data = load_json(path, "instances file")
     what = "COCO instances file"
     names = {}
-    for index, category in enumerate(entries(path, data, "categories", what)):
+    categories = entries(path, data, "categories", what) if "categories" in data else []
+    for index, category in enumerate(categories):
         where = f"categories[{index}]"
         names[field_of(path, category, where, "id", int)] = str(
             field_of(path, category, where, "name", str)
