@@ -404,8 +404,8 @@ def _check_ranges(cfg: Config) -> None:
     for key, (low, high, open_ends) in _RANGES.items():
         section, name = key.split(".")
         value = getattr(getattr(cfg, section), name)
-        values = value.values() if isinstance(value, dict) else value
-        for item in values if isinstance(values, list | type({}.values())) else [values]:
+        items = value.values() if isinstance(value, dict) else value
+        for item in items if isinstance(value, dict | list) else [value]:
             if item is None or isinstance(item, bool) or not isinstance(item, int | float):
                 continue
             too_low = low is not None and (item <= low if "min" in open_ends else item < low)

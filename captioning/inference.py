@@ -195,9 +195,10 @@ def caption_files(
             yield CaptionResult.from_decoded(path, decoded.row(row), vocab)
         pending.clear()
 
+    limits = ImageLimits.from_config(cfg.data)
     for path in paths:
         try:
-            image = load_image(path, ImageLimits.from_config(cfg.data))
+            image = load_image(path, limits)
             pending.append((path, model.encoder.transform(image)))
         except DataError as exc:
             yield from flush() if pending else ()

@@ -161,10 +161,11 @@ class Run:
             "rng": gather_objects(self.world, rng_state()),  # one per process, rank order
         }
 
-    def load_state_dict(self, payload: dict[str, Any]) -> None:
+    def load_state_dict(self, payload: dict[str, Any], source: str = "checkpoint") -> None:
         """Continue from a checkpoint written by :meth:`state_dict` (see
-        :func:`captioning.checkpoint.load_checkpoint`, which upgrades older formats)."""
-        self.model.load_state_dict(payload["model"])
+        :func:`captioning.checkpoint.load_checkpoint`, which upgrades older formats);
+        ``source`` names it in the error when its weights do not fit."""
+        load_weights(self.model, payload, source)
         self.optimizer.load_state_dict(payload["optimizer"])
         self.schedule.load_state_dict(payload["scheduler"])
         if self.scaler is not None and payload.get("scaler") is not None:
@@ -489,9 +490,8 @@ def set_up(cfg: Config, resume: str | None, world: World, device: torch.device) 
     )
     run = Run.create(cfg, vocab, model, len(sampler), device, world)
     if payload is not None:
-        load_weights(model, payload, resume)  # a one-line error when they do not fit
         try:
-            run.load_state_dict(payload)
+            run.load_state_dict(payload, resume)
         except (RuntimeError, KeyError, ValueError, TypeError, IndexError) as exc:
             first = " ".join(str(exc).split())[:200] or type(exc).__name__
             raise CheckpointError(

@@ -48,10 +48,7 @@ def entries(path: Path, data: Any, key: str, what: str) -> list[dict[str, Any]]:
 def field_of(path: Path, entry: dict[str, Any], where: str, name: str, kind: type) -> Any:
     """``entry[name]``, checked to be of ``kind`` (an int is never a bool)."""
     value = entry.get(name)
-    ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
-    if kind is float:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not ok:
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         got = "nothing" if name not in entry else _kind(value)
         raise DataError(
             f"{path}: {where} needs {name!r} as {_KIND_NAMES[kind]}, got {got}; "
@@ -182,7 +179,7 @@ def read_coco(
     ]
 
 
-_KIND_NAMES = {int: "an integer", str: "a string", list: "a list", float: "a number"}
+_KIND_NAMES = {int: "an integer", str: "a string", list: "a list"}
 
 
 def _kind(value: Any) -> str:
