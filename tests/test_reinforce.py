@@ -93,8 +93,11 @@ def paper_objective(decoder, features):
 
 
 def vimco_bound(decoder, features, k):
-    """E over k independent sequences of log (1/k) sum_j p(y | s_j), by enumeration."""
-    log_q, log_p = enumerate_sequences(decoder, features)
+    """E over k independent sequences of log (1/k) sum_j p(y | s_j), by enumeration. The
+    27^k terms are summed in float64: in float32 the backward pass of the indexing adds
+    thousands of terms per sequence in a thread-dependent order, and the gradient moved by
+    up to 2e-4 (relative) from run to run."""
+    log_q, log_p = (values.double() for values in enumerate_sequences(decoder, features))
     n = log_q.shape[0]
     index = torch.tensor(list(itertools.product(range(n), repeat=k)))  # (27^k, k)
     weights = log_q[index].sum(dim=1).exp()  # (27^k,)
