@@ -331,6 +331,33 @@ def test_all_words_at_once_equal_the_step_loop(kind, gate):
             torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
 
 
+def test_all_words_at_once_train_to_the_same_weights_as_the_step_loop():
+    """Five SGD steps of the whole model (encoder included, dropout off) with all words at
+    once end at the weights the step loop reaches, to float32 rounding. (Not Adam: it turns
+    rounding noise in a zero gradient, such as the score's bias under the softmax, into
+    full-size steps.)"""
+    images, tokens = batch()
+    trained = []
+    for parallel in (False, True):
+        model = tiny_model("model.context_to_lstm=false", "model.dropout=0.0")
+        model.decoder.parallel = parallel
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(5):
+            optimizer.zero_grad()
+            caption_loss(
+                model(images, tokens), tokens[:, 1:], 0, penalty_weight=1.0
+            ).total.backward()
+            optimizer.step()
+        trained.append(dict(model.named_parameters()))
+    loop, together = trained
+    assert loop.keys() == together.keys()
+    moved = 0
+    for name, param in loop.items():
+        torch.testing.assert_close(together[name], param, rtol=0, atol=1e-5, msg=name)
+        moved += int(not torch.equal(param, tiny_model().state_dict()[name]))
+    assert moved > 10  # the comparison covers weights that trained
+
+
 def test_exact_marginal_in_chunks_equals_one_chunk_and_decodes(monkeypatch):
     """The marginal over cells does not depend on the chunk size (the chunks are recomputed
     in the backward pass), and the step function gives the same distribution."""
@@ -478,6 +505,7 @@ def test_key_value_attention_averages_projected_values(attention):
     values = decoder.value_proj(features)  # (B, L, 7)
     expected = torch.bmm(out.attention.alpha.unsqueeze(1), values).squeeze(1)
     torch.testing.assert_close(out.attention.context, expected)
+    decoder.parallel = False
     loop = model(images, tokens)
     decoder.parallel = True
     together = model(images, tokens)
@@ -510,6 +538,7 @@ def test_multi_head_attention(score):
     torch.testing.assert_close(out.alpha, out.heads.mean(dim=1))
     torch.testing.assert_close(out.heads.sum(dim=2), torch.ones(3, 4))
     assert not torch.allclose(out.heads[:, 0], out.heads[:, 1])  # heads look differently
+    model.decoder.parallel = False
     loop = model(images, tokens)
     model.decoder.parallel = True
     torch.testing.assert_close(model(images, tokens).logits, loop.logits, rtol=0, atol=1e-5)

@@ -14,8 +14,8 @@ decoding reuses; :meth:`Decoder.forward` (teacher forcing) runs the same pieces 
 caption and computes the output layer once for all steps.
 
 Without the context in the LSTM (``context_to_lstm=False``), h_1..h_T under teacher forcing
-do not depend on the attention, so :meth:`Decoder.forward` needs no loop over words (with
-``Decoder.parallel``, and always for the exact marginal): one
+do not depend on the attention, so :meth:`Decoder.forward` needs no loop over words
+(``Decoder.parallel``, on by default; always for the exact marginal): one
 fused LSTM call over the caption (the same weights as the cell :meth:`step` uses), then all
 T queries scored against the grid at once. The same independence makes the exact marginal
 over cells tractable: p(y_t | y_<t, a) = sum_l alpha_tl p(y_t | a_l, h_t) (``HardContext``
@@ -104,10 +104,11 @@ class Decoder(nn.Module):
             projection of its own beside the score's keys.
     """
 
-    # Teacher forcing without the context in the LSTM may run all words at once (the same
-    # numbers to 1e-5, as a test checks); off by default, so that training reproduces the
-    # step loop's numbers exactly. The exact marginal always runs all words at once.
-    parallel = False
+    # Teacher forcing without the context in the LSTM runs all words at once (the same
+    # numbers as the step loop to 1e-5, and the same trained weights, as tests check). False
+    # forces the step loop, which the paper's wiring always uses; the exact marginal always
+    # runs all words at once.
+    parallel = True
 
     def __init__(
         self,
@@ -363,8 +364,8 @@ class Decoder(nn.Module):
         hard: HardContext,
     ) -> DecoderOutput:
         """One step at a time, as decoding runs: the paper's wiring needs it (each h_t depends
-        on the context before it), and training without the context in the LSTM keeps it
-        unless :attr:`parallel` is set."""
+        on the context before it); without the context in the LSTM it runs only when
+        :attr:`parallel` is off."""
         hiddens, contexts, alphas, betas = [], [], [], []
         log_probs, sampled, cells = [], [], []
         for t in range(embedded.shape[1]):
