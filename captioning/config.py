@@ -123,9 +123,12 @@ class TrainConfig:
     lr_patience: int = 2
     lr_step: int = 10
     warmup_steps: int = 0  # linear warm-up, with the cosine schedule
-    early_stop_patience: int = 5  # epochs without improvement; 0 turns it off
+    early_stop_patience: int = 5  # validations without improvement; 0 turns it off
     select_metric: Literal["CIDEr", "Bleu_4", "exact_match"] = "CIDEr"
     val_max_images: int | None = None  # decode only this many validation images per epoch
+    # validate (and pick best.pt) after every N-th epoch and after the last; the epochs between
+    # only train, which saves validation's decoding and scoring on short schedules
+    val_every: int = 1
     doubly_stochastic_weight: float = 1.0  # λ of the doubly stochastic attention penalty
     # hard attention (REINFORCE); the authors' values
     reinforce_weight: float = 0.1
@@ -376,6 +379,7 @@ _RANGES: dict[str, tuple[float | None, float | None, str]] = {
     "train.lr_step": (1, None, ""),
     "train.warmup_steps": (0, None, ""),
     "train.early_stop_patience": (0, None, ""),
+    "train.val_every": (1, None, ""),
     "train.val_max_images": (1, None, ""),
     "train.doubly_stochastic_weight": (0, None, ""),
     "train.reinforce_weight": (0, None, ""),

@@ -58,9 +58,10 @@ class LRSchedule:
         if self.kind == "cosine":
             self.scheduler.step()
 
-    def after_epoch(self, score: float) -> None:
-        """Called after every epoch's validation, with the selection metric's ``score``."""
-        if self.kind == "plateau":
+    def after_epoch(self, score: float | None) -> None:
+        """Called after every epoch, with the selection metric's ``score`` (None when the
+        epoch was not validated: the plateau schedule then waits for the next score)."""
+        if self.kind == "plateau" and score is not None:
             self.scheduler.step(score)
         elif self.kind == "step":
             self.scheduler.step()

@@ -89,7 +89,7 @@ class Progress:
     step: int = 0  # optimiser steps taken
     best_score: float = -math.inf
     best_epoch: int = 0
-    bad_epochs: int = 0  # epochs since the last improvement
+    bad_epochs: int = 0  # validations since the last improvement
     history: list[dict[str, float]] = field(default_factory=list)
 
 
@@ -309,17 +309,19 @@ def validate(
 
     With several processes each decodes its share; the captions are gathered and scored
     once, on rank 0, and every rank gets the same scores. The per-image details hold this
-    process's share only.
+    process's share only. The random streams are left as they were (the loader draws from
+    them), so how often a run validates does not change how it trains.
     """
-    predictions, details = decode_dataset(
-        model,
-        dataset,
-        cfg,
-        device,
-        progress=not cfg.train.quiet and world.is_main,
-        desc="validating",
-        world=world,
-    )
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        predictions, details = decode_dataset(
+            model,
+            dataset,
+            cfg,
+            device,
+            progress=not cfg.train.quiet and world.is_main,
+            desc="validating",
+            world=world,
+        )
     if world.enabled:
         predictions = {k: v for part in gather_objects(world, predictions) for k, v in part.items()}
     if not predictions:
@@ -333,24 +335,27 @@ def validate(
 def end_epoch(
     run: Run,
     train_terms: dict[str, float],
-    scores: dict[str, Any],
+    scores: dict[str, Any] | None,
     seconds: float,
     out_dir: Path,
 ) -> bool:
-    """Book an epoch that has been trained and validated: counters, the epoch-wise schedule,
-    the history, and the checkpoints (``best.pt`` too on improvement). Returns whether the
-    selection metric improved."""
+    """Book an epoch that has been trained (and validated, unless ``scores`` is None):
+    counters, the epoch-wise schedule, the history, and the checkpoints (``best.pt`` too on
+    improvement). Returns whether the selection metric improved."""
     progress = run.progress
     progress.epoch += 1
-    score = float(scores[run.cfg.train.select_metric] or 0.0)
-    improved = score > progress.best_score
-    if improved:
-        progress.best_score, progress.best_epoch, progress.bad_epochs = score, progress.epoch, 0
-    else:
-        progress.bad_epochs += 1
+    score, improved = None, False
+    if scores is not None:
+        score = float(scores[run.cfg.train.select_metric] or 0.0)
+        improved = score > progress.best_score
+        if improved:
+            progress.best_score, progress.best_epoch = score, progress.epoch
+            progress.bad_epochs = 0
+        else:
+            progress.bad_epochs += 1
     run.schedule.after_epoch(score)
     record = {"epoch": progress.epoch, "seconds": seconds, **train_terms}
-    record.update({f"val_{k}": float(v) for k, v in scores.items() if v is not None})
+    record.update({f"val_{k}": float(v) for k, v in (scores or {}).items() if v is not None})
     progress.history.append(record)
     checkpoint = run.state_dict()  # every process: it gathers their RNG states
     if run.world.is_main:
@@ -361,20 +366,27 @@ def end_epoch(
 
 
 def _log_epoch(
-    run: Run, train_terms: dict[str, float], scores: dict[str, Any], seconds: float, best: bool
+    run: Run,
+    train_terms: dict[str, float],
+    scores: dict[str, Any] | None,
+    seconds: float,
+    best: bool,
 ) -> None:
     metric = run.cfg.train.select_metric
+    validation = ""
+    if scores is not None:
+        validation = (
+            f"  val {metric} {float(scores[metric] or 0.0):.3f}"
+            f"  BLEU-4 {scores.get('Bleu_4') or 0.0:.3f}"
+            f"  exact {scores.get('exact_match') or 0.0:.3f}"
+        )
     logger.info(
-        "epoch %d/%d  loss %.3f  nll/word %.3f  val %s %.3f  BLEU-4 %.3f  exact %.3f  "
-        "lr %.2g  %.0fs%s",
+        "epoch %d/%d  loss %.3f  nll/word %.3f%s  lr %.2g  %.0fs%s",
         run.progress.epoch,
         run.cfg.train.epochs,
         train_terms["loss"],
         train_terms["nll_per_token"],
-        metric,
-        float(scores[metric] or 0.0),
-        scores.get("Bleu_4") or 0.0,
-        scores.get("exact_match") or 0.0,
+        validation,
         run.optimizer.param_groups[0]["lr"],
         seconds,
         "  *best*" if best else "",
@@ -577,7 +589,7 @@ def _check_run_dir(out_dir: Path, resume: str | None) -> None:
 SAFE_ON_RESUME = frozenset({
     "data.root", "data.num_workers", "data.check_images", "data.cache_images",
     "data.on_bad_image", "data.feature_cache", "data.max_image_pixels", "data.max_caption_length",
-    "train.epochs", "train.early_stop_patience", "train.val_max_images",
+    "train.epochs", "train.early_stop_patience", "train.val_max_images", "train.val_every",
     "train.stop_on_nonfinite", "train.log_every", "train.figure_every_epoch", "train.quiet",
     "train.device", "train.threads",
 })  # fmt: skip
@@ -650,6 +662,11 @@ def fit(cfg: Config, out_dir: str | Path, resume: str | None = None) -> dict[str
     return summary
 
 
+def _validates(cfg: Config, epoch: int) -> bool:
+    """Whether epoch number ``epoch`` (from 1) ends with a validation."""
+    return epoch % cfg.train.val_every == 0 or epoch >= cfg.train.epochs
+
+
 def _train(setup: Setup, out_dir: Path, device: torch.device) -> None:
     """The epoch loop, until ``train.epochs`` or early stopping."""
     run, cfg = setup.run, setup.run.cfg
@@ -668,16 +685,18 @@ def _train(setup: Setup, out_dir: Path, device: torch.device) -> None:
     try:
         while run.progress.epoch < cfg.train.epochs:
             if patience and run.progress.bad_epochs >= patience:
-                logger.info("early stop: %s has not improved for %d epochs",
+                logger.info("early stop: %s has not improved for %d validations",
                             cfg.train.select_metric, run.progress.bad_epochs)  # fmt: skip
                 break
             epoch_start = time.time()
             setup.sampler.set_epoch(run.progress.epoch)
             train_terms = train_one_epoch(run, setup.module, setup.loader, device, writer)
-            scores, _, details = validate(run.model, setup.val_dataset, cfg, device, run.world)
+            scores, details = None, {}
+            if _validates(cfg, run.progress.epoch + 1):
+                scores, _, details = validate(run.model, setup.val_dataset, cfg, device, run.world)
             seconds = time.time() - epoch_start
             improved = end_epoch(run, train_terms, scores, seconds, out_dir)
-            if writer is not None:
+            if writer is not None and scores is not None:
                 for key, value in scores.items():
                     if value is not None:
                         writer.add_scalar(f"val/{key}", float(value), run.progress.step)

@@ -6,6 +6,7 @@ import pickle
 import pytest
 import torch
 
+from captioning import train as train_module
 from captioning.checkpoint import FORMAT_VERSION, load_checkpoint, save_checkpoint
 from captioning.cli import main
 from captioning.config import load_config
@@ -44,6 +45,33 @@ def test_fit_writes_the_run_folder(shapes, tmp_path):
     payload = load_checkpoint(run / "last.pt")
     assert payload["epoch"] == 2 and payload["step"] == 2 * 3  # 24 images / batch 8
     assert payload["vocab"][:4] == ["<pad>", "<start>", "<end>", "<unk>"]
+
+
+def test_val_every_validates_every_nth_epoch_and_the_last(shapes, tmp_path, monkeypatch):
+    """``train.val_every=2`` over 3 epochs validates after epochs 2 and 3 only; the epoch in
+    between trains and saves last.pt, and the weights are those of validating every epoch."""
+    calls = []
+    validate = train_module.validate
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return validate(*args, **kwargs)
+
+    monkeypatch.setattr(train_module, "validate", counting)
+    every = fit(tiny(shapes, "train.epochs=3"), out_dir=tmp_path / "every")
+    assert len(calls) == 3
+    calls.clear()
+    sparse = fit(tiny(shapes, "train.epochs=3", "train.val_every=2"), out_dir=tmp_path / "sparse")
+    assert len(calls) == 2
+    assert ["val_exact_match" in h for h in sparse["history"]] == [False, True, True]
+    assert sparse["best_epoch"] in (2, 3)
+    assert every["history"][-1]["loss"] == sparse["history"][-1]["loss"]
+    a, b = (
+        load_checkpoint(tmp_path / "every" / "last.pt"),
+        load_checkpoint(tmp_path / "sparse" / "last.pt"),
+    )
+    for key, value in a["model"].items():
+        assert torch.equal(value, b["model"][key]), key
 
 
 def test_existing_run_is_not_overwritten(shapes, tmp_path):
