@@ -498,3 +498,26 @@ def test_beam_floor_bounds_the_speed_up_from_a_bench_file(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert "run `python benchmarks/bench.py --sizes coco` first" in err
+
+
+def test_profile_epoch_splits_the_step_into_phases(tmp_path, capsys):
+    """The epoch profile trains real steps of the config: every phase is timed, the phases
+    add up to the step, and the epoch estimate is steps x step + validation."""
+    from benchmarks import profile_epoch
+    from captioning.data.shapes import generate_shapes
+
+    generate_shapes(tmp_path / "shapes", num_train=16, num_val=4, num_test=4, image_size=48)
+    config = str(Path(__file__).resolve().parent.parent / "configs" / "test_tiny.yaml")
+    out = tmp_path / "profile.json"
+    code = profile_epoch.main(["--config", config, "--set", f"data.root={tmp_path / 'shapes'}",
+                               "--steps", "3", "--out", str(out)])  # fmt: skip
+    assert code == 0
+    result = json.loads(out.read_text())
+    phases = result["phases"]
+    assert list(phases) == list(profile_epoch.PHASES)
+    assert all(seconds > 0 for seconds in phases.values()), phases
+    assert math.isclose(sum(phases.values()), result["step_seconds"], rel_tol=0.5)
+    validation = result["validation_decode_seconds"] + result["validation_score_seconds"]
+    expected = result["steps_per_epoch"] * result["step_seconds"] + validation
+    assert math.isclose(result["epoch_seconds"], expected, rel_tol=1e-9)
+    assert "| encoder backward |" in capsys.readouterr().out

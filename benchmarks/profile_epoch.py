@@ -1,0 +1,204 @@
+"""Where a training epoch's time goes, phase by phase, for a config as it trains.
+
+    python benchmarks/profile_epoch.py --config configs/shapes_soft.yaml [--set KEY=VALUE ...]
+        [--steps 20] [--ops] [--out runs/profile/shapes_soft.json]
+
+It builds the run exactly as ``captioning train`` does (:func:`captioning.train.set_up`) and
+times ``--steps`` calls of :func:`captioning.train.train_step` after two warm-up steps, split
+with hooks into: waiting for the batch (the data loader), the encoder's forward, the rest of
+the forward and the loss (positions, grid layers, decoder), the decoder's backward (until the
+gradient reaches the encoder's output), the encoder's backward, and what follows (clipping,
+Adam, schedule). Then it times one validation as training runs it: decoding the split and
+scoring the captions. The epoch estimate is steps per epoch x the median step plus one
+validation, scaled by ``1 / train.val_every``.
+
+``--ops`` adds torch.profiler's table of the operators with the most self time over the timed
+steps. Prints a Markdown table; ``--out`` also writes the numbers as JSON.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: the repository root holds the benchmarks
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from captioning.config import load_config
+from captioning.errors import CaptioningError
+from captioning.inference import decode_dataset
+from captioning.metrics.scoring import score_predictions
+from captioning.runtime import resolve_device
+from captioning.train import SINGLE, Setup, set_up, train_step
+
+PHASES = ("data", "encoder forward", "decoder forward + loss", "decoder backward",
+          "encoder backward", "clip + optimiser")  # fmt: skip
+
+
+class _Clock:
+    """Time stamps taken by hooks during one training step."""
+
+    def __init__(self) -> None:
+        self.marks: dict[str, float] = {}
+
+    def mark(self, name: str) -> None:
+        self.marks.setdefault(name, time.perf_counter())
+
+
+def _instrument(setup: Setup, clock: _Clock) -> None:
+    """Hooks that stamp the end of the encoder's forward, the arrival of the gradient at its
+    output, and the end of its backward (the gradient of its first parameter)."""
+    encoder = setup.run.model.encoder
+
+    def after_forward(_module: Any, _inputs: Any, output: torch.Tensor) -> None:
+        clock.mark("encoder forward")
+        if output.requires_grad:
+            output.register_hook(lambda grad: clock.mark("decoder backward"))
+
+    encoder.register_forward_hook(after_forward)
+    first = next((p for p in encoder.parameters() if p.requires_grad), None)
+    if first is not None:
+        first.register_post_accumulate_grad_hook(lambda _p: clock.mark("encoder backward"))
+    loss = setup.run.objective.loss
+
+    def timed_loss(*args: Any, **kwargs: Any) -> Any:
+        terms = loss(*args, **kwargs)
+        clock.mark("decoder forward + loss")
+        return terms
+
+    setup.run.objective.loss = timed_loss
+
+
+def _step_phases(setup: Setup, clock: _Clock, batches: Any, device: torch.device) -> dict:
+    clock.marks = {"start": time.perf_counter()}
+    batch = next(batches)
+    clock.mark("data")
+    train_step(setup.run, setup.module, batch, device)
+    clock.mark("clip + optimiser")
+    order = ["start", *PHASES]
+    times = [clock.marks.get(name) for name in order]
+    phases = {}
+    previous = times[0]
+    for name, stamp in zip(order[1:], times[1:]):
+        if stamp is None:  # a frozen encoder has no backward of its own
+            phases[name] = 0.0
+            continue
+        phases[name] = stamp - previous
+        previous = stamp
+    return phases
+
+
+def _batches(setup: Setup) -> Any:
+    epoch = 0
+    while True:
+        setup.sampler.set_epoch(epoch)
+        yield from setup.loader
+        epoch += 1
+
+
+def profile_epoch(
+    config: str, overrides: Sequence[str], steps: int, ops: bool = False
+) -> dict[str, Any]:
+    """Median phase times of ``steps`` training steps and one validation's decode and
+    scoring, for ``config`` with ``overrides``."""
+    cfg = load_config(config, [*overrides, "train.quiet=true"])
+    device = resolve_device(cfg.train.device)
+    setup = set_up(cfg, None, SINGLE, device)
+    setup.run.model.train()
+    clock = _Clock()
+    _instrument(setup, clock)
+    batches = _batches(setup)
+    for _ in range(2):
+        _step_phases(setup, clock, batches, device)
+    profiler = torch.profiler.profile() if ops else None
+    samples: list[dict[str, float]] = []
+    if profiler is not None:
+        profiler.__enter__()
+    for _ in range(steps):
+        samples.append(_step_phases(setup, clock, batches, device))
+    if profiler is not None:
+        profiler.__exit__(None, None, None)
+    step = {name: statistics.median(s[name] for s in samples) for name in PHASES}
+    started = time.perf_counter()
+    predictions, _ = decode_dataset(setup.run.model, setup.val_dataset, cfg, device)
+    decode_seconds = time.perf_counter() - started
+    started = time.perf_counter()
+    score_predictions(predictions, setup.val_dataset.records, meteor=False)
+    score_seconds = time.perf_counter() - started
+    steps_per_epoch = len(setup.loader)
+    step_seconds = statistics.median(sum(s.values()) for s in samples)
+    validation = (decode_seconds + score_seconds) / cfg.train.val_every
+    return {
+        "config": config,
+        "overrides": list(overrides),
+        "threads": torch.get_num_threads(),
+        "batch_size": cfg.train.batch_size,
+        "steps_per_epoch": steps_per_epoch,
+        "step_seconds": step_seconds,
+        "phases": step,
+        "validation_decode_seconds": decode_seconds,
+        "validation_score_seconds": score_seconds,
+        "epoch_seconds": steps_per_epoch * step_seconds + validation,
+        "ops": None
+        if profiler is None
+        else profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=15),
+    }
+
+
+def format_markdown(result: dict[str, Any]) -> str:
+    steps = result["steps_per_epoch"]
+    epoch = result["epoch_seconds"]
+    lines = [
+        f"{result['config']} {' '.join(result['overrides'])}".rstrip()
+        + f": batch {result['batch_size']}, {steps} steps per epoch, "
+        f"{result['threads']} threads",
+        "",
+        "| phase | per step | per epoch | share |",
+        "| --- | --- | --- | --- |",
+    ]
+    for name, seconds in result["phases"].items():
+        lines.append(f"| {name} | {seconds * 1e3:.0f} ms | {seconds * steps:.1f} s | "
+                     f"{seconds * steps / epoch:.0%} |")  # fmt: skip
+    for name in ("decode", "score"):
+        seconds = result[f"validation_{name}_seconds"]
+        lines.append(f"| validation: {name} | | {seconds:.1f} s | {seconds / epoch:.0%} |")
+    lines.append(f"| **epoch** | {result['step_seconds'] * 1e3:.0f} ms | {epoch:.1f} s | |")
+    if result["ops"]:
+        lines += ["", "```", result["ops"].rstrip(), "```"]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", required=True, help="YAML config, as for train")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config value (repeatable)")  # fmt: skip
+    parser.add_argument("--steps", type=int, default=20, help="timed steps (default 20)")
+    parser.add_argument("--ops", action="store_true", help="add torch.profiler's top operators")
+    parser.add_argument("--out", help="also write the numbers as JSON here")
+    args = parser.parse_args(argv)
+    if args.steps < 1:
+        parser.error("--steps must be at least 1")
+    try:
+        result = profile_epoch(args.config, args.set, args.steps, args.ops)
+    except CaptioningError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(format_markdown(result))
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
