@@ -583,3 +583,24 @@ def test_local_attention_is_a_gaussian_window_around_a_predicted_centre():
     assert float((after - cells[target]).norm(dim=1).mean()) < before / 2
     with pytest.raises(ConfigError, match="model.local_sigma must be more than 0"):
         load_config(None, ["model.attention=local", "model.local_sigma=0"])
+
+
+def test_channels_last_encoder_gives_the_same_grid_and_gradients(monkeypatch):
+    """The encoder's convolutions run channels-last; the grid and the gradients equal those of
+    the plain layout (to float32 rounding), and the grid comes out contiguous (B, L, D)."""
+    from captioning.models import encoder as encoder_module
+
+    images, _ = batch()
+    grids, grads = [], []
+    for channels_last in (False, True):
+        monkeypatch.setattr(encoder_module, "CHANNELS_LAST", channels_last)
+        model = tiny_model()
+        grid = model.encoder(images)
+        grid.square().sum().backward()
+        grids.append(grid)
+        grads.append([p.grad for p in model.encoder.parameters() if p.grad is not None])
+    assert grids[1].is_contiguous() and grids[1].shape == grids[0].shape
+    torch.testing.assert_close(grids[1], grids[0], rtol=1e-5, atol=1e-5)
+    assert len(grads[0]) == len(grads[1]) > 0
+    for a, b in zip(*grads):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)

@@ -24,6 +24,10 @@ logger = logging.getLogger("captioning")
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
+# Convolutions run on channels-last (NHWC) tensors: oneDNN on the CPU and cuDNN with tensor
+# cores both prefer it (the small CNN's step: about 15% less time on the CPU, see the README's
+# speed section). The grid comes out in the same (B, L, D) layout either way.
+CHANNELS_LAST = True
 
 
 class SmallCNN(nn.Module):
@@ -184,6 +188,8 @@ class Encoder(nn.Module):
                     f"model.image_size={image_size} is too small for this encoder (a stage's "
                     f"output would be empty); use a larger image size"
                 ) from exc
+        if CHANNELS_LAST:
+            self.stages.to(memory_format=torch.channels_last)
         self.grid_shape = (int(probe.shape[2]), int(probe.shape[3]))
         num_cells = self.grid_shape[0] * self.grid_shape[1]
         if positional == "learned":
@@ -247,6 +253,8 @@ class Encoder(nn.Module):
     def backbone(self, images: torch.Tensor) -> torch.Tensor:
         """``images`` (B, 3, S, S) → the backbone's pooled grid (B, L, D), no positions."""
         x = (images.float() - self.mean) / self.std
+        if CHANNELS_LAST:
+            x = x.contiguous(memory_format=torch.channels_last)
         frozen = self.frozen_stages
         if frozen:
             with torch.no_grad():
@@ -255,7 +263,7 @@ class Encoder(nn.Module):
         for stage in list(self.stages)[frozen:]:
             x = stage(x)
         x = self.pool(x)  # (B, D, h, w)
-        return x.flatten(2).transpose(1, 2)  # (B, L, D)
+        return x.flatten(2).transpose(1, 2).contiguous()  # (B, L, D)
 
 
 def _load_small_cnn_weights(cnn: SmallCNN, path: str) -> None:
