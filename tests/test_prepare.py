@@ -26,11 +26,12 @@ CONFIG = os.path.join(os.path.dirname(__file__), "..", "configs", "test_tiny.yam
 
 
 class Server:
-    """Files over HTTP on 127.0.0.1 with Range requests; a name in ``cut`` gets its next
-    response cut off halfway (all headers sent, half the body, then the connection closes)."""
+    """Files over HTTP on 127.0.0.1 with Range requests; each time a name is in ``cut`` one
+    response is cut off halfway (all headers sent, half the body, then the connection
+    closes)."""
 
     def __init__(self, files: dict[str, bytes], ranges: bool = True):
-        self.files, self.ranges, self.cut = files, ranges, set()
+        self.files, self.ranges, self.cut = files, ranges, []
         self.requests: list[tuple[str, str | None]] = []
         server = self
 
@@ -59,7 +60,7 @@ class Server:
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 if name in server.cut:
-                    server.cut.discard(name)
+                    server.cut.remove(name)
                     body = body[: len(body) // 2]
                 self.wfile.write(body)
 
@@ -145,7 +146,7 @@ def prepare(server, root, *extra):
 def test_coco_with_karpathy_downloads_resumes_unpacks_and_checks(
     server, published, tmp_path, capsys
 ):
-    server.cut.add("train2014.zip")
+    server.cut.append("train2014.zip")
     assert prepare(server, tmp_path / "coco") == 0
     root = tmp_path / "coco"
     assert ("train2014.zip", None) in server.requests
@@ -189,12 +190,24 @@ def test_an_interrupted_download_resumes_from_its_part_file(server, archives, tm
     assert not (tmp_path / "val2014.zip.part").exists()
 
 
+def test_a_connection_that_keeps_dropping_keeps_its_part_for_the_next_call(server, archives,
+                                                                          tmp_path):  # fmt: skip
+    server.cut.extend(["val2014.zip"] * 2)
+    remote = RemoteFile("val2014.zip", f"{server.url}/val2014.zip")
+    with pytest.raises(DataError, match="failed 2 times .* run the same command again to resume"):
+        download(remote, tmp_path, progress=False, attempts=2, retry_wait=0)
+    kept = (tmp_path / "val2014.zip.part").stat().st_size
+    assert 0 < kept < len(archives["val2014.zip"])
+    assert download(remote, tmp_path, progress=False).read_bytes() == archives["val2014.zip"]
+    assert server.requests[-1] == ("val2014.zip", f"bytes={kept}-")
+
+
 def test_a_server_without_range_support_starts_over(archives, tmp_path):
     server = Server(dict(archives), ranges=False)
     try:
         data = archives["val2014.zip"]
         (tmp_path / "val2014.zip.part").write_bytes(b"x" * 100)
-        server.cut.add("val2014.zip")
+        server.cut.append("val2014.zip")
         path = download(RemoteFile("val2014.zip", f"{server.url}/val2014.zip"), tmp_path,
                         progress=False)  # fmt: skip
         assert path.read_bytes() == data and len(server.requests) == 2

@@ -97,12 +97,11 @@ def download(
             have = part.stat().st_size if part.exists() else 0
             if attempt == attempts:
                 raise DataError(
-                    f"{remote.url}: the connection dropped {attempts} times ({cut}); "
+                    f"{remote.url}: failed {attempts} times (last: {cut}); "
                     f"{format_count(have, 'B')} are kept in {part}: run the same command "
                     f"again to resume"
                 ) from cut
-            logger.warning("%s: the connection dropped at %s (%s); resuming", remote.name,
-                           format_count(have, "B"), cut)  # fmt: skip
+            logger.warning("%s: %s; trying again from byte %d", remote.name, cut, have)
             time.sleep(retry_wait * (attempt - 1))
     _verify(remote, part, total, progress)
     os.replace(part, dest)
@@ -157,7 +156,7 @@ def _fetch(remote: RemoteFile, part: Path, progress: bool, timeout: float) -> in
             if total == have:
                 return have
             part.unlink()
-            raise _CutOff("the server refused to resume; starting over")
+            raise _CutOff("the server cannot resume this partial file, so it starts over")
         if status == 206 and not response.headers.get("Content-Range", "").startswith(
             f"bytes {have}-"
         ):
@@ -175,7 +174,7 @@ def _fetch(remote: RemoteFile, part: Path, progress: bool, timeout: float) -> in
         _stream(response, part, have, total, remote.name, progress)
     written = part.stat().st_size
     if total is not None and written < total:
-        raise _CutOff(f"{format_count(written, 'B')} of {format_count(total, 'B')}")
+        raise _CutOff(f"the connection dropped after {written} of {total} bytes")
     return written
 
 
@@ -193,14 +192,22 @@ def _stream(
     with open(part, "r+b" if have else "wb") as out:
         out.seek(have)
         out.truncate()
-        try:
-            while chunk := response.read(CHUNK_BYTES):
+        while True:
+            try:
+                chunk = response.read(CHUNK_BYTES)
+            except (http.client.HTTPException, OSError) as exc:  # reset, timeout, cut off
+                bar.close()
+                raise _CutOff(f"the connection dropped ({exc or type(exc).__name__})") from exc
+            if not chunk:
+                break
+            try:
                 out.write(chunk)
-                bar.update(len(chunk))
-        except (http.client.IncompleteRead, ConnectionError, TimeoutError, OSError) as exc:
-            out.flush()
-            bar.close()
-            raise _CutOff(str(exc) or type(exc).__name__) from exc
+            except OSError as exc:
+                raise DataError(
+                    f"{part}: cannot write ({exc.strerror}); free some space or choose another "
+                    f"--root, then run again to resume"
+                ) from exc
+            bar.update(len(chunk))
     bar.close()
 
 
