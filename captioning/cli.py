@@ -10,9 +10,12 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from captioning.errors import CaptioningError
+
+if TYPE_CHECKING:
+    from captioning.config import Config
 
 logger = logging.getLogger("captioning")
 
@@ -94,7 +97,7 @@ def cmd_check_data(args: argparse.Namespace) -> int:
     return _check_data(load_config(args.config, args.overrides), quiet=args.quiet)
 
 
-def _check_data(cfg: Any, quiet: bool) -> int:
+def _check_data(cfg: Config, quiet: bool) -> int:
     """Read ``cfg.data``, open every image once, print a report; 1 when an image is bad."""
     from captioning.data import build_vocabulary, drop_bad_images, load_splits
 

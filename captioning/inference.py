@@ -162,7 +162,7 @@ def decode_dataset(
     captions: dict[int, str] = {}
     details: dict[int, Decoded] = {}
     bar = progress_bar(desc=desc, total=len(shard), unit="img", enabled=progress,
-                       summary=summary)  # fmt: skip
+                       summary=summary, leave=False)  # fmt: skip
     for batch in loader:
         if batch is None:
             continue

@@ -120,7 +120,7 @@ def progress_bar(
     unit: str = "it",
     enabled: bool = True,
     summary: bool = True,
-    leave: bool = False,
+    leave: bool = True,
     initial: float = 0,
     **tqdm_options: Any,
 ) -> tqdm | QuietProgress:

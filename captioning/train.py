@@ -263,6 +263,7 @@ def train_one_epoch(
         desc=f"epoch {run.progress.epoch + 1}",
         enabled=not run.cfg.train.quiet and run.world.is_main,
         summary=False,
+        leave=False,
         ncols=100,
     )
     for batch in bar:
