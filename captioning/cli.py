@@ -10,8 +10,12 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from captioning.errors import CaptioningError
+
+if TYPE_CHECKING:
+    from captioning.config import Config
 
 logger = logging.getLogger("captioning")
 
@@ -89,14 +93,19 @@ def cmd_shapes(args: argparse.Namespace) -> int:
 
 def cmd_check_data(args: argparse.Namespace) -> int:
     from captioning.config import load_config
+
+    return _check_data(load_config(args.config, args.overrides), quiet=args.quiet)
+
+
+def _check_data(cfg: Config, quiet: bool) -> int:
+    """Read ``cfg.data``, open every image once, print a report; 1 when an image is bad."""
     from captioning.data import build_vocabulary, drop_bad_images, load_splits
 
-    cfg = load_config(args.config, args.overrides)
     splits = load_splits(cfg.data)
     # Report every bad file, whatever on_bad_image says; the verdict comes after.
     skip_cfg = type(cfg.data)(**{**vars(cfg.data), "on_bad_image": "skip"})
     total = sum(len(r) for r in splits.values())
-    bad = drop_bad_images(splits, skip_cfg, progress=not args.quiet)
+    bad = drop_bad_images(splits, skip_cfg, progress=not quiet)
     vocab = build_vocabulary(splits, cfg.data)
     print(f"data root: {cfg.data.root} ({cfg.data.format} format)")
     for split, records in splits.items():
@@ -113,6 +122,55 @@ def cmd_check_data(args: argparse.Namespace) -> int:
             print(f"  {path}: {problem}")
         return 1
     print(f"all {total} images open cleanly")
+    return 0
+
+
+def cmd_prepare_coco(args: argparse.Namespace) -> int:
+    import shlex
+
+    from captioning.config import load_config
+    from captioning.prepare import prepare_coco
+
+    overrides = prepare_coco(
+        args.root,
+        year=args.year,
+        karpathy=args.karpathy,
+        base_url=args.base_url,
+        keep_archives=args.keep_archives,
+        progress=not args.quiet,
+    )
+    status = 0 if args.no_check else _check_data(load_config(None, overrides), args.quiet)
+    # The shipped COCO configs read Karpathy's 2014 layout; any other needs its data keys.
+    sets = overrides[:1] if args.karpathy else overrides
+    print(f"COCO {args.year} is ready in {args.root}; train on it with")
+    print("  captioning train --config configs/coco_soft_vgg19.yaml "
+          + " ".join(f"--set {shlex.quote(o)}" for o in sets))  # fmt: skip
+    return status
+
+
+def cmd_prepare_folder(args: argparse.Namespace) -> int:
+    import shlex
+
+    from captioning.prepare import prepare_folder
+
+    summary = prepare_folder(
+        args.images,
+        args.captions,
+        args.out,
+        val=args.val,
+        test=args.test,
+        seed=args.seed,
+        progress=not args.quiet,
+    )
+    counts = ", ".join(f"{s} {n} ({summary.captions[s]} captions)"
+                       for s, n in summary.images.items())  # fmt: skip
+    print(f"wrote {summary.out_dir}: images {counts}")
+    if summary.skipped:
+        print(f"{len(summary.skipped)} rows of {args.captions} skipped (each is listed above "
+              f"with its line number)")  # fmt: skip
+    print("train on it with")
+    print(f"  captioning train --config configs/photos_soft_vgg19.yaml "
+          f"--set {shlex.quote('data.root=' + summary.out_dir)}")  # fmt: skip
     return 0
 
 
@@ -235,6 +293,41 @@ def _verb_adder(sub: argparse._SubParsersAction) -> Callable[..., argparse.Argum
     return add_verb
 
 
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be a fraction from 0 to below 1, got {text!r}")
+    return value
+
+
+def _add_prepare(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="what", required=True, metavar="WHAT")
+    add = _verb_adder(sub)
+    p = add("coco", help="download and unpack COCO (and Karpathy's split), then check it")
+    p.add_argument("--root", default="data/coco", help="dataset folder (default data/coco)")
+    p.add_argument("--year", choices=["2014", "2017"], default="2014")
+    p.add_argument("--karpathy", action="store_true",
+                   help="also Karpathy's split file dataset_coco.json (2014 only)")  # fmt: skip
+    p.add_argument("--base-url", default=None,
+                   help="fetch every file as BASE_URL/NAME (a mirror) instead")  # fmt: skip
+    p.add_argument("--keep-archives", action="store_true", help="keep the zips once unpacked")
+    p.add_argument("--no-check", action="store_true",
+                   help="do not run check-data afterwards (it opens every image)")  # fmt: skip
+    p.set_defaults(func=cmd_prepare_coco)
+    p = add("folder", help="your images and a caption file into a COCO-style dataset")
+    p.add_argument("--images", required=True, help="folder the caption file's paths are in")
+    p.add_argument("--captions", required=True, metavar="FILE",
+                   help=".csv/.tsv with columns image,caption, or .jsonl")  # fmt: skip
+    p.add_argument("--out", required=True, help="new dataset folder")
+    p.add_argument("--val", type=_fraction, default=0.1, help="share of images (default 0.1)")
+    p.add_argument("--test", type=_fraction, default=0.1, help="share of images (default 0.1)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the split (default 0)")
+    p.set_defaults(func=cmd_prepare_folder)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="captioning",
@@ -264,6 +357,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = add_verb("check-data", help="read a config's data and open every image once")
     _add_config_args(p)
     p.set_defaults(func=cmd_check_data)
+
+    _add_prepare(add_verb("prepare", help="download COCO, or make a dataset of your photos"))
 
     p = add_verb("train", help="train a captioning model")
     _add_config_args(p)

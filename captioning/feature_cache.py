@@ -25,7 +25,6 @@ from typing import Any
 import numpy as np
 import torch
 from torch.utils.data import DataLoader
-from tqdm import tqdm
 
 from captioning.config import Config
 from captioning.data import CaptionDataset, collate, drop_bad_images, load_splits
@@ -34,6 +33,7 @@ from captioning.data.records import ImageRecord
 from captioning.errors import ConfigError, DataError
 from captioning.models import encoder_from_config
 from captioning.models.encoder import Encoder
+from captioning.progress import progress_bar
 from captioning.runtime import autocast, resolve_device, seed_everything
 from captioning.vocab import SPECIALS, Vocabulary
 
@@ -226,7 +226,8 @@ def _write_grids(
     array = np.lib.format.open_memmap(partial, mode="w+", dtype=np.float16, shape=shape)
     written = np.zeros(len(records), dtype=bool)
     with torch.no_grad(), autocast(device, cfg.train.precision):
-        for batch in tqdm(loader, desc=f"extracting {split}", disable=not progress):
+        for batch in progress_bar(loader, desc=f"extracting {split}", unit="batch",
+                                  enabled=progress):  # fmt: skip
             if batch is None:
                 continue
             grid = encoder.backbone(batch["images"].to(device))  # (B, L, D)

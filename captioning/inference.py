@@ -15,7 +15,6 @@ from typing import Any
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, Subset
-from tqdm import tqdm
 
 from captioning.checkpoint import load_checkpoint
 from captioning.config import Config, DecodeConfig, config_from_dict, replace_section
@@ -25,6 +24,7 @@ from captioning.decoding import Decoded, decode
 from captioning.distributed import SINGLE, World
 from captioning.errors import CaptioningError, CheckpointError, DataError
 from captioning.models import Captioner, build_model
+from captioning.progress import progress_bar
 from captioning.runtime import autocast
 from captioning.vocab import Vocabulary
 
@@ -136,8 +136,12 @@ def decode_dataset(
     progress: bool = False,
     desc: str = "decoding",
     world: World = SINGLE,
+    summary: bool = True,
 ) -> tuple[dict[int, str], dict[int, Decoded]]:
     """Captions for every image of ``dataset`` with the config's decoding settings.
+
+    ``progress`` shows a bar of images on a terminal, and elsewhere logs one line when the
+    decoding ends (unless ``summary`` is False: training's epoch line reports validation).
 
     Returns ``{image_id: caption}`` and, per image id, its single-image :class:`Decoded`
     (tokens, attention maps) for figures and grounding. With several processes each
@@ -157,7 +161,9 @@ def decode_dataset(
     model.eval()
     captions: dict[int, str] = {}
     details: dict[int, Decoded] = {}
-    for batch in tqdm(loader, desc=desc, disable=not progress, leave=False):
+    bar = progress_bar(desc=desc, total=len(shard), unit="img", enabled=progress,
+                       summary=summary, leave=False)  # fmt: skip
+    for batch in loader:
         if batch is None:
             continue
         decoded = caption_batch(
@@ -172,6 +178,8 @@ def decode_dataset(
             image_id = dataset.records[index].image_id
             captions[image_id] = texts[row]
             details[image_id] = decoded.row(row)
+        bar.update(len(texts))
+    bar.close()
     return captions, details
 
 

@@ -16,13 +16,12 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
-from tqdm import tqdm
 
 from captioning.checkpoint import (
     check_resumable,
@@ -68,6 +67,7 @@ from captioning.losses import CrossEntropyObjective, LossTerms
 from captioning.metrics import score_predictions
 from captioning.models import Captioner, build_model
 from captioning.optim import LRSchedule, build_optimizer
+from captioning.progress import progress_bar
 from captioning.runtime import resolve_precision, seed_everything
 from captioning.vocab import Vocabulary
 
@@ -257,10 +257,12 @@ def train_one_epoch(
     module.train()
     totals: dict[str, float] = {}
     counts: dict[str, int] = {}
-    bar = tqdm(
+    # No summary line: the epoch's own line (``_log_epoch``) carries the same figures.
+    bar = progress_bar(
         loader,
         desc=f"epoch {run.progress.epoch + 1}",
-        disable=run.cfg.train.quiet or not run.world.is_main,
+        enabled=not run.cfg.train.quiet and run.world.is_main,
+        summary=False,
         leave=False,
         ncols=100,
     )
@@ -319,6 +321,7 @@ def validate(
             cfg,
             device,
             progress=not cfg.train.quiet and world.is_main,
+            summary=False,  # the epoch's line reports the validation time
             desc="validating",
             world=world,
         )
@@ -365,14 +368,26 @@ def end_epoch(
     return improved
 
 
+class EpochTiming(NamedTuple):
+    """Steps and seconds of an epoch's training, and of the whole epoch with validation."""
+
+    steps: int
+    train_seconds: float
+    total: float = 0.0
+
+
 def _log_epoch(
     run: Run,
     train_terms: dict[str, float],
     scores: dict[str, Any] | None,
-    seconds: float,
+    timing: EpochTiming,
     best: bool,
 ) -> None:
+    """The epoch's one line: the figures of its progress bar (loss, steps, rate, time) and
+    the validation scores when it was validated, so that a log without bars (not a
+    terminal) loses nothing."""
     metric = run.cfg.train.select_metric
+    rate = timing.steps / timing.train_seconds if timing.train_seconds > 0 else 0.0
     validation = ""
     if scores is not None:
         validation = (
@@ -381,14 +396,19 @@ def _log_epoch(
             f"  exact {scores.get('exact_match') or 0.0:.3f}"
         )
     logger.info(
-        "epoch %d/%d  loss %.3f  nll/word %.3f%s  lr %.2g  %.0fs%s",
+        "epoch %d/%d  loss %.3f  nll/word %.3f%s  "
+        "lr %.2g  %.0fs (%d steps in %.0fs, %.2f steps/s; validation %.0fs)%s",
         run.progress.epoch,
         run.cfg.train.epochs,
         train_terms["loss"],
         train_terms["nll_per_token"],
         validation,
         run.optimizer.param_groups[0]["lr"],
-        seconds,
+        timing.total,
+        timing.steps,
+        timing.train_seconds,
+        rate,
+        timing.total - timing.train_seconds,
         "  *best*" if best else "",
     )
 
@@ -688,9 +708,10 @@ def _train(setup: Setup, out_dir: Path, device: torch.device) -> None:
                 logger.info("early stop: %s has not improved for %d validations",
                             cfg.train.select_metric, run.progress.bad_epochs)  # fmt: skip
                 break
-            epoch_start = time.time()
+            epoch_start, first_step = time.time(), run.progress.step
             setup.sampler.set_epoch(run.progress.epoch)
             train_terms = train_one_epoch(run, setup.module, setup.loader, device, writer)
+            timing = EpochTiming(run.progress.step - first_step, time.time() - epoch_start)
             scores, details = None, {}
             if _validates(cfg, run.progress.epoch + 1):
                 scores, _, details = validate(run.model, setup.val_dataset, cfg, device, run.world)
@@ -703,7 +724,7 @@ def _train(setup: Setup, out_dir: Path, device: torch.device) -> None:
                 if cfg.train.figure_every_epoch:
                     figure = out_dir / "figures" / f"epoch_{run.progress.epoch:03d}.png"
                     _epoch_figure(run, setup.val_dataset, details, figure)
-            _log_epoch(run, train_terms, scores, seconds, improved)
+            _log_epoch(run, train_terms, scores, timing._replace(total=seconds), improved)
     finally:
         if writer is not None:
             writer.close()

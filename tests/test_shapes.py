@@ -283,8 +283,22 @@ def test_varied_captions(varied: Path, canonical: Path) -> None:
     assert (varied / name).read_bytes() == (canonical / name).read_bytes()
 
 
-def test_progress_bar(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    generate_shapes(tmp_path, num_train=2, num_val=1, num_test=1, progress=True)
+def test_progress_bar(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Not a terminal: one log line per split, nothing drawn.
+    generate_shapes(tmp_path / "log", num_train=2, num_val=1, num_test=1, progress=True)
+    assert "shapes train" not in capsys.readouterr().err
+    assert [r.getMessage().split(" in ")[0] for r in caplog.records] == [
+        "shapes train: 2 img",
+        "shapes val: 1 img",
+        "shapes test: 1 img",
+    ]
+    monkeypatch.setattr("captioning.progress.stderr_is_terminal", lambda: True)
+    generate_shapes(tmp_path / "bar", num_train=2, num_val=1, num_test=1, progress=True)
     assert "shapes train" in capsys.readouterr().err
 
 

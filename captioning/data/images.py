@@ -13,10 +13,10 @@ from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageFile, ImageOps, PngImagePlugin, UnidentifiedImageError
-from tqdm import tqdm
 
 from captioning.config import DataConfig
 from captioning.errors import DataError
+from captioning.progress import progress_bar
 
 _WIDE_16BIT_MODES = frozenset({"I;16", "I;16B", "I;16L", "I;16N"})
 _WIDE_RANGE_MODES = frozenset({"I", "F"})
@@ -109,7 +109,7 @@ def check_images(
     Args:
         paths: the image files.
         num_threads: worker threads; PIL releases the GIL while decoding, so threads help.
-        progress: show a tqdm progress bar.
+        progress: a bar on a terminal, one summary line in a log (see captioning.progress).
         limits: as for :func:`load_image`.
 
     Returns:
@@ -119,8 +119,8 @@ def check_images(
         raise ValueError(f"num_threads must be at least 1, got {num_threads}")
     with ThreadPoolExecutor(max_workers=num_threads) as pool:
         results = pool.map(partial(check_image, limits=limits), paths)
-        if progress:
-            results = tqdm(results, total=len(paths), desc="checking images")
+        results = progress_bar(results, total=len(paths), desc="checking images", unit="img",
+                               enabled=progress)  # fmt: skip
         # Exhaust the iterator before zipping: zip stops early and the bar would never close.
         problems = list(results)
     return [(path, problem) for path, problem in zip(paths, problems) if problem is not None]

@@ -49,9 +49,9 @@ from typing import Any
 
 import numpy as np
 from PIL import Image, ImageDraw
-from tqdm import tqdm
 
 from captioning.errors import DataError
+from captioning.progress import progress_bar
 from captioning.vocab import tokenize
 
 # Bright, well-separated colours (nearest-colour lookup stays unambiguous under the jitter and
@@ -542,7 +542,8 @@ def _generate_split(
     # own generator, so the results do not depend on the scheduling, and map keeps the order.
     with ThreadPoolExecutor(max_workers=_WORKERS) as pool:
         images = pool.map(make, range(count))
-        bar = tqdm(images, total=count, desc=f"shapes {split}", unit="img", disable=not progress)
+        bar = progress_bar(images, total=count, desc=f"shapes {split}", unit="img",
+                           enabled=progress)  # fmt: skip
         return list(bar)
 
 
