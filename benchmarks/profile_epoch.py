@@ -14,6 +14,9 @@ validation, scaled by ``1 / train.val_every``. With ``data.cache_images`` the im
 decoded into the cache first (timed apart: the first epoch's extra cost), so the data phase
 is that of every later epoch.
 
+``--step-loop`` makes teacher forcing run word by word even where all words could run at once
+(``Decoder.parallel = False``), and ``--no-channels-last`` runs the encoder's convolutions on
+plain NCHW tensors: what the code did before those two changes, for before/after tables.
 ``--ops`` adds torch.profiler's table of the operators with the most self time over the timed
 steps. Prints a Markdown table; ``--out`` also writes the numbers as JSON.
 """
@@ -39,6 +42,8 @@ from captioning.config import load_config
 from captioning.errors import CaptioningError
 from captioning.inference import decode_dataset
 from captioning.metrics.scoring import score_predictions
+from captioning.models import encoder as encoder_module
+from captioning.models.decoder import Decoder
 from captioning.runtime import resolve_device
 from captioning.train import SINGLE, Setup, set_up, train_step
 
@@ -108,10 +113,17 @@ def _batches(setup: Setup) -> Any:
 
 
 def profile_epoch(
-    config: str, overrides: Sequence[str], steps: int, ops: bool = False
+    config: str,
+    overrides: Sequence[str],
+    steps: int,
+    ops: bool = False,
+    step_loop: bool = False,
+    channels_last: bool = True,
 ) -> dict[str, Any]:
     """Median phase times of ``steps`` training steps and one validation's decode and
     scoring, for ``config`` with ``overrides``."""
+    Decoder.parallel = not step_loop
+    encoder_module.CHANNELS_LAST = channels_last
     cfg = load_config(config, [*overrides, "train.quiet=true"])
     device = resolve_device(cfg.train.device)
     setup = set_up(cfg, None, SINGLE, device)
@@ -148,6 +160,8 @@ def profile_epoch(
     return {
         "config": config,
         "overrides": list(overrides),
+        "step_loop": step_loop,
+        "channels_last": channels_last,
         "threads": torch.get_num_threads(),
         "batch_size": cfg.train.batch_size,
         "steps_per_epoch": steps_per_epoch,
@@ -169,7 +183,9 @@ def format_markdown(result: dict[str, Any]) -> str:
     lines = [
         f"{result['config']} {' '.join(result['overrides'])}".rstrip()
         + f": batch {result['batch_size']}, {steps} steps per epoch, "
-        f"{result['threads']} threads",
+        f"{result['threads']} threads"
+        + (", step loop" if result["step_loop"] else "")
+        + ("" if result["channels_last"] else ", NCHW convolutions"),
         "",
         "| phase | per step | per epoch | share |",
         "| --- | --- | --- | --- |",
@@ -197,12 +213,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="override a config value (repeatable)")  # fmt: skip
     parser.add_argument("--steps", type=int, default=20, help="timed steps (default 20)")
     parser.add_argument("--ops", action="store_true", help="add torch.profiler's top operators")
+    parser.add_argument(
+        "--step-loop",
+        action="store_true",
+        help="teacher forcing word by word (the code before all-at-once)",
+    )
+    parser.add_argument("--no-channels-last", action="store_true",
+                        help="NCHW convolutions (the code before channels-last)")  # fmt: skip
     parser.add_argument("--out", help="also write the numbers as JSON here")
     args = parser.parse_args(argv)
     if args.steps < 1:
         parser.error("--steps must be at least 1")
     try:
-        result = profile_epoch(args.config, args.set, args.steps, args.ops)
+        result = profile_epoch(args.config, args.set, args.steps, args.ops,
+                               args.step_loop, not args.no_channels_last)  # fmt: skip
     except CaptioningError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
