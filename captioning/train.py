@@ -235,7 +235,7 @@ def train_step(
     grid = batch["grid"].to(device, non_blocking=True) if "grid" in batch else None
     tokens = batch["tokens"].to(device, non_blocking=True)  # (B, T)
     terms = run.objective.loss(module, images, grid, tokens, run.progress.step,
-                               indices=batch["indices"])  # fmt: skip
+                               indices=batch.get("indices"))  # fmt: skip
     run.optimizer.zero_grad(set_to_none=True)
     if any_rank(run.world, not bool(torch.isfinite(terms.total)), device):
         message = (
