@@ -30,6 +30,10 @@ use just before: for a training step the copy of the model (encoder included), t
 gradients, Adam's state and the activations; for decoding its working memory. See
 :mod:`benchmarks.memory` for how it is measured on CPU and CUDA.
 
+Beside them, ``cider``: the CIDEr-D reward of one self-critical batch (64 images x 5 samples
+against an 8000-image training corpus), :class:`captioning.metrics.cider.CiderD` against
+pycocoevalcap's scorer called per batch (see :mod:`benchmarks.cider_speed`).
+
 Writes the JSON file and a Markdown table beside it, and prints the table.
 """
 
@@ -55,6 +59,7 @@ from typing import Any, NoReturn
 
 import torch
 
+from benchmarks.cider_speed import bench_cider, format_cider
 from benchmarks.memory import PeakMemory, environment
 from benchmarks.reference import (
     DECODERS,
@@ -179,7 +184,10 @@ class BenchOptions:
         check_images: images in the reference checks (None: each size's own).
         threads: ``torch.set_num_threads`` (None: torch's default).
         seed: seeds the weights and the random data.
-        quick: one warm-up and one timed run of everything (smoke tests).
+        quick: one warm-up and one timed run of everything (smoke tests); the CIDEr-D
+            comparison then uses a corpus of 200 images.
+        skip_cider: leave out the CIDEr-D comparison (ours against pycocoevalcap per batch).
+        cider_corpus: training images (5 references each) of the CIDEr-D comparison.
         quiet: no progress lines.
         out: the JSON file; the Markdown table goes beside it (``.md``).
     """
@@ -198,6 +206,8 @@ class BenchOptions:
     threads: int | None = None
     seed: int = 0
     quick: bool = False
+    skip_cider: bool = False
+    cider_corpus: int = 8000
     quiet: bool = False
     out: str = "runs/bench/bench.json"
 
@@ -216,6 +226,7 @@ def _validate(options: BenchOptions) -> None:
         "--batch-size": options.batch_size,
         "--check-images": options.check_images,
         "--threads": options.threads,
+        "--cider-corpus": options.cider_corpus,
     }
     for flag, value in counts.items():
         if value is not None and value < 1:
@@ -556,6 +567,11 @@ def run_benchmark(options: BenchOptions) -> dict[str, Any]:
             setup = _set_up(size, model, batch, device)
             results["measurements"] += _time_device(setup, warmup, compile_modes, options)
     results["speedups"] = speedups(results["measurements"])
+    if not options.skip_cider:
+        corpus = min(options.cider_corpus, 200) if options.quick else options.cider_corpus
+        _progress(options, "CIDEr-D: ours against pycocoevalcap per batch, corpus %d", corpus)
+        results["cider"] = bench_cider(corpus, repeats=1 if options.quick else options.repeats,
+                                       seed=options.seed)  # fmt: skip
     results["passed"] = all(check["passed"] for check in results["checks"])
     _write(results, Path(options.out))
     return results
@@ -720,6 +736,8 @@ def format_markdown(results: dict[str, Any]) -> str:
     for m in results["measurements"]:
         key = (m["size"], m["device"], m["precision"], m["compiled"], m["task"])
         lines.append(_timing_line(m, ratios.get(key) if m["impl"] == "ours" else None))
+    if results.get("cider"):
+        lines += ["", *format_cider(results["cider"])]
     return "\n".join(lines) + "\n"
 
 
@@ -787,6 +805,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="one warm-up and one run of each")
+    p.add_argument(
+        "--skip-cider", action="store_true", help="leave out the CIDEr-D reward comparison"
+    )
+    p.add_argument(
+        "--cider-corpus",
+        type=int,
+        default=8000,
+        help="training images of the CIDEr-D comparison (default 8000, as shapes)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.add_argument(
         "--out",

@@ -183,7 +183,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         overrides.append("train.quiet=true")
     cfg = load_config(args.config, overrides)
     out_dir = args.out or Path("runs") / Path(args.config).stem
-    fit(cfg, out_dir=out_dir, resume=args.resume)
+    fit(cfg, out_dir=out_dir, resume=args.resume, init=args.init)
     return 0
 
 
@@ -364,6 +364,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(p)
     p.add_argument("--out", default=None, help="run folder (default runs/<config name>)")
     p.add_argument("--resume", default=None, metavar="CKPT", help="continue from a checkpoint")
+    p.add_argument(
+        "--init",
+        default=None,
+        metavar="CKPT",
+        help="start a new run from a checkpoint's weights (fresh optimiser and schedule), "
+        "e.g. self-critical training from a cross-entropy model",
+    )
     p.set_defaults(func=cmd_train)
 
     p = add_verb("extract-features", help="cache a frozen encoder's grids (float16) on disk")

@@ -145,6 +145,18 @@ class TrainConfig:
     gumbel_temperature: float = 1.0  # the starting temperature of the relaxation
     gumbel_min_temperature: float = 0.5
     gumbel_anneal_rate: float = 1e-4  # temperature *= exp(-rate) after every step
+    # what the model is trained to minimise: cross-entropy on the references, or
+    # self-critical sequence training (captioning/scst.py): sampled captions rewarded with
+    # CIDEr-D against the training references, minus a baseline; start it from a
+    # cross-entropy checkpoint with `captioning train --init CKPT`
+    objective: Literal["xe", "scst"] = "xe"
+    # greedy: the reward of the greedy caption (Rennie et al. 2017); loo: each sample's
+    # baseline is the mean reward of the other samples of its image
+    scst_baseline: Literal["greedy", "loo"] = "greedy"
+    scst_samples: int = 5  # K, the captions sampled per image
+    scst_bleu_weight: float = 0.0  # reward = CIDEr-D + w * BLEU-4
+    scst_temperature: float = 1.0  # the sampling temperature
+    scst_max_length: int | None = None  # words per sampled caption; None: decode.max_length
     # numerics and bookkeeping
     # auto: bf16 where the device computes it natively (CUDA, AVX-512 BF16 or AMX CPUs), else
     # fp32; training resolves it once and records the result in config.yaml and checkpoints
@@ -334,6 +346,11 @@ def _validate(cfg: Config) -> None:
         raise ConfigError("model.values=projected averages values by attention weights; "
                           "model.attention=none has none (use soft or hard)")  # fmt: skip
     _validate_hard_estimator(cfg)
+    if cfg.train.scst_baseline == "loo" and cfg.train.scst_samples < 2:
+        raise ConfigError(
+            "train.scst_baseline=loo compares each sample with the others of its image: "
+            f"train.scst_samples must be at least 2, got {cfg.train.scst_samples}"
+        )
     if not (cfg.model.context_to_lstm or cfg.model.deep_output):
         raise ConfigError(
             "model.context_to_lstm=false needs model.deep_output=true, "
@@ -390,6 +407,10 @@ _RANGES: dict[str, tuple[float | None, float | None, str]] = {
     "train.gumbel_temperature": (0, None, "min"),
     "train.gumbel_min_temperature": (0, None, "min"),
     "train.gumbel_anneal_rate": (0, None, ""),
+    "train.scst_samples": (1, None, ""),
+    "train.scst_bleu_weight": (0, None, ""),
+    "train.scst_temperature": (0, None, "min"),
+    "train.scst_max_length": (1, None, ""),
     "train.threads": (1, None, ""),
     "train.seed": (0, 2**63 - 1, ""),
     "train.log_every": (1, None, ""),

@@ -192,9 +192,11 @@ class HardAttentionObjective:
         grid: torch.Tensor | None,
         tokens: torch.Tensor,
         step: int,
+        indices: torch.Tensor | None = None,
     ) -> LossTerms:
         """The loss of one batch (``module``: the captioner or its DDP wrapper). The
-        statistics that update the objective's state wait for :meth:`commit`."""
+        statistics that update the objective's state wait for :meth:`commit`; the images'
+        dataset ``indices`` are not needed here."""
         plan = self.plan(step, tokens.shape[0], tokens.shape[1] - 1)
         with autocast(self.device, self.precision):
             output = module(images, tokens, grid=grid, hard=plan.hard, repeat=plan.repeat)

@@ -133,8 +133,10 @@ class CrossEntropyObjective:
         grid: torch.Tensor | None,
         tokens: torch.Tensor,
         step: int,
+        indices: torch.Tensor | None = None,
     ) -> LossTerms:
-        """The loss of one batch (``module``: the captioner or its DDP wrapper)."""
+        """The loss of one batch (``module``: the captioner or its DDP wrapper); the
+        images' dataset ``indices`` are not needed here."""
         with autocast(self.device, self.precision):
             output = module(images, tokens, grid=grid)
         return caption_loss(output, tokens[:, 1:], Vocabulary.pad_id, self.penalty_weight)

@@ -14,6 +14,7 @@ import logging
 import math
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -48,6 +49,7 @@ from captioning.data import (
     load_splits,
 )
 from captioning.data.images import ImageLimits
+from captioning.data.records import ImageRecord
 from captioning.decoding import Decoded
 from captioning.distributed import (
     SINGLE,
@@ -69,6 +71,7 @@ from captioning.models import Captioner, build_model
 from captioning.optim import LRSchedule, build_optimizer
 from captioning.progress import progress_bar
 from captioning.runtime import resolve_precision, seed_everything
+from captioning.scst import CaptionReward, SelfCriticalObjective
 from captioning.vocab import Vocabulary
 
 logger = logging.getLogger("captioning")
@@ -76,6 +79,9 @@ logger = logging.getLogger("captioning")
 
 class TrainingError(CaptioningError):
     """Training cannot go on (for example a non-finite loss)."""
+
+
+Objective = CrossEntropyObjective | HardAttentionObjective | SelfCriticalObjective
 
 
 # --------------------------------------------------------------------------- the run's state
@@ -107,7 +113,8 @@ class Run:
         schedule: the learning-rate schedule.
         scaler: the fp16 loss scaler, else None.
         objective: what the model is trained to minimise, and its state (for hard
-            attention: the estimator, its baseline and temperature).
+            attention: the estimator, its baseline and temperature): cross-entropy, hard
+            attention's estimator, or self-critical training.
         progress: the counters.
         world: this process's place among the training processes.
     """
@@ -118,7 +125,7 @@ class Run:
     optimizer: torch.optim.Optimizer
     schedule: LRSchedule
     scaler: torch.amp.GradScaler | None
-    objective: CrossEntropyObjective | HardAttentionObjective
+    objective: Objective
     progress: Progress = field(default_factory=Progress)
     world: World = SINGLE
 
@@ -131,9 +138,11 @@ class Run:
         steps_per_epoch: int,
         device: torch.device,
         world: World = SINGLE,
+        train_records: Sequence[ImageRecord] = (),
     ) -> Run:
         """A fresh run of ``model``: its optimiser, schedule, scaler and objective from
-        ``cfg``."""
+        ``cfg`` (self-critical training rewards captions against ``train_records``, the
+        training dataset's images in dataset order)."""
         optimizer = build_optimizer(model, cfg.train)
         return cls(
             cfg=cfg,
@@ -142,7 +151,7 @@ class Run:
             optimizer=optimizer,
             schedule=LRSchedule(optimizer, cfg.train, steps_per_epoch),
             scaler=torch.amp.GradScaler(device.type) if cfg.train.precision == "fp16" else None,
-            objective=build_objective(cfg, model, device, world),
+            objective=build_objective(cfg, model, device, world, vocab, train_records),
             world=world,
         )
 
@@ -181,9 +190,22 @@ class Run:
 
 
 def build_objective(
-    cfg: Config, model: Captioner, device: torch.device, world: World = SINGLE
-) -> CrossEntropyObjective | HardAttentionObjective:
-    """The objective that trains ``model``: hard attention's estimator, or cross-entropy."""
+    cfg: Config,
+    model: Captioner,
+    device: torch.device,
+    world: World = SINGLE,
+    vocab: Vocabulary | None = None,
+    train_records: Sequence[ImageRecord] = (),
+) -> Objective:
+    """The objective that trains ``model``: self-critical training (rewarding captions
+    against ``train_records``, in ``vocab``'s words), hard attention's estimator, or
+    cross-entropy."""
+    if cfg.train.objective == "scst":
+        if vocab is None or not train_records:
+            raise CaptioningError("self-critical training needs the training images and vocabulary")
+        reward = CaptionReward(train_records, vocab, cfg.train.scst_bleu_weight)
+        return SelfCriticalObjective(cfg, reward, device, cfg.train.precision,
+                                     hard=model.hard_attention)  # fmt: skip
     if model.hard_attention:
         cells = model.grid_shape[0] * model.grid_shape[1]
         return HardAttentionObjective(cfg, cells, device, cfg.train.precision, world)
@@ -212,7 +234,8 @@ def train_step(
     images = batch["images"].to(device, non_blocking=True) if "images" in batch else None
     grid = batch["grid"].to(device, non_blocking=True) if "grid" in batch else None
     tokens = batch["tokens"].to(device, non_blocking=True)  # (B, T)
-    terms = run.objective.loss(module, images, grid, tokens, run.progress.step)
+    terms = run.objective.loss(module, images, grid, tokens, run.progress.step,
+                               indices=batch.get("indices"))  # fmt: skip
     run.optimizer.zero_grad(set_to_none=True)
     if any_rank(run.world, not bool(torch.isfinite(terms.total)), device):
         message = (
@@ -476,8 +499,11 @@ class Setup:
     val_dataset: CaptionDataset
 
 
-def set_up(cfg: Config, resume: str | None, world: World, device: torch.device) -> Setup:
-    """Data, vocabulary, model, optimiser and state, from scratch or from ``resume``."""
+def set_up(
+    cfg: Config, resume: str | None, world: World, device: torch.device, init: str | None = None
+) -> Setup:
+    """Data, vocabulary, model, optimiser and state: from scratch, from ``resume`` (the
+    whole training state), or from ``init`` (a checkpoint's weights and vocabulary only)."""
     precision = resolve_precision(cfg.train.precision, device)
     if precision != cfg.train.precision:
         logger.info("train.precision=auto: %s on this %s", precision, device.type)
@@ -488,13 +514,15 @@ def set_up(cfg: Config, resume: str | None, world: World, device: torch.device) 
     payload = load_checkpoint(resume) if resume else None
     if payload is not None:
         _check_resume_config(cfg, payload, resume)
+    initial = _load_init(cfg, init) if init else None
     splits = load_splits(cfg.data)
     for split in ("train", "val"):
         if not splits.get(split):
             raise CaptioningError(f"the {split} split has no images (check data.splits)")
     if cfg.data.check_images:
         drop_bad_images(splits, cfg.data, progress=not cfg.train.quiet and world.is_main)
-    vocab = Vocabulary(payload["vocab"]) if payload else build_vocabulary(splits, cfg.data)
+    known = payload or initial  # a checkpoint's model needs its own vocabulary
+    vocab = Vocabulary(known["vocab"]) if known else build_vocabulary(splits, cfg.data)
     logger.info("vocabulary: %d words (from the training split)", len(vocab))
     if cfg.train.val_max_images:
         splits["val"] = splits["val"][: cfg.train.val_max_images]
@@ -520,7 +548,11 @@ def set_up(cfg: Config, resume: str | None, world: World, device: torch.device) 
         persistent_workers=cfg.data.num_workers > 0,
         pin_memory=device.type == "cuda",
     )
-    run = Run.create(cfg, vocab, model, len(sampler), device, world)
+    run = Run.create(cfg, vocab, model, len(sampler), device, world, datasets["train"].records)
+    if initial is not None:
+        load_weights(run.model, initial, init)
+        logger.info("weights from %s (epoch %d); fresh optimiser and schedule", init,
+                    int(initial.get("epoch", 0)))  # fmt: skip
     if payload is not None:
         try:
             run.load_state_dict(payload, resume)
@@ -615,6 +647,31 @@ SAFE_ON_RESUME = frozenset({
 })  # fmt: skip
 
 
+# What --init may change in the model section: none of these changes a weight's shape or
+# meaning (dropout, which layers train, where pretrained weights would have come from).
+FREE_ON_INIT = frozenset({"model.dropout", "model.fine_tune", "model.weights"})
+
+
+def _load_init(cfg: Config, path: str) -> dict[str, Any]:
+    """The checkpoint ``--init`` starts from, refused in one line when its model section
+    differs from ``cfg``'s (other than :data:`FREE_ON_INIT`)."""
+    payload = load_checkpoint(path)
+    try:
+        saved = config_to_dict(config_from_dict(payload["config"]))["model"]
+    except CaptioningError as exc:
+        raise CheckpointError(f"{path}: its config does not load ({exc})") from exc
+    ours = config_to_dict(cfg)["model"]
+    changed = [k for k in saved if ours[k] != saved[k] and f"model.{k}" not in FREE_ON_INIT]
+    if changed:
+        key = changed[0]
+        raise CheckpointError(
+            f"{path}: model.{key} is {quote(saved[key])} in the checkpoint and "
+            f"{quote(ours[key])} here; --init needs the same architecture (set "
+            f"model.{key}={quote(saved[key])})"
+        )
+    return payload
+
+
 def _check_resume_config(cfg: Config, payload: dict[str, Any], path: str) -> None:
     """Refuse to resume with a setting that differs from the checkpoint's, unless it is in
     :data:`SAFE_ON_RESUME` (or in the ``decode`` section, which only validation uses)."""
@@ -643,13 +700,24 @@ def _check_resume_config(cfg: Config, payload: dict[str, Any], path: str) -> Non
 # --------------------------------------------------------------------------- fit
 
 
-def fit(cfg: Config, out_dir: str | Path, resume: str | None = None) -> dict[str, Any]:
+def fit(
+    cfg: Config, out_dir: str | Path, resume: str | None = None, init: str | None = None
+) -> dict[str, Any]:
     """Train a model as ``cfg`` says; write ``config.yaml``, checkpoints, TensorBoard events
     and per-epoch attention figures into ``out_dir``. Returns a summary dict.
+
+    ``resume`` continues one run exactly where its checkpoint left it; ``init`` starts a new
+    run from a checkpoint's weights (and vocabulary), with a fresh optimiser and schedule,
+    as self-critical training starts from a cross-entropy model.
 
     Launched by ``torchrun`` with several processes, it trains data-parallel (see
     :mod:`captioning.distributed`); ``train.batch_size`` is then the batch of each process.
     """
+    if resume and init:
+        raise CaptioningError(
+            "--init starts a new run from a checkpoint's weights and --resume continues one; "
+            "give one of them"
+        )
     started = time.time()
     out_dir = Path(out_dir)
     _check_run_dir(out_dir, resume)
@@ -661,7 +729,7 @@ def fit(cfg: Config, out_dir: str | Path, resume: str | None = None) -> dict[str
             logger.info("data-parallel training: %d processes (%s), batch %d per process",
                         world.size, "nccl" if device.type == "cuda" else "gloo",
                         cfg.train.batch_size)  # fmt: skip
-        setup = set_up(cfg, resume, world, device)
+        setup = set_up(cfg, resume, world, device, init)
         _train(setup, out_dir, device)
     finally:
         close_world(world)

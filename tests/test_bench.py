@@ -398,6 +398,10 @@ def test_quick_run_writes_every_measurement(tmp_path, monkeypatch, capsys):
     compiled = [m for m in rows if m["compiled"]]
     assert len(compiled) == 2 * 5  # ours only, per precision and task
     assert all("no compiler in this test" in m["error"] for m in compiled)
+    cider = results["cider"]
+    assert cider["corpus_images"] == 200 and cider["candidates"] == 64 * 5
+    assert cider["ours_s"] > 0 and cider["speedup"] == cider["pycocoevalcap_s"] / cider["ours_s"]
+    assert cider["max_abs_diff"] < 1e-9
     assert {(r["precision"], r["task"]) for r in results["speedups"]} == {
         (precision, task)
         for precision in ("fp32", "bf16")

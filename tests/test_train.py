@@ -95,10 +95,24 @@ RESUMED = {
         "train.hard_estimator=exact",
         "model.context_to_lstm=false",
     ],  # fmt: skip
+    "scst-greedy": ["train.objective=scst", "train.scst_samples=2"],
+    "hard-scst-loo": [
+        "model.attention=hard",
+        "train.objective=scst",
+        "train.scst_baseline=loo",
+        "train.scst_samples=3",
+    ],  # fmt: skip
 }
 
 
-@pytest.mark.parametrize("variant", RESUMED)
+# self-critical training decodes every batch and runs the Java tokenizer at every set-up
+SLOW_TO_RESUME = ("scst-greedy", "hard-scst-loo")
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [pytest.param(v, marks=pytest.mark.slow) if v in SLOW_TO_RESUME else v for v in RESUMED],
+)
 def test_resume_is_exact(shapes, tmp_path, variant):
     settings = RESUMED[variant]
     straight = fit(tiny(shapes, *settings), out_dir=tmp_path / "straight")
@@ -154,6 +168,45 @@ def test_resume_needs_training_state_and_fitting_weights(shapes, one_epoch, tmp_
     with pytest.raises(CheckpointError, match="its weights do not fit the model its config and "
                                               "vocabulary describe"):  # fmt: skip
         fit(tiny(shapes), out_dir=tmp_path / "vocab", resume=str(tmp_path / "vocab.pt"))
+
+
+def test_init_starts_a_new_run_from_the_weights(shapes, one_epoch, tmp_path, monkeypatch):
+    from captioning import train
+
+    loaded = {}
+    real = train.load_weights
+
+    def spy(model, payload, path):
+        real(model, payload, path)
+        loaded.update({k: v.clone() for k, v in model.state_dict().items()})
+
+    monkeypatch.setattr(train, "load_weights", spy)
+    scst = ["train.objective=scst", "train.scst_samples=2", "train.epochs=1"]
+    summary = fit(tiny(shapes, *scst), out_dir=tmp_path / "scst", init=str(one_epoch))
+    initial = load_checkpoint(one_epoch)
+    for key, value in initial["model"].items():
+        assert torch.equal(loaded[key], value), key
+    payload = load_checkpoint(tmp_path / "scst" / "last.pt")
+    assert summary["epochs"] == 1 and payload["step"] == 3  # a fresh count, not 3 + 3
+    assert payload["vocab"] == initial["vocab"]
+    assert (
+        payload["scheduler"] != initial["scheduler"] or payload["optimizer"] != initial["optimizer"]
+    )
+    assert any(not torch.equal(v, initial["model"][k]) for k, v in payload["model"].items())
+
+
+def test_init_refuses_another_architecture_and_resume_in_one_line(
+    shapes, one_epoch, tmp_path, capsys
+):
+    argv = ["train", "--config", CONFIG, "--set", f"data.root={shapes}", "--out",
+            str(tmp_path / "run"), "--init", str(one_epoch)]  # fmt: skip
+    assert main([*argv, "--set", "model.hidden_dim=48"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "model.hidden_dim is 32 in the checkpoint and 48 here" in err[0]
+    assert main([*argv, "--resume", str(one_epoch)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "give one of them" in err[0]
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize(
