@@ -172,39 +172,31 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 def cmd_caption(args: argparse.Namespace) -> int:
     import json
 
-    from captioning.data.images import ImageLimits
-    from captioning.inference import (
-        caption_files,
-        draw_attention,
-        figure_stem,
-        load_model,
-        with_decoding,
-    )
-    from captioning.runtime import resolve_device
+    from captioning.api import Failed, load
+    from captioning.inference import figure_stem
 
-    device = resolve_device(args.device)
-    model, cfg, vocab = load_model(args.checkpoint, device)
-    cfg = with_decoding(cfg, args.beam_size, args.hard_context)
+    model = load(args.checkpoint, args.device)
+    decoding = dict(beam_size=args.beam_size, hard_context=args.hard_context)
     failures = 0
     used: set[str] = set()
-    for result in caption_files(args.images, model, vocab, cfg, device):
-        if result.error is not None:
+    for result in model.caption_each(args.images, **decoding):
+        if isinstance(result, Failed):
             failures += 1
             print(f"error: {result.error}", file=sys.stderr)
             if args.json:
-                print(json.dumps({"image": result.image, "error": result.error}), flush=True)
+                print(json.dumps({"image": result.source, "error": result.error}), flush=True)
             continue
-        if args.attention_dir:
-            draw_attention(result, model.grid_shape, args.attention_dir,
-                           figure_stem(result.image, used), smooth=not args.no_smooth,
-                           gif=args.gif, limits=ImageLimits.from_config(cfg.data))  # fmt: skip
+        record = {"image": result.source, "caption": result.caption}
+        if args.attention_dir and result.words:  # an empty caption has nothing to show
+            out = Path(args.attention_dir)
+            stem = figure_stem(result.source, used)
+            record["attention"] = str(result.save(out / f"{stem}.png", not args.no_smooth))
+            if args.gif:
+                result.save_gif(out / f"{stem}.gif", smooth=not args.no_smooth)
         if args.json:
-            record = {"image": result.image, "caption": result.caption}
-            if result.figure:
-                record["attention"] = result.figure
             print(json.dumps(record), flush=True)
         else:
-            print(f"{result.image}: {result.caption}", flush=True)
+            print(f"{result.source}: {result.caption}", flush=True)
     return 2 if failures else 0
 
 
