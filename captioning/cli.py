@@ -213,6 +213,33 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from captioning.serve import require
+
+    require()
+    from captioning.serve.server import serve
+
+    serve(args.checkpoint, host=args.host, port=args.port, max_upload_mb=args.max_upload_mb,
+          device=args.device, quiet=args.quiet)  # fmt: skip
+    return 0
+
+
+def _port(text: str) -> int:
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise argparse.ArgumentTypeError(f"must be a port number from 1 to 65535, got {text!r}")
+    return int(text)
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+    return value
+
+
 # --------------------------------------------------------------------------- parser
 
 
@@ -295,6 +322,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-root", default="data/shapes", help="where the shapes data lives")
     _add_config_args(p, required=False)
     p.set_defaults(func=cmd_quickstart)
+
+    p = add_verb("serve", help="a web page and a JSON API that caption uploaded images")
+    p.add_argument("--checkpoint", required=True, help="a best.pt or last.pt file")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=_port, default=8000, help="port (default 8000)")
+    p.add_argument("--max-upload-mb", type=_positive_float, default=10.0,
+                   help="the largest upload taken, in MB (default 10)")  # fmt: skip
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
+    p.set_defaults(func=cmd_serve)
 
     return parser
 
