@@ -12,13 +12,13 @@ from captioning.serve.server import BackgroundServer
 
 pytestmark = pytest.mark.browser
 
-# How much of the heatmap canvas is painted, read in the page.
-PAINTED = """
+# The heatmap canvas's most opaque pixel (0..255), read in the page.
+PEAK_ALPHA = """
 const canvas = document.getElementById('heatmap');
 const data = canvas.getContext('2d').getImageData(0, 0, canvas.width, canvas.height).data;
-let painted = 0;
-for (let i = 3; i < data.length; i += 4) if (data[i] > 0) painted++;
-return painted / (canvas.width * canvas.height);
+let peak = 0;
+for (let i = 3; i < data.length; i += 4) peak = Math.max(peak, data[i]);
+return peak;
 """
 
 
@@ -59,6 +59,7 @@ def test_upload_caption_and_hover_a_word(page, tmp_path):
     wait = WebDriverWait(driver, 60)
     wait.until(lambda d: "soft attention" in d.find_element(By.ID, "model-info").text)
     assert len(driver.find_elements(By.CSS_SELECTOR, "#examples img")) == 4
+    assert not driver.find_element(By.ID, "mode-row").is_displayed()  # soft: no decode mode
     driver.find_element(By.ID, "file").send_keys(examples[0])
     words = wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#caption .word"))
     expected = model.caption(examples[0])
@@ -70,7 +71,7 @@ def test_upload_caption_and_hover_a_word(page, tmp_path):
     heatmap = driver.find_element(By.ID, "heatmap")
     wait.until(lambda d: heatmap.get_attribute("data-word") == str(index))
     assert heatmap.is_displayed() and "active" in words[index].get_attribute("class")
-    assert driver.execute_script(PAINTED) > 0.5  # the map covers the image
+    assert driver.execute_script(PEAK_ALPHA) > 150  # the map is drawn, its peak opaque
     driver.save_screenshot(str(tmp_path / "page.png"))
 
     # an example thumbnail goes the same way
@@ -95,3 +96,38 @@ def test_a_text_file_named_png_shows_the_error(page, tmp_path):
     driver.find_element(By.ID, "file").send_keys(examples[2])
     WebDriverWait(driver, 60).until(lambda d: d.find_elements(By.CSS_SELECTOR, "#caption .word"))
     assert not error.is_displayed()
+
+
+# The colour of the heatmap canvas on the left edge of the chosen cell of the shown word.
+CHOSEN_CELL_EDGE = """
+const canvas = document.getElementById('heatmap');
+const [x, y, w, h] = imageBox(), [rows, cols] = result.grid;
+const cell = result.cells[Number(canvas.dataset.word)];
+const left = Math.round(x + (cell % cols) * w / cols);
+const middle = Math.round(y + (Math.floor(cell / cols) + 0.5) * h / rows);
+return Array.from(canvas.getContext('2d').getImageData(left, middle, 1, 1).data);
+"""
+
+
+def test_hard_attention_offers_decode_modes_and_outlines_the_chosen_cell(
+    page, tiny_hard_checkpoint
+):
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    driver, _, examples = page
+    hard = captioning.load(tiny_hard_checkpoint, device="cpu")
+    with BackgroundServer(hard) as url:
+        driver.get(url)
+        wait = WebDriverWait(driver, 60)
+        wait.until(lambda d: "hard attention" in d.find_element(By.ID, "model-info").text)
+        mode = Select(driver.find_element(By.ID, "mode"))
+        assert "argmax" in [option.text for option in mode.options]
+        mode.select_by_value("argmax")
+        driver.find_element(By.ID, "file").send_keys(examples[0])
+        words = wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#caption .word"))
+        assert [w.text for w in words] == hard.caption(examples[0], hard_context="argmax").words
+        ActionChains(driver).move_to_element(words[0]).perform()
+        wait.until(lambda d: d.find_element(By.ID, "heatmap").get_attribute("data-word") == "0")
+        assert driver.execute_script(CHOSEN_CELL_EDGE) == [255, 255, 255, 255]
