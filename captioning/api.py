@@ -16,6 +16,7 @@ and caption through this module, on top of :mod:`captioning.inference`.
 from __future__ import annotations
 
 import io
+import sys
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -73,9 +74,11 @@ class Caption:
 
     def plot(self, smooth: bool = True, columns: int = 5) -> Figure:
         """A figure of the image and one heatmap per word (hard attention: the chosen cell
-        outlined). Nothing is shown or written: display it, or ``.savefig(path)``."""
+        outlined). Nothing is shown on screen or written: a notebook displays it, and
+        ``.savefig(path)`` writes it."""
         from captioning.viz import attention_grid
 
+        _notebooks_show_figures()
         drawing = dict(smooth=smooth, chosen_cells=self.cells, title=self.caption)
         return attention_grid(
             self.image, self.words, self.alphas, self.grid, columns=columns, **drawing
@@ -265,6 +268,18 @@ def load(checkpoint: str | Path, device: str | torch.device = "auto") -> Caption
     model, cfg, vocab = load_model(checkpoint, torch_device)
     return CaptionModel(model=model, config=cfg, vocab=vocab, device=torch_device,
                         checkpoint=str(checkpoint))  # fmt: skip
+
+
+def _notebooks_show_figures() -> None:
+    """In IPython, show a matplotlib figure as a PNG, as ``%matplotlib inline`` would: the
+    figure is built without pyplot, so no backend registers it."""
+    shell = getattr(sys.modules.get("IPython"), "get_ipython", lambda: None)()
+    if shell is None:
+        return
+    from IPython.core.pylabtools import print_figure
+
+    formatter = shell.display_formatter.formatters["image/png"]
+    formatter.for_type(Figure, lambda figure: print_figure(figure, "png"))
 
 
 def _is_many(images: Any) -> bool:

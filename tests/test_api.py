@@ -109,3 +109,16 @@ def test_importing_the_package_does_not_import_torch():
     code = "import sys, captioning; print('torch' in sys.modules, callable(captioning.load))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "True"]
+
+
+def test_a_notebook_shows_the_result_and_its_plot(model, images):
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    try:
+        result = model.caption(images[0])
+        for shown in (result, result.plot()):
+            data, _ = shell.display_formatter.format(shown)
+            assert data["image/png"][:4] == b"\x89PNG"
+    finally:
+        InteractiveShell.clear_instance()
