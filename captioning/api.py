@@ -102,12 +102,14 @@ class Caption:
 
     def to_dict(self, decimals: int = 4) -> dict[str, Any]:
         """Plain JSON data: ``caption``, ``words``, ``attention`` (one rows x cols map per
-        word, rounded to ``decimals``), ``grid`` and ``cells``."""
+        word, rounded to ``decimals``; null where not finite), ``grid`` and ``cells``."""
         maps = np.round(self.alphas.float().numpy().astype(np.float64), decimals)
+        # a diverged model's NaN is no JSON number: it becomes null
+        maps = np.where(np.isfinite(maps), maps, None)  # (T, rows, cols)
         return {
             "caption": self.caption,
             "words": list(self.words),
-            "attention": maps.tolist(),  # (T, rows, cols)
+            "attention": maps.tolist(),
             "grid": list(self.grid),
             "cells": self.cells,
         }

@@ -122,3 +122,11 @@ def test_a_notebook_shows_the_result_and_its_plot(model, images):
             assert data["image/png"][:4] == b"\x89PNG"
     finally:
         InteractiveShell.clear_instance()
+
+
+def test_a_diverged_models_nan_is_null_in_json():
+    alphas = torch.full((1, 2, 2), 0.25)  # (T, rows, cols)
+    alphas[0, 1, 1] = float("nan")
+    result = captioning.Caption("red", ["red"], alphas, Image.new("RGB", (4, 4)), "x.png")
+    data = json.loads(json.dumps(result.to_dict(), allow_nan=False))
+    assert data["attention"] == [[[0.25, 0.25], [0.25, None]]] and data["grid"] == [2, 2]

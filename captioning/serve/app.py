@@ -78,13 +78,16 @@ def create_app(model: CaptionModel, settings: ServeSettings | None = None) -> St
 
     async def caption(request: Request) -> Response:
         form = await read_form(request, settings.max_upload_bytes)
-        upload = form.get("image")
-        if not isinstance(upload, UploadFile):
-            raise BadRequest(400, "no image: send the file in a multipart field named 'image'")
-        decoding = decoding_fields(form, model, settings)
-        data = await upload.read()
-        name = Path(upload.filename or "upload").name
-        picture = await run_in_threadpool(load_image_bytes, data, name, model.limits)
+        try:
+            upload = form.get("image")
+            if not isinstance(upload, UploadFile):
+                raise BadRequest(400, "no image: send the file in a multipart field named 'image'")
+            decoding = decoding_fields(form, model, settings)
+            data = await upload.read()
+        finally:
+            await form.close()
+        picture = await run_in_threadpool(load_image_bytes, data, upload_name(upload),
+                                          model.limits)  # fmt: skip
         result = await run_in_threadpool(model.caption, picture, **decoding)
         return JSONResponse(result.to_dict())
 
@@ -101,6 +104,12 @@ def create_app(model: CaptionModel, settings: ServeSettings | None = None) -> St
         Exception: _answer_server_error,
     }
     return Starlette(routes=routes, exception_handlers=handlers)
+
+
+def upload_name(upload: UploadFile) -> str:
+    """The upload's file name as the messages show it: no folders, one line, not too long."""
+    name = " ".join(Path(upload.filename or "").name.split())
+    return (name[:80] + "...") if len(name) > 80 else name or "upload"
 
 
 def model_info(model: CaptionModel, settings: ServeSettings) -> dict[str, Any]:
