@@ -68,7 +68,7 @@ def main() -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     # a palette keeps the file small; the page has few colours besides the heatmap
-    shot.quantize(colors=128, method=Image.Quantize.MEDIANCUT).save(out, optimize=True)
+    shot.quantize(colors=256, method=Image.Quantize.MEDIANCUT).save(out, optimize=True)
     print(f"wrote {out} ({out.stat().st_size // 1024} KB): {caption}")
     return 0
 
