@@ -167,12 +167,14 @@ async def read_form(request: Request, limit: int) -> FormData:
     )
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
-        await _drain(request, int(declared))
+        if int(declared) <= _DRAIN_LIMIT:
+            await _drain(request)
         raise too_large
     body = bytearray()
     async for chunk in request.stream():
         body += chunk
         if len(body) > limit:
+            await _drain(request, already=len(body))  # kept no further than the limit
             raise too_large
     sent = False
 
@@ -190,11 +192,12 @@ async def read_form(request: Request, limit: int) -> FormData:
         raise BadRequest(400, f"the form cannot be read ({detail})") from exc
 
 
-async def _drain(request: Request, declared: int) -> None:
-    if declared > _DRAIN_LIMIT:
-        return
-    async for _ in request.stream():
-        pass
+async def _drain(request: Request, already: int = 0) -> None:
+    """Read and drop the rest of the body, up to ``_DRAIN_LIMIT`` bytes in all."""
+    async for chunk in request.stream():
+        already += len(chunk)
+        if already > _DRAIN_LIMIT:
+            return
 
 
 async def _answer_bad_request(request: Request, exc: BadRequest) -> Response:
