@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: demo test test-slow lint format data clean
+.PHONY: demo test test-slow test-browser serve lint format data clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,19 @@ test: $(STAMP)
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow
+
+# The browser test drives Debian's chromium through chromedriver (no browser downloads).
+test-browser: $(STAMP)
+	@if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then \
+		SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+		$$SUDO apt-get update -qq && \
+		$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; \
+	fi
+	$(BIN)/python -m pytest -q -m browser
+
+# The web demo on the quickstart's model (run `make demo` first).
+serve: $(STAMP)
+	$(BIN)/captioning serve --checkpoint runs/quickstart/best.pt
 
 lint: $(STAMP)
 	$(BIN)/ruff check captioning tests tools benchmarks

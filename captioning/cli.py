@@ -230,39 +230,31 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 def cmd_caption(args: argparse.Namespace) -> int:
     import json
 
-    from captioning.data.images import ImageLimits
-    from captioning.inference import (
-        caption_files,
-        draw_attention,
-        figure_stem,
-        load_model,
-        with_decoding,
-    )
-    from captioning.runtime import resolve_device
+    from captioning.api import Failed, load
+    from captioning.inference import figure_stem
 
-    device = resolve_device(args.device)
-    model, cfg, vocab = load_model(args.checkpoint, device)
-    cfg = with_decoding(cfg, args.beam_size, args.hard_context)
+    model = load(args.checkpoint, args.device)
+    decoding = dict(beam_size=args.beam_size, hard_context=args.hard_context)
     failures = 0
     used: set[str] = set()
-    for result in caption_files(args.images, model, vocab, cfg, device):
-        if result.error is not None:
+    for result in model.caption_each(args.images, **decoding):
+        if isinstance(result, Failed):
             failures += 1
             print(f"error: {result.error}", file=sys.stderr)
             if args.json:
-                print(json.dumps({"image": result.image, "error": result.error}), flush=True)
+                print(json.dumps({"image": result.source, "error": result.error}), flush=True)
             continue
-        if args.attention_dir:
-            draw_attention(result, model.grid_shape, args.attention_dir,
-                           figure_stem(result.image, used), smooth=not args.no_smooth,
-                           gif=args.gif, limits=ImageLimits.from_config(cfg.data))  # fmt: skip
+        record = {"image": result.source, "caption": result.caption}
+        if args.attention_dir and result.words:  # an empty caption has nothing to show
+            out = Path(args.attention_dir)
+            stem = figure_stem(result.source, used)
+            record["attention"] = str(result.save(out / f"{stem}.png", not args.no_smooth))
+            if args.gif:
+                result.save_gif(out / f"{stem}.gif", smooth=not args.no_smooth)
         if args.json:
-            record = {"image": result.image, "caption": result.caption}
-            if result.figure:
-                record["attention"] = result.figure
             print(json.dumps(record), flush=True)
         else:
-            print(f"{result.image}: {result.caption}", flush=True)
+            print(f"{result.source}: {result.caption}", flush=True)
     return 2 if failures else 0
 
 
@@ -277,6 +269,33 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
         quiet=args.quiet,
     )
     return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from captioning.serve import require
+
+    require()
+    from captioning.serve.server import serve
+
+    serve(args.checkpoint, host=args.host, port=args.port, max_upload_mb=args.max_upload_mb,
+          device=args.device, quiet=args.quiet)  # fmt: skip
+    return 0
+
+
+def _port(text: str) -> int:
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise argparse.ArgumentTypeError(f"must be a port number from 1 to 65535, got {text!r}")
+    return int(text)
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+    return value
 
 
 # --------------------------------------------------------------------------- parser
@@ -405,6 +424,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-root", default="data/shapes", help="where the shapes data lives")
     _add_config_args(p, required=False)
     p.set_defaults(func=cmd_quickstart)
+
+    p = add_verb("serve", help="a web page and a JSON API that caption uploaded images")
+    p.add_argument("--checkpoint", required=True, help="a best.pt or last.pt file")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=_port, default=8000, help="port (default 8000)")
+    p.add_argument("--max-upload-mb", type=_positive_float, default=10.0,
+                   help="the largest upload taken, in MB (default 10)")  # fmt: skip
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
+    p.set_defaults(func=cmd_serve)
 
     return parser
 

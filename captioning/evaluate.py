@@ -9,13 +9,13 @@ from typing import Any
 
 import torch
 
+from captioning.api import load
 from captioning.config import replace_section
 from captioning.data import CaptionDataset, load_splits
 from captioning.data.images import ImageLimits
 from captioning.errors import CaptioningError
-from captioning.inference import decode_dataset, load_model, with_decoding
+from captioning.inference import decode_dataset
 from captioning.metrics import AttentionMaps, score_predictions
-from captioning.runtime import resolve_device
 
 logger = logging.getLogger("captioning")
 
@@ -53,9 +53,9 @@ def evaluate_checkpoint(
         spice: also compute SPICE (downloads Stanford models on first use).
         meteor: compute METEOR (a Java process); False skips it.
     """
-    torch_device = resolve_device(device)
-    model, cfg, vocab = load_model(checkpoint, torch_device)
-    cfg = with_decoding(replace_section(cfg, "data", root=data_root), beam_size, hard_context)
+    loaded = load(checkpoint, device)
+    model, vocab, torch_device = loaded.model, loaded.vocab, loaded.device
+    cfg = replace_section(loaded.decoding(beam_size, hard_context), "data", root=data_root)
     splits = load_splits(cfg.data)
     if not splits.get(split):
         raise CaptioningError(f"split {split!r} has no images under {cfg.data.root}")

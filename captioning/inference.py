@@ -7,12 +7,14 @@ it, so all of them decode under the same precision and the same decoding setting
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
+from PIL import Image
 from torch import nn
 from torch.utils.data import DataLoader, Subset
 
@@ -109,6 +111,7 @@ class CaptionResult:
     figure: str | None = None
     gif: str | None = None
     error: str | None = None
+    picture: Image.Image | None = None  # the RGB image as captioned, when it was kept
 
     @classmethod
     def from_decoded(cls, image: str, decoded: Decoded, vocab: Vocabulary) -> CaptionResult:
@@ -183,6 +186,48 @@ def decode_dataset(
     return captions, details
 
 
+# One image to caption: a name for messages and results, and how to get its RGB pixels
+# (a callable that may raise DataError, so that a bad image fails on its own).
+ImageSource = tuple[str, Callable[[], Image.Image]]
+
+
+def caption_images(
+    sources: Iterable[ImageSource],
+    model: Captioner,
+    vocab: Vocabulary,
+    cfg: Config,
+    device: torch.device,
+    batch_size: int = 16,
+) -> Iterator[CaptionResult]:
+    """Caption every image of ``sources`` in order, ``batch_size`` at a time; one whose
+    loader raises :class:`DataError` yields an error result (and never stops the others).
+    Each result keeps the RGB image it was captioned from in ``picture``."""
+    model.eval()
+    pending: list[tuple[str, Image.Image, torch.Tensor]] = []
+
+    def flush() -> Iterator[CaptionResult]:
+        images = torch.stack([tensor for *_, tensor in pending]).to(device)  # (B, 3, S, S)
+        decoded = caption_batch(model, cfg.decode, cfg.train.precision, images=images)
+        for row, (name, picture, _) in enumerate(pending):
+            result = CaptionResult.from_decoded(name, decoded.row(row), vocab)
+            result.picture = picture
+            yield result
+        pending.clear()
+
+    for name, load in sources:
+        try:
+            picture = load()
+        except DataError as exc:
+            yield from flush() if pending else ()
+            yield CaptionResult(image=name, error=str(exc))
+            continue
+        pending.append((name, picture, model.encoder.transform(picture)))
+        if len(pending) == batch_size:
+            yield from flush()
+    if pending:
+        yield from flush()
+
+
 def caption_files(
     paths: Sequence[str],
     model: Captioner,
@@ -193,29 +238,9 @@ def caption_files(
 ) -> Iterator[CaptionResult]:
     """Caption every readable file in ``paths``, in order; unreadable ones yield an error
     result (and never stop the others)."""
-    model.eval()
-    pending: list[tuple[str, torch.Tensor]] = []
-
-    def flush() -> Iterator[CaptionResult]:
-        images = torch.stack([tensor for _, tensor in pending]).to(device)  # (B, 3, S, S)
-        decoded = caption_batch(model, cfg.decode, cfg.train.precision, images=images)
-        for row, (path, _) in enumerate(pending):
-            yield CaptionResult.from_decoded(path, decoded.row(row), vocab)
-        pending.clear()
-
     limits = ImageLimits.from_config(cfg.data)
-    for path in paths:
-        try:
-            image = load_image(path, limits)
-            pending.append((path, model.encoder.transform(image)))
-        except DataError as exc:
-            yield from flush() if pending else ()
-            yield CaptionResult(image=path, error=str(exc))
-            continue
-        if len(pending) == batch_size:
-            yield from flush()
-    if pending:
-        yield from flush()
+    sources = ((str(path), partial(load_image, path, limits)) for path in paths)
+    return caption_images(sources, model, vocab, cfg, device, batch_size)
 
 
 def figure_stem(path: str, used: set[str]) -> str:
@@ -243,7 +268,7 @@ def draw_attention(
 
     if not result.words:  # an empty caption has nothing to show
         return result
-    image = load_image(result.image, limits)
+    image = result.picture if result.picture is not None else load_image(result.image, limits)
     out_dir = Path(out_dir)
     drawing = dict(smooth=smooth, chosen_cells=result.cells)
     result.figure = str(

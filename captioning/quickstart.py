@@ -9,12 +9,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from captioning.api import load
 from captioning.config import load_config
 from captioning.data import load_splits
 from captioning.data.shapes import generate_shapes
 from captioning.evaluate import evaluate_checkpoint, format_table
-from captioning.inference import caption_files, draw_attention, figure_stem, load_model
-from captioning.runtime import resolve_device
+from captioning.inference import figure_stem
 from captioning.train import fit
 
 logger = logging.getLogger("captioning")
@@ -56,17 +56,16 @@ def quickstart(
     metrics = evaluate_checkpoint(
         checkpoint, split="test", out_dir=out_dir / "eval", progress=not quiet
     )
-    device = resolve_device(cfg.train.device)
-    model, model_cfg, vocab = load_model(checkpoint, device)
-    test = load_splits(model_cfg.data)["test"]
+    model = load(checkpoint, cfg.train.device)
+    test = load_splits(model.config.data)["test"]
     paths = [r.path for r in test[:num_examples]]
     examples, used = [], set()
-    for result in caption_files(paths, model, vocab, model_cfg, device):
-        draw_attention(
-            result, model.grid_shape, out_dir / "attention", figure_stem(result.image, used)
-        )
-        examples.append({"image": result.image, "caption": result.caption,
-                         "attention": result.figure})  # fmt: skip
+    for result in model.caption(paths):
+        stem = figure_stem(result.source, used)
+        # an empty caption has no heatmap to show
+        figure = result.save(out_dir / "attention" / f"{stem}.png") if result.words else None
+        examples.append({"image": result.source, "caption": result.caption,
+                         "attention": figure and str(figure)})  # fmt: skip
     summary = {
         "run": str(out_dir),
         "checkpoint": str(checkpoint),

@@ -345,7 +345,36 @@ def attention_grid_figure(
     columns: int = 5,
     title: str | None = None,
 ) -> Path:
-    """Write a PNG with the image and one attention overlay per word.
+    """Write :func:`attention_grid` (the image and one attention overlay per word) as a PNG.
+
+    Args: as :func:`attention_grid`, and ``path``, where to write the PNG (missing parent
+    folders are created).
+
+    Returns:
+        ``path`` as a :class:`Path`.
+    """
+    fig = attention_grid(image, words, alphas, grid_shape, smooth=smooth,
+                         chosen_cells=chosen_cells, columns=columns, title=title)  # fmt: skip
+    try:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, format="png", dpi=_DPI)
+    finally:
+        fig.clear()
+    return path
+
+
+def attention_grid(
+    image: Image.Image,
+    words: Sequence[str],
+    alphas: torch.Tensor | np.ndarray,
+    grid_shape: tuple[int, int],
+    smooth: bool = True,
+    chosen_cells: Sequence[int] | None = None,
+    columns: int = 5,
+    title: str | None = None,
+) -> Figure:
+    """A figure of the image and one attention overlay per word (no pyplot involved).
 
     The first panel is the plain image, titled with the caption (or ``title``); then one
     panel per word, titled with the word, showing its attention upsampled to the image,
@@ -358,7 +387,6 @@ def attention_grid_figure(
         alphas: ``(T, L)`` or ``(T, grid_h, grid_w)`` weights with ``T = len(words)``;
             ``alphas[t]`` is the attention used to produce ``words[t]``.
         grid_shape: ``(grid_h, grid_w)``, the encoder's feature-map shape.
-        path: where to write the PNG; missing parent folders are created.
         smooth: bilinear maps if True, blocky per-cell maps if False (see
             :func:`upsample_attention`).
         chosen_cells: for hard attention, the flat index of the cell sampled (or the argmax)
@@ -367,7 +395,7 @@ def attention_grid_figure(
         title: the first panel's title instead of the caption.
 
     Returns:
-        ``path`` as a :class:`Path`.
+        A matplotlib :class:`~matplotlib.figure.Figure` with an Agg canvas.
 
     Raises:
         ValueError: ``words``, ``alphas`` and ``chosen_cells`` disagree in length, a row of
@@ -389,28 +417,22 @@ def attention_grid_figure(
     fig = Figure(figsize=(layout.fig_w, layout.fig_h), dpi=_DPI)
     FigureCanvasAgg(fig)
     n_cols = layout.n_cols
-    try:
-        gs = layout.gridspec(fig)
-        for panel in range(n_panels):
-            ax = fig.add_subplot(gs[panel // n_cols, panel % n_cols])
-            _blank_axes(ax)
-            if panel == 0:
-                ax.imshow(pixels)
-                # parse_math=False: captions are data, and a "$" in one must not start TeX.
-                ax.set_title(layout.heading, fontsize=10, parse_math=False)
-                continue
-            t = panel - 1
-            heat = upsample_attention(maps[t], grid_shape, (width, height), smooth=smooth)
-            ax.imshow(overlay_array(pixels, heat))
-            if cells is not None:
-                ax.add_patch(_cell_rectangle(cells[t], grid_shape, width, height, 2.0))
-            ax.set_title(words[t], fontsize=11, parse_math=False)
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, format="png", dpi=_DPI)
-    finally:
-        fig.clear()
-    return path
+    gs = layout.gridspec(fig)
+    for panel in range(n_panels):
+        ax = fig.add_subplot(gs[panel // n_cols, panel % n_cols])
+        _blank_axes(ax)
+        if panel == 0:
+            ax.imshow(pixels)
+            # parse_math=False: captions are data, and a "$" in one must not start TeX.
+            ax.set_title(layout.heading, fontsize=10, parse_math=False)
+            continue
+        t = panel - 1
+        heat = upsample_attention(maps[t], grid_shape, (width, height), smooth=smooth)
+        ax.imshow(overlay_array(pixels, heat))
+        if cells is not None:
+            ax.add_patch(_cell_rectangle(cells[t], grid_shape, width, height, 2.0))
+        ax.set_title(words[t], fontsize=11, parse_math=False)
+    return fig
 
 
 def _gif_frame(

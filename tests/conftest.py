@@ -76,3 +76,34 @@ def coco2014(tmp_path) -> Path:
 @pytest.fixture(autouse=True)
 def _captioning_logs(caplog):
     caplog.set_level(logging.INFO, logger="captioning")
+
+
+@pytest.fixture(scope="session")
+def tiny_shapes(tmp_path_factory) -> Path:
+    """A few dozen 48 px shapes images (COCO layout), shared by the API and server tests."""
+    from captioning.data.shapes import generate_shapes
+
+    root = tmp_path_factory.mktemp("tiny_shapes")
+    generate_shapes(root, num_train=24, num_val=6, num_test=6, seed=0, image_size=48)
+    return root
+
+
+def _tiny_run(root: Path, out: Path, *overrides: str) -> Path:
+    from captioning.config import load_config
+    from captioning.train import fit
+
+    config = Path(__file__).resolve().parent.parent / "configs" / "test_tiny.yaml"
+    fit(load_config(config, [f"data.root={root}", "train.epochs=1", *overrides]), out_dir=out)
+    return out / "best.pt"
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tiny_shapes, tmp_path_factory) -> Path:
+    """A soft-attention checkpoint trained for one epoch on ``tiny_shapes`` (seconds)."""
+    return _tiny_run(tiny_shapes, tmp_path_factory.mktemp("tiny_soft"))
+
+
+@pytest.fixture(scope="session")
+def tiny_hard_checkpoint(tiny_shapes, tmp_path_factory) -> Path:
+    """As ``tiny_checkpoint``, with hard attention."""
+    return _tiny_run(tiny_shapes, tmp_path_factory.mktemp("tiny_hard"), "model.attention=hard")

@@ -90,7 +90,8 @@ def test_no_import_cycles_in_the_package():
     "module", ["captioning.runtime", "captioning.distributed", "captioning.feature_cache",
                "captioning.inference", "captioning.evaluate", "captioning.decoding",
                "captioning.models", "captioning.data", "captioning.metrics", "captioning.prepare",
-               "captioning.progress"],
+               "captioning.progress", "captioning.api", "captioning.serve.app",
+               "captioning.serve.server"],
 )  # fmt: skip
 def test_the_layers_below_training_do_not_import_it(module):
     graph = import_graph()

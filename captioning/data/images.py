@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import stat
 import warnings
@@ -80,6 +81,41 @@ def load_image(path: str | Path, limits: ImageLimits = DEFAULT_LIMITS) -> Image.
         raise DataError(f"{path}: {problem}") from problem.__cause__
 
 
+def load_image_bytes(
+    data: bytes, name: str = "upload", limits: ImageLimits = DEFAULT_LIMITS
+) -> Image.Image:
+    """:func:`load_image` for an image held in memory (an upload), with the same checks.
+
+    Args:
+        data: the file's bytes.
+        name: what the error messages call the image (a file name).
+        limits: as for :func:`load_image`.
+
+    Raises:
+        DataError: as :func:`load_image` (``"<name>: file is empty (0 bytes)"``, ...).
+    """
+    try:
+        if not data:
+            raise _Problem("file is empty (0 bytes)")
+        return _decode(io.BytesIO(data), limits)
+    except _Problem as problem:
+        raise DataError(f"{name}: {problem}") from problem.__cause__
+
+
+def as_rgb(image: Image.Image, limits: ImageLimits = DEFAULT_LIMITS) -> Image.Image:
+    """An in-memory PIL image as 8-bit RGB, converted as :func:`load_image` converts files
+    (transparency over white, wide greyscale scaled, EXIF orientation applied).
+
+    Raises:
+        DataError: the image is past ``limits.max_pixels`` or of an unsupported mode.
+    """
+    try:
+        _check_pixels(image, limits)
+        return _upright_rgb(image)
+    except _Problem as problem:
+        raise DataError(f"image: {problem}") from problem.__cause__
+
+
 def check_image(path: str | Path, limits: ImageLimits = DEFAULT_LIMITS) -> str | None:
     """Say whether an image file loads, without raising.
 
@@ -128,19 +164,24 @@ def check_images(
 
 def _load(path: str | Path, limits: ImageLimits = DEFAULT_LIMITS) -> Image.Image:
     _check_file(path)
+    return _decode(path, limits)
+
+
+def _decode(source: str | Path | io.BytesIO, limits: ImageLimits) -> Image.Image:
+    """Open and fully decode ``source`` (a path or an in-memory file) under ``limits``."""
     if ImageFile.LOAD_TRUNCATED_IMAGES:
         # The flag is process-wide and read by PIL while decoding, so flipping it here would
         # race with other threads; warn that truncated files now pass as grey-padded images.
         warnings.warn(
             "PIL.ImageFile.LOAD_TRUNCATED_IMAGES is True: truncated images cannot be detected",
             RuntimeWarning,
-            stacklevel=3,
+            stacklevel=4,
         )
     if PngImagePlugin.MAX_TEXT_CHUNK != limits.max_text_bytes:  # the same value all run long
         PngImagePlugin.MAX_TEXT_CHUNK = limits.max_text_bytes
         PngImagePlugin.MAX_TEXT_MEMORY = 64 * limits.max_text_bytes
     try:
-        image = Image.open(path)
+        image = Image.open(source)
     except Image.DecompressionBombError as err:
         raise _Problem(f"image is too large to decode safely ({_one_line(err)})") from err
     except UnidentifiedImageError as err:
@@ -161,12 +202,7 @@ def _load(path: str | Path, limits: ImageLimits = DEFAULT_LIMITS) -> Image.Image
             f"data.max_image_text_bytes={limits.max_text_bytes:,})"
         ) from err
     with image:
-        width, height = image.size
-        if width * height > limits.max_pixels:
-            raise _Problem(
-                f"image is {width} x {height} = {width * height:,} pixels, more than "
-                f"data.max_image_pixels={limits.max_pixels:,}; resize it, or raise the limit"
-            )
+        _check_pixels(image, limits)
         try:
             image.load()
         except Image.DecompressionBombError as err:
@@ -175,13 +211,27 @@ def _load(path: str | Path, limits: ImageLimits = DEFAULT_LIMITS) -> Image.Image
             # Format plugins report bad data with many exception types (OSError, SyntaxError,
             # struct.error, IndexError, ...); all mean the same thing to the user.
             raise _Problem(f"image is truncated or corrupt ({_one_line(err)})") from err
-        try:
-            upright = ImageOps.exif_transpose(image)
-        except Exception:
-            # Orientation is a nicety: a malformed EXIF block must not discard pixels that
-            # decoded fine.
-            upright = image.copy()
-        return _to_rgb(upright)
+        return _upright_rgb(image)
+
+
+def _check_pixels(image: Image.Image, limits: ImageLimits) -> None:
+    """Refuse an image whose declared size is past the limit, before decoding its pixels."""
+    width, height = image.size
+    if width * height > limits.max_pixels:
+        raise _Problem(
+            f"image is {width} x {height} = {width * height:,} pixels, more than "
+            f"data.max_image_pixels={limits.max_pixels:,}; resize it, or raise the limit"
+        )
+
+
+def _upright_rgb(image: Image.Image) -> Image.Image:
+    try:
+        upright = ImageOps.exif_transpose(image)
+    except Exception:
+        # Orientation is a nicety: a malformed EXIF block must not discard pixels that
+        # decoded fine.
+        upright = image.copy()
+    return _to_rgb(upright)
 
 
 def _check_file(path: str | Path) -> None:

@@ -1,0 +1,324 @@
+"""The Python API: a checkpoint loaded once, and captions with their attention in one call.
+
+.. code-block:: python
+
+    import captioning
+
+    model = captioning.load("runs/shapes_soft/best.pt", device="cpu")
+    result = model.caption("photo.jpg", beam_size=3)  # a path, PIL image, tensor, or a list
+    result.caption, result.words, result.alphas  # alphas: (words, rows, cols)
+    result.plot()  # a matplotlib figure of the per-word heatmaps
+
+The ``caption`` verb, ``evaluate``, the quickstart, the notebook and the web demo all load
+and caption through this module, on top of :mod:`captioning.inference`.
+"""
+
+from __future__ import annotations
+
+import io
+import sys
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from matplotlib.figure import Figure
+from PIL import Image
+
+from captioning.config import Config
+from captioning.data.images import ImageLimits, as_rgb, load_image
+from captioning.errors import DataError
+from captioning.inference import (
+    CaptionResult,
+    ImageSource,
+    caption_images,
+    load_model,
+    with_decoding,
+)
+from captioning.models import Captioner
+from captioning.runtime import resolve_device
+from captioning.vocab import Vocabulary
+
+# What ``CaptionModel.caption`` accepts as one image.
+ImageInput = str | Path | Image.Image | torch.Tensor | np.ndarray
+
+
+@dataclass
+class Caption:
+    """One captioned image: its words, and where the model looked for each.
+
+    Args:
+        caption: the words joined by spaces.
+        words: the caption's words (``<end>`` is no word of it).
+        alphas: the attention behind each word, ``(words, rows, cols)``, summing to one.
+        image: the RGB image as it was captioned (upright, its own size).
+        source: the file it came from, or ``"image 3"`` for the fourth in-memory input.
+        cells: hard attention: the flat index of the cell chosen for each word, else None.
+    """
+
+    caption: str
+    words: list[str]
+    alphas: torch.Tensor  # (T, rows, cols)
+    image: Image.Image
+    source: str
+    cells: list[int] | None = None
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        """The attention grid, ``(rows, cols)``."""
+        return int(self.alphas.shape[1]), int(self.alphas.shape[2])
+
+    def plot(self, smooth: bool = True, columns: int = 5) -> Figure:
+        """A figure of the image and one heatmap per word (hard attention: the chosen cell
+        outlined). Nothing is shown on screen or written: a notebook displays it, and
+        ``.savefig(path)`` writes it."""
+        from captioning.viz import attention_grid
+
+        _notebooks_show_figures()
+        drawing = dict(smooth=smooth, chosen_cells=self.cells, title=self.caption)
+        return attention_grid(
+            self.image, self.words, self.alphas, self.grid, columns=columns, **drawing
+        )
+
+    def save(self, path: str | Path, smooth: bool = True) -> Path:
+        """Write :meth:`plot` as a PNG at ``path`` (parent folders are created)."""
+        from captioning.viz import attention_grid_figure
+
+        drawing = dict(smooth=smooth, chosen_cells=self.cells, title=self.caption)
+        return attention_grid_figure(
+            self.image, self.words, self.alphas, self.grid, path, **drawing
+        )
+
+    def save_gif(self, path: str | Path, smooth: bool = True) -> Path:
+        """Write an animated GIF at ``path``: one frame per word, its heatmap over the image."""
+        from captioning.viz import attention_gif
+
+        drawing = dict(smooth=smooth, chosen_cells=self.cells)
+        return attention_gif(self.image, self.words, self.alphas, self.grid, path, **drawing)
+
+    def to_dict(self, decimals: int = 4) -> dict[str, Any]:
+        """Plain JSON data: ``caption``, ``words``, ``attention`` (one rows x cols map per
+        word, rounded to ``decimals``; null where not finite), ``grid`` and ``cells``."""
+        maps = np.round(self.alphas.float().numpy().astype(np.float64), decimals)
+        # a diverged model's NaN is no JSON number: it becomes null
+        maps = np.where(np.isfinite(maps), maps, None)  # (T, rows, cols)
+        return {
+            "caption": self.caption,
+            "words": list(self.words),
+            "attention": maps.tolist(),
+            "grid": list(self.grid),
+            "cells": self.cells,
+        }
+
+    def _repr_png_(self) -> bytes:
+        """A notebook shows a caption as its figure."""
+        buffer = io.BytesIO()
+        figure = self.plot()
+        figure.savefig(buffer, format="png")
+        figure.clear()
+        return buffer.getvalue()
+
+
+@dataclass
+class Failed:
+    """An input that could not be captioned, and why (one line that names it)."""
+
+    source: str
+    error: str
+
+
+class CaptionModel:
+    """A trained captioning model with its vocabulary and decoding settings. Made by
+    :func:`load`; safe to share between threads (one caption batch runs at a time).
+
+    Args:
+        model: the network, in eval mode on ``device``.
+        config: the run's resolved config (decoding settings, image limits, data).
+        vocab: the run's vocabulary.
+        device: where the network runs.
+        checkpoint: the file it was loaded from, for messages.
+    """
+
+    def __init__(
+        self,
+        *,
+        model: Captioner,
+        config: Config,
+        vocab: Vocabulary,
+        device: torch.device,
+        checkpoint: str | None = None,
+    ) -> None:
+        self.model = model
+        self.config = config
+        self.vocab = vocab
+        self.device = device
+        self.checkpoint = checkpoint
+        self.limits = ImageLimits.from_config(config.data)
+        self._lock = threading.Lock()
+
+    @property
+    def grid_shape(self) -> tuple[int, int]:
+        """The attention grid, ``(rows, cols)``."""
+        return self.model.grid_shape
+
+    @property
+    def hard_attention(self) -> bool:
+        """True for a hard (stochastic) attention model: ``hard_context`` applies."""
+        return self.model.hard_attention
+
+    def caption(
+        self,
+        images: ImageInput | Sequence[ImageInput],
+        *,
+        beam_size: int | None = None,
+        hard_context: str | None = None,
+        batch_size: int = 16,
+    ) -> Caption | list[Caption]:
+        """Caption one image, or a list of them (then a list comes back, in order).
+
+        Args:
+            images: a file path, a PIL image, a uint8 (3, H, W) tensor in 0..255 or a float
+                one in 0..1, an (H, W, 3) uint8 array, a (B, 3, H, W) tensor, or a list.
+            beam_size: beam search with this many beams, 1 greedy; None keeps the
+                checkpoint's decoding settings.
+            hard_context: hard attention only: ``expectation``, ``argmax``, ``sample`` or
+                ``marginal`` (see ``decode.hard_context``); soft models ignore it.
+            batch_size: images decoded together.
+
+        Raises:
+            DataError: an image cannot be read (the message names it).
+            ConfigError: the decoding asked for is invalid for this model.
+        """
+        single = not _is_many(images)
+        results = []
+        for item in self.caption_each(
+            [images] if single else images,
+            beam_size=beam_size,
+            hard_context=hard_context,
+            batch_size=batch_size,
+        ):
+            if isinstance(item, Failed):
+                raise DataError(item.error)
+            results.append(item)
+        return results[0] if single else results
+
+    def caption_each(
+        self,
+        images: Iterable[ImageInput],
+        *,
+        beam_size: int | None = None,
+        hard_context: str | None = None,
+        batch_size: int = 16,
+    ) -> Iterator[Caption | Failed]:
+        """:meth:`caption` one image at a time: a :class:`Failed` for each unreadable input,
+        in its place, and the others are still captioned. Arguments as :meth:`caption`."""
+        cfg = self.decoding(beam_size, hard_context)
+        sources = (self._source(index, item) for index, item in enumerate(_flatten(images)))
+        results = caption_images(sources, self.model, self.vocab, cfg, self.device, batch_size)
+        while True:
+            # The lock covers one batch's decoding, never the caller's use of a result.
+            with self._lock:
+                result = next(results, None)
+            if result is None:
+                return
+            yield self._wrap(result)
+
+    def decoding(self, beam_size: int | None = None, hard_context: str | None = None) -> Config:
+        """The config with these decoding settings (None keeps the checkpoint's;
+        ``hard_context`` means nothing to a soft-attention model and is ignored)."""
+        return with_decoding(self.config, beam_size, hard_context)
+
+    def _source(self, index: int, item: ImageInput) -> ImageSource:
+        if isinstance(item, str | Path):
+            return str(item), partial(load_image, item, self.limits)
+        return f"image {index}", partial(_to_picture, item, self.limits)
+
+    def _wrap(self, result: CaptionResult) -> Caption | Failed:
+        if result.error is not None:
+            return Failed(source=result.image, error=result.error)
+        rows, cols = self.grid_shape
+        return Caption(
+            caption=result.caption,
+            words=result.words,
+            alphas=result.alphas.reshape(len(result.words), rows, cols),  # (T, rows, cols)
+            image=result.picture,
+            source=result.image,
+            cells=result.cells,
+        )
+
+    def __repr__(self) -> str:
+        kind = "hard" if self.hard_attention else "soft"
+        return (f"CaptionModel({self.checkpoint!r}, {kind} attention, grid "
+                f"{self.grid_shape[0]}x{self.grid_shape[1]}, {len(self.vocab)} words)")  # fmt: skip
+
+
+def load(checkpoint: str | Path, device: str | torch.device = "auto") -> CaptionModel:
+    """A model rebuilt from nothing but its checkpoint, ready to caption.
+
+    Args:
+        checkpoint: a ``best.pt`` / ``last.pt`` file of any run.
+        device: ``auto`` (a GPU when there is one), ``cpu``, ``cuda``, ``cuda:1``, ...
+
+    Raises:
+        CheckpointError: the file is missing, unsafe, or not a checkpoint of this project.
+    """
+    torch_device = resolve_device(device) if isinstance(device, str) else device
+    model, cfg, vocab = load_model(checkpoint, torch_device)
+    return CaptionModel(model=model, config=cfg, vocab=vocab, device=torch_device,
+                        checkpoint=str(checkpoint))  # fmt: skip
+
+
+def _notebooks_show_figures() -> None:
+    """In IPython, show a matplotlib figure as a PNG, as ``%matplotlib inline`` would: the
+    figure is built without pyplot, so no backend registers it."""
+    shell = getattr(sys.modules.get("IPython"), "get_ipython", lambda: None)()
+    if shell is None:
+        return
+    from IPython.core.pylabtools import print_figure
+
+    formatter = shell.display_formatter.formatters["image/png"]
+    formatter.for_type(Figure, lambda figure: print_figure(figure, "png"))
+
+
+def _is_many(images: Any) -> bool:
+    if isinstance(images, torch.Tensor):
+        return images.dim() == 4  # (B, 3, H, W)
+    return isinstance(images, list | tuple)
+
+
+def _flatten(images: Iterable[ImageInput]) -> Iterator[ImageInput]:
+    for item in images:
+        if isinstance(item, torch.Tensor) and item.dim() == 4:
+            yield from item  # (3, H, W) each
+        else:
+            yield item
+
+
+def _to_picture(item: Any, limits: ImageLimits) -> Image.Image:
+    """An in-memory image as 8-bit RGB; the message of a wrong one says what is accepted."""
+    if isinstance(item, torch.Tensor):
+        item = _tensor_to_array(item)
+    if isinstance(item, np.ndarray):
+        if item.dtype != np.uint8 or item.ndim not in (2, 3):
+            raise DataError(f"an image array must be uint8 (H, W) or (H, W, 3), got "
+                            f"{item.dtype} {tuple(item.shape)}")  # fmt: skip
+        item = Image.fromarray(item)
+    if not isinstance(item, Image.Image):
+        raise DataError(f"cannot caption a {type(item).__name__}: give a file path, a PIL "
+                        "image, an image tensor or array, or a list of them")  # fmt: skip
+    return as_rgb(item, limits)
+
+
+def _tensor_to_array(tensor: torch.Tensor) -> np.ndarray:
+    """(3, H, W) or (1, H, W): uint8 in 0..255, or float in 0..1 (torchvision's convention)."""
+    if tensor.dim() != 3 or tensor.shape[0] not in (1, 3):
+        raise DataError(f"an image tensor must be (3, H, W), got {tuple(tensor.shape)}")
+    tensor = tensor.detach().cpu()
+    if tensor.is_floating_point():
+        tensor = (tensor.clamp(0, 1) * 255).round().to(torch.uint8)
+    array = tensor.to(torch.uint8).permute(1, 2, 0).numpy()  # (H, W, C)
+    return array[:, :, 0] if array.shape[2] == 1 else array

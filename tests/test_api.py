@@ -1,0 +1,132 @@
+"""The Python API: ``captioning.load(checkpoint).caption(image)`` for every input kind, on
+the same code path as the ``caption`` verb."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from matplotlib.figure import Figure
+from PIL import Image
+
+import captioning
+from captioning.cli import main
+from captioning.data.images import load_image
+from captioning.errors import DataError
+
+
+@pytest.fixture(scope="module")
+def model(tiny_checkpoint):
+    return captioning.load(tiny_checkpoint, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def images(tiny_shapes):
+    return sorted(str(p) for p in (tiny_shapes / "images" / "test").glob("*.png"))[:3]
+
+
+def test_the_readme_example(model, images):
+    result = model.caption(images[0], beam_size=3)
+    rows, cols = model.grid_shape
+    assert result.caption == " ".join(result.words) and result.words
+    assert result.alphas.shape == (len(result.words), rows, cols)
+    torch.testing.assert_close(result.alphas.sum(dim=(1, 2)), torch.ones(len(result.words)))
+    figure = result.plot()
+    assert isinstance(figure, Figure) and len(figure.axes) == 1 + len(result.words)
+    assert result._repr_png_().startswith(b"\x89PNG")
+    assert result.source == images[0] and result.image.size == (48, 48)
+
+
+def test_every_input_kind_gives_the_same_caption(model, images):
+    path = images[0]
+    picture = load_image(path)
+    pixels = np.asarray(picture)  # (H, W, 3) uint8
+    as_uint8 = torch.from_numpy(pixels.copy()).permute(2, 0, 1)  # (3, H, W)
+    expected = model.caption(path)
+    for item in (picture, pixels, as_uint8, as_uint8.float() / 255, picture.convert("RGBA")):
+        result = model.caption(item)
+        assert result.words == expected.words
+        torch.testing.assert_close(result.alphas, expected.alphas)
+
+
+def test_a_list_or_a_batch_tensor_gives_a_list_in_order(model, images):
+    one_by_one = [model.caption(path).caption for path in images]
+    assert [r.caption for r in model.caption(images)] == one_by_one
+    assert [r.caption for r in model.caption(tuple(images), batch_size=2)] == one_by_one
+    batch = torch.stack([torch.from_numpy(np.asarray(load_image(p)).copy()) for p in images])
+    results = model.caption(batch.permute(0, 3, 1, 2))  # (B, 3, H, W)
+    assert [r.caption for r in results] == one_by_one
+
+
+def test_the_caption_verb_goes_the_same_way(model, images, tmp_path, capsys):
+    assert main(["caption", *images, "--checkpoint", str(model.checkpoint), "--json",
+                 "--beam-size", "2", "--attention-dir", str(tmp_path)]) == 0  # fmt: skip
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["caption"] for r in records] == [
+        r.caption for r in model.caption(images, beam_size=2)
+    ]
+    assert all((tmp_path / f"{r['image'].rsplit('/', 1)[1][:-4]}.png").is_file() for r in records)
+
+
+def test_bad_inputs_are_one_line_errors(model, images, tmp_path):
+    text = tmp_path / "notes.png"
+    text.write_text("not an image")
+    with pytest.raises(DataError, match=r"notes.png: not an image file PIL can read$"):
+        model.caption(str(text))
+    with pytest.raises(DataError, match="cannot caption a int: give a file path"):
+        model.caption(3)
+    with pytest.raises(DataError, match=r"an image tensor must be \(3, H, W\)"):
+        model.caption(torch.zeros(5, 8, 8))
+    with pytest.raises(DataError, match="more than data.max_image_pixels"):
+        model.caption(Image.new("L", (9000, 8000)))
+    # caption_each keeps going: the bad input's failure comes in its place
+    items = list(model.caption_each([images[0], str(text), images[1]]))
+    assert [type(item).__name__ for item in items] == ["Caption", "Failed", "Caption"]
+    assert items[1].source == str(text) and "not an image file" in items[1].error
+
+
+def test_hard_attention_reports_its_chosen_cells(tiny_hard_checkpoint, images):
+    hard = captioning.load(tiny_hard_checkpoint, device="cpu")
+    assert hard.hard_attention
+    result = hard.caption(images[0], hard_context="argmax")
+    rows, cols = hard.grid_shape
+    assert len(result.cells) == len(result.words)
+    flat = result.alphas.flatten(1)  # (T, rows * cols)
+    assert result.cells == flat.argmax(dim=1).tolist()
+    assert result.to_dict()["cells"] == result.cells and result.grid == (rows, cols)
+
+
+def test_to_dict_is_json(model, images):
+    data = json.loads(json.dumps(model.caption(images[0]).to_dict()))
+    assert set(data) == {"caption", "words", "attention", "grid", "cells"}
+    assert len(data["attention"]) == len(data["words"])
+    assert [len(data["attention"][0]), len(data["attention"][0][0])] == data["grid"]
+
+
+def test_importing_the_package_does_not_import_torch():
+    code = "import sys, captioning; print('torch' in sys.modules, callable(captioning.load))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "True"]
+
+
+def test_a_notebook_shows_the_result_and_its_plot(model, images):
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    try:
+        result = model.caption(images[0])
+        for shown in (result, result.plot()):
+            data, _ = shell.display_formatter.format(shown)
+            assert data["image/png"][:4] == b"\x89PNG"
+    finally:
+        InteractiveShell.clear_instance()
+
+
+def test_a_diverged_models_nan_is_null_in_json():
+    alphas = torch.full((1, 2, 2), 0.25)  # (T, rows, cols)
+    alphas[0, 1, 1] = float("nan")
+    result = captioning.Caption("red", ["red"], alphas, Image.new("RGB", (4, 4)), "x.png")
+    data = json.loads(json.dumps(result.to_dict(), allow_nan=False))
+    assert data["attention"] == [[[0.25, 0.25], [0.25, None]]] and data["grid"] == [2, 2]
