@@ -425,7 +425,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(p, required=False)
     p.set_defaults(func=cmd_quickstart)
 
-    p = add_verb("serve", help="a web page and a JSON API that caption uploaded images")
+    _add_serve(add_verb("serve", help="a web page and a JSON API that caption uploaded images"))
+    return parser
+
+
+def _add_serve(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", required=True, help="a best.pt or last.pt file")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=_port, default=8000, help="port (default 8000)")
@@ -433,8 +437,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the largest upload taken, in MB (default 10)")  # fmt: skip
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
     p.set_defaults(func=cmd_serve)
-
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
