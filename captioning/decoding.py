@@ -356,7 +356,8 @@ class _Candidates:
         """The candidates from the live beams' scores and this step's ``log_probs`` (b*n, V)."""
         images, live = search.scores.shape
         vocab = log_probs.shape[1]
-        candidates = search.scores.unsqueeze(2) + log_probs.view(images, live, vocab)
+        # in place: this step's log-probabilities are not needed apart from the sums
+        candidates = log_probs.view(images, live, vocab).add_(search.scores.unsqueeze(2))
         width = min(2 * beam_size, live * vocab)
         scores, index = candidates.view(images, -1).topk(width, dim=1)  # (b, 2K)
         token = index % vocab  # (b, 2K)

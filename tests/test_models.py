@@ -99,8 +99,9 @@ def test_additive_score_in_blocks_and_in_compiled_form_match_the_plain_one(monke
     keys = score.project_keys(torch.randn(7, 9, 8))
     query = torch.randn(7 * 3, 6)
     blocks = []
-    plain_scores = score._scores
+    plain_scores, in_place = score._scores, score.activation_
     score._scores = lambda k, q: blocks.append(k.shape[0]) or plain_scores(k, q)
+    score.activation_ = lambda hidden: blocks.append(hidden.shape[0]) or in_place(hidden)
     with torch.no_grad():
         plain = score(keys, query)  # one block: 7 * 3 * 9 * 5 values fit the budget
         assert blocks == [7]

@@ -65,6 +65,7 @@ class AdditiveScore(nn.Module):
         self.query_proj = nn.Linear(query_dim, attention_dim, bias=False)
         self.out = nn.Linear(attention_dim, 1)
         self.activation = torch.tanh if activation == "tanh" else F.relu
+        self.activation_ = torch.Tensor.tanh_ if activation == "tanh" else torch.Tensor.relu_
 
     def project_keys(self, features: torch.Tensor) -> torch.Tensor:
         return self.key_proj(features)  # (B, L, A)
@@ -84,11 +85,18 @@ class AdditiveScore(nn.Module):
         per_block = max(1, SCORE_BLOCK_ELEMENTS // (g * cells * dim))  # images
         if per_block >= batch or keys.device.type != "cpu" or torch.is_grad_enabled():
             return self._scores(keys, projected).view(batch * g, cells)
-        blocks = [
-            self._scores(keys[start : start + per_block], projected[start : start + per_block])
-            for start in range(0, batch, per_block)
-        ]  # cache blocking: (b, G, L) each
-        return torch.cat(blocks).view(batch * g, cells)
+        # Cache blocking: one buffer for the hidden layer of a block, the add written into
+        # it, the activation in place, then the projection; no block allocates.
+        hidden = keys.new_empty(per_block, g, cells, dim)
+        scores = keys.new_empty(batch, g, cells)
+        weight = self.out.weight[0].to(keys.dtype)
+        for start in range(0, batch, per_block):
+            stop = min(start + per_block, batch)
+            block = hidden[: stop - start]
+            torch.add(keys[start:stop], projected[start:stop], out=block)
+            self.activation_(block)
+            torch.matmul(block, weight, out=scores[start:stop])  # (b, G, L)
+        return (scores + self.out.bias.to(scores.dtype)).view(batch * g, cells)
 
     def _scores(self, keys: torch.Tensor, projected: torch.Tensor) -> torch.Tensor:
         """(b, 1, L, A) keys, (b, G, 1, A) projected queries → (b, G, L)."""
