@@ -142,6 +142,9 @@ class TrainConfig:
     # Gumbel-softmax, or the exact marginal likelihood (model.context_to_lstm: false only)
     hard_estimator: Literal["reinforce", "reinforce_loo", "vimco", "gumbel", "exact"] = "reinforce"
     hard_samples: int = 4  # K, the samples per caption of reinforce_loo and vimco
+    # exact: the share of minibatches trained with the expected (soft) context instead of
+    # the marginal, drawn from the same per-step coin as the paper's mixing; 0: none
+    exact_soft_p: float = 0.0
     gumbel_temperature: float = 1.0  # the starting temperature of the relaxation
     gumbel_min_temperature: float = 0.5
     gumbel_anneal_rate: float = 1e-4  # temperature *= exp(-rate) after every step
@@ -404,6 +407,7 @@ _RANGES: dict[str, tuple[float | None, float | None, str]] = {
     "train.baseline_decay": (0, 1, ""),
     "train.semi_sampling_p": (0, 1, ""),
     "train.hard_samples": (1, None, ""),
+    "train.exact_soft_p": (0, 1, ""),
     "train.gumbel_temperature": (0, None, "min"),
     "train.gumbel_min_temperature": (0, None, "min"),
     "train.gumbel_anneal_rate": (0, None, ""),

@@ -23,7 +23,9 @@ costs):
 - ``gumbel``: straight-through Gumbel-softmax (hard one-hot forward, relaxed backward) with a
   temperature annealed per step. Biased.
 - ``exact``: log p(y | a) = sum_t log sum_l alpha_tl p(y_t | a_l, h_t), exact when the LSTM
-  never sees the context (``model.context_to_lstm: false``): no samples, no variance.
+  never sees the context (``model.context_to_lstm: false``): no samples, no variance. With
+  ``train.exact_soft_p`` > 0 that share of the minibatches trains the expected context
+  instead, as the paper mixes its sampled minibatches with soft ones.
 """
 
 from __future__ import annotations
@@ -157,9 +159,11 @@ class HardAttentionObjective:
         """The context option of optimisation step ``step`` for this process's ``batch``
         captions of ``steps`` words: the mixing coin, then the noise of the samples."""
         cfg = self.cfg
-        if self.estimator == "exact":
-            return _Plan(HardContext(mode="marginal"), repeat=1)
         coin = torch.Generator().manual_seed(cfg.seed * _COIN_STRIDE + step)
+        if self.estimator == "exact":
+            if cfg.exact_soft_p > 0 and float(torch.rand((), generator=coin)) < cfg.exact_soft_p:
+                return _Plan(HardContext(mode="expectation"), repeat=1)
+            return _Plan(HardContext(mode="marginal"), repeat=1)
         first = self.world.rank * batch  # this process's rows in the global batch
         use_expectation = None
         if cfg.semi_sampling == "batch":

@@ -302,8 +302,16 @@ def test_mixing_coin():
     mixed = torch.stack([h.use_expectation for h in modes(0.5, "sample", 20)])
     assert all(0 < int(row.sum()) < 64 for row in mixed)  # rows of one minibatch differ
     assert 0.4 < mixed.float().mean() < 0.6
-    # the exact marginal has no samples to mix
+    # the exact marginal has no samples to mix, but may train a share of its minibatches
+    # with the expected context (train.exact_soft_p), by the same per-step coin
     assert objective("exact", context_to_lstm=False).plan(0, 8, STEPS).hard.mode == "marginal"
+    exact = objective("exact", context_to_lstm=False, exact_soft_p=0.5)
+    exact_modes = [exact.plan(step, 64, STEPS).hard.mode for step in range(400)]
+    assert set(exact_modes) == {"marginal", "expectation"}
+    assert 0.4 < exact_modes.count("expectation") / 400 < 0.6
+    # the coin depends on the seed and the step only: a second objective draws the same
+    again = objective("exact", context_to_lstm=False, exact_soft_p=0.5)
+    assert [again.plan(step, 8, STEPS).hard.mode for step in range(400)] == exact_modes
 
 
 @pytest.mark.parametrize("estimator", ["reinforce", "reinforce_loo", "gumbel"])
