@@ -7,14 +7,18 @@ the COCO-size model must do, timed on its own.
 
 Per word, beam search over B images with K beams runs the decoder's dense layers on B*K
 rows (LSTM cell, deep output, vocabulary projection, attention query, gate, context) and the
-additive score's activation on B*K*L*A values. Both the reference and ours must do this
-work; the reference adds the re-projection of the grid. This script times the two parts
-alone, with nothing around them, at the sizes of ``python benchmarks/bench.py --sizes coco``:
+additive score w^T tanh(k_i + q) on B*K*L*A values; once per caption, it projects the grid
+into the score's keys. Both the reference and ours must do this work; the reference adds the
+re-projection of the grid at every word. This script times these parts alone, with nothing
+around them, at the sizes of ``python benchmarks/bench.py --sizes coco``:
 
-- the dense layers, each as one matrix product on B*K rows, and their FLOPs at the rate of
-  one large square product (the machine's best case);
-- the score's activation as eager ``torch.tanh`` on cache-sized blocks (what eager code
-  calls), and the whole score as the one fused reduction ``torch.compile`` makes of it.
+- the dense layers, each as one matrix product (the key projection once on B*L rows, the
+  others on B*K rows), and their FLOPs at the rate of one large square product (the
+  machine's best case);
+- the score as eager code must run it, three passes over one image's cache-resident block
+  with no allocation (the add into a buffer, ``tanh_`` in place, the projection onto w),
+  each timed on its own; and the whole score as the one fused reduction ``torch.compile``
+  makes of it.
 
 Their sum over a caption of ``--max-length`` words (the first word on B rows: every beam of
 an image starts the same) is a floor under any implementation that computes the same
@@ -174,18 +178,27 @@ def main(argv: list[str] | None = None) -> int:
     with torch.no_grad():
         first, first_gflop = dense_step(decoder, b, 1)
         step, step_gflop = dense_step(decoder, b, k)
-        dense = median_seconds(first, args.repeats) + later * median_seconds(step, args.repeats)
-        gflop = first_gflop + later * step_gflop
+        grid = torch.randn(b, CELLS, FEATURE_DIM)
+        keys_seconds = median_seconds(lambda: decoder.attention.project_keys(grid), args.repeats)
+        dense = (keys_seconds + median_seconds(first, args.repeats)
+                 + later * median_seconds(step, args.repeats))  # fmt: skip
+        gflop = 2 * b * CELLS * FEATURE_DIM * WIDTH / 1e9 + first_gflop + later * step_gflop
         # the machine's best: one large square product
         square = torch.randn(2048, 2048)
         peak = 2 * 2048**3 / 1e9 / median_seconds(lambda: square @ square, args.repeats)
 
-        # torch.tanh on one image's block at a time, as ours runs it: cache-resident
-        block = torch.randn(k, CELLS, WIDTH)
-        out = torch.empty_like(block)
-        per_image = median_seconds(lambda: torch.tanh(block, out=out), args.repeats * 10)
+        # the eager score on one image's block at a time, as ours runs it: cache-resident
+        image_keys, queries = torch.randn(1, CELLS, WIDTH), torch.randn(k, 1, WIDTH)
+        block, weight = torch.empty(k, CELLS, WIDTH), torch.randn(WIDTH)
+        scores = torch.empty(k, CELLS)
+        passes = {
+            "add": lambda: torch.add(image_keys, queries, out=block),
+            "tanh": lambda: block.tanh_(),
+            "projection": lambda: torch.matmul(block, weight, out=scores),
+        }
         activations = b * (1 + later * k) * CELLS * WIDTH
-        tanh = per_image * activations / block.numel()
+        eager = {name: median_seconds(fn, args.repeats * 10) * activations / block.numel()
+                 for name, fn in passes.items()}  # fmt: skip
 
         fused = None
         if not args.no_compile:
@@ -202,8 +215,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{gflop / dense:.0f} GFLOP/s)")  # fmt: skip
     print(f"dense layers at the peak rate:   {gflop / peak:.3g} s  ({peak:.0f} GFLOP/s, "
           f"2048 x 2048 matrix product)")  # fmt: skip
-    print(f"score activation, eager tanh:    {tanh:.3g} s  ({activations / 1e6:.0f}M values)")
-    floors = {"eager": dense + tanh}
+    for name, seconds in eager.items():
+        print(f"score, eager {name + ':':24s}{seconds:.3g} s  ({activations / 1e6:.0f}M values)")
+    floors = {"eager": dense + sum(eager.values())}
     if fused is not None:
         print(f"whole score, compiled (fused):   {fused:.3g} s")
         floors["compiled"] = dense + fused
