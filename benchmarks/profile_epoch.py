@@ -18,7 +18,12 @@ is that of every later epoch.
 (``Decoder.parallel = False``), and ``--no-channels-last`` runs the encoder's convolutions on
 plain NCHW tensors: what the code did before those two changes, for before/after tables.
 ``--ops`` adds torch.profiler's table of the operators with the most self time over the timed
-steps. Prints a Markdown table; ``--out`` also writes the numbers as JSON.
+steps. ``--compile`` calls the model through ``torch.compile`` (the whole forward, and through
+AOTAutograd the backward): phases are not split then (hooks would break the graph), the first
+steps' compilation is timed apart (``compile_warmup_seconds``: the warm-up steps, each
+caption length a new shape until the compiler marks it dynamic) and the loss of one batch is
+compared with the eager model's (``compiled_loss_difference``). Prints a Markdown table;
+``--out`` also writes the numbers as JSON.
 """
 
 from __future__ import annotations
@@ -119,9 +124,12 @@ def profile_epoch(
     ops: bool = False,
     step_loop: bool = False,
     channels_last: bool = True,
+    compile: bool = False,
+    warmup: int = 2,
 ) -> dict[str, Any]:
-    """Median phase times of ``steps`` training steps and one validation's decode and
-    scoring, for ``config`` with ``overrides``."""
+    """Median phase times of ``steps`` training steps (after ``warmup`` untimed ones) and
+    one validation's decode and scoring, for ``config`` with ``overrides``; with
+    ``compile``, of the model called through ``torch.compile``."""
     Decoder.parallel = not step_loop
     encoder_module.CHANNELS_LAST = channels_last
     cfg = load_config(config, [*overrides, "train.quiet=true"])
@@ -135,10 +143,24 @@ def profile_epoch(
             dataset.image(index)
     first_epoch_loading = time.perf_counter() - started
     clock = _Clock()
-    _instrument(setup, clock)
     batches = _batches(setup)
-    for _ in range(2):
+    loss_difference = None
+    if compile:
+        batch = next(batches)
+        eager = setup.module
+        setup.module = torch.compile(eager)
+        images = batch["images"].to(device) if "images" in batch else None
+        grid = batch["grid"].to(device) if "grid" in batch else None
+        with torch.no_grad():
+            losses = [setup.run.objective.loss(module, images, grid, batch["tokens"].to(device), 0)
+                      .total.item() for module in (eager, setup.module)]  # fmt: skip
+        loss_difference = abs(losses[0] - losses[1])
+    else:
+        _instrument(setup, clock)
+    started = time.perf_counter()
+    for _ in range(warmup):
         _step_phases(setup, clock, batches, device)
+    warmup_seconds = time.perf_counter() - started
     profiler = torch.profiler.profile() if ops else None
     samples: list[dict[str, float]] = []
     if profiler is not None:
@@ -148,6 +170,10 @@ def profile_epoch(
     if profiler is not None:
         profiler.__exit__(None, None, None)
     step = {name: statistics.median(s[name] for s in samples) for name in PHASES}
+    if compile:  # no hooks: everything after the data is one phase
+        step = {"data": step["data"],
+                "forward, backward, optimiser": statistics.median(
+                    sum(s.values()) - s["data"] for s in samples)}  # fmt: skip
     started = time.perf_counter()
     predictions, _ = decode_dataset(setup.run.model, setup.val_dataset, cfg, device)
     decode_seconds = time.perf_counter() - started
@@ -162,6 +188,9 @@ def profile_epoch(
         "overrides": list(overrides),
         "step_loop": step_loop,
         "channels_last": channels_last,
+        "compiled": compile,
+        "compile_warmup_seconds": warmup_seconds if compile else None,
+        "compiled_loss_difference": loss_difference,
         "threads": torch.get_num_threads(),
         "batch_size": cfg.train.batch_size,
         "steps_per_epoch": steps_per_epoch,
@@ -185,7 +214,8 @@ def format_markdown(result: dict[str, Any]) -> str:
         + f": batch {result['batch_size']}, {steps} steps per epoch, "
         f"{result['threads']} threads"
         + (", step loop" if result["step_loop"] else "")
-        + ("" if result["channels_last"] else ", NCHW convolutions"),
+        + ("" if result["channels_last"] else ", NCHW convolutions")
+        + (", torch.compile" if result.get("compiled") else ""),
         "",
         "| phase | per step | per epoch | share |",
         "| --- | --- | --- | --- |",
@@ -201,6 +231,10 @@ def format_markdown(result: dict[str, Any]) -> str:
         lines += ["", f"The first epoch also decodes every image once into the cache "
                   f"(`data.cache_images`): {result['first_epoch_image_loading_seconds']:.1f} s; "
                   f"the table is for the epochs after it."]  # fmt: skip
+    if result.get("compiled"):
+        lines += ["", f"Compiled: the warm-up steps took {result['compile_warmup_seconds']:.1f} s "
+                  f"(compilation); one batch's loss differs from the eager model's by "
+                  f"{result['compiled_loss_difference']:.2g}."]  # fmt: skip
     if result["ops"]:
         lines += ["", "```", result["ops"].rstrip(), "```"]
     return "\n".join(lines)
@@ -220,13 +254,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--no-channels-last", action="store_true",
                         help="NCHW convolutions (the code before channels-last)")  # fmt: skip
+    parser.add_argument("--compile", action="store_true",
+                        help="call the model through torch.compile (whole steps, not phases)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (default 2)")
     parser.add_argument("--out", help="also write the numbers as JSON here")
     args = parser.parse_args(argv)
     if args.steps < 1:
         parser.error("--steps must be at least 1")
     try:
-        result = profile_epoch(args.config, args.set, args.steps, args.ops,
-                               args.step_loop, not args.no_channels_last)  # fmt: skip
+        result = profile_epoch(args.config, args.set, args.steps, args.ops, args.step_loop,
+                               not args.no_channels_last, args.compile, args.warmup)  # fmt: skip
     except CaptioningError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

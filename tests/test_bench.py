@@ -5,6 +5,7 @@ and check."""
 import json
 import math
 import subprocess
+import shutil
 import sys
 from functools import partial
 from pathlib import Path
@@ -527,3 +528,26 @@ def test_profile_epoch_splits_the_step_into_phases(tmp_path, capsys):
     expected = result["steps_per_epoch"] * result["step_seconds"] + validation
     assert math.isclose(result["epoch_seconds"], expected, rel_tol=1e-9)
     assert "| encoder backward |" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
+                    reason="torch.compile on the CPU needs a C++ compiler")  # fmt: skip
+def test_profile_epoch_compiled_matches_the_eager_loss(tmp_path, capsys):
+    """--compile times whole steps of the compiled model after its compilation, and one
+    batch's loss through the compiled model equals the eager one."""
+    from benchmarks import profile_epoch
+    from captioning.data.shapes import generate_shapes
+
+    generate_shapes(tmp_path / "shapes", num_train=16, num_val=4, num_test=4, image_size=48)
+    config = str(Path(__file__).resolve().parent.parent / "configs" / "test_tiny.yaml")
+    out = tmp_path / "profile.json"
+    code = profile_epoch.main(["--config", config, "--set", f"data.root={tmp_path / 'shapes'}",
+                               "--set", "model.dropout=0", "--steps", "2", "--compile",
+                               "--out", str(out)])  # fmt: skip
+    assert code == 0
+    result = json.loads(out.read_text())
+    assert result["compiled"] and result["compile_warmup_seconds"] > 0
+    assert result["compiled_loss_difference"] < 1e-4
+    assert list(result["phases"]) == ["data", "forward, backward, optimiser"]
+    assert "torch.compile" in capsys.readouterr().out
