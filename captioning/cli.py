@@ -423,7 +423,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--spice", action="store_true", help="also SPICE (downloads its models)")
     p.set_defaults(func=cmd_evaluate)
 
-    p = add_verb("caption", help="caption image files and draw per-word attention")
+    _add_caption(add_verb("caption", help="caption image files and draw per-word attention"))
+
+    p = add_verb("quickstart", help="shapes data, a short training run, evaluation, heatmaps")
+    p.add_argument("--out", default="runs/quickstart", help="run folder (replaced)")
+    p.add_argument("--data-root", default="data/shapes", help="where the shapes data lives")
+    _add_config_args(p, required=False)
+    p.set_defaults(func=cmd_quickstart)
+
+    _add_serve(add_verb("serve", help="a web page and a JSON API that caption uploaded images"))
+    return parser
+
+
+def _add_caption(p: argparse.ArgumentParser) -> None:
     p.add_argument("images", nargs="+", metavar="IMG", help="image files (JPEG, PNG, WebP, ...)")
     _add_checkpoint_args(p)
     p.add_argument("--attention-dir", default=None, help="write per-word heatmaps here")
@@ -436,15 +448,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="one JSON object per line (with multi-head weights and local "
                    "centres, null for other models)")  # fmt: skip
     p.set_defaults(func=cmd_caption)
-
-    p = add_verb("quickstart", help="shapes data, a short training run, evaluation, heatmaps")
-    p.add_argument("--out", default="runs/quickstart", help="run folder (replaced)")
-    p.add_argument("--data-root", default="data/shapes", help="where the shapes data lives")
-    _add_config_args(p, required=False)
-    p.set_defaults(func=cmd_quickstart)
-
-    _add_serve(add_verb("serve", help="a web page and a JSON API that caption uploaded images"))
-    return parser
 
 
 def _add_serve(p: argparse.ArgumentParser) -> None:

@@ -475,33 +475,21 @@ def beam_search(
     maps, local centre or chosen cell, for the models that have them) and its total
     log-probability.
     """
-    batch, cells, _ = features.shape
-    device = features.device
+    batch, device = features.shape[0], features.device
     # The grid and its keys stay one copy per image: the step scores the beams of an image
     # against it as a group. The search starts from one live beam per image, so the first
     # step runs B rows, not B*K identical ones.
     keys = decoder.prepare(features)  # (B, L, A)
     state = decoder.init_state(features)  # (B, H)
     tokens = torch.full((batch,), Vocabulary.start_id, device=device)
-    search = _Search.start(batch, cells, max_length, device)
-    answer = Decoded(
-        tokens=search.best_words.clone(),  # (B, T)
-        lengths=search.best_length.clone(),  # (B,)
-        alphas=search.best_maps.clone(),  # (B, T, L); (B, T, W) with extras
-        scores=search.best_raw.clone(),  # (B,)
-    )
+    if max_length < 1:
+        raise ValueError(f"max_length must be at least 1, got {max_length}")
     longest_penalty = _length_penalty(torch.tensor(max_length), length_penalty)
     hard = HardContext(mode=hard_context)
-    record = _WordRecord(cells)
     for step in range(max_length):
         out = decoder.step(tokens, state, features, keys, hard)
         if step == 0:  # the first step shows what the model reports per word
-            if out.attention.cell is not None:
-                answer.cells = search.best_cells.new_zeros(batch, max_length)
-            record = _WordRecord.of(out.attention)
-            if record.width != cells:  # heads or a centre: wider records from the start
-                search = _Search.start(batch, record.width, max_length, device)
-                answer.alphas = search.best_maps.clone()  # (B, T, W)
+            record, search, answer = _begin(out.attention, batch, max_length, device)
         log_probs = torch.log_softmax(out.logits.float(), dim=1)  # (b*n, V)
         log_probs = _mask_logits(log_probs, step, min_length, suppress_unk)
         candidates = _Candidates.top(search, log_probs, beam_size)
@@ -528,7 +516,31 @@ def beam_search(
             state = state.select(beam_rows.view(-1))
             tokens = tokens.index_select(0, beam_rows.view(-1))
     search.settle(answer)
+    return _trimmed(answer, record)
 
+
+def _begin(
+    attention: AttentionOutput, batch: int, max_length: int, device: torch.device
+) -> tuple[_WordRecord, _Search, Decoded]:
+    """What each word records (from the first step's ``attention``), the search with one
+    live beam per image, and the answer its images settle into: tokens (B, T), lengths
+    (B,), records (B, T, W) in ``alphas``, scores (B,), and cells (B, T) when the model
+    chooses them."""
+    record = _WordRecord.of(attention)
+    search = _Search.start(batch, record.width, max_length, device)
+    answer = Decoded(
+        tokens=search.best_words.clone(),  # (B, T)
+        lengths=search.best_length.clone(),  # (B,)
+        alphas=search.best_maps.clone(),  # (B, T, W)
+        scores=search.best_raw.clone(),  # (B,)
+        cells=None if attention.cell is None else search.best_cells.clone(),  # (B, T)
+    )
+    return record, search, answer
+
+
+def _trimmed(answer: Decoded, record: _WordRecord) -> Decoded:
+    """The settled ``answer`` cut to its longest caption and that caption's ``<end>``, its
+    records split into alphas, heads and centres."""
     width = max(int(answer.lengths.max()) + 1, 1)
     alphas, heads, centres = record.unpack(answer.alphas[:, :width])
     return Decoded(
