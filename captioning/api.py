@@ -8,6 +8,7 @@
     result = model.caption("photo.jpg", beam_size=3)  # a path, PIL image, tensor, or a list
     result.caption, result.words, result.alphas  # alphas: (words, rows, cols)
     result.plot()  # a matplotlib figure of the per-word heatmaps
+    result.heads, result.centres  # multi-head: (words, H, rows, cols); local: (words, 2)
 
 The ``caption`` verb, ``evaluate``, the quickstart, the notebook and the web demo all load
 and caption through this module, on top of :mod:`captioning.inference`.
@@ -31,7 +32,7 @@ from PIL import Image
 
 from captioning.config import Config
 from captioning.data.images import ImageLimits, as_rgb, load_image
-from captioning.errors import DataError
+from captioning.errors import ConfigError, DataError
 from captioning.inference import (
     CaptionResult,
     ImageSource,
@@ -58,6 +59,11 @@ class Caption:
         image: the RGB image as it was captioned (upright, its own size).
         source: the file it came from, or ``"image 3"`` for the fourth in-memory input.
         cells: hard attention: the flat index of the cell chosen for each word, else None.
+        heads: multi-head attention: each head's map behind each word, ``(words, H, rows,
+            cols)`` (``alphas`` is their mean), else None.
+        centres: local attention: the centre the model predicted for each word, ``(words,
+            2)`` as (row, column) in cells (cell ``(r, c)`` spans ``[r, r + 1) x [c, c + 1)``),
+            else None.
     """
 
     caption: str
@@ -66,6 +72,8 @@ class Caption:
     image: Image.Image
     source: str
     cells: list[int] | None = None
+    heads: torch.Tensor | None = None  # (T, H, rows, cols)
+    centres: torch.Tensor | None = None  # (T, 2)
 
     @property
     def grid(self) -> tuple[int, int]:
@@ -74,44 +82,66 @@ class Caption:
 
     def plot(self, smooth: bool = True, columns: int = 5) -> Figure:
         """A figure of the image and one heatmap per word (hard attention: the chosen cell
-        outlined). Nothing is shown on screen or written: a notebook displays it, and
-        ``.savefig(path)`` writes it."""
+        outlined; local attention: the centre crossed). Nothing is shown on screen or
+        written: a notebook displays it, and ``.savefig(path)`` writes it."""
         from captioning.viz import attention_grid
 
         _notebooks_show_figures()
-        drawing = dict(smooth=smooth, chosen_cells=self.cells, title=self.caption)
-        return attention_grid(
-            self.image, self.words, self.alphas, self.grid, columns=columns, **drawing
-        )
+        return attention_grid(self.image, self.words, self.alphas, self.grid, columns=columns,
+                              title=self.caption, **self._marks(smooth))  # fmt: skip
 
     def save(self, path: str | Path, smooth: bool = True) -> Path:
         """Write :meth:`plot` as a PNG at ``path`` (parent folders are created)."""
         from captioning.viz import attention_grid_figure
 
-        drawing = dict(smooth=smooth, chosen_cells=self.cells, title=self.caption)
-        return attention_grid_figure(
-            self.image, self.words, self.alphas, self.grid, path, **drawing
-        )
+        return attention_grid_figure(self.image, self.words, self.alphas, self.grid, path,
+                                     title=self.caption, **self._marks(smooth))  # fmt: skip
 
     def save_gif(self, path: str | Path, smooth: bool = True) -> Path:
         """Write an animated GIF at ``path``: one frame per word, its heatmap over the image."""
         from captioning.viz import attention_gif
 
-        drawing = dict(smooth=smooth, chosen_cells=self.cells)
-        return attention_gif(self.image, self.words, self.alphas, self.grid, path, **drawing)
+        return attention_gif(self.image, self.words, self.alphas, self.grid, path,
+                             **self._marks(smooth))  # fmt: skip
+
+    def plot_heads(self, smooth: bool = True) -> Figure:
+        """A figure of each head's heatmap per word (one row per head, then their mean).
+
+        Raises:
+            ConfigError: the model has a single attention head."""
+        from captioning.viz import heads_grid
+
+        _notebooks_show_figures()
+        return heads_grid(self.image, self.words, self._heads(), self.grid, smooth, self.caption)
+
+    def save_heads(self, path: str | Path, smooth: bool = True) -> Path:
+        """Write :meth:`plot_heads` as a PNG at ``path`` (parent folders are created)."""
+        from captioning.viz import heads_figure
+
+        return heads_figure(self.image, self.words, self._heads(), self.grid, path, smooth,
+                            self.caption)  # fmt: skip
+
+    def _heads(self) -> torch.Tensor:
+        if self.heads is None:
+            raise ConfigError(SINGLE_HEAD)
+        return self.heads
+
+    def _marks(self, smooth: bool) -> dict[str, Any]:
+        return dict(smooth=smooth, chosen_cells=self.cells, centres=self.centres)
 
     def to_dict(self, decimals: int = 4) -> dict[str, Any]:
         """Plain JSON data: ``caption``, ``words``, ``attention`` (one rows x cols map per
-        word, rounded to ``decimals``; null where not finite), ``grid`` and ``cells``."""
-        maps = np.round(self.alphas.float().numpy().astype(np.float64), decimals)
-        # a diverged model's NaN is no JSON number: it becomes null
-        maps = np.where(np.isfinite(maps), maps, None)  # (T, rows, cols)
+        word, rounded to ``decimals``; null where not finite), ``grid``, ``cells``, and
+        ``heads`` (H rows x cols maps per word) and ``centres`` ((row, column) per word),
+        each null for the models without them."""
         return {
             "caption": self.caption,
             "words": list(self.words),
-            "attention": maps.tolist(),
+            "attention": _json_numbers(self.alphas, decimals),
             "grid": list(self.grid),
             "cells": self.cells,
+            "heads": None if self.heads is None else _json_numbers(self.heads, decimals),
+            "centres": None if self.centres is None else _json_numbers(self.centres, decimals),
         }
 
     def _repr_png_(self) -> bytes:
@@ -121,6 +151,18 @@ class Caption:
         figure.savefig(buffer, format="png")
         figure.clear()
         return buffer.getvalue()
+
+
+# What asking a single-head model for its heads' figure says.
+SINGLE_HEAD = ("this model has a single attention head, so there is no per-head figure "
+               "(a multi-head model is trained with --set model.heads=H, H > 1)")  # fmt: skip
+
+
+def _json_numbers(values: torch.Tensor, decimals: int) -> list:
+    """Nested lists of ``values`` rounded to ``decimals``; a diverged model's NaN is no JSON
+    number: it becomes null."""
+    rounded = np.round(values.float().numpy().astype(np.float64), decimals)
+    return np.where(np.isfinite(rounded), rounded, None).tolist()
 
 
 @dataclass
@@ -169,6 +211,12 @@ class CaptionModel:
     def hard_attention(self) -> bool:
         """True for a hard (stochastic) attention model: ``hard_context`` applies."""
         return self.model.hard_attention
+
+    @property
+    def heads(self) -> int:
+        """H, the attention heads (1 but for multi-head models, whose captions carry
+        ``heads``)."""
+        return self.model.attention_heads
 
     def caption(
         self,
@@ -241,13 +289,19 @@ class CaptionModel:
         if result.error is not None:
             return Failed(source=result.image, error=result.error)
         rows, cols = self.grid_shape
+        words = len(result.words)
+        heads = None
+        if result.heads is not None:
+            heads = result.heads.reshape(words, -1, rows, cols)  # (T, H, rows, cols)
         return Caption(
             caption=result.caption,
             words=result.words,
-            alphas=result.alphas.reshape(len(result.words), rows, cols),  # (T, rows, cols)
+            alphas=result.alphas.reshape(words, rows, cols),  # (T, rows, cols)
             image=result.picture,
             source=result.image,
             cells=result.cells,
+            heads=heads,
+            centres=result.centres,  # (T, 2)
         )
 
     def __repr__(self) -> str:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from captioning.errors import CaptioningError
+from captioning.errors import CaptioningError, ConfigError
 
 if TYPE_CHECKING:
     from captioning.config import Config
@@ -233,7 +233,15 @@ def cmd_caption(args: argparse.Namespace) -> int:
     from captioning.api import Failed, load
     from captioning.inference import figure_stem
 
+    if args.per_head and not args.attention_dir:
+        raise ConfigError("--per-head writes its figures into --attention-dir: give one")
     model = load(args.checkpoint, args.device)
+    if args.per_head and model.heads == 1:
+        raise ConfigError(
+            f"--per-head draws each attention head, but {args.checkpoint} has a single head: "
+            "give a multi-head checkpoint (trained with --set model.heads=H, H > 1), or leave "
+            "out --per-head"
+        )
     decoding = dict(beam_size=args.beam_size, hard_context=args.hard_context)
     failures = 0
     used: set[str] = set()
@@ -251,7 +259,12 @@ def cmd_caption(args: argparse.Namespace) -> int:
             record["attention"] = str(result.save(out / f"{stem}.png", not args.no_smooth))
             if args.gif:
                 result.save_gif(out / f"{stem}.gif", smooth=not args.no_smooth)
+            if args.per_head:
+                path = result.save_heads(out / f"{stem}_heads.png", not args.no_smooth)
+                record["heads_figure"] = str(path)
         if args.json:
+            data = result.to_dict()
+            record.update(heads=data["heads"], centres=data["centres"])
             print(json.dumps(record), flush=True)
         else:
             print(f"{result.source}: {result.caption}", flush=True)
@@ -410,14 +423,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--spice", action="store_true", help="also SPICE (downloads its models)")
     p.set_defaults(func=cmd_evaluate)
 
-    p = add_verb("caption", help="caption image files and draw per-word attention")
-    p.add_argument("images", nargs="+", metavar="IMG", help="image files (JPEG, PNG, WebP, ...)")
-    _add_checkpoint_args(p)
-    p.add_argument("--attention-dir", default=None, help="write per-word heatmaps here")
-    p.add_argument("--gif", action="store_true", help="also an animated GIF per image")
-    p.add_argument("--no-smooth", action="store_true", help="blocky cells, not interpolated")
-    p.add_argument("--json", action="store_true", help="one JSON object per line")
-    p.set_defaults(func=cmd_caption)
+    _add_caption(add_verb("caption", help="caption image files and draw per-word attention"))
 
     p = add_verb("quickstart", help="shapes data, a short training run, evaluation, heatmaps")
     p.add_argument("--out", default="runs/quickstart", help="run folder (replaced)")
@@ -427,6 +433,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_serve(add_verb("serve", help="a web page and a JSON API that caption uploaded images"))
     return parser
+
+
+def _add_caption(p: argparse.ArgumentParser) -> None:
+    p.add_argument("images", nargs="+", metavar="IMG", help="image files (JPEG, PNG, WebP, ...)")
+    _add_checkpoint_args(p)
+    p.add_argument("--attention-dir", default=None, help="write per-word heatmaps here")
+    p.add_argument("--gif", action="store_true", help="also an animated GIF per image")
+    p.add_argument("--no-smooth", action="store_true", help="blocky cells, not interpolated")
+    p.add_argument("--per-head", action="store_true",
+                   help="multi-head models: also a figure of each head's maps per word "
+                   "(NAME_heads.png in --attention-dir)")  # fmt: skip
+    p.add_argument("--json", action="store_true",
+                   help="one JSON object per line (with multi-head weights and local "
+                   "centres, null for other models)")  # fmt: skip
+    p.set_defaults(func=cmd_caption)
 
 
 def _add_serve(p: argparse.ArgumentParser) -> None:

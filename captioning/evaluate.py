@@ -20,7 +20,8 @@ from captioning.metrics import AttentionMaps, score_predictions
 logger = logging.getLogger("captioning")
 
 TABLE_KEYS = ("Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "METEOR", "ROUGE_L", "CIDEr", "SPICE",
-              "exact_match", "pointing_game", "attention_in_box")  # fmt: skip
+              "exact_match", "pointing_game", "attention_in_box",
+              "centre_pointing_game")  # fmt: skip
 
 
 def evaluate_checkpoint(

@@ -108,6 +108,8 @@ class CaptionResult:
     words: list[str] | None = None
     alphas: torch.Tensor | None = None  # (T, L), one map per word
     cells: list[int] | None = None  # hard attention: the chosen cell per word
+    heads: torch.Tensor | None = None  # (T, H, L) multi-head attention: each head's maps
+    centres: torch.Tensor | None = None  # (T, 2) local attention: (row, column) in cells
     figure: str | None = None
     gif: str | None = None
     error: str | None = None
@@ -121,12 +123,18 @@ class CaptionResult:
         length = int(decoded.lengths)
         words = vocab.decode_tokens(decoded.tokens[:length].tolist())
         cells = None if decoded.cells is None else decoded.cells[:length].tolist()
+
+        def per_word(values: torch.Tensor | None) -> torch.Tensor | None:
+            return None if values is None else values[:length].float().cpu()
+
         return cls(
             image=image,
             caption=" ".join(words),
             words=words,
-            alphas=decoded.alphas[:length].float().cpu(),  # (T, L)
+            alphas=per_word(decoded.alphas),  # (T, L)
             cells=cells,
+            heads=per_word(decoded.heads),  # (T, H, L)
+            centres=per_word(decoded.centres),  # (T, 2)
         )
 
 
@@ -263,14 +271,15 @@ def draw_attention(
     gif: bool = False,
     limits: ImageLimits = DEFAULT_LIMITS,
 ) -> CaptionResult:
-    """Write the per-word attention grid (and optionally a GIF) of a captioned image."""
+    """Write the per-word attention grid (and optionally a GIF) of a captioned image, with
+    local attention's centres marked."""
     from captioning.viz import attention_gif, attention_grid_figure
 
     if not result.words:  # an empty caption has nothing to show
         return result
     image = result.picture if result.picture is not None else load_image(result.image, limits)
     out_dir = Path(out_dir)
-    drawing = dict(smooth=smooth, chosen_cells=result.cells)
+    drawing = dict(smooth=smooth, chosen_cells=result.cells, centres=result.centres)
     result.figure = str(
         attention_grid_figure(
             image,

@@ -8,14 +8,16 @@ and need no display.
 
 Attention weights come as one row per word over ``L = grid_h * grid_w`` encoder cells,
 flattened row-major: cell ``(r, c)`` is index ``r * grid_w + c``. The grid shape is always an
-argument, since it depends on the encoder and its input size.
+argument, since it depends on the encoder and its input size. Local attention's centres come
+as (row, column) in cells, cell ``(r, c)`` spanning ``[r, r + 1) x [c, c + 1)``; they are
+drawn as a cross. A multi-head model's heads get a figure of their own, one row per head.
 """
 
 from __future__ import annotations
 
 import textwrap
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,7 @@ import matplotlib
 import numpy as np
 import torch
 import torch.nn.functional as F
+from matplotlib import patheffects
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import Colormap
 from matplotlib.figure import Figure
@@ -32,6 +35,9 @@ from PIL import Image
 __all__ = [
     "attention_gif",
     "attention_grid_figure",
+    "centre_position",
+    "heads_figure",
+    "heads_grid",
     "overlay_array",
     "upsample_attention",
 ]
@@ -95,6 +101,19 @@ def _attention_map(alpha: np.ndarray, grid_shape: tuple[int, int], what: str) ->
             f"or ({grid_h}, {grid_w}) for grid {grid_h}x{grid_w}"
         )
     return alpha
+
+
+def _check_centres(
+    centres: torch.Tensor | np.ndarray | Sequence | None, n_words: int
+) -> np.ndarray | None:
+    """Local attention's centres as a (T, 2) array of (row, column), or None."""
+    if centres is None:
+        return None
+    array = _as_numpy(centres, "centres")
+    if array.shape != (n_words, 2):
+        raise ValueError(f"centres must be (row, column) per word, shape ({n_words}, 2); "
+                         f"got shape {tuple(array.shape)}")  # fmt: skip
+    return array
 
 
 def _check_caption(
@@ -273,6 +292,32 @@ def _cell_rectangle(
     )
 
 
+def centre_position(
+    centre: Sequence[float] | np.ndarray, grid_shape: tuple[int, int], size: tuple[int, int]
+) -> tuple[float, float]:
+    """Where a local-attention centre (row, column, in cells) lies on an image of ``size``
+    (width, height): ``(x, y)`` in pixels from the image's top-left corner (the column gives
+    x, the row y, each times the cell size)."""
+    grid_h, grid_w = _check_grid(grid_shape)
+    width, height = _check_size(size)
+    row, col = (float(v) for v in centre)
+    return col * width / grid_w, row * height / grid_h
+
+
+def _mark_centre(
+    ax, centre: np.ndarray, grid_shape: tuple[int, int], width: int, height: int, size: float
+) -> None:
+    """A cross at a local-attention centre, in imshow coordinates (pixel edges at -0.5); not
+    clipped, so that a centre on the image's edge still shows."""
+    x, y = centre_position(centre, grid_shape, (width, height))
+    outline = [patheffects.withStroke(linewidth=size / 3, foreground="black")]
+    ax.plot([x - 0.5], [y - 0.5], marker="x", markersize=size, markeredgewidth=size / 5,
+            color=_BOX_COLOUR, linestyle="none", path_effects=outline,
+            clip_on=False)  # fmt: skip
+    ax.set_xlim(-0.5, width - 0.5)  # a centre near an edge must not widen the axes
+    ax.set_ylim(height - 0.5, -0.5)
+
+
 def _blank_axes(ax) -> None:
     ax.set_xticks([])
     ax.set_yticks([])
@@ -300,14 +345,21 @@ class _PanelLayout:
 
     @classmethod
     def make(
-        cls, n_panels: int, columns: int, width: int, height: int, heading: str
+        cls,
+        n_panels: int,
+        columns: int,
+        width: int,
+        height: int,
+        heading: str,
+        panel_inches: float = _PANEL_INCHES,
+        heading_panels: int = 1,
     ) -> _PanelLayout:
         n_cols = min(columns, n_panels)
-        panel_w = _PANEL_INCHES * width / max(width, height)
-        panel_h = _PANEL_INCHES * height / max(width, height)
-        # Roughly the characters of 10 pt text that fit above one panel, so the caption
-        # wraps instead of running over its neighbours.
-        heading = textwrap.fill(heading, max(12, int(panel_w * 11)))
+        panel_w = panel_inches * width / max(width, height)
+        panel_h = panel_inches * height / max(width, height)
+        # Roughly the characters of 10 pt text that fit above ``heading_panels`` panels, so
+        # the caption wraps instead of running over its neighbours.
+        heading = textwrap.fill(heading, max(12, int(panel_w * 11 * heading_panels)))
         # Each row's word title lives in the gap above its panel, and the top margin grows
         # with the heading's line count so it never leaves the figure.
         top = 0.14 + 0.18 * (heading.count("\n") + 1)
@@ -344,6 +396,7 @@ def attention_grid_figure(
     chosen_cells: Sequence[int] | None = None,
     columns: int = 5,
     title: str | None = None,
+    centres: torch.Tensor | np.ndarray | None = None,
 ) -> Path:
     """Write :func:`attention_grid` (the image and one attention overlay per word) as a PNG.
 
@@ -354,7 +407,13 @@ def attention_grid_figure(
         ``path`` as a :class:`Path`.
     """
     fig = attention_grid(image, words, alphas, grid_shape, smooth=smooth,
-                         chosen_cells=chosen_cells, columns=columns, title=title)  # fmt: skip
+                         chosen_cells=chosen_cells, columns=columns, title=title,
+                         centres=centres)  # fmt: skip
+    return _save_png(fig, path)
+
+
+def _save_png(fig: Figure, path: str | Path) -> Path:
+    """Write ``fig`` at ``path`` (parent folders created) and free it."""
     try:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -373,6 +432,7 @@ def attention_grid(
     chosen_cells: Sequence[int] | None = None,
     columns: int = 5,
     title: str | None = None,
+    centres: torch.Tensor | np.ndarray | None = None,
 ) -> Figure:
     """A figure of the image and one attention overlay per word (no pyplot involved).
 
@@ -393,16 +453,19 @@ def attention_grid(
             for each word; that cell is outlined on the word's panel.
         columns: panels per row.
         title: the first panel's title instead of the caption.
+        centres: for local attention, ``(T, 2)`` the centre (row, column, in cells) the
+            model predicted for each word; a cross marks it on the word's panel.
 
     Returns:
         A matplotlib :class:`~matplotlib.figure.Figure` with an Agg canvas.
 
     Raises:
-        ValueError: ``words``, ``alphas`` and ``chosen_cells`` disagree in length, a row of
-            ``alphas`` does not match ``grid_shape``, a chosen cell is outside the grid, or
-            ``columns`` is below 1.
+        ValueError: ``words``, ``alphas``, ``chosen_cells`` and ``centres`` disagree in
+            length, a row of ``alphas`` does not match ``grid_shape``, a chosen cell is
+            outside the grid, or ``columns`` is below 1.
     """
     words, maps, cells = _check_caption(words, alphas, grid_shape, chosen_cells)
+    centres = _check_centres(centres, len(words))
     grid_shape = _check_grid(grid_shape)
     if columns < 1:
         raise ValueError(f"columns must be at least 1, got {columns}")
@@ -431,7 +494,93 @@ def attention_grid(
         ax.imshow(overlay_array(pixels, heat))
         if cells is not None:
             ax.add_patch(_cell_rectangle(cells[t], grid_shape, width, height, 2.0))
+        if centres is not None:
+            _mark_centre(ax, centres[t], grid_shape, width, height, 10.0)
         ax.set_title(words[t], fontsize=11, parse_math=False)
+    return fig
+
+
+def heads_figure(
+    image: Image.Image,
+    words: Sequence[str],
+    heads: torch.Tensor | np.ndarray,
+    grid_shape: tuple[int, int],
+    path: str | Path,
+    smooth: bool = True,
+    title: str | None = None,
+) -> Path:
+    """Write :func:`heads_grid` (one row of per-word overlays per head, and their mean) as a
+    PNG at ``path`` (missing parent folders are created).
+
+    Returns:
+        ``path`` as a :class:`Path`.
+    """
+    return _save_png(heads_grid(image, words, heads, grid_shape, smooth, title), path)
+
+
+def heads_grid(
+    image: Image.Image,
+    words: Sequence[str],
+    heads: torch.Tensor | np.ndarray,
+    grid_shape: tuple[int, int],
+    smooth: bool = True,
+    title: str | None = None,
+) -> Figure:
+    """A figure of where each head of a multi-head model looked for each word: one row per
+    head, then a row of their mean (the map the other figures show), one column per word.
+
+    Args:
+        image: the captioned image, any size and mode.
+        words: the caption's tokens, in order.
+        heads: ``(T, H, L)`` or ``(T, H, grid_h, grid_w)`` weights with ``T = len(words)``;
+            ``heads[t, h]`` is head ``h``'s attention for ``words[t]``.
+        grid_shape: ``(grid_h, grid_w)``, the encoder's feature-map shape.
+        smooth: bilinear maps if True, blocky per-cell maps if False.
+        title: the heading instead of the caption.
+
+    Returns:
+        A matplotlib :class:`~matplotlib.figure.Figure` with an Agg canvas.
+
+    Raises:
+        ValueError: no words, ``heads`` is not one (H, ...) stack per word, or a map does
+            not match ``grid_shape``.
+    """
+    grid_shape = _check_grid(grid_shape)
+    words = [str(word) for word in words]
+    array = _as_numpy(heads, "heads")
+    if not words:
+        raise ValueError("heads_grid needs at least one word")
+    if array.ndim not in (3, 4) or len(array) != len(words):
+        raise ValueError(f"heads must be (T, H, L) or (T, H, grid_h, grid_w) with T = "
+                         f"{len(words)} words; got shape {tuple(array.shape)}")  # fmt: skip
+    n_heads = array.shape[1]
+    rows = [[_attention_map(array[t, h], grid_shape, f"heads[{t}, {h}]") for t in range(len(words))]
+            for h in range(n_heads)]  # fmt: skip
+    rows.append([np.mean([row[t] for row in rows], axis=0) for t in range(len(words))])
+    labels = [f"head {h + 1}" for h in range(n_heads)] + ["mean"]
+
+    shown = _fit(image, 1, _MAX_DISPLAY_SIDE)
+    width, height = shown.size
+    pixels = np.asarray(shown)
+    heading = title if title is not None else " ".join(words)
+    layout = _PanelLayout.make(len(rows) * len(words), len(words), width, height, heading,
+                               panel_inches=1.6, heading_panels=len(words))  # fmt: skip
+    layout = replace(layout, margin=0.5, top=layout.top + 0.2)  # row labels, word titles
+    fig = Figure(figsize=(layout.fig_w, layout.fig_h), dpi=_DPI)
+    FigureCanvasAgg(fig)
+    gs = layout.gridspec(fig)
+    for r, (label, maps) in enumerate(zip(labels, rows)):
+        for t, alpha in enumerate(maps):
+            ax = fig.add_subplot(gs[r, t])
+            _blank_axes(ax)
+            heat = upsample_attention(alpha, grid_shape, (width, height), smooth=smooth)
+            ax.imshow(overlay_array(pixels, heat))
+            if r == 0:
+                ax.set_title(words[t], fontsize=10, parse_math=False)
+            if t == 0:
+                ax.set_ylabel(label, fontsize=10)
+    fig.text(0.5, 1 - 0.06 / layout.fig_h, layout.heading, ha="center", va="top",
+             fontsize=10, parse_math=False)  # fmt: skip
     return fig
 
 
@@ -442,6 +591,7 @@ def _gif_frame(
     counter: str,
     cell: int | None,
     grid_shape: tuple[int, int],
+    centre: np.ndarray | None = None,
 ) -> Image.Image:
     """One animation frame, rendered at exactly the pixel size of ``pixels``."""
     height, width = pixels.shape[:2]
@@ -455,6 +605,8 @@ def _gif_frame(
         ax.set_ylim(height - 0.5, -0.5)
         if cell is not None:
             ax.add_patch(_cell_rectangle(cell, grid_shape, width, height, 2.5))
+        if centre is not None:
+            _mark_centre(ax, centre, grid_shape, width, height, 0.05 * height * 72 / _DPI)
         # Sized from the frame's height so a word reads the same at any image size.
         points = 0.075 * height * 72 / _DPI
         box = {"facecolor": "black", "alpha": 0.65, "edgecolor": "none", "pad": 3}
@@ -500,6 +652,7 @@ def attention_gif(
     smooth: bool = True,
     chosen_cells: Sequence[int] | None = None,
     frame_ms: int = 800,
+    centres: torch.Tensor | np.ndarray | None = None,
 ) -> Path:
     """Write an animated GIF that shows each word over its attention, one frame per word.
 
@@ -518,6 +671,8 @@ def attention_gif(
         chosen_cells: for hard attention, the flat cell index chosen for each word; it is
             outlined in that word's frame.
         frame_ms: how long each frame is shown, in milliseconds.
+        centres: for local attention, ``(T, 2)`` each word's predicted centre (row,
+            column, in cells), marked with a cross.
 
     Returns:
         ``path`` as a :class:`Path`.
@@ -528,6 +683,7 @@ def attention_gif(
             or ``frame_ms`` is not positive.
     """
     words, maps, cells = _check_caption(words, alphas, grid_shape, chosen_cells)
+    centres = _check_centres(centres, len(words))
     grid_shape = _check_grid(grid_shape)
     if not words:
         raise ValueError("attention_gif needs at least one word: a GIF cannot have no frames")
@@ -543,6 +699,7 @@ def attention_gif(
             f"{t + 1}/{len(words)}",
             None if cells is None else cells[t],
             grid_shape,
+            None if centres is None else centres[t],
         )
         for t in range(len(words))
     ]

@@ -107,3 +107,15 @@ def tiny_checkpoint(tiny_shapes, tmp_path_factory) -> Path:
 def tiny_hard_checkpoint(tiny_shapes, tmp_path_factory) -> Path:
     """As ``tiny_checkpoint``, with hard attention."""
     return _tiny_run(tiny_shapes, tmp_path_factory.mktemp("tiny_hard"), "model.attention=hard")
+
+
+@pytest.fixture(scope="session")
+def tiny_local_checkpoint(tiny_shapes, tmp_path_factory) -> Path:
+    """As ``tiny_checkpoint``, with local attention (a predicted centre per word)."""
+    return _tiny_run(tiny_shapes, tmp_path_factory.mktemp("tiny_local"), "model.attention=local")
+
+
+@pytest.fixture(scope="session")
+def tiny_heads_checkpoint(tiny_shapes, tmp_path_factory) -> Path:
+    """As ``tiny_checkpoint``, with two attention heads."""
+    return _tiny_run(tiny_shapes, tmp_path_factory.mktemp("tiny_heads"), "model.heads=2")

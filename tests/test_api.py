@@ -14,7 +14,7 @@ from PIL import Image
 import captioning
 from captioning.cli import main
 from captioning.data.images import load_image
-from captioning.errors import DataError
+from captioning.errors import ConfigError, DataError
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +100,8 @@ def test_hard_attention_reports_its_chosen_cells(tiny_hard_checkpoint, images):
 
 def test_to_dict_is_json(model, images):
     data = json.loads(json.dumps(model.caption(images[0]).to_dict()))
-    assert set(data) == {"caption", "words", "attention", "grid", "cells"}
+    assert set(data) == {"caption", "words", "attention", "grid", "cells", "heads", "centres"}
+    assert data["heads"] is None and data["centres"] is None
     assert len(data["attention"]) == len(data["words"])
     assert [len(data["attention"][0]), len(data["attention"][0][0])] == data["grid"]
 
@@ -130,3 +131,87 @@ def test_a_diverged_models_nan_is_null_in_json():
     result = captioning.Caption("red", ["red"], alphas, Image.new("RGB", (4, 4)), "x.png")
     data = json.loads(json.dumps(result.to_dict(), allow_nan=False))
     assert data["attention"] == [[[0.25, 0.25], [0.25, None]]] and data["grid"] == [2, 2]
+
+
+@pytest.fixture(scope="module")
+def local(tiny_local_checkpoint):
+    return captioning.load(tiny_local_checkpoint, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def multi_head(tiny_heads_checkpoint):
+    return captioning.load(tiny_heads_checkpoint, device="cpu")
+
+
+def test_a_multi_head_model_reports_each_heads_maps(multi_head, images):
+    assert multi_head.heads == 2
+    rows, cols = multi_head.grid_shape
+    for beam_size in (1, 3):
+        result = multi_head.caption(images[0], beam_size=beam_size)
+        assert result.words and result.centres is None
+        assert result.heads.shape == (len(result.words), 2, rows, cols)
+        torch.testing.assert_close(result.heads.mean(dim=1), result.alphas)
+        torch.testing.assert_close(result.heads.sum(dim=(2, 3)), torch.ones(len(result.words), 2))
+    data = json.loads(json.dumps(result.to_dict()))
+    assert torch.tensor(data["heads"]).shape == result.heads.shape and data["centres"] is None
+    torch.testing.assert_close(torch.tensor(data["heads"]), result.heads, atol=1e-4, rtol=0)
+    figure = result.plot_heads()  # one row per head and the mean, one column per word
+    assert isinstance(figure, Figure) and len(figure.axes) == 3 * len(result.words)
+
+
+def test_a_local_model_reports_its_centres(local, images):
+    assert local.heads == 1
+    rows, cols = local.grid_shape
+    result = local.caption(images[0], beam_size=2)
+    assert result.words and result.heads is None
+    assert result.centres.shape == (len(result.words), 2)
+    assert bool((result.centres >= 0).all()) and bool((result.centres[:, 0] <= rows).all())
+    assert bool((result.centres[:, 1] <= cols).all())
+    data = json.loads(json.dumps(result.to_dict()))
+    torch.testing.assert_close(torch.tensor(data["centres"]), result.centres, atol=1e-4, rtol=0)
+    figure = result.plot()  # the centre of each word is crossed on its panel
+    crosses = [ax.lines[0].get_data() for ax in figure.axes[1:]]
+    height, width = result.image.height, result.image.width
+    expected = [[c * width / cols - 0.5, r * height / rows - 0.5]
+                for r, c in result.centres.tolist()]  # fmt: skip
+    drawn = [[float(x[0]), float(y[0])] for x, y in crosses]
+    np.testing.assert_allclose(drawn, expected, rtol=1e-6)
+    with pytest.raises(ConfigError, match="single attention head"):
+        result.plot_heads()
+
+
+def test_the_caption_verb_writes_heads_figures_and_json(multi_head, local, images, tmp_path,
+                                                        capsys):  # fmt: skip
+    out = tmp_path / "att"
+    assert main(["caption", *images[:2], "--checkpoint", str(multi_head.checkpoint), "--json",
+                 "--attention-dir", str(out), "--per-head"]) == 0  # fmt: skip
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    for record, path in zip(records, images):
+        stem = path.rsplit("/", 1)[1][:-4]
+        assert record["heads_figure"] == str(out / f"{stem}_heads.png")
+        with Image.open(record["heads_figure"]) as png:
+            assert png.format == "PNG" and png.height > png.width / len(record["caption"])
+        expected = multi_head.caption(path)
+        torch.testing.assert_close(torch.tensor(record["heads"]), expected.heads, atol=1e-4,
+                                   rtol=0)  # fmt: skip
+        assert record["centres"] is None
+    assert main(["caption", images[0], "--checkpoint", str(local.checkpoint), "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    expected = local.caption(images[0])
+    assert record["heads"] is None and len(record["centres"]) == len(expected.words)
+    torch.testing.assert_close(torch.tensor(record["centres"]), expected.centres, atol=1e-4,
+                               rtol=0)  # fmt: skip
+
+
+def test_per_head_on_a_single_head_model_is_one_line(local, images, tmp_path, capsys):
+    for argv, message in (
+        (["--attention-dir", str(tmp_path), "--per-head"],
+         "has a single head: give a multi-head checkpoint (trained with --set model.heads=H"),
+        (["--per-head"], "--per-head writes its figures into --attention-dir"),
+    ):  # fmt: skip
+        code = main(["caption", images[0], "--checkpoint", str(local.checkpoint), *argv])
+        captured = capsys.readouterr()
+        err = captured.err.strip().splitlines()
+        assert code == 2 and len(err) == 1 and err[0].startswith("error: --per-head")
+        assert message in err[0], err
+        assert not captured.out and not list(tmp_path.iterdir())

@@ -131,6 +131,82 @@ def test_batch_gives_the_same_captions_as_one_image_at_a_time(beam_size, variant
         assert torch.equal(together.tokens[i, :n], alone.tokens[0, :n])
         assert torch.allclose(together.scores[i], alone.scores[0], atol=1e-5)
         assert torch.allclose(together.alphas[i, : n + 1], alone.alphas[0, : n + 1], atol=1e-5)
+        for extra in ("heads", "centres"):  # multi-head weights, local centres
+            if getattr(alone, extra) is None:
+                assert getattr(together, extra) is None
+                continue
+            assert torch.allclose(getattr(together, extra)[i, : n + 1],
+                                  getattr(alone, extra)[0, : n + 1], atol=1e-5)  # fmt: skip
+    if "model.heads=2" in variant:
+        assert together.heads.shape == (6, together.tokens.shape[1], 2, together.alphas.shape[2])
+    if "model.attention=local" in variant:
+        assert together.centres.shape == (6, together.tokens.shape[1], 2)
+
+
+def replay(decoder, features, tokens):
+    """The attention outputs of re-running ``decoder`` over ``tokens`` (T,) of one image:
+    one per word, and one for ``<end>``."""
+    state = decoder.init_state(features)
+    keys = decoder.prepare(features)
+    inputs = torch.cat([torch.tensor([1]), tokens])  # <start>, then the words
+    outputs = []
+    with torch.no_grad():
+        for token in inputs:
+            out = decoder.step(token.view(1), state, features, keys)
+            outputs.append(out.attention)
+            state = out.state
+    return outputs
+
+
+@pytest.mark.parametrize("variant", [["model.heads=2", "model.attention_dim=12"],
+                                     ["model.attention=local"]])  # fmt: skip
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_heads_and_centres_are_those_of_the_words_said(variant, beam_size):
+    """Each word's recorded heads (centre) are what the model's attention gives when it is run
+    again over the caption: greedy decoding and beam search record the right beam's."""
+    torch.manual_seed(3)
+    model = tiny_model("model.hidden_dim=40", *variant).eval()
+    with torch.no_grad():
+        for p in model.decoder.out.parameters():
+            p.mul_(8)
+        features = model.encoder(batch(size=4)[0])
+    if beam_size == 1:
+        out = greedy_decode(model.decoder, features, max_length=10)
+    else:
+        out = beam_search(model.decoder, features, beam_size=beam_size, max_length=10)
+    multi_head = "model.heads=2" in variant
+    assert (out.heads is not None) == multi_head and (out.centres is not None) != multi_head
+    steps = 0
+    for i in range(4):
+        n = int(out.lengths[i])
+        again = replay(model.decoder, features[i : i + 1], out.tokens[i, :n])
+        steps += n + 1
+        for t, attention in enumerate(again):  # the words, and <end> when it was said
+            if t == out.tokens.shape[1]:
+                break
+            torch.testing.assert_close(out.alphas[i, t], attention.alpha[0])
+            if multi_head:
+                torch.testing.assert_close(out.heads[i, t], attention.heads[0])  # (H, L)
+                torch.testing.assert_close(out.heads[i, t].mean(dim=0), out.alphas[i, t])
+                assert not torch.allclose(out.heads[i, t, 0], out.heads[i, t, 1])
+            else:
+                torch.testing.assert_close(out.centres[i, t], attention.centre[0])  # (2,)
+    assert steps > 8  # the captions have words
+    row = out.row(2)
+    extra = row.heads if multi_head else row.centres
+    assert extra.device.type == "cpu" and extra.dtype == torch.float32
+    assert extra.shape[0] == out.tokens.shape[1]
+
+
+def test_a_plain_model_records_no_heads_or_centres():
+    model = tiny_model().eval()
+    with torch.no_grad():
+        features = model.encoder(batch(size=2)[0])
+    for out in (greedy_decode(model.decoder, features, max_length=5),
+                beam_search(model.decoder, features, beam_size=2, max_length=5)):  # fmt: skip
+        assert out.heads is None and out.centres is None
+        assert out.alphas.shape[2] == features.shape[1]
+        assert out.row(0).heads is None and out.row(0).centres is None
 
 
 class CountdownDecoder(ToyDecoder):

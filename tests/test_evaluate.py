@@ -12,7 +12,12 @@ from captioning.cli import main
 from captioning.data.records import ImageRecord, ObjectAnnotation
 from captioning.decoding import Decoded
 from captioning.evaluate import evaluate_checkpoint
-from captioning.metrics.grounding import grounding_scores, named_object, point_and_mass
+from captioning.metrics.grounding import (
+    centre_in_box,
+    grounding_scores,
+    named_object,
+    point_and_mass,
+)
 from captioning.train import fit
 from captioning.vocab import Vocabulary
 
@@ -73,6 +78,78 @@ def test_grounding_scores_by_word_type():
     assert scores["grounding_by_word_type"]["pointing_game/color"] == 1.0
     assert scores["grounding_by_word_type"]["pointing_game/category"] == 0.0
     assert scores["attention_in_box"] == pytest.approx(0.5)
+    assert "centre_pointing_game" not in scores  # no centres: a model without local attention
+    assert not any(k.startswith("centre") for k in scores["grounding_by_word_type"])
+
+
+def test_centre_in_box():
+    # a 2x4 grid over a 40x20 image: cells are 10x10; the centre is (row, column) in cells
+    box = (10, 10, 10, 10)  # x 10..20, y 10..20: the cell at row 1, column 1
+    assert centre_in_box((1.5, 1.5), box, (2, 4), 40, 20)  # (15, 15) px: the middle
+    assert centre_in_box(torch.tensor([1.0, 2.0]), box, (2, 4), 40, 20)  # (20, 10): a corner
+    assert not centre_in_box((1.5, 3.5), box, (2, 4), 40, 20)  # (35, 15): far right
+    # dilated by half a cell (5 px), as the peak cell's pointing game
+    assert centre_in_box((0.6, 2.4), box, (2, 4), 40, 20)  # (24, 6)
+    assert not centre_in_box((0.4, 1.5), box, (2, 4), 40, 20)  # (15, 4): 6 px above
+    assert not centre_in_box((1.5, 2.6), box, (2, 4), 40, 20)  # (26, 15): 6 px right
+    # the column gives x and the row y: a 4x2 grid's cells are 20 wide and 5 high, so
+    # (0.5, 1.5) is (30, 2.5) px; read the other way round it would be (10, 7.5)
+    assert centre_in_box((0.5, 1.5), (25, 0, 10, 5), (4, 2), 40, 20)
+    assert not centre_in_box((0.5, 1.5), (5, 5, 5, 5), (4, 2), 40, 20)
+
+
+def test_centre_pointing_game_by_word_type():
+    vocab = Vocabulary(["<pad>", "<start>", "<end>", "<unk>", "a", "red", "circle", "blue"])
+    red = ObjectAnnotation(1, (0, 0, 10, 10), "circle", {"color": "red"})
+    blue = ObjectAnnotation(2, (30, 10, 10, 10), "square", {"color": "blue"})
+    record = ImageRecord(7, "x.png", "test", ("a red circle",), 40, 20, (red, blue))
+    alphas = torch.zeros(4, 8)
+    alphas[:, 0] = 1.0  # every peak on cell 0, the red circle's
+    centres = torch.tensor([
+        [1.5, 3.5],  # "a": not grounded
+        [0.5, 0.5],  # "red": (5, 5) px, inside the red circle's box
+        [1.5, 3.5],  # "circle": (35, 15) px, on the blue square, not the circle
+        [1.0, 1.0],  # <end>
+    ])  # fmt: skip
+    decoded = Decoded(torch.tensor([4, 5, 6, 0]), torch.tensor(3), alphas, torch.tensor(0.0),
+                      centres=centres)  # fmt: skip
+    scores = grounding_scores([record], {7: decoded}, vocab, (2, 4))
+    assert scores["pointing_game"] == 1.0  # the peaks are all on the circle
+    assert scores["centre_pointing_game"] == pytest.approx(0.5)
+    by_type = scores["grounding_by_word_type"]
+    assert by_type["centre_pointing_game/color"] == 1.0
+    assert by_type["centre_pointing_game/category"] == 0.0
+    assert by_type["pointing_game/category"] == 1.0
+    decoded.centres[2] = torch.tensor([0.2, 0.9])  # (9, 2) px: now on the circle
+    assert grounding_scores([record], {7: decoded}, vocab, (2, 4))["centre_pointing_game"] == 1.0
+
+
+def test_evaluate_reports_the_centre_pointing_game_of_a_local_model(tiny_local_checkpoint):
+    import captioning
+    from captioning.data import load_splits
+    from captioning.inference import caption_files
+    from captioning.metrics.grounding import COCO_SYNONYMS
+
+    metrics = evaluate_checkpoint(tiny_local_checkpoint, split="test", meteor=False,
+                                  progress=False)  # fmt: skip
+    assert "centre_pointing_game" in metrics
+    by_type = metrics["grounding_by_word_type"]
+    types = [k.split("/")[1] for k in by_type if k.startswith("pointing_game/")]
+    assert types and all(f"centre_pointing_game/{t}" in by_type for t in types)
+    # the same score from the centres of the captions the Python API gives
+    loaded = captioning.load(tiny_local_checkpoint, device="cpu")
+    records = load_splits(loaded.config.data)["test"]
+    hits = []
+    results = caption_files([r.path for r in records], loaded.model, loaded.vocab,
+                            loaded.config, loaded.device)  # fmt: skip
+    for record, result in zip(records, results):
+        for t, word in enumerate(result.words):
+            found = named_object(word, record.objects, COCO_SYNONYMS)
+            if found is not None:
+                hits.append(centre_in_box(result.centres[t], found[1].bbox, loaded.grid_shape,
+                                          record.width, record.height))  # fmt: skip
+    assert len(hits) == metrics["grounded_words"] > 0
+    assert metrics["centre_pointing_game"] == pytest.approx(sum(hits) / len(hits))
 
 
 def test_evaluate_matches_pycocoevalcap_on_the_predictions_file(trained, tmp_path):
@@ -86,6 +163,7 @@ def test_evaluate_matches_pycocoevalcap_on_the_predictions_file(trained, tmp_pat
                 "exact_match_by_objects", "pointing_game", "attention_in_box"):  # fmt: skip
         assert key in saved, key
     assert saved["num_images"] == 8
+    assert "centre_pointing_game" not in saved  # soft attention has no centres
     predictions = json.loads((tmp_path / "predictions.json").read_text())
     assert sorted(p.keys() for p in predictions)[0] == {"image_id", "caption"}
 

@@ -86,6 +86,13 @@ def test_a_figure_shows_the_words_of_the_caption_and_not_end():
     result = CaptionResult.from_decoded("x.png", decoded, vocab)
     assert result.caption == "red circle" and result.words == ["red", "circle"]
     assert torch.equal(result.alphas, alphas[:2]) and result.cells == [3, 1]
+    assert result.heads is None and result.centres is None
+    heads = torch.softmax(torch.randn(4, 2, 6), dim=2)  # (T, H, L)
+    centres = torch.rand(4, 2) * 3  # (T, 2)
+    decoded.heads, decoded.centres = heads.double(), centres
+    result = CaptionResult.from_decoded("x.png", decoded, vocab)
+    assert result.heads.dtype == torch.float32 and torch.allclose(result.heads, heads[:2])
+    assert torch.equal(result.centres, centres[:2])
 
 
 def test_epoch_figures_follow_the_caption_rule(shapes, tmp_path, monkeypatch):

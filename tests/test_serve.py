@@ -93,6 +93,16 @@ def test_the_api_answers_what_the_python_api_gives(server, model, images):
     assert (rows, cols) == model.grid_shape and len(answer["attention"]) == len(answer["words"])
     assert all(len(m) == rows and all(len(r) == cols for r in m) for m in answer["attention"])
     assert abs(sum(map(sum, answer["attention"][0])) - 1) < 1e-2
+    assert answer["cells"] is None and answer["heads"] is None and answer["centres"] is None
+
+
+def test_the_api_answers_a_local_models_centres(tiny_local_checkpoint, images):
+    local = captioning.load(tiny_local_checkpoint, device="cpu")
+    with BackgroundServer(local, ServeSettings(max_upload_bytes=LIMIT)) as url:
+        status, answer = caption(url, images[0], beam_size=2)
+    assert status == 200
+    assert answer == json.loads(json.dumps(local.caption(images[0], beam_size=2).to_dict()))
+    assert len(answer["centres"]) == len(answer["words"]) > 0 and answer["heads"] is None
 
 
 def test_fifty_concurrent_requests_are_all_answered_correctly(server, model, images):

@@ -12,7 +12,11 @@ from PIL import Image, ImageDraw
 
 from captioning.viz import (
     attention_gif,
+    attention_grid,
     attention_grid_figure,
+    centre_position,
+    heads_figure,
+    heads_grid,
     overlay_array,
     upsample_attention,
 )
@@ -252,6 +256,80 @@ def test_gif_with_chosen_cells(tmp_path):
     )
     with Image.open(path) as gif:
         assert gif.n_frames == 3
+
+
+# --- local centres and heads ----------------------------------------------------------------
+
+
+def test_centre_position_maps_cells_to_pixels():
+    # grid 3x5 over 50x30 px: cells of 10x10 px; the column gives x, the row y
+    assert centre_position((1.5, 2.5), GRID, (50, 30)) == (25.0, 15.0)
+    assert centre_position((0.0, 0.0), GRID, (50, 30)) == (0.0, 0.0)
+    assert centre_position((3.0, 5.0), GRID, (50, 30)) == (50.0, 30.0)
+    assert centre_position((1.0, 4.0), (2, 8), (64, 40)) == (32.0, 20.0)
+
+
+def test_grid_marks_each_words_centre_with_a_cross(tmp_path):
+    image = _photo((50, 30))
+    centres = torch.tensor([[1.5, 2.5], [0.0, 0.0], [3.0, 5.0]])  # (T, 2) row, column
+    fig = attention_grid(image, _words(3), _alphas(3), GRID, centres=centres)
+    crosses = [list(ax.lines) for ax in fig.axes]
+    assert crosses[0] == []  # the plain image has none
+    # imshow puts pixel centres on integers: the image's edges are at -0.5
+    drawn = [(float(line.get_xdata()[0]), float(line.get_ydata()[0]))
+             for lines in crosses[1:] for line in lines]  # fmt: skip
+    assert drawn == [(24.5, 14.5), (-0.5, -0.5), (49.5, 29.5)]
+    assert all(lines[0].get_marker() == "x" for lines in crosses[1:])
+    assert [ax.get_xlim() for ax in fig.axes[1:]] == [(-0.5, 49.5)] * 3  # not widened
+    without = attention_grid(image, _words(3), _alphas(3), GRID)
+    assert all(len(ax.lines) == 0 for ax in without.axes)
+    path = attention_grid_figure(image, _words(3), _alphas(3), GRID, tmp_path / "c.png",
+                                 centres=centres.numpy())  # fmt: skip
+    with Image.open(path) as png:
+        png.load()
+    with Image.open(attention_gif(image, _words(3), _alphas(3), GRID, tmp_path / "c.gif",
+                                  centres=centres)) as gif:  # fmt: skip
+        assert gif.n_frames == 3
+
+
+@pytest.mark.parametrize("draw", [attention_grid_figure, attention_gif])
+def test_centres_must_be_one_pair_per_word(tmp_path, draw):
+    with pytest.raises(ValueError, match=r"shape \(3, 2\); got shape \(2, 2\)"):
+        draw(_photo(), _words(3), _alphas(3), GRID, tmp_path / "x", centres=np.zeros((2, 2)))
+
+
+def _heads(n_words: int, n_heads: int) -> np.ndarray:
+    heads = np.random.default_rng(n_heads).random((n_words, n_heads, L))
+    return heads / heads.sum(axis=2, keepdims=True)  # (T, H, L)
+
+
+def test_heads_figure_has_a_row_per_head_and_the_mean(tmp_path):
+    heads = _heads(4, 3)
+    fig = heads_grid(_photo(), _words(4), heads, GRID, smooth=False)
+    assert len(fig.axes) == 4 * 4  # 3 heads and the mean, 4 words each
+    assert [ax.get_ylabel() for ax in fig.axes[::4]] == ["head 1", "head 2", "head 3", "mean"]
+    assert [ax.get_title() for ax in fig.axes[:4]] == _words(4)
+    # the mean row shows the mean of the heads: the same panel as the mean map drawn alone
+    mean = heads.mean(axis=1)
+    alone = attention_grid(_photo(), _words(4), mean, GRID, smooth=False)
+    np.testing.assert_array_equal(fig.axes[12].images[0].get_array(),
+                                  alone.axes[1].images[0].get_array())  # fmt: skip
+    path = heads_figure(_photo(), _words(4), torch.from_numpy(heads).reshape(4, 3, *GRID), GRID,
+                        tmp_path / "h" / "heads.png")  # fmt: skip
+    with Image.open(path) as png:
+        png.load()
+        assert png.format == "PNG" and png.height > png.width / 2  # 4 rows of 4 panels
+
+
+@pytest.mark.parametrize("heads, words, match", [
+    (_heads(3, 2), 2, r"T = 2 words; got shape \(3, 2, 15\)"),
+    (_heads(3, 2)[:, 0], 3, r"got shape \(3, 15\)"),
+    (_heads(3, 2)[:, :, :14], 3, "14 weights but grid 3x5"),
+    (np.zeros((0, 2, 15)), 0, "at least one word"),
+])  # fmt: skip
+def test_heads_figure_rejects_bad_heads(heads, words, match):
+    with pytest.raises(ValueError, match=match):
+        heads_grid(_photo(), _words(words), heads, GRID)
 
 
 # --- bad inputs -----------------------------------------------------------------------------

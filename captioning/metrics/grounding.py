@@ -6,7 +6,10 @@ that produced the word and score
 * the **pointing game**: the centre of the peak cell lies inside the object's box, dilated by
   half a grid cell (a coarse grid cannot point more precisely than that);
 * the **attention mass in the box**: the attention of each cell times the share of the cell
-  that the box covers, summed.
+  that the box covers, summed;
+* for local attention, the **centre pointing game**: the centre the model predicted for the
+  word (row, column in cells, carried to image pixels) lies inside the box, dilated as for
+  the peak cell.
 
 Which words name an object: a category word (COCO: through :data:`COCO_SYNONYMS`; shapes: the
 shape) or an attribute value stored on the instance (shapes: ``color`` and ``size``), when
@@ -183,6 +186,26 @@ def point_and_mass(
     return bool(hit), mass
 
 
+def centre_in_box(
+    centre: Sequence[float] | torch.Tensor,
+    bbox: Sequence[float],
+    grid_shape: tuple[int, int],
+    width: float,
+    height: float,
+) -> bool:
+    """Pointing-game hit of a local-attention ``centre`` (row, column, in cells): the point
+    (column * cell width, row * cell height) in pixels lies inside ``bbox`` (x, y, w, h)
+    dilated by half a cell, as :func:`point_and_mass` dilates it for the peak cell."""
+    rows, cols = grid_shape
+    cell_w, cell_h = width / cols, height / rows
+    row, col = (float(v) for v in centre)
+    point_x, point_y = col * cell_w, row * cell_h
+    x, y, w, h = (float(v) for v in bbox)
+    return (x - cell_w / 2 <= point_x <= x + w + cell_w / 2) and (
+        y - cell_h / 2 <= point_y <= y + h + cell_h / 2
+    )
+
+
 def grounding_scores(
     records: Sequence[ImageRecord],
     decoded: Mapping[int, Any],
@@ -195,16 +218,20 @@ def grounding_scores(
     Args:
         records: images with object annotations (and ``width``/``height``).
         decoded: per image id, a single-image :class:`captioning.decoding.Decoded`
-            (``tokens`` (T,), ``lengths`` (), ``alphas`` (T, L)).
+            (``tokens`` (T,), ``lengths`` (), ``alphas`` (T, L), and ``centres`` (T, 2) for
+            local attention).
         vocab: the vocabulary of the tokens.
         grid_shape: the model's attention grid (rows, columns).
     Returns:
         ``pointing_game``, ``attention_in_box`` (None when no word was grounded),
         ``grounded_words`` and ``grounding_by_word_type`` with keys such as
-        ``pointing_game/color``.
+        ``pointing_game/color``. When the decoded captions carry centres, also
+        ``centre_pointing_game`` and, per word type, ``centre_pointing_game/color`` etc.
     """
     hits: dict[str, list[float]] = defaultdict(list)
     masses: dict[str, list[float]] = defaultdict(list)
+    centre_hits: dict[str, list[float]] = defaultdict(list)
+    with_centres = any(getattr(d, "centres", None) is not None for d in decoded.values())
     for record in records:
         result = decoded.get(record.image_id)
         if result is None or not record.objects:
@@ -224,6 +251,13 @@ def grounding_scores(
             for key in ("all", word_type):
                 hits[key].append(float(hit))
                 masses[key].append(mass)
+            centres = getattr(result, "centres", None)
+            if centres is not None:
+                inside = centre_in_box(
+                    centres[t], obj.bbox, grid_shape, record.width, record.height
+                )
+                for key in ("all", word_type):
+                    centre_hits[key].append(float(inside))
 
     def mean(values: list[float]) -> float | None:
         return sum(values) / len(values) if values else None
@@ -233,9 +267,14 @@ def grounding_scores(
         by_type[f"pointing_game/{key}"] = mean(hits[key])
         by_type[f"attention_in_box/{key}"] = mean(masses[key])
         by_type[f"words/{key}"] = len(hits[key])
-    return {
+        if with_centres:
+            by_type[f"centre_pointing_game/{key}"] = mean(centre_hits[key])
+    scores = {
         "pointing_game": mean(hits["all"]),
         "attention_in_box": mean(masses["all"]),
         "grounded_words": len(hits["all"]),
         "grounding_by_word_type": by_type,
     }
+    if with_centres:
+        scores["centre_pointing_game"] = mean(centre_hits["all"])
+    return scores

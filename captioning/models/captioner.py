@@ -8,7 +8,12 @@ from torch import nn
 
 from captioning.config import ModelConfig
 from captioning.errors import ConfigError
-from captioning.models.attention import EXPECTATION, HardContext, build_attention
+from captioning.models.attention import (
+    EXPECTATION,
+    HardContext,
+    MultiHeadAttention,
+    build_attention,
+)
 from captioning.models.decoder import Decoder, DecoderOutput
 from captioning.models.encoder import Encoder, build_encoder
 
@@ -34,6 +39,12 @@ class Captioner(nn.Module):
     def hard_attention(self) -> bool:
         """Whether the decoder attends to one sampled cell per word (hard attention)."""
         return self.decoder.attention.stochastic
+
+    @property
+    def attention_heads(self) -> int:
+        """H, the decoder's attention heads (1 for every attention but multi-head)."""
+        attention = self.decoder.attention
+        return len(attention.heads) if isinstance(attention, MultiHeadAttention) else 1
 
     @property
     def grid_shape(self) -> tuple[int, int]:
