@@ -8,8 +8,8 @@ with each score function (additive, additive_relu, dot, scaled_dot, general, cos
 location score, hard attention (configs/shapes_hard.yaml), local attention, key-value
 attention, multi-head attention (H = 4) and grid self-attention (N = 2). Each is evaluated
 with greedy decoding; the hard model also with each hard_context mode. The table gives test
-exact match, three-object exact match, pointing game by word type, attention mass in the box,
-trainable parameters and training time. Writes results.json and results.md into --out. A run
+exact match, three-object exact match, pointing game by word type (and of local attention's
+predicted centre), attention mass in the box, trainable parameters and training time. Writes results.json and results.md into --out. A run
 folder that already holds last.pt (for example one made with `captioning train --config ...
 --out runs/compare/soft`) is evaluated as it is, not retrained.
 """
@@ -47,6 +47,7 @@ COLUMNS = [
     ("pointing colour", "pointing_game/color", "grounding_by_word_type"),
     ("pointing size", "pointing_game/size", "grounding_by_word_type"),
     ("pointing shape", "pointing_game/category", "grounding_by_word_type"),
+    ("pointing, local centre", "centre_pointing_game", None),
     ("mass in box", "attention_in_box", None),
     ("BLEU-4", "Bleu_4", None),
     ("CIDEr-D", "CIDEr", None),
