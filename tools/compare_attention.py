@@ -9,9 +9,10 @@ location score, hard attention (configs/shapes_hard.yaml), local attention, key-
 attention, multi-head attention (H = 4) and grid self-attention (N = 2). Each is evaluated
 with greedy decoding; the hard model also with each hard_context mode. The table gives test
 exact match, three-object exact match, pointing game by word type (and of local attention's
-predicted centre), attention mass in the box, trainable parameters and training time. Writes results.json and results.md into --out. A run
-folder that already holds last.pt (for example one made with `captioning train --config ...
---out runs/compare/soft`) is evaluated as it is, not retrained.
+predicted centre), attention mass in the box, trainable parameters and training time. Writes
+results.json and results.md into --out. A run folder that already holds last.pt (for example
+one made with `captioning train --config ... --out runs/compare/soft`) is evaluated as it
+is, not retrained.
 """
 
 from __future__ import annotations
