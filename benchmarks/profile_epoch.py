@@ -254,8 +254,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--no-channels-last", action="store_true",
                         help="NCHW convolutions (the code before channels-last)")  # fmt: skip
-    parser.add_argument("--compile", action="store_true",
-                        help="call the model through torch.compile (whole steps, not phases)")
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="call the model through torch.compile (whole steps, not phases)",
+    )
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (default 2)")
     parser.add_argument("--out", help="also write the numbers as JSON here")
     args = parser.parse_args(argv)

@@ -4,8 +4,8 @@ and check."""
 
 import json
 import math
-import subprocess
 import shutil
+import subprocess
 import sys
 from functools import partial
 from pathlib import Path
