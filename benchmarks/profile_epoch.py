@@ -126,6 +126,7 @@ def profile_epoch(
     channels_last: bool = True,
     compile: bool = False,
     warmup: int = 2,
+    backend: str = "inductor",
 ) -> dict[str, Any]:
     """Median phase times of ``steps`` training steps (after ``warmup`` untimed ones) and
     one validation's decode and scoring, for ``config`` with ``overrides``; with
@@ -148,7 +149,7 @@ def profile_epoch(
     if compile:
         batch = next(batches)
         eager = setup.module
-        setup.module = torch.compile(eager)
+        setup.module = torch.compile(eager, backend=backend)
         images = batch["images"].to(device) if "images" in batch else None
         grid = batch["grid"].to(device) if "grid" in batch else None
         with torch.no_grad():
@@ -259,6 +260,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="call the model through torch.compile (whole steps, not phases)",
     )
+    parser.add_argument(
+        "--backend",
+        default="inductor",
+        help="torch.compile's backend with --compile (default inductor)",
+    )
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (default 2)")
     parser.add_argument("--out", help="also write the numbers as JSON here")
     args = parser.parse_args(argv)
@@ -266,7 +272,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--steps must be at least 1")
     try:
         result = profile_epoch(args.config, args.set, args.steps, args.ops, args.step_loop,
-                               not args.no_channels_last, args.compile, args.warmup)  # fmt: skip
+                               not args.no_channels_last, args.compile, args.warmup,
+                               args.backend)  # fmt: skip
     except CaptioningError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
