@@ -143,7 +143,7 @@ class TrainConfig:
     hard_estimator: Literal["reinforce", "reinforce_loo", "vimco", "gumbel", "exact"] = "reinforce"
     hard_samples: int = 4  # K, the samples per caption of reinforce_loo and vimco
     # exact: the share of minibatches trained with the expected (soft) context instead of
-    # the marginal, drawn from the same per-step coin as the paper's mixing; 0: none
+    # the marginal, by a coin seeded like the paper's mixing coin; 0: none
     exact_soft_p: float = 0.0
     gumbel_temperature: float = 1.0  # the starting temperature of the relaxation
     gumbel_min_temperature: float = 0.5
@@ -473,6 +473,12 @@ def _validate_hard_estimator(cfg: Config) -> None:
         raise ConfigError(
             "train.hard_estimator=exact needs model.context_to_lstm=false: with the context "
             "fed to the LSTM, h_t depends on every earlier cell and the marginal has L^T terms"
+        )
+    if train.exact_soft_p > 0 and name != "exact":
+        raise ConfigError(
+            f"train.exact_soft_p={train.exact_soft_p} mixes the exact estimator's minibatches; "
+            f"with train.hard_estimator={name} use train.semi_sampling_p (or set "
+            f"train.exact_soft_p=0)"
         )
     if name in ("reinforce_loo", "vimco") and train.hard_samples < 2:
         raise ConfigError(

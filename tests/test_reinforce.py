@@ -415,6 +415,8 @@ def test_padding_contributes_no_reward_or_penalty(estimator):
          "decode.hard_context=marginal needs model.context_to_lstm=false"),
         (["model.attention=hard", "train.gumbel_temperature=0.1"],
          "train.gumbel_temperature must be at least train.gumbel_min_temperature"),
+        (["model.attention=hard", "train.exact_soft_p=0.5"],
+         "mixes the exact estimator's minibatches; with train.hard_estimator=reinforce"),
     ],
 )  # fmt: skip
 def test_settings_that_cannot_work_are_refused_in_one_line(settings, message):
