@@ -1,5 +1,8 @@
+import random
+
 import pytest
 
+from captioning import vocab
 from captioning.data.records import ImageRecord
 from captioning.errors import DataError
 from captioning.vocab import SPECIALS, Vocabulary, tokenize
@@ -51,3 +54,24 @@ def test_bad_vocab_files(tmp_path):
         Vocabulary.load(path)
     with pytest.raises(DataError, match="must start with"):
         Vocabulary(["a", "b"])
+
+
+def test_plain_captions_take_the_fast_path_with_treebank_tokens():
+    # The fast path (plain lower-case words, at most a final period) must give exactly what
+    # the Treebank path gives, contractions included.
+    rng = random.Random(0)
+    words = ["a", "man", "Dog", "2", "cannot", "gonna", "wanna", "gotta", "lemme", "gimme",
+             "can", "not", "riding", "x1", "a.b", "it's", "don't", "'tis", "(red)", "-", "--",
+             "x,", "\n", ".", ",", ":", "a:", "b,", ",c", "1,000", "3:", "x:y"]  # fmt: skip
+    for _ in range(3000):
+        text = " ".join(rng.choice(words) for _ in range(rng.randint(0, 8)))
+        text += rng.choice(["", ".", ". ", " .", "  ", "?"])
+        slow = vocab._SENTENCE_PERIOD.sub(r" \1 ", text.lower().replace("\n", " "))
+        expected = [
+            t for t in vocab._treebank.tokenize(slow)
+            if t not in vocab._PUNCTUATION and not vocab._ONLY_PUNCTUATION.match(t)
+        ]  # fmt: skip
+        assert vocab.tokenize(text) == expected, text
+    for plain in ["a man riding a horse.", "three shapes : a red circle , a blue square"]:
+        assert vocab._PLAIN.fullmatch(plain)  # the fast path is taken
+    assert vocab.tokenize("we cannot go.") == ["we", "can", "not", "go"]

@@ -549,7 +549,7 @@ def _generate_split(
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
     with open(path, "w", encoding="utf-8") as f:
-        json.dump(data, f, separators=(",", ":"))
+        f.write(json.dumps(data, separators=(",", ":")))  # json.dump encodes in Python
         f.write("\n")
 
 
