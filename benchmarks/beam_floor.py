@@ -3,6 +3,7 @@ the COCO-size model must do, timed on its own.
 
     python benchmarks/beam_floor.py --bench runs/bench/bench.json
     python benchmarks/beam_floor.py --beam-size 3 --images 32
+    python benchmarks/beam_floor.py --beam-size 1 --bench runs/bench/bench.json   (greedy)
     python -m benchmarks.beam_floor ...      (the same, from the repository root)
 
 Per word, beam search over B images with K beams runs the decoder's dense layers on B*K
@@ -22,8 +23,9 @@ around them, at the sizes of ``python benchmarks/bench.py --sizes coco``:
 
 Their sum over a caption of ``--max-length`` words (the first word on B rows: every beam of
 an image starts the same) is a floor under any implementation that computes the same
-numbers. Given a ``bench.json``, it prints the largest speed-up over that run's reference
-that the floor allows.
+numbers. Greedy decoding is the same work with one beam (``--beam-size 1``). Given a
+``bench.json``, it prints the largest speed-up over that run's reference that the floor
+allows, and how far our eager and compiled times in that run are above the floor.
 """
 
 from __future__ import annotations
@@ -110,12 +112,14 @@ def fused_score(keys: torch.Tensor, query: torch.Tensor, weight: torch.Tensor) -
     return (torch.tanh(keys + query) * weight).sum(dim=3)
 
 
-def reference_seconds(path: Path, task: str) -> float:
-    """The reference's median time for ``task`` at COCO size, fp32 on the CPU.
+def bench_seconds(path: Path, task: str, impl: str = "reference", compiled: bool = False) -> float:
+    """A median time for ``task`` at COCO size, fp32 on the CPU, from a bench run.
 
     Args:
         path: a ``bench.json`` of ``python benchmarks/bench.py``.
-        task: ``beam3``, ``beam5``, ...
+        task: ``greedy``, ``beam3``, ``beam5``, ...
+        impl: ``reference`` or ``ours``.
+        compiled: ours under ``torch.compile``.
 
     Raises:
         OSError, ValueError, KeyError: the file cannot be read as a bench.json.
@@ -126,7 +130,8 @@ def reference_seconds(path: Path, task: str) -> float:
         m["median_s"]
         for m in results["measurements"]
         if m["size"] == "coco" and m["device"] == "cpu" and m["precision"] == "fp32"
-        and m["task"] == task and m["impl"] == "reference" and m.get("median_s")
+        and m["task"] == task and m["impl"] == impl and bool(m.get("compiled")) == compiled
+        and m.get("median_s")
     )  # fmt: skip
 
 
@@ -155,11 +160,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if min(args.beam_size, args.images, args.max_length, args.repeats) < 1:
         parser.error("--beam-size, --images, --max-length and --repeats must be at least 1")
-    task = f"beam{args.beam_size}"
+    task = "greedy" if args.beam_size == 1 else f"beam{args.beam_size}"
     reference = None
     if args.bench is not None:
         try:
-            reference = reference_seconds(args.bench, task)
+            reference = bench_seconds(args.bench, task)
         except (OSError, ValueError, KeyError, StopIteration) as exc:
             print(f"error: no fp32 CPU reference time for {task} at COCO size in {args.bench} "
                   f"({type(exc).__name__}); run `python benchmarks/bench.py --sizes coco` first",
@@ -209,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
             fused = median_seconds(lambda: compiled(keys, query_first, weight), args.repeats)
             fused += later * median_seconds(lambda: compiled(keys, query, weight), args.repeats)
 
-    print(f"beam k={k}, {b} images, {args.max_length} words, COCO size, "
+    print(f"{'greedy' if k == 1 else f'beam k={k}'}, {b} images, {args.max_length} words, COCO size, "
           f"{torch.get_num_threads()} threads")  # fmt: skip
     print(f"dense layers:                    {dense:.3g} s  ({gflop:.0f} GFLOP, "
           f"{gflop / dense:.0f} GFLOP/s)")  # fmt: skip
@@ -225,6 +230,11 @@ def main(argv: list[str] | None = None) -> int:
         line = f"floor, {name}: {floor:.3g} s"
         if reference is not None:
             line += f"; at most {reference / floor:.1f}x the reference's {reference:.2f} s"
+            try:
+                ours = bench_seconds(args.bench, task, "ours", compiled=name == "compiled")
+                line += f"; ours {ours:.3g} s, {ours / floor:.2f}x the floor"
+            except StopIteration:
+                pass  # the bench run did not time this variant of ours
         print(line)
     if reference is not None:
         print(f"20x the reference needs {reference / 20:.3g} s")

@@ -280,6 +280,7 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
         config=args.config,
         overrides=args.overrides,
         quiet=args.quiet,
+        meteor=args.meteor,
     )
     return 0
 
@@ -428,6 +429,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = add_verb("quickstart", help="shapes data, a short training run, evaluation, heatmaps")
     p.add_argument("--out", default="runs/quickstart", help="run folder (replaced)")
     p.add_argument("--data-root", default="data/shapes", help="where the shapes data lives")
+    p.add_argument("--meteor", action="store_true",
+                   help="also METEOR in the test evaluation (a Java process, about 10 s)")  # fmt: skip
     _add_config_args(p, required=False)
     p.set_defaults(func=cmd_quickstart)
 

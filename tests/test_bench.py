@@ -482,6 +482,10 @@ def test_beam_floor_bounds_the_speed_up_from_a_bench_file(tmp_path, capsys):
     results = {"measurements": [
         {"size": "coco", "device": "cpu", "precision": "fp32", "task": "beam2",
          "impl": "reference", "median_s": 1000.0},
+        {"size": "coco", "device": "cpu", "precision": "fp32", "task": "beam2",
+         "impl": "ours", "compiled": False, "median_s": 30.0},
+        {"size": "coco", "device": "cpu", "precision": "fp32", "task": "greedy",
+         "impl": "reference", "median_s": 500.0},
     ]}  # fmt: skip
     path = tmp_path / "bench.json"
     path.write_text(json.dumps(results))
@@ -498,6 +502,16 @@ def test_beam_floor_bounds_the_speed_up_from_a_bench_file(tmp_path, capsys):
     # the eager floor: the dense layers and the score's three passes
     assert bound == pytest.approx(1000.0 / (dense + sum(passes)), rel=0.02)
     assert "20x the reference needs 50 s" in out
+    # ours from the same file, as a multiple of the floor
+    ratio = float(out.split("ours 30 s, ")[1].split("x the floor")[0])
+    assert ratio == pytest.approx(30.0 / (dense + sum(passes)), rel=0.02)
+
+    # one beam is greedy decoding: its reference is the greedy one
+    assert beam_floor.main([*args[2:], "--beam-size", "1", "--no-compile", "--bench",
+                            str(path)]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert out.startswith("greedy, 2 images") and "the reference's 500.00 s" in out
+    assert "ours" not in out  # the file has no time of ours for greedy
 
     # a bench file without that reference is a one-line error
     assert beam_floor.main([*args, "--no-compile", "--bench", str(tmp_path / "missing.json")]) == 2
