@@ -214,7 +214,8 @@ def main(argv: list[str] | None = None) -> int:
             fused = median_seconds(lambda: compiled(keys, query_first, weight), args.repeats)
             fused += later * median_seconds(lambda: compiled(keys, query, weight), args.repeats)
 
-    print(f"{'greedy' if k == 1 else f'beam k={k}'}, {b} images, {args.max_length} words, COCO size, "
+    name = "greedy" if k == 1 else f"beam k={k}"
+    print(f"{name}, {b} images, {args.max_length} words, COCO size, "
           f"{torch.get_num_threads()} threads")  # fmt: skip
     print(f"dense layers:                    {dense:.3g} s  ({gflop:.0f} GFLOP, "
           f"{gflop / dense:.0f} GFLOP/s)")  # fmt: skip

@@ -430,7 +430,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="runs/quickstart", help="run folder (replaced)")
     p.add_argument("--data-root", default="data/shapes", help="where the shapes data lives")
     p.add_argument("--meteor", action="store_true",
-                   help="also METEOR in the test evaluation (a Java process, about 10 s)")  # fmt: skip
+                   help="also METEOR in the test evaluation (a Java run, about 10 s)")  # fmt: skip
     _add_config_args(p, required=False)
     p.set_defaults(func=cmd_quickstart)
 
