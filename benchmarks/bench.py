@@ -124,7 +124,7 @@ class BenchSize:
 
 
 def shapes_size() -> BenchSize:
-    """The shapes default: configs/shapes_soft.yaml (small CNN, 96 px → 12x12x128 grid)."""
+    """The shapes default: configs/shapes_soft.yaml (small CNN, 48 px → 6x6x128 grid)."""
     config = load_config(REPO_ROOT / "configs" / "shapes_soft.yaml")
     return BenchSize("shapes", config, vocab_size=35, caption_length=16, batch_size=64)
 
