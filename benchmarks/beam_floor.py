@@ -37,6 +37,7 @@ if __package__ in (None, ""):  # run as a script: the repository root holds the 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import argparse
+import dataclasses
 import json
 import statistics
 import time
@@ -44,8 +45,11 @@ from collections.abc import Callable
 
 import torch
 
-from benchmarks.bench import coco_size
+from benchmarks.bench import _decode, _set_up, coco_size, random_batch
+from benchmarks.reference import DECODERS
+from captioning.config import replace_section
 from captioning.models import Decoder, build_attention
+from captioning.models.captioner import build_model
 
 # The benchmark's COCO size: its vocabulary and widths, and the grid of its ResNet-101 at
 # 448 px (14 x 14 cells of 2048 features), which is not built here.
@@ -144,6 +148,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--no-compile", action="store_true", help="skip the fused score")
     parser.add_argument("--bench", type=Path, help="a bench.json with the reference's time")
+    parser.add_argument(
+        "--ours",
+        action="store_true",
+        help="also time our decoding, right after each round of the floor",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="with --ours: rounds of floor and ours (medians reported)",
+    )
     return parser
 
 
@@ -158,9 +173,12 @@ def main(argv: list[str] | None = None) -> int:
     """
     parser = build_parser()
     args = parser.parse_args(argv)
-    if min(args.beam_size, args.images, args.max_length, args.repeats) < 1:
-        parser.error("--beam-size, --images, --max-length and --repeats must be at least 1")
+    if min(args.beam_size, args.images, args.max_length, args.repeats, args.rounds) < 1:
+        parser.error("--beam-size, --images, --max-length, --repeats and --rounds must be at "
+                     "least 1")  # fmt: skip
     task = "greedy" if args.beam_size == 1 else f"beam{args.beam_size}"
+    if args.ours and task not in DECODERS:
+        parser.error(f"--ours times {', '.join(DECODERS)}: use --beam-size 1, 3 or 5")
     reference = None
     if args.bench is not None:
         try:
@@ -179,18 +197,89 @@ def main(argv: list[str] | None = None) -> int:
     assert model.deep_output and model.context_to_lstm
     attention = build_attention(model.attention, model.score, FEATURE_DIM, WIDTH, WIDTH)
     decoder = Decoder(VOCAB, FEATURE_DIM, attention, embed_dim=WIDTH, hidden_dim=WIDTH).eval()
-    k, b, later = args.beam_size, args.images, args.max_length - 1
-    with torch.no_grad():
-        first, first_gflop = dense_step(decoder, b, 1)
-        step, step_gflop = dense_step(decoder, b, k)
-        grid = torch.randn(b, CELLS, FEATURE_DIM)
-        keys_seconds = median_seconds(lambda: decoder.attention.project_keys(grid), args.repeats)
-        dense = (keys_seconds + median_seconds(first, args.repeats)
-                 + later * median_seconds(step, args.repeats))  # fmt: skip
-        gflop = 2 * b * CELLS * FEATURE_DIM * WIDTH / 1e9 + first_gflop + later * step_gflop
-        # the machine's best: one large square product
-        square = torch.randn(2048, 2048)
-        peak = 2 * 2048**3 / 1e9 / median_seconds(lambda: square @ square, args.repeats)
+    floor = Floor(decoder, args.beam_size, args.images, args.max_length, not args.no_compile)
+    ours = _ours(args, task) if args.ours else {}
+    rounds = []
+    for _ in range(args.rounds if args.ours else 1):
+        parts = floor.measure(args.repeats)
+        # ours right after the floor it is compared with: this machine's speed drifts
+        timed = {name: median_seconds(fn, 3, warmup=1) for name, fn in ours.items()}
+        rounds.append((parts, timed))
+    parts = {key: statistics.median(r[0][key] for r in rounds) for key in rounds[0][0]}
+
+    k, b = args.beam_size, args.images
+    name = "greedy" if k == 1 else f"beam k={k}"
+    print(f"{name}, {b} images, {args.max_length} words, COCO size, "
+          f"{torch.get_num_threads()} threads")  # fmt: skip
+    print(f"dense layers:                    {parts['dense']:.3g} s  ({floor.gflop:.0f} GFLOP, "
+          f"{floor.gflop / parts['dense']:.0f} GFLOP/s)")  # fmt: skip
+    print(f"dense layers at the peak rate:   {floor.gflop / parts['peak']:.3g} s  "
+          f"({parts['peak']:.0f} GFLOP/s, 2048 x 2048 matrix product)")  # fmt: skip
+    for name in ("add", "tanh", "projection"):
+        print(f"score, eager {name + ':':24s}{parts[name]:.3g} s  "
+              f"({floor.activations / 1e6:.0f}M values)")  # fmt: skip
+    print(f"word choice:                     {parts['choice']:.3g} s  (log-softmax over "
+          f"{VOCAB} words, top {max(k, 1)} per image)")  # fmt: skip
+    floors = {"eager": [r[0]["dense"] + r[0]["add"] + r[0]["tanh"] + r[0]["projection"]
+                        + r[0]["choice"] for r in rounds]}  # fmt: skip
+    if "fused" in parts:
+        print(f"whole score, compiled (fused):   {parts['fused']:.3g} s")
+        floors["compiled"] = [r[0]["dense"] + r[0]["fused"] + r[0]["choice"] for r in rounds]
+    for name, values in floors.items():
+        value = statistics.median(values)
+        line = f"floor, {name}: {value:.3g} s"
+        if reference is not None:
+            line += f"; at most {reference / value:.1f}x the reference's {reference:.2f} s"
+            if not ours:
+                try:
+                    seconds = bench_seconds(args.bench, task, "ours", compiled=name == "compiled")
+                    line += f"; ours in that run {seconds:.3g} s, {seconds / value:.2f}x the floor"
+                except StopIteration:
+                    pass  # the bench run did not time this variant of ours
+        if name in ours:
+            ratios = [r[1][name] / f for r, f in zip(rounds, values, strict=True)]
+            seconds = statistics.median(r[1][name] for r in rounds)
+            line += (f"; ours {seconds:.3g} s, {statistics.median(ratios):.2f}x the floor "
+                     f"(rounds: {', '.join(f'{x:.2f}' for x in ratios)})")  # fmt: skip
+        print(line)
+    if reference is not None:
+        print(f"20x the reference needs {reference / 20:.3g} s")
+    return 0
+
+
+class Floor:
+    """The floor's parts for beam search with ``beams`` beams (1: greedy) over ``images``
+    images and captions of ``max_length`` words, timed by :meth:`measure`."""
+
+    def __init__(
+        self, decoder: Decoder, beams: int, images: int, max_length: int, fused: bool
+    ) -> None:
+        self.decoder = decoder
+        self.beams, self.images, self.later = beams, images, max_length - 1
+        self.first, first_gflop = dense_step(decoder, images, 1)
+        self.step, step_gflop = dense_step(decoder, images, beams)
+        self.grid = torch.randn(images, CELLS, FEATURE_DIM)
+        self.gflop = (2 * images * CELLS * FEATURE_DIM * WIDTH / 1e9 + first_gflop
+                      + self.later * step_gflop)  # fmt: skip
+        self.square = torch.randn(2048, 2048)
+        self.activations = images * (1 + self.later * beams) * CELLS * WIDTH
+        self.fused = fused
+        self.compiled = torch.compile(fused_score) if fused else None
+
+    @torch.no_grad()
+    def measure(self, repeats: int) -> dict[str, float]:
+        """Seconds of each part over a whole caption: ``dense``, ``add``, ``tanh``,
+        ``projection``, ``choice`` (and ``fused``), and ``peak``, the GFLOP/s of one large
+        square product."""
+        k, b, later = self.beams, self.images, self.later
+        parts = {}
+        keys_seconds = median_seconds(
+            lambda: self.decoder.attention.project_keys(self.grid), repeats
+        )
+        parts["dense"] = (keys_seconds + median_seconds(self.first, repeats)
+                          + later * median_seconds(self.step, repeats))  # fmt: skip
+        parts["peak"] = 2 * 2048**3 / 1e9 / median_seconds(lambda: self.square @ self.square,
+                                                           repeats)  # fmt: skip
 
         # the eager score on one image's block at a time, as ours runs it: cache-resident
         image_keys, queries = torch.randn(1, CELLS, WIDTH), torch.randn(k, 1, WIDTH)
@@ -201,45 +290,44 @@ def main(argv: list[str] | None = None) -> int:
             "tanh": lambda: block.tanh_(),
             "projection": lambda: torch.matmul(block, weight, out=scores),
         }
-        activations = b * (1 + later * k) * CELLS * WIDTH
-        eager = {name: median_seconds(fn, args.repeats * 10) * activations / block.numel()
-                 for name, fn in passes.items()}  # fmt: skip
+        for name, fn in passes.items():
+            parts[name] = median_seconds(fn, repeats * 10) * self.activations / block.numel()
 
-        fused = None
-        if not args.no_compile:
+        # every search normalises each row's scores over the vocabulary and keeps the best
+        # K continuations of each image (the first word: of its one row)
+        first_logits, logits = torch.randn(b, VOCAB), torch.randn(b * k, VOCAB)
+
+        def choose(rows: torch.Tensor) -> object:
+            log_probs = torch.log_softmax(rows, dim=1)
+            return log_probs.view(b, -1).topk(k, dim=1)
+
+        first = median_seconds(lambda: choose(first_logits), repeats)
+        parts["choice"] = first + later * median_seconds(lambda: choose(logits), repeats)
+
+        if self.compiled is not None:
             keys = torch.randn(b, 1, CELLS, WIDTH)
             weight = torch.randn(WIDTH)
-            compiled = torch.compile(fused_score)
             query_first, query = torch.randn(b, 1, 1, WIDTH), torch.randn(b, k, 1, WIDTH)
-            fused = median_seconds(lambda: compiled(keys, query_first, weight), args.repeats)
-            fused += later * median_seconds(lambda: compiled(keys, query, weight), args.repeats)
+            compiled = self.compiled
+            parts["fused"] = median_seconds(lambda: compiled(keys, query_first, weight), repeats)
+            parts["fused"] += later * median_seconds(lambda: compiled(keys, query, weight),
+                                                     repeats)  # fmt: skip
+        return parts
 
-    name = "greedy" if k == 1 else f"beam k={k}"
-    print(f"{name}, {b} images, {args.max_length} words, COCO size, "
-          f"{torch.get_num_threads()} threads")  # fmt: skip
-    print(f"dense layers:                    {dense:.3g} s  ({gflop:.0f} GFLOP, "
-          f"{gflop / dense:.0f} GFLOP/s)")  # fmt: skip
-    print(f"dense layers at the peak rate:   {gflop / peak:.3g} s  ({peak:.0f} GFLOP/s, "
-          f"2048 x 2048 matrix product)")  # fmt: skip
-    for name, seconds in eager.items():
-        print(f"score, eager {name + ':':24s}{seconds:.3g} s  ({activations / 1e6:.0f}M values)")
-    floors = {"eager": dense + sum(eager.values())}
-    if fused is not None:
-        print(f"whole score, compiled (fused):   {fused:.3g} s")
-        floors["compiled"] = dense + fused
-    for name, floor in floors.items():
-        line = f"floor, {name}: {floor:.3g} s"
-        if reference is not None:
-            line += f"; at most {reference / floor:.1f}x the reference's {reference:.2f} s"
-            try:
-                ours = bench_seconds(args.bench, task, "ours", compiled=name == "compiled")
-                line += f"; ours {ours:.3g} s, {ours / floor:.2f}x the floor"
-            except StopIteration:
-                pass  # the bench run did not time this variant of ours
-        print(line)
-    if reference is not None:
-        print(f"20x the reference needs {reference / 20:.3g} s")
-    return 0
+
+def _ours(args: argparse.Namespace, task: str) -> dict[str, Callable[[], object]]:
+    """Our decoding as ``benchmarks/bench.py`` times it (a random COCO-size model, every
+    caption run to ``--max-length`` words), eager and, unless ``--no-compile``, with its
+    step compiled."""
+    config = replace_section(COCO.config, "decode", max_length=args.max_length)
+    size = dataclasses.replace(COCO, config=config, batch_size=args.images)
+    torch.manual_seed(0)
+    model = build_model(size.config.model, size.vocab_size)
+    setup = _set_up(size, model, random_batch(size, model, 0), torch.device("cpu"))
+    ours = {"eager": _decode(setup, task, "fp32", compiled=False)}
+    if not args.no_compile:
+        ours["compiled"] = _decode(setup, task, "fp32", compiled=True)
+    return ours
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from captioning.train import fit
 logger = logging.getLogger("captioning")
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "shapes_soft.yaml"
-# The shipped shapes config is itself the short schedule (about 4 minutes on two CPU cores).
+# The shipped shapes config is itself the short schedule (2 to 2.5 minutes on two CPU cores).
 QUICK_OVERRIDES: list[str] = []
 
 

@@ -495,15 +495,16 @@ def test_beam_floor_bounds_the_speed_up_from_a_bench_file(tmp_path, capsys):
     dense = float(out.split("dense layers:")[1].split(" s")[0])
     passes = [float(out.split(f"eager {name}:")[1].split(" s")[0])
               for name in ("add", "tanh", "projection")]  # fmt: skip
+    passes.append(float(out.split("word choice:")[1].split(" s")[0]))
     # 2 images, first word on 1 beam, second on 2: 2 * 3 * 196 * 512 activations
     assert f"{2 * 3 * 196 * 512 / 1e6:.0f}M values" in out
     assert dense > 0 and min(passes) > 0
     bound = float(out.split("at most ")[1].split("x")[0])
-    # the eager floor: the dense layers and the score's three passes
+    # the eager floor: the dense layers, the score's three passes and the word choice
     assert bound == pytest.approx(1000.0 / (dense + sum(passes)), rel=0.02)
     assert "20x the reference needs 50 s" in out
     # ours from the same file, as a multiple of the floor
-    ratio = float(out.split("ours 30 s, ")[1].split("x the floor")[0])
+    ratio = float(out.split("ours in that run 30 s, ")[1].split("x the floor")[0])
     assert ratio == pytest.approx(30.0 / (dense + sum(passes)), rel=0.02)
 
     # one beam is greedy decoding: its reference is the greedy one
@@ -512,6 +513,16 @@ def test_beam_floor_bounds_the_speed_up_from_a_bench_file(tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.startswith("greedy, 2 images") and "the reference's 500.00 s" in out
     assert "ours" not in out  # the file has no time of ours for greedy
+
+    # --ours times our greedy decoding right after each round of the floor
+    assert beam_floor.main([*args[2:], "--beam-size", "1", "--no-compile", "--ours",
+                            "--rounds", "2"]) == 0  # fmt: skip
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("floor, eager"))
+    rounds = [float(x) for x in line.split("(rounds: ")[1].rstrip(")").split(", ")]
+    assert len(rounds) == 2 and min(rounds) > 0
+    with pytest.raises(SystemExit):  # no such decoder among ours
+        beam_floor.main([*args[2:], "--beam-size", "4", "--ours"])
+    assert "--ours times greedy, beam3, beam5" in capsys.readouterr().err
 
     # a bench file without that reference is a one-line error
     assert beam_floor.main([*args, "--no-compile", "--bench", str(tmp_path / "missing.json")]) == 2
