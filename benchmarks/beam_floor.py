@@ -28,9 +28,10 @@ Each part is timed alone, and then each word's parts are run in turn (dense laye
 word choice), as a word must run them, where each finds the caches as the others left them.
 That sequence over a caption of ``--max-length`` words (the first word on B rows: every beam
 of an image starts the same), plus the key projection, is the floor under any
-implementation that computes the same numbers. Greedy decoding is the same work with one beam (``--beam-size 1``). Given a
-``bench.json``, it prints the largest speed-up over that run's reference that the floor
-allows, and our times in that run against the floor; ``--ours`` times our decoding itself,
+implementation that computes the same numbers. Greedy decoding is the same work with one
+beam (``--beam-size 1``). Given a ``bench.json``, it prints the largest speed-up over that
+run's reference that the floor allows, and our times in that run against the floor;
+``--ours`` times our decoding itself,
 right after each of ``--rounds`` rounds of the floor, since this machine's speed drifts.
 """
 

@@ -1,0 +1,33 @@
+"""The quickstart (what `make demo` runs), on a tiny config: every step runs and writes."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from captioning.cli import main
+from captioning.metrics.captions import java_available
+
+TINY = str(Path(__file__).resolve().parent.parent / "configs" / "test_tiny.yaml")
+
+
+@pytest.mark.parametrize("meteor", [False, True])
+def test_quickstart_trains_evaluates_and_draws(tiny_shapes, tmp_path, capsys, meteor):
+    if meteor and not java_available():
+        pytest.skip("METEOR needs java")
+    out = tmp_path / "quick"
+    args = ["quickstart", "--out", str(out), "--data-root", str(tiny_shapes), "--config", TINY,
+            "--set", "train.epochs=1"]  # fmt: skip
+    assert main([*args, "--meteor"] if meteor else args) == 0
+    summary = json.loads((out / "quickstart.json").read_text())
+    assert Path(summary["checkpoint"]).is_file()
+    assert summary["total_seconds"] >= summary["train_seconds"] > 0
+    assert len(summary["examples"]) == 3
+    for example in summary["examples"]:
+        assert example["attention"] is None or Path(example["attention"]).is_file()
+    metrics = json.loads((out / "eval" / "metrics.json").read_text())
+    assert metrics["num_images"] == 6
+    printed = capsys.readouterr().out
+    # METEOR only when asked for; then it is a number, not "missing"
+    assert ("METEOR" in printed) == meteor
+    assert (metrics["METEOR"] is not None) == meteor
