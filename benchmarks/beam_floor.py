@@ -31,8 +31,8 @@ of an image starts the same), plus the key projection, is the floor under any
 implementation that computes the same numbers. Greedy decoding is the same work with one
 beam (``--beam-size 1``). Given a ``bench.json``, it prints the largest speed-up over that
 run's reference that the floor allows, and our times in that run against the floor;
-``--ours`` times our decoding itself,
-right after each of ``--rounds`` rounds of the floor, since this machine's speed drifts.
+``--ours`` times our decoding itself, right after each of ``--rounds`` rounds of the floor,
+since this machine's speed drifts.
 """
 
 from __future__ import annotations
