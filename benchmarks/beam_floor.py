@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"score, eager {name + ':':24s}{parts[name]:.3g} s  "
               f"({floor.activations / 1e6:.0f}M values)")  # fmt: skip
     print(f"word choice:                     {parts['choice']:.3g} s  (log-softmax over "
-          f"{VOCAB} words, top {max(k, 1)} per image)")  # fmt: skip
+          f"{VOCAB} words, top {k} per image)")  # fmt: skip
     print(f"score, eager, in sequence:       {parts['sequence']:.3g} s  (the three passes "
           f"over each image's block in turn)")  # fmt: skip
     alone = {"eager": parts["dense"] + parts["sequence"] + parts["choice"]}
@@ -276,14 +276,14 @@ class Floor:
                       + self.later * step_gflop)  # fmt: skip
         self.square = torch.randn(2048, 2048)
         self.activations = images * (1 + self.later * beams) * CELLS * WIDTH
-        self.fused = fused
         self.compiled = torch.compile(fused_score) if fused else None
 
     @torch.no_grad()
     def measure(self, repeats: int) -> dict[str, float]:
-        """Seconds of each part over a whole caption: ``dense``, ``add``, ``tanh``,
-        ``projection``, ``choice`` (and ``fused``), and ``peak``, the GFLOP/s of one large
-        square product."""
+        """Seconds over a whole caption: the parts timed alone (``dense``, ``add``, ``tanh``,
+        ``projection``, ``sequence``: the three passes in turn, ``choice``, and ``fused``
+        when compiled), the floors with each word's parts run in turn (``eager``, and
+        ``compiled``), and ``peak``, the GFLOP/s of one large square product."""
         k, b, later = self.beams, self.images, self.later
         parts = {}
         keys_seconds = median_seconds(
@@ -341,18 +341,16 @@ class Floor:
         parts["eager"] = keys_seconds + first_word + later * median_seconds(whole_word, repeats)
 
         if self.compiled is not None:
-            keys = torch.randn(b, 1, CELLS, WIDTH)
-            weight = torch.randn(WIDTH)
-            query_first, query = torch.randn(b, 1, 1, WIDTH), torch.randn(b, k, 1, WIDTH)
+            query_first = all_queries[:, :1]
             compiled = self.compiled
-            fused_first = median_seconds(lambda: compiled(keys, query_first, weight), repeats)
+            fused_first = median_seconds(lambda: compiled(all_keys, query_first, weight), repeats)
             parts["fused"] = fused_first + later * median_seconds(
-                lambda: compiled(keys, query, weight), repeats
+                lambda: compiled(all_keys, all_queries, weight), repeats
             )
 
             def whole_compiled_word() -> None:
                 self.step()
-                compiled(keys, query, weight)
+                compiled(all_keys, all_queries, weight)
                 choose(logits)
 
             first_word = dense_first + fused_first + choice_first
