@@ -161,13 +161,14 @@ def cmd_prepare_folder(args: argparse.Namespace) -> int:
         test=args.test,
         seed=args.seed,
         progress=not args.quiet,
+        format=args.format,
     )
     counts = ", ".join(f"{s} {n} ({summary.captions[s]} captions)"
                        for s, n in summary.images.items())  # fmt: skip
     print(f"wrote {summary.out_dir}: images {counts}")
-    if summary.skipped:
-        print(f"{len(summary.skipped)} rows of {args.captions} skipped (each is listed above "
-              f"with its line number)")  # fmt: skip
+    print(f"read {args.captions} as {summary.format}: {len(summary.skipped)} rows skipped, "
+          f"{len(summary.uncaptioned)} images without a caption (each listed in "
+          f"{summary.report})")  # fmt: skip
     print("train on it with")
     print(f"  captioning train --config configs/photos_soft_vgg19.yaml "
           f"--set {shlex.quote('data.root=' + summary.out_dir)}")  # fmt: skip
@@ -353,7 +354,11 @@ def _add_prepare(parser: argparse.ArgumentParser) -> None:
     p = add("folder", help="your images and a caption file into a COCO-style dataset")
     p.add_argument("--images", required=True, help="folder the caption file's paths are in")
     p.add_argument("--captions", required=True, metavar="FILE",
-                   help=".csv/.tsv with columns image,caption, or .jsonl")  # fmt: skip
+                   help="caption file: CSV/TSV with columns image,caption, JSONL, NAME,CAPTION "
+                        "lines, a Flickr token file or a COCO captions json")  # fmt: skip
+    p.add_argument("--format", default="auto",
+                   choices=["auto", "csv", "tsv", "jsonl", "lines", "flickr", "coco"],
+                   help="caption file format (default auto: told from the content)")  # fmt: skip
     p.add_argument("--out", required=True, help="new dataset folder")
     p.add_argument("--val", type=_fraction, default=0.1, help="share of images (default 0.1)")
     p.add_argument("--test", type=_fraction, default=0.1, help="share of images (default 0.1)")

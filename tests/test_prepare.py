@@ -288,8 +288,8 @@ def test_a_folder_with_bad_rows_becomes_a_dataset_that_trains(tmp_path, capsys):
     rows += [f"p{i:02d}.jpg,a red photo number {i}" for i in range(12)]
     rows += [f'p{i:02d}.jpg,"another caption, with a comma"' for i in range(6)]
     rows += ["holiday/p00.jpg,a photo in a subfolder", "missing.jpg,a photo that is not there",
-             "broken.jpg,a photo that does not open", "p01.jpg,  ", "p02.jpg,one,too many",
-             "../outside.jpg,a path out of the folder"]  # fmt: skip
+             "broken.jpg,a photo that does not open", "p01.jpg,  ", "p02.jpg,one,unquoted",
+             "p03.jpg", "../outside.jpg,a path out of the folder"]  # fmt: skip
     captions = tmp_path / "captions.csv"
     captions.write_text("\n".join(rows) + "\n")
     out = tmp_path / "dataset"
@@ -301,10 +301,10 @@ def test_a_folder_with_bad_rows_becomes_a_dataset_that_trains(tmp_path, capsys):
         f"{captions}:21: image missing.jpg: no such file; row skipped",
         f"{captions}:22: image broken.jpg: not an image file PIL can read; row skipped",
         f"{captions}:23: empty caption; row skipped",
-        f"{captions}:24: 3 columns, the header has 2; row skipped",
-        f"{captions}:25: image '../outside.jpg' is not a path inside {images}; row skipped",
+        f"{captions}:25: 1 column, the header has 2; row skipped",
+        f"{captions}:26: image '../outside.jpg' is not a path inside {images}; row skipped",
     ]  # fmt: skip
-    assert "5 rows of" in output.out
+    assert "5 rows skipped, 0 images without a caption" in output.out
     splits = {}
     for split in ("train", "val", "test"):
         data = json.loads((out / "annotations" / f"captions_{split}.json").read_text())
@@ -313,6 +313,11 @@ def test_a_folder_with_bad_rows_becomes_a_dataset_that_trains(tmp_path, capsys):
             assert (out / "images" / split / image["file_name"]).is_file()
     assert [len(splits[s]) for s in ("train", "val", "test")] == [9, 3, 1]  # of 13 images
     assert "holiday/p00.jpg" in set().union(*splits.values())
+    # A caption holding the separator unquoted (caption is the last column) is kept whole.
+    texts = {a["caption"] for s in ("train", "val", "test")
+             for a in json.loads((out / "annotations" / f"captions_{s}.json").read_text())[
+                 "annotations"]}  # fmt: skip
+    assert "one,unquoted" in texts and "another caption, with a comma" in texts
     # The same files and seed give the same split, and the default configs read it.
     again = prepare_folder(images, captions, tmp_path / "again", val=0.2, test=0.1,
                            progress=False)  # fmt: skip
@@ -340,7 +345,8 @@ def test_jsonl_captions_and_lists(tmp_path):
     [
         ("file,text\na.jpg,x\n", ".csv", "header naming the columns 'image' and 'caption'"),
         ("image\tcaption\nmissing.jpg\tx\n", ".tsv", "no row names a readable image"),
-        ("image,caption\n", ".txt", "unknown caption file kind; use .csv, .tsv or .jsonl"),
+        ("just some words\n", ".txt", "cannot tell the caption format from its first lines "
+         "('just some words'); name it with --format csv|tsv|jsonl|lines|flickr|coco"),
     ],
 )  # fmt: skip
 def test_folder_refusals_are_one_line(tmp_path, capsys, content, suffix, message):

@@ -1,151 +1,49 @@
 """One's own photos and captions, made into a COCO-style dataset with seeded splits.
 
-Input: a folder of images and a caption file naming them by their path inside that folder:
-
-* CSV or TSV (``.csv``, ``.tsv``) with a header that names the columns ``image`` and
-  ``caption``, one row per caption (an image may have several rows);
-* JSON Lines (``.jsonl``), one object per line: ``{"image": ..., "caption": "..."}`` or
-  ``{"image": ..., "captions": ["...", ...]}``.
+Input: a folder of images and a caption file naming them by their path inside that folder,
+in any format :mod:`captioning.prepare.formats` reads (CSV/TSV with a header, JSON Lines,
+headerless ``NAME,CAPTION`` lines, Flickr token files, a COCO captions json), told apart by
+content or named with ``format=``.
 
 Output, the layout ``captioning shapes`` writes and the default ``data`` section reads, so
 ``--set data.root=OUT`` trains on it with any config::
 
     out/images/{train,val,test}/PATH            (PATH as in the caption file)
     out/annotations/captions_{train,val,test}.json
+    out/prepare_report.txt                      (every row skipped, every image not used)
 
 Images are split (not captions: all captions of an image stay in its split) by a seeded
 shuffle of their sorted paths. Images are hard-linked into ``out`` where the file system
 allows it (no extra space, and the dataset stays whole if the originals are moved or
-deleted), else copied. A row that cannot be used (unknown or unreadable image, empty
-caption, wrong number of columns, not JSON) is reported with its line number and skipped;
-the run fails only when no usable image is left.
+deleted), else copied. A row that cannot be used (missing or unreadable image, empty
+caption, too few columns, not JSON) is reported with its line number and skipped, and every
+image file in the folder that no caption names is reported by path. A name that differs from
+a file on disk only by leading zeros (``0059.jpg`` and ``00059.jpg``) or letter case is
+reported as such and never matched. The run fails only when no usable image is left.
 """
 
 from __future__ import annotations
 
-import csv
 import json
 import logging
 import os
 import random
+import re
 import shutil
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from captioning.data.images import check_images
 from captioning.errors import DataError
+from captioning.prepare.formats import IMAGE_SUFFIXES, CaptionTable, read_captions
 
 logger = logging.getLogger("captioning")
 
 SPLITS = ("train", "val", "test")
-FORMATS = (".csv", ".tsv", ".jsonl")
-IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff"})
-
-
-@dataclass
-class CaptionTable:
-    """Captions per image path (relative to the image folder) and the rows that failed.
-
-    Args:
-        captions: image path -> its captions, in file order.
-        lines: image path -> the line numbers that named it (for reports).
-        problems: ``(line, problem)`` of every row that was not used.
-    """
-
-    captions: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
-    lines: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
-    problems: list[tuple[int, str]] = field(default_factory=list)
-
-    def add(self, line: int, image: Any, captions: list[Any], images: Path) -> None:
-        """Check one row and keep its captions, or record why not."""
-        if not isinstance(image, str) or not image.strip():
-            self.problems.append((line, "no image path"))
-            return
-        name = os.path.normpath(image.strip()).replace(os.sep, "/")
-        if os.path.isabs(name) or name == ".." or name.startswith("../") or "\x00" in name:
-            self.problems.append((line, f"image {image[:60]!r} is not a path inside {images}"))
-            return
-        if not all(isinstance(c, str) for c in captions):
-            self.problems.append((line, "a caption that is not text"))
-            return
-        texts = [c.strip() for c in captions]
-        if not texts or not all(texts):
-            self.problems.append((line, "empty caption"))
-            return
-        self.captions[name].extend(texts)
-        self.lines[name].append(line)
-
-
-def read_caption_table(path: str | Path, images: str | Path) -> CaptionTable:
-    """The rows of a CSV, TSV or JSON Lines caption file (see the module docstring).
-
-    Raises:
-        DataError: the file is missing, of an unknown kind, not UTF-8, or (CSV/TSV) its
-            header does not name the ``image`` and ``caption`` columns.
-    """
-    path, images = Path(path), Path(images)
-    if path.suffix.lower() not in FORMATS:
-        raise DataError(f"{path}: unknown caption file kind; use .csv, .tsv or .jsonl")
-    if not path.is_file():
-        raise DataError(f"{path}: caption file not found")
-    table = CaptionTable()
-    try:
-        with open(path, encoding="utf-8-sig", newline="") as handle:
-            if path.suffix.lower() == ".jsonl":
-                _read_jsonl(handle, table, images)
-            else:
-                _read_delimited(handle, "\t" if path.suffix.lower() == ".tsv" else ",", path,
-                                table, images)  # fmt: skip
-    except UnicodeDecodeError as exc:
-        raise DataError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}); "
-                        f"save it as UTF-8") from exc  # fmt: skip
-    except csv.Error as exc:
-        raise DataError(f"{path}: not a readable CSV/TSV file ({exc})") from exc
-    return table
-
-
-def _read_jsonl(handle: Any, table: CaptionTable, images: Path) -> None:
-    for number, text in enumerate(handle, start=1):
-        if not text.strip():
-            continue
-        try:
-            row = json.loads(text)
-        except (json.JSONDecodeError, RecursionError):
-            table.problems.append((number, "not a JSON object"))
-            continue
-        if not isinstance(row, dict):
-            table.problems.append((number, "not a JSON object"))
-        elif "captions" in row:
-            captions = row["captions"]
-            if not isinstance(captions, list):
-                table.problems.append((number, "'captions' is not a list"))
-            else:
-                table.add(number, row.get("image"), captions, images)
-        elif "caption" in row:
-            table.add(number, row.get("image"), [row["caption"]], images)
-        else:
-            table.problems.append((number, "neither 'caption' nor 'captions'"))
-
-
-def _read_delimited(
-    handle: Any, delimiter: str, path: Path, table: CaptionTable, images: Path
-) -> None:
-    reader = csv.reader(handle, delimiter=delimiter)
-    header = [h.strip().lower() for h in next(reader, [])]
-    if "image" not in header or "caption" not in header:
-        raise DataError(f"{path}: the first line must be a header naming the columns 'image' "
-                        f"and 'caption', got {header[:6]}")  # fmt: skip
-    image_at, caption_at = header.index("image"), header.index("caption")
-    for row in reader:
-        number = reader.line_num
-        if not row or not any(cell.strip() for cell in row):
-            continue
-        if len(row) != len(header):
-            table.problems.append((number, f"{len(row)} columns, the header has {len(header)}"))
-            continue
-        table.add(number, row[image_at], [row[caption_at]], images)
+REPORT = "prepare_report.txt"
+# Problems logged one by one; the rest are counted, and all are in the report.
+LOGGED = 20
 
 
 def split_images(names: list[str], val: float, test: float, seed: int) -> dict[str, list[str]]:
@@ -186,32 +84,184 @@ class FolderSummary:
         out_dir: the dataset root.
         images: images per split.
         captions: captions per split.
-        skipped: ``(line, problem)`` of every caption-file row not used, by line number.
+        skipped: ``(number, problem)`` of every caption-file row dropped, by number (a line,
+            or for ``coco`` an annotation's position).
+        format: the format the caption file was read as.
+        uncaptioned: image files in the folder (paths inside it) that no caption names.
+        report: the file that lists every skipped row and every uncaptioned image.
     """
 
     out_dir: str
     images: dict[str, int]
     captions: dict[str, int]
     skipped: list[tuple[int, str]]
+    format: str
+    uncaptioned: list[str]
+    report: str
 
 
-def _usable_images(table: CaptionTable, images: Path, progress: bool) -> list[str]:
-    """The images of the table that load; rows naming the others become problems."""
-    paths = {name: str(images / name) for name in table.captions}
-    bad = dict(check_images(list(paths.values()), progress=progress))
-    for name, path in paths.items():
-        if path in bad:
+def _digits_key(name: str) -> str:
+    """``name`` with the leading zeros of each run of digits removed."""
+    return re.sub(r"\d+", lambda m: m.group().lstrip("0") or "0", name)
+
+
+def _how_near(name: str, other: str) -> str:
+    """How two names that share a :func:`_near_key` differ."""
+    if _digits_key(name) == _digits_key(other):
+        return "differs by leading zeros"
+    if name.casefold() == other.casefold():
+        return "differs in letter case"
+    return "differs by leading zeros and letter case"
+
+
+def _near_key(name: str) -> str:
+    return _digits_key(name.casefold())
+
+
+def _near_index(names: list[str]) -> dict[str, list[str]]:
+    index = defaultdict(list)
+    for name in names:
+        index[_near_key(name)].append(name)
+    return index
+
+
+def _near(name: str, index: dict[str, list[str]]) -> list[str]:
+    """The names of ``index`` that differ from ``name`` only by leading zeros or case."""
+    return sorted(other for other in index.get(_near_key(name), []) if other != name)
+
+
+def _line_ranges(numbers: list[int]) -> str:
+    """``[3, 4, 5, 9]`` -> ``"3-5, 9"``."""
+    ranges: list[list[int]] = []
+    for number in sorted(numbers):
+        if ranges and number == ranges[-1][1] + 1:
+            ranges[-1][1] = number
+        else:
+            ranges.append([number, number])
+    return ", ".join(f"{a}-{b}" if b > a else f"{a}" for a, b in ranges)
+
+
+def _disk_images(images: Path) -> list[str]:
+    """Image files under ``images``, as sorted paths inside it."""
+    return sorted(path.relative_to(images).as_posix() for path in images.rglob("*")
+                  if path.suffix.lower() in IMAGE_SUFFIXES and path.is_file())  # fmt: skip
+
+
+@dataclass
+class FolderMatch:
+    """The caption file's names matched to the image folder's files.
+
+    Args:
+        present: names that are files on disk -> their paths.
+        uncaptioned: image files in the folder (paths inside it) that no caption names.
+        notes: for some of ``uncaptioned``, a caption name that differs from it only by
+            leading zeros or letter case, in words.
+    """
+
+    present: dict[str, Path]
+    uncaptioned: list[str]
+    notes: dict[str, str]
+
+
+def match_images(table: CaptionTable, images: str | Path) -> FolderMatch:
+    """Match the caption table's names to the files in ``images``, without decoding any.
+
+    A row that names a file not on disk becomes a problem of ``table``, which says so when a
+    file on disk differs from the name only by leading zeros or letter case (such names are
+    never matched).
+
+    Args:
+        table: the caption file's rows; its ``problems`` grow.
+        images: the image folder.
+    """
+    images = Path(images)
+    disk = _disk_images(images)
+    disk_index = _near_index(disk)
+    present = {}
+    for name in table.captions:
+        path = images / name
+        if path.is_file():
+            present[name] = path
+            continue
+        problem = f"image {name}: no such file"
+        near = _near(name, disk_index)
+        if near:
+            verb = "is" if len(near) == 1 else "are"
+            problem += (f"; {' and '.join(near)} {verb} on disk ({_how_near(name, near[0])}), "
+                        f"not matched")  # fmt: skip
+        for line in table.lines[name]:
+            table.problems.append((line, problem))
+    named_index = _near_index(list(table.captions))
+    uncaptioned = [name for name in disk if name not in table.captions]
+    notes = {}
+    for name in uncaptioned:
+        notes[name] = "; ".join(
+            f"{table.unit}s {_line_ranges(table.lines[other])} name {other}, which "
+            f"{_how_near(name, other)}{'' if other in present else ' (not matched)'}"
+            for other in _near(name, named_index)
+        )
+    return FolderMatch(present, uncaptioned, {name: note for name, note in notes.items() if note})
+
+
+def _usable_images(table: CaptionTable, present: dict[str, Path], progress: bool) -> list[str]:
+    """The images of ``present`` that load; rows naming the others become problems."""
+    bad = dict(check_images([str(p) for p in present.values()], progress=progress))
+    for name, path in present.items():
+        if str(path) in bad:
             for line in table.lines[name]:
-                table.problems.append((line, f"image {name}: {bad[path]}"))
-    unnamed = sum(
-        1
-        for path in images.rglob("*")
-        if path.suffix.lower() in IMAGE_SUFFIXES
-        and path.relative_to(images).as_posix() not in table.captions
-    )
-    if unnamed:
-        logger.info("%d image files in %s have no caption row and are not used", unnamed, images)
-    return [name for name, path in paths.items() if path not in bad]
+                table.problems.append((line, f"image {name}: {bad[str(path)]}"))
+    return [name for name, path in present.items() if str(path) not in bad]
+
+
+def _uncaptioned_lines(match: FolderMatch) -> list[str]:
+    return [f"{name}: {match.notes[name]}" if name in match.notes else name
+            for name in match.uncaptioned]  # fmt: skip
+
+
+def _log_problems(
+    table: CaptionTable, captions: Path, images: Path, match: FolderMatch, report: Path
+) -> None:
+    problems = sorted(table.problems)
+    for line, problem in problems[:LOGGED]:
+        logger.warning("%s: %s; row skipped", table.where(captions, line), problem)
+    if len(problems) > LOGGED:
+        logger.warning("... and %d more rows of %s skipped (%d in all, each listed in %s)",
+                       len(problems) - LOGGED, captions, len(problems), report)  # fmt: skip
+    uncaptioned = _uncaptioned_lines(match)
+    if uncaptioned:
+        logger.warning("%d image files in %s have no caption and are not used:",
+                       len(uncaptioned), images)  # fmt: skip
+        for name in uncaptioned[:LOGGED]:
+            logger.warning("  %s", name)
+        if len(uncaptioned) > LOGGED:
+            logger.warning("  ... and %d more (each listed in %s)", len(uncaptioned) - LOGGED,
+                           report)  # fmt: skip
+
+
+def _write_report(
+    report: Path,
+    table: CaptionTable,
+    captions: Path,
+    images: Path,
+    match: FolderMatch,
+    kept: str,
+) -> None:
+    problems = sorted(table.problems)
+    uncaptioned = _uncaptioned_lines(match)
+    lines = [
+        "captioning prepare folder",
+        f"images:   {images}",
+        f"captions: {captions} (read as {table.describe()})",
+        f"kept:     {kept}",
+        "",
+        f"{len(problems)} rows skipped:",
+        *(f"  {table.where(captions, line)}: {problem}" for line, problem in problems),
+        "",
+        f"{len(uncaptioned)} image files without a caption (not used):",
+        *(f"  {name}" for name in uncaptioned),
+    ]
+    report.parent.mkdir(parents=True, exist_ok=True)
+    report.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
 def prepare_folder(
@@ -222,35 +272,43 @@ def prepare_folder(
     test: float = 0.1,
     seed: int = 0,
     progress: bool = True,
+    format: str = "auto",
 ) -> FolderSummary:
     """Write a COCO-style dataset (see the module docstring) from an image folder and a
     caption file.
 
     Args:
         images: the folder the caption file's image paths are relative to.
-        captions: the ``.csv``, ``.tsv`` or ``.jsonl`` caption file.
-        out: the new dataset root; it must not exist or be empty.
+        captions: the caption file (see :mod:`captioning.prepare.formats`).
+        out: the new dataset root; it must not exist or be empty (a ``prepare_report.txt``
+            left by a run that failed is replaced).
         val: the share of images for validation.
         test: the share of images for testing.
         seed: the seed of the split; the same files and seed give the same split.
         progress: a bar on a terminal while the images are checked.
+        format: ``"auto"`` to tell the caption format from the content, or one of
+            :data:`captioning.prepare.formats.FORMATS`.
 
     Raises:
         DataError: the inputs cannot be read, ``out`` already holds files, or no usable
-            image is left (each bad row is also logged with its line number).
+            image is left (each bad row is also logged with its line number, and all are
+            listed in ``out/prepare_report.txt``).
     """
-    images, out = Path(images), Path(out)
+    images, captions, out = Path(images), Path(captions), Path(out)
     if not images.is_dir():
         raise DataError(f"{images}: image folder not found")
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+    if out.exists() and (not out.is_dir() or any(p.name != REPORT for p in out.iterdir())):
         raise DataError(f"{out}: already exists and is not empty; choose a new --out")
-    table = read_caption_table(captions, images)
-    usable = _usable_images(table, images, progress)
-    for line, problem in sorted(table.problems):
-        logger.warning("%s:%d: %s; row skipped", captions, line, problem)
+    report = out / REPORT
+    table = read_captions(captions, images, format=format)
+    match = match_images(table, images)
+    usable = _usable_images(table, match.present, progress)
+    _log_problems(table, captions, images, match, report)
     if not usable:
+        _write_report(report, table, captions, images, match, "nothing")
         raise DataError(f"{captions}: no row names a readable image with a caption "
-                        f"({len(table.problems)} rows skipped, see above)")  # fmt: skip
+                        f"({len(table.problems)} rows skipped, each listed in "
+                        f"{report})")  # fmt: skip
     splits = split_images(usable, val, test, seed)
     ids = {name: number for number, name in enumerate(sorted(usable), start=1)}
     next_caption = 1
@@ -267,9 +325,15 @@ def prepare_folder(
         info = {"description": f"prepared from {captions}", "split": split, "seed": seed}
         path.write_text(json.dumps({"info": info, "licenses": [], "images": entries,
                                     "annotations": annotations}) + "\n")  # fmt: skip
+    counts = {s: sum(len(table.captions[n]) for n in splits[s]) for s in SPLITS}
+    kept = ", ".join(f"{s} {len(splits[s])} images ({counts[s]} captions)" for s in SPLITS)
+    _write_report(report, table, captions, images, match, kept)
     return FolderSummary(
         out_dir=str(out),
         images={s: len(splits[s]) for s in SPLITS},
-        captions={s: sum(len(table.captions[n]) for n in splits[s]) for s in SPLITS},
+        captions=counts,
         skipped=sorted(table.problems),
+        format=table.format,
+        uncaptioned=match.uncaptioned,
+        report=str(report),
     )
