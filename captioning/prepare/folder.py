@@ -141,6 +141,14 @@ def _line_ranges(numbers: list[int]) -> str:
     return ", ".join(f"{a}-{b}" if b > a else f"{a}" for a, b in ranges)
 
 
+def _rows_name(table: CaptionTable, name: str) -> str:
+    """``"line 7 names"`` or ``"lines 3-5, 9 name"``: the rows of ``table`` that name ``name``."""
+    numbers = table.lines[name]
+    if len(numbers) == 1:
+        return f"{table.unit} {numbers[0]} names"
+    return f"{table.unit}s {_line_ranges(numbers)} name"
+
+
 def _disk_images(images: Path) -> list[str]:
     """Image files under ``images``, as sorted paths inside it."""
     return sorted(path.relative_to(images).as_posix() for path in images.rglob("*")
@@ -196,8 +204,8 @@ def match_images(table: CaptionTable, images: str | Path) -> FolderMatch:
     notes = {}
     for name in uncaptioned:
         notes[name] = "; ".join(
-            f"{table.unit}s {_line_ranges(table.lines[other])} name {other}, which "
-            f"{_how_near(name, other)}{'' if other in present else ' (not matched)'}"
+            f"{_rows_name(table, other)} {other}, which {_how_near(name, other)}"
+            f"{'' if other in present else ' (not matched)'}"
             for other in _near(name, named_index)
         )
     return FolderMatch(present, uncaptioned, {name: note for name, note in notes.items() if note})

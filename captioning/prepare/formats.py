@@ -208,7 +208,7 @@ def detect_format(text: str, path: str | Path = "captions") -> str:
     ``{`` starts ``jsonl`` (one object per line) or ``coco`` (an object with ``images``);
     a header naming ``image`` and ``caption`` is ``csv`` or ``tsv``; ``NAME#N<TAB>`` or
     ``image_name| comment_number| comment`` is ``flickr``; ``NAME<sep>CAPTION`` lines whose
-    names end in an image suffix are ``lines``.
+    names end in an image suffix (most of the first lines) are ``lines``.
 
     Raises:
         DataError: the file is empty, or none of the formats fits; the message names the
@@ -233,18 +233,19 @@ def detect_format(text: str, path: str | Path = "captions") -> str:
             return name
     if _header_cells(first, "|")[:1] == ["image_name"]:
         return "flickr"
-    flickr = sum(bool(_FLICKR_TOKEN_START.match(line) or _FLICKR_PIPE_START.match(line))
-                 for line in sample)  # fmt: skip
-    if flickr >= 0.8 * len(sample):
+    flickr = [bool(_FLICKR_TOKEN_START.match(line) or _FLICKR_PIPE_START.match(line))
+              for line in sample]  # fmt: skip
+    if flickr[0] or sum(flickr) > len(sample) / 2:
         return "flickr"
-    named = max(_named_lines(sample, sep) for sep in SEPARATORS)
-    if named >= 0.8 * len(sample) and named:
+    rest = sample[1:]
+    if rest and not any(_named_lines(sample[:1], sep) for sep in SEPARATORS):
+        if max(_named_lines(rest, sep) for sep in SEPARATORS) >= 0.8 * len(rest):
+            # The other lines are NAME<sep>CAPTION: a header without the usual names.
+            raise DataError(f"{path}: the first line {first[:60]!r} looks like a header; a "
+                            f"header naming the columns 'image' and 'caption' is needed (or "
+                            f"delete the line, or name --format lines)")  # fmt: skip
+    if max(_named_lines(sample, sep) for sep in SEPARATORS) > len(sample) / 2:
         return "lines"
-    if len(sample) > 1 and named >= 0.8 * (len(sample) - 1) and named:
-        # All but the first line are NAME<sep>CAPTION: a header without the usual names.
-        raise DataError(f"{path}: the first line {first[:60]!r} looks like a header; a header "
-                        f"naming the columns 'image' and 'caption' is needed (or delete the "
-                        f"line to read the rest as NAME,CAPTION lines)")  # fmt: skip
     raise DataError(f"{path}: cannot tell the caption format from its first lines "
                     f"({first[:40]!r}); {choices}")  # fmt: skip
 
