@@ -148,9 +148,9 @@ def test_a_quote_left_open_is_reported_not_swallowed(tmp_path):
 def test_captions_are_nfc_without_invisible_characters(tmp_path):
     decomposed = unicodedata.normalize("NFD", "Người đàn ông")
     text = "\ufeffimage,caption\n" + f"a.jpg,{decomposed} giơ lên \u200b\u200btrời .\u200b\n"
-    text += "\u200bb.jpg, \ufeff \n"
+    text += "\u200bb.jpg, \ufeff \n\ufeffc.jpg,ảnh\n"  # a second file's mark, from `cat`
     table = read_captions(write(tmp_path / "c.csv", text, "utf-8"), tmp_path)
-    assert dict(table.captions) == {"a.jpg": ["Người đàn ông giơ lên trời ."]}
+    assert dict(table.captions) == {"a.jpg": ["Người đàn ông giơ lên trời ."], "c.jpg": ["ảnh"]}
     assert unicodedata.is_normalized("NFC", table.captions["a.jpg"][0])
     assert table.problems == [(3, "empty caption")] and table.cleaned == 1
 

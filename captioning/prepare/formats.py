@@ -61,9 +61,15 @@ def clean_caption(text: str) -> str:
 
 
 def _clean_name(text: str) -> str:
+    """``text`` without outer whitespace and outer format characters (category Cf)."""
     # A byte-order mark or zero-width space before a name (files joined with `cat`) would
     # make it a name no file has, and an invisible one in the report.
-    return "".join(c for c in text if unicodedata.category(c) != "Cf").strip()
+    start, end = 0, len(text)
+    while start < end and (text[start].isspace() or unicodedata.category(text[start]) == "Cf"):
+        start += 1
+    while end > start and (text[end - 1].isspace() or unicodedata.category(text[end - 1]) == "Cf"):
+        end -= 1
+    return text[start:end]
 
 
 @dataclass
@@ -186,9 +192,9 @@ def _read_text(path: Path) -> str:
 def _sample(text: str) -> list[str]:
     """The first non-empty lines of ``text``, without line ends."""
     sample = []
-    for line in text.split("\n"):
+    for line in io.StringIO(text, newline="\n"):  # lazily: a COCO json can be 100 MB
         if line.strip():
-            sample.append(line.rstrip("\r"))
+            sample.append(line.rstrip("\r\n"))
             if len(sample) == SAMPLE_LINES:
                 break
     return sample
@@ -351,8 +357,8 @@ def _read_delimited(
             if not row or not any(cell.strip() for cell in row):
                 continue
             if number > first:  # a quoted field over several lines
-                cells = "\n".join(row).splitlines()[1:]
-                if any(_looks_like_row(line, delimiter) for line in cells):
+                inner = [line for cell in row for line in cell.splitlines()[1:]]
+                if any(_looks_like_row(line, delimiter) for line in inner):
                     table.problems.append((first, f"a quote opened here is closed only on line "
                                                   f"{number}, so lines {first}-{number} are one "
                                                   f"field; close or remove it"))  # fmt: skip
