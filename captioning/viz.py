@@ -617,11 +617,10 @@ def attention_grid(
     """A figure of the image and one attention panel per word (no pyplot involved).
 
     The first panel is the plain image, titled with the caption (or ``title``); then one
-    panel per word, titled with the word and its largest weight (``sân (max 0.31)``),
-    showing the whole image with its attention upsampled over it and scaled to its own
-    maximum: by default bright where the word's attention is high and dimmed to a fifth
-    where it is zero. A scale under the panels says so. Panels fill rows of ``columns``, so
-    a long caption makes a taller figure.
+    panel per word, titled with the word and its largest weight (``sân (max 0.31)``): the
+    whole image, bright where the word's attention (upsampled, relative to its own peak) is
+    high and dimmed to a fifth where it is zero, as a scale under the panels says. Panels
+    fill rows of ``columns``, so a long caption makes a taller figure.
 
     Args:
         image: the captioned image, any size and mode.
@@ -637,8 +636,7 @@ def attention_grid(
         title: the first panel's title instead of the caption.
         centres: for local attention, ``(T, 2)`` the centre (row, column, in cells) the
             model predicted for each word; a cross marks it on the word's panel.
-        style: ``"dim"`` (the photo dimmed away from the attention, :func:`dim_array`) or
-            ``"colour"`` (a jet colour map blended over it, :func:`overlay_array`).
+        style: ``"dim"`` (:func:`dim_array`) or ``"colour"`` (:func:`overlay_array`).
 
     Returns:
         A matplotlib :class:`~matplotlib.figure.Figure` with an Agg canvas.
@@ -838,8 +836,9 @@ def attention_gif(
 
     Frames are the whole image (rescaled so its longer side is between 320 and 640 pixels)
     with the word's attention drawn over it as in :func:`attention_grid_figure`, the word
-    written at the bottom, ``t/T`` in a corner and a note on the scale in the other (``bright
-    = attended, max 0.31 weight``: the word's largest weight). The animation loops forever.
+    written at the bottom, ``t/T`` in a corner and a note on the scale in the other
+    (``bright = attended, max weight 0.31``: the word's largest weight on one cell). The
+    animation loops forever.
 
     Args:
         image: the captioned image, any size and mode.
@@ -881,7 +880,7 @@ def attention_gif(
             _STYLES[style](pixels, upsample_attention(maps[t], grid_shape, shown.size, smooth)),
             words[t],
             f"{t + 1}/{len(words)}",
-            f"{scale}, {_peak_label(maps[t])} weight",
+            f"{scale}, max weight {float(maps[t].max()):.2f}",
             None if cells is None else cells[t],
             grid_shape,
             None if centres is None else centres[t],
