@@ -11,15 +11,22 @@ flattened row-major: cell ``(r, c)`` is index ``r * grid_w + c``. The grid shape
 argument, since it depends on the encoder and its input size. Local attention's centres come
 as (row, column) in cells, cell ``(r, c)`` spanning ``[r, r + 1) x [c, c + 1)``; they are
 drawn as a cross. A multi-head model's heads get a figure of their own, one row per head.
+
+The default look is the paper's (Xu et al. 2015, figures 2 to 5): the photo itself, bright
+where the word's attention is high and dimmed elsewhere, the map upsampled smoothly from the
+grid. The encoder sees the whole image squashed to a square, so a map always stretches over
+the whole image at its own aspect ratio. ``style="colour"`` keeps the older colour-mapped
+overlay.
 """
 
 from __future__ import annotations
 
 import textwrap
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import matplotlib
 import numpy as np
@@ -29,13 +36,17 @@ from matplotlib import patheffects
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import Colormap
 from matplotlib.figure import Figure
+from matplotlib.image import BboxImage
 from matplotlib.patches import Rectangle
+from matplotlib.transforms import Bbox, TransformedBbox
 from PIL import Image
 
 __all__ = [
     "attention_gif",
     "attention_grid_figure",
     "centre_position",
+    "dim_array",
+    "smooth_grid",
     "heads_figure",
     "heads_grid",
     "overlay_array",
@@ -53,6 +64,21 @@ _MAX_DISPLAY_SIDE = 1024
 _GIF_MIN_SIDE = 320
 _GIF_MAX_SIDE = 640
 _BOX_COLOUR = "white"
+# Brightness kept where a word's attention is zero: low enough that the attended region
+# stands out, high enough that the rest of the photo can still be read.
+DIM_FLOOR = 0.2
+# How far the peak of a word's map is lightened toward white: a dark subject (a black dog in
+# the shade) would otherwise hardly change when attended.
+DIM_GLOW = 0.15
+# Smooth maps are built the paper's way: upsampled to this many pixels per cell, blurred with
+# a Gaussian of this many cells' standard deviation, then resized to the image.
+_SMOOTH_PIXELS_PER_CELL = 16
+_SMOOTH_SIGMA_CELLS = 0.5
+_LEGEND_DIM = "brightness: attention relative to each word's own peak, dimmed 0 to bright 1"
+_LEGEND_COLOUR = "colour: attention relative to each word's own peak, 0 to 1"
+_LEGEND_PEAK = "(max w): the word's highest weight on one cell"
+
+Style = Literal["dim", "colour"]
 
 
 # --- inputs ---------------------------------------------------------------------------------
@@ -184,6 +210,45 @@ def _fit(image: Image.Image, min_side: int, max_side: int) -> Image.Image:
 # --- maps -----------------------------------------------------------------------------------
 
 
+def _gaussian_blur(heat: torch.Tensor, sigma: float) -> torch.Tensor:
+    """``heat`` (1, 1, H, W) blurred by a Gaussian of ``sigma`` pixels, separably; the edges
+    are extended by their own values, so the border does not darken."""
+    radius = max(1, int(np.ceil(3.0 * sigma)))
+    offsets = torch.arange(-radius, radius + 1, dtype=heat.dtype)
+    kernel = torch.exp(-0.5 * (offsets / sigma) ** 2)
+    kernel = kernel / kernel.sum()  # (K,)
+    padded = F.pad(heat, (radius, radius, radius, radius), mode="replicate")
+    rows = F.conv2d(padded, kernel.view(1, 1, 1, -1))  # (1, 1, H + 2r, W)
+    return F.conv2d(rows, kernel.view(1, 1, -1, 1))  # (1, 1, H, W)
+
+
+def smooth_grid(alpha: torch.Tensor | np.ndarray, grid_shape: tuple[int, int]) -> np.ndarray:
+    """One word's attention upsampled the paper's way at a small working size: bilinear to
+    16 pixels per cell, then a Gaussian blur of half a cell (the web page computes the same
+    map, and the figures resize it to the image).
+
+    Args:
+        alpha: the word's weights, flat (``L = grid_h * grid_w``, row-major) or
+            ``(grid_h, grid_w)``.
+        grid_shape: ``(grid_h, grid_w)``, the encoder's feature-map shape.
+
+    Returns:
+        A float64 array of shape ``(16 * grid_h, 16 * grid_w)``, non-negative, whose mean
+        is close to that of the cells (the edges are extended, not mirrored).
+    """
+    grid_shape = _check_grid(grid_shape)
+    cells = _attention_map(_as_numpy(alpha, "alpha"), grid_shape, "alpha")
+    # align_corners=False treats each weight as the value at its cell's centre, so the map
+    # lines up with the per-cell blocks of smooth=False instead of shifting by half a cell.
+    grid_tensor = torch.from_numpy(np.ascontiguousarray(cells))[None, None]  # (1, 1, gh, gw)
+    size = (grid_shape[0] * _SMOOTH_PIXELS_PER_CELL, grid_shape[1] * _SMOOTH_PIXELS_PER_CELL)
+    work = F.interpolate(grid_tensor, size=size, mode="bilinear", align_corners=False)
+    work = _gaussian_blur(work, _SMOOTH_SIGMA_CELLS * _SMOOTH_PIXELS_PER_CELL)  # (1, 1, *size)
+    # Weights from a model may dip a hair below zero (e.g. after a subtraction), and the
+    # brightness or colour scale would misread them.
+    return np.clip(work[0, 0].numpy(), 0.0, None)
+
+
 def upsample_attention(
     alpha: torch.Tensor | np.ndarray,
     grid_shape: tuple[int, int],
@@ -192,20 +257,25 @@ def upsample_attention(
 ) -> np.ndarray:
     """Stretch one word's attention over the grid to an image-sized map.
 
+    The map covers the whole image whatever its aspect ratio, as the encoder saw it: the
+    image is squashed to a square, so cells are as wide as ``width / grid_w`` and as tall as
+    ``height / grid_h``.
+
     Args:
         alpha: the word's weights, either flat with ``L = grid_h * grid_w`` entries in
             row-major order (cell ``(r, c)`` at index ``r * grid_w + c``) or already shaped
             ``(grid_h, grid_w)``. A tensor may be on any device and require grad.
         grid_shape: ``(grid_h, grid_w)``, the encoder's feature-map shape.
         size: the output size as ``(width, height)``, the order PIL's ``Image.size`` uses.
-        smooth: True for bilinear interpolation between cell centres (the usual soft look);
-            False for nearest, where each cell covers exactly its own block of the image
-            (every pixel takes the cell its centre falls in), which shows the real
-            resolution of the attention and suits hard attention.
+        smooth: True for the paper's smooth map (:func:`smooth_grid`: bilinear between
+            cell centres, then a Gaussian blur of half a cell, resized to ``size``); False
+            for nearest, where each cell covers exactly its own block of the image (every
+            pixel takes the cell its centre falls in), which shows the real resolution of
+            the attention and suits hard attention.
 
     Returns:
         A float64 array of shape ``(height, width)``, non-negative. The total mass is not
-        preserved: values are the interpolated weights themselves.
+        preserved: values are (smoothed) weights themselves.
 
     Raises:
         ValueError: the weights do not match ``grid_shape``, contain NaN or inf, or
@@ -215,14 +285,10 @@ def upsample_attention(
     width, height = _check_size(size)
     cells = _attention_map(_as_numpy(alpha, "alpha"), grid_shape, "alpha")
     if smooth:
-        # align_corners=False treats each weight as the value at its cell's centre, so the
-        # map lines up with the nearest-mode blocks instead of shifting by half a cell.
-        # Bilinear only takes convex combinations, but weights from a model may dip a hair
-        # below zero (e.g. after a subtraction), and a colormap would misread them.
-        grid_tensor = torch.from_numpy(np.ascontiguousarray(cells))[None, None]
-        heat = F.interpolate(
-            grid_tensor, size=(height, width), mode="bilinear", align_corners=False
-        )
+        work = torch.from_numpy(smooth_grid(cells, grid_shape))[None, None]  # (1, 1, 16gh, 16gw)
+        # antialias matters only when shrinking (a small image or a large grid).
+        heat = F.interpolate(work, size=(height, width), mode="bilinear", align_corners=False,
+                             antialias=True)  # fmt: skip
         return np.clip(heat[0, 0].numpy(), 0.0, None)
     # Explicit index maps rather than interpolate(mode="nearest"): with sizes that are not a
     # multiple of the grid, the pixel-centre rule keeps the blocks where a cell rectangle
@@ -231,6 +297,57 @@ def upsample_attention(
     rows = np.minimum(((np.arange(height) + 0.5) * grid_h / height).astype(int), grid_h - 1)
     cols = np.minimum(((np.arange(width) + 0.5) * grid_w / width).astype(int), grid_w - 1)
     return np.clip(cells[rows[:, None], cols[None, :]], 0.0, None)
+
+
+def dim_array(
+    image: Image.Image | np.ndarray,
+    heat: np.ndarray,
+    floor: float = DIM_FLOOR,
+    glow: float = DIM_GLOW,
+) -> np.ndarray:
+    """The image bright where ``heat`` is high and dimmed where it is low (the paper's look).
+
+    With ``m = heat / heat.max()``, each pixel is first multiplied by
+    ``floor + (1 - floor) * m`` (the word's peak keeps the photo's own brightness, a place
+    with no attention keeps ``floor`` of it), then lightened toward white by
+    ``glow * m ** 2``, so that the attended region stands out even on a dark photo. An
+    all-zero map dims everything.
+
+    Args:
+        image: a PIL image of any mode, or an ``(H, W)`` / ``(H, W, 3)`` / ``(H, W, 4)``
+            array (uint8, or floats in [0, 1]).
+        heat: non-negative ``(H, W)`` map, e.g. from :func:`upsample_attention` at the
+            image's size.
+        floor: the brightness kept where the attention is zero, in [0, 1].
+        glow: how far the peak is lightened toward white, in [0, 1]; 0 keeps the photo's
+            own pixels there.
+
+    Returns:
+        uint8 RGB pixels of shape ``(H, W, 3)``.
+
+    Raises:
+        ValueError: ``heat`` is not the image's height and width, or ``floor`` or ``glow``
+            is outside [0, 1].
+    """
+    pixels = _rgb(image).astype(np.float64)
+    relative = _relative(heat, pixels.shape[:2])[:, :, None]  # (H, W, 1)
+    for name, value in (("floor", floor), ("glow", glow)):
+        if not 0.0 <= value <= 1.0:
+            raise ValueError(f"{name} must be in [0, 1], got {value}")
+    dimmed = pixels * (floor + (1.0 - floor) * relative)
+    lit = dimmed + glow * relative**2 * (255.0 - dimmed)
+    return np.clip(np.rint(lit), 0, 255).astype(np.uint8)
+
+
+def _relative(heat: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """``heat`` divided by its own maximum, in [0, 1]; zeros when it is all zero."""
+    heat = np.asarray(heat, dtype=np.float64)
+    if heat.shape != tuple(shape):
+        raise ValueError(
+            f"heat has shape {heat.shape} but the image is {tuple(shape)} (height, width)"
+        )
+    peak = float(heat.max()) if heat.size else 0.0
+    return np.clip(heat / peak, 0.0, 1.0) if peak > 0 else np.zeros_like(heat)
 
 
 def overlay_array(
@@ -259,19 +376,33 @@ def overlay_array(
             outside [0, 1].
     """
     pixels = _rgb(image).astype(np.float64) / 255.0
-    heat = np.asarray(heat, dtype=np.float64)
-    if heat.shape != pixels.shape[:2]:
-        raise ValueError(
-            f"heat has shape {heat.shape} but the image is {pixels.shape[:2]} (height, width)"
-        )
+    scaled = _relative(heat, pixels.shape[:2])
     if not 0.0 <= opacity <= 1.0:
         raise ValueError(f"opacity must be in [0, 1], got {opacity}")
     colormap = matplotlib.colormaps[cmap] if isinstance(cmap, str) else cmap
-    peak = float(heat.max()) if heat.size else 0.0
-    scaled = heat / peak if peak > 0 else np.zeros_like(heat)
-    colours = colormap(np.clip(scaled, 0.0, 1.0))[:, :, :3]
+    colours = colormap(scaled)[:, :, :3]
     blend = (1.0 - opacity) * pixels + opacity * colours
     return np.clip(np.rint(blend * 255.0), 0, 255).astype(np.uint8)
+
+
+# How each style draws a word's map over the image: (image, heat) -> uint8 RGB.
+_STYLES = {"dim": dim_array, "colour": overlay_array}
+
+
+def _check_style(style: str) -> str:
+    if style not in _STYLES:
+        raise ValueError(f"style must be one of {', '.join(map(repr, _STYLES))}; got {style!r}")
+    return style
+
+
+def _text(value: str) -> str:
+    """Text as drawn: NFC-composed, so that a Vietnamese letter written as a base and
+    combining marks shows as its single DejaVu glyph with the marks in place."""
+    return unicodedata.normalize("NFC", str(value))
+
+
+def _peak_label(alpha: np.ndarray) -> str:
+    return f"max {float(alpha.max()):.2f}"
 
 
 def _cell_rectangle(
@@ -327,10 +458,14 @@ def _blank_axes(ax) -> None:
 
 # --- figures --------------------------------------------------------------------------------
 
+# Room below the panels for the scale: a ramp with its two ends named, then what it means.
+_LEGEND_INCHES = 0.62
+
 
 @dataclass
 class _PanelLayout:
-    """Rows of image panels with a wrapped heading above the first: sizes in inches."""
+    """Rows of image panels with a wrapped heading above the first and the scale below the
+    last: sizes in inches."""
 
     n_rows: int
     n_cols: int
@@ -340,7 +475,7 @@ class _PanelLayout:
     margin: float = 0.2
     gap_w: float = 0.2
     gap_h: float = 0.32
-    bottom: float = 0.1
+    bottom: float = 0.1 + _LEGEND_INCHES
     top: float = 0.32
 
     @classmethod
@@ -359,7 +494,7 @@ class _PanelLayout:
         panel_h = panel_inches * height / max(width, height)
         # Roughly the characters of 10 pt text that fit above ``heading_panels`` panels, so
         # the caption wraps instead of running over its neighbours.
-        heading = textwrap.fill(heading, max(12, int(panel_w * 11 * heading_panels)))
+        heading = textwrap.fill(_text(heading), max(12, int(panel_w * 11 * heading_panels)))
         # Each row's word title lives in the gap above its panel, and the top margin grows
         # with the heading's line count so it never leaves the figure.
         top = 0.14 + 0.18 * (heading.count("\n") + 1)
@@ -386,6 +521,49 @@ class _PanelLayout:
         )
 
 
+def _scale_ramp(style: str, steps: int = 256) -> np.ndarray:
+    """``(1, steps, 3)`` float RGB of what relative attention 0 to 1 looks like: white paper
+    dimmed by the style's rule, or the colour overlay on white."""
+    relative = np.linspace(0.0, 1.0, steps)[None, :]  # (1, steps)
+    paper = np.full((1, steps, 3), 255, dtype=np.uint8)
+    return _STYLES[style](paper, relative).astype(np.float64) / 255.0
+
+
+def _draw_legend(fig: Figure, layout: _PanelLayout, style: str, n_cells: int) -> None:
+    """The scale under the panels: a ramp from 0 to 1 with its ends named, and one wrapped
+    line saying what brightness (or colour) and the titles' ``max`` mean. Drawn in figure
+    coordinates, so ``fig.axes`` keeps only the panels."""
+    to_x, to_y = (lambda inches: inches / layout.fig_w), (lambda inches: inches / layout.fig_h)
+    centre = layout.fig_w / 2
+    bar_w = min(1.6, max(0.6, layout.fig_w - 1.8))
+    bar_y, bar_h = 0.42, 0.13
+    box = Bbox.from_extents(to_x(centre - bar_w / 2), to_y(bar_y),
+                            to_x(centre + bar_w / 2), to_y(bar_y + bar_h))  # fmt: skip
+    ramp = BboxImage(TransformedBbox(box, fig.transFigure), interpolation="bilinear")
+    ramp.set_data(_scale_ramp(style))
+    fig.add_artist(ramp)
+    fig.add_artist(Rectangle((box.x0, box.y0), box.width, box.height, transform=fig.transFigure,
+                             fill=False, edgecolor="0.3", linewidth=0.6))  # fmt: skip
+    low, high = ("dimmed 0", "1 bright") if style == "dim" else ("0", "1")
+    middle = to_y(bar_y + bar_h / 2)
+    fig.text(to_x(centre - bar_w / 2 - 0.06), middle, low, ha="right", va="center", fontsize=9)
+    fig.text(to_x(centre + bar_w / 2 + 0.06), middle, high, ha="left", va="center", fontsize=9)
+    meaning = _LEGEND_DIM if style == "dim" else _LEGEND_COLOUR
+    note = f"{meaning}; max: the word's largest weight on one of the {n_cells} cells"
+    fig.text(0.5, to_y(0.34), textwrap.fill(note, max(30, int(layout.fig_w * 15))),
+             ha="center", va="top", fontsize=8, color="0.2", parse_math=False)  # fmt: skip
+
+
+def _draw_map(
+    ax, pixels: np.ndarray, alpha: np.ndarray, grid_shape: tuple[int, int], smooth: bool,
+    style: str,
+) -> None:  # fmt: skip
+    """One word's map over the image on ``ax``, as ``style`` draws it."""
+    height, width = pixels.shape[:2]
+    heat = upsample_attention(alpha, grid_shape, (width, height), smooth=smooth)
+    ax.imshow(_STYLES[style](pixels, heat))
+
+
 def attention_grid_figure(
     image: Image.Image,
     words: Sequence[str],
@@ -397,8 +575,9 @@ def attention_grid_figure(
     columns: int = 5,
     title: str | None = None,
     centres: torch.Tensor | np.ndarray | None = None,
+    style: Style = "dim",
 ) -> Path:
-    """Write :func:`attention_grid` (the image and one attention overlay per word) as a PNG.
+    """Write :func:`attention_grid` (the image and one attention panel per word) as a PNG.
 
     Args: as :func:`attention_grid`, and ``path``, where to write the PNG (missing parent
     folders are created).
@@ -408,7 +587,7 @@ def attention_grid_figure(
     """
     fig = attention_grid(image, words, alphas, grid_shape, smooth=smooth,
                          chosen_cells=chosen_cells, columns=columns, title=title,
-                         centres=centres)  # fmt: skip
+                         centres=centres, style=style)  # fmt: skip
     return _save_png(fig, path)
 
 
@@ -433,13 +612,15 @@ def attention_grid(
     columns: int = 5,
     title: str | None = None,
     centres: torch.Tensor | np.ndarray | None = None,
+    style: Style = "dim",
 ) -> Figure:
-    """A figure of the image and one attention overlay per word (no pyplot involved).
+    """A figure of the image and one attention panel per word (no pyplot involved).
 
     The first panel is the plain image, titled with the caption (or ``title``); then one
-    panel per word, titled with the word, showing its attention upsampled to the image,
-    scaled to its own maximum and blended over the image. Panels fill rows of ``columns``,
-    so a long caption makes a taller figure.
+    panel per word, titled with the word and its largest weight (``sân (max 0.31)``): the
+    whole image, bright where the word's attention (upsampled, relative to its own peak) is
+    high and dimmed to a fifth where it is zero, as a scale under the panels says. Panels
+    fill rows of ``columns``, so a long caption makes a taller figure.
 
     Args:
         image: the captioned image, any size and mode.
@@ -447,7 +628,7 @@ def attention_grid(
         alphas: ``(T, L)`` or ``(T, grid_h, grid_w)`` weights with ``T = len(words)``;
             ``alphas[t]`` is the attention used to produce ``words[t]``.
         grid_shape: ``(grid_h, grid_w)``, the encoder's feature-map shape.
-        smooth: bilinear maps if True, blocky per-cell maps if False (see
+        smooth: smooth maps if True, blocky per-cell maps if False (see
             :func:`upsample_attention`).
         chosen_cells: for hard attention, the flat index of the cell sampled (or the argmax)
             for each word; that cell is outlined on the word's panel.
@@ -455,6 +636,7 @@ def attention_grid(
         title: the first panel's title instead of the caption.
         centres: for local attention, ``(T, 2)`` the centre (row, column, in cells) the
             model predicted for each word; a cross marks it on the word's panel.
+        style: ``"dim"`` (:func:`dim_array`) or ``"colour"`` (:func:`overlay_array`).
 
     Returns:
         A matplotlib :class:`~matplotlib.figure.Figure` with an Agg canvas.
@@ -462,11 +644,12 @@ def attention_grid(
     Raises:
         ValueError: ``words``, ``alphas``, ``chosen_cells`` and ``centres`` disagree in
             length, a row of ``alphas`` does not match ``grid_shape``, a chosen cell is
-            outside the grid, or ``columns`` is below 1.
+            outside the grid, ``columns`` is below 1 or ``style`` is unknown.
     """
     words, maps, cells = _check_caption(words, alphas, grid_shape, chosen_cells)
     centres = _check_centres(centres, len(words))
     grid_shape = _check_grid(grid_shape)
+    style = _check_style(style)
     if columns < 1:
         raise ValueError(f"columns must be at least 1, got {columns}")
     shown = _fit(image, 1, _MAX_DISPLAY_SIDE)
@@ -490,13 +673,14 @@ def attention_grid(
             ax.set_title(layout.heading, fontsize=10, parse_math=False)
             continue
         t = panel - 1
-        heat = upsample_attention(maps[t], grid_shape, (width, height), smooth=smooth)
-        ax.imshow(overlay_array(pixels, heat))
+        _draw_map(ax, pixels, maps[t], grid_shape, smooth, style)
         if cells is not None:
             ax.add_patch(_cell_rectangle(cells[t], grid_shape, width, height, 2.0))
         if centres is not None:
             _mark_centre(ax, centres[t], grid_shape, width, height, 10.0)
-        ax.set_title(words[t], fontsize=11, parse_math=False)
+        ax.set_title(f"{_text(words[t])} ({_peak_label(maps[t])})", fontsize=11,
+                     parse_math=False)  # fmt: skip
+    _draw_legend(fig, layout, style, grid_shape[0] * grid_shape[1])
     return fig
 
 
@@ -508,14 +692,15 @@ def heads_figure(
     path: str | Path,
     smooth: bool = True,
     title: str | None = None,
+    style: Style = "dim",
 ) -> Path:
-    """Write :func:`heads_grid` (one row of per-word overlays per head, and their mean) as a
+    """Write :func:`heads_grid` (one row of per-word panels per head, and their mean) as a
     PNG at ``path`` (missing parent folders are created).
 
     Returns:
         ``path`` as a :class:`Path`.
     """
-    return _save_png(heads_grid(image, words, heads, grid_shape, smooth, title), path)
+    return _save_png(heads_grid(image, words, heads, grid_shape, smooth, title, style), path)
 
 
 def heads_grid(
@@ -525,9 +710,12 @@ def heads_grid(
     grid_shape: tuple[int, int],
     smooth: bool = True,
     title: str | None = None,
+    style: Style = "dim",
 ) -> Figure:
     """A figure of where each head of a multi-head model looked for each word: one row per
     head, then a row of their mean (the map the other figures show), one column per word.
+    Each panel is drawn as in :func:`attention_grid` and labelled below with its largest
+    weight; a scale under the panels says what brightness means.
 
     Args:
         image: the captioned image, any size and mode.
@@ -535,17 +723,19 @@ def heads_grid(
         heads: ``(T, H, L)`` or ``(T, H, grid_h, grid_w)`` weights with ``T = len(words)``;
             ``heads[t, h]`` is head ``h``'s attention for ``words[t]``.
         grid_shape: ``(grid_h, grid_w)``, the encoder's feature-map shape.
-        smooth: bilinear maps if True, blocky per-cell maps if False.
+        smooth: smooth maps if True, blocky per-cell maps if False.
         title: the heading instead of the caption.
+        style: ``"dim"`` or ``"colour"``, as in :func:`attention_grid`.
 
     Returns:
         A matplotlib :class:`~matplotlib.figure.Figure` with an Agg canvas.
 
     Raises:
-        ValueError: no words, ``heads`` is not one (H, ...) stack per word, or a map does
-            not match ``grid_shape``.
+        ValueError: no words, ``heads`` is not one (H, ...) stack per word, a map does
+            not match ``grid_shape``, or ``style`` is unknown.
     """
     grid_shape = _check_grid(grid_shape)
+    style = _check_style(style)
     words = [str(word) for word in words]
     array = _as_numpy(heads, "heads")
     if not words:
@@ -565,7 +755,9 @@ def heads_grid(
     heading = title if title is not None else " ".join(words)
     layout = _PanelLayout.make(len(rows) * len(words), len(words), width, height, heading,
                                panel_inches=1.6, heading_panels=len(words))  # fmt: skip
-    layout = replace(layout, margin=0.5, top=layout.top + 0.2)  # row labels, word titles
+    # row labels on the left, word titles above, each panel's peak in the gap below it
+    layout = replace(layout, margin=0.5, top=layout.top + 0.2, gap_h=layout.gap_h + 0.12,
+                     bottom=layout.bottom + 0.14)  # fmt: skip
     fig = Figure(figsize=(layout.fig_w, layout.fig_h), dpi=_DPI)
     FigureCanvasAgg(fig)
     gs = layout.gridspec(fig)
@@ -573,69 +765,54 @@ def heads_grid(
         for t, alpha in enumerate(maps):
             ax = fig.add_subplot(gs[r, t])
             _blank_axes(ax)
-            heat = upsample_attention(alpha, grid_shape, (width, height), smooth=smooth)
-            ax.imshow(overlay_array(pixels, heat))
+            _draw_map(ax, pixels, alpha, grid_shape, smooth, style)
             if r == 0:
-                ax.set_title(words[t], fontsize=10, parse_math=False)
+                ax.set_title(_text(words[t]), fontsize=10, parse_math=False)
             if t == 0:
                 ax.set_ylabel(label, fontsize=10)
+            ax.set_xlabel(_peak_label(alpha), fontsize=8, labelpad=2)
     fig.text(0.5, 1 - 0.06 / layout.fig_h, layout.heading, ha="center", va="top",
              fontsize=10, parse_math=False)  # fmt: skip
+    _draw_legend(fig, layout, style, grid_shape[0] * grid_shape[1])
     return fig
 
 
 def _gif_frame(
     pixels: np.ndarray,
-    heat: np.ndarray,
+    shaded: np.ndarray,
     word: str,
     counter: str,
+    note: str,
     cell: int | None,
     grid_shape: tuple[int, int],
     centre: np.ndarray | None = None,
 ) -> Image.Image:
-    """One animation frame, rendered at exactly the pixel size of ``pixels``."""
+    """One animation frame, rendered at exactly the pixel size of ``pixels``: the word's
+    map (``shaded``, already drawn over the image) with the word, ``t/T`` and the note."""
     height, width = pixels.shape[:2]
     fig = Figure(figsize=(width / _DPI, height / _DPI), dpi=_DPI)
     canvas = FigureCanvasAgg(fig)
     try:
         ax = fig.add_axes((0.0, 0.0, 1.0, 1.0))
         ax.set_axis_off()
-        ax.imshow(overlay_array(pixels, heat), interpolation="none", aspect="auto")
+        ax.imshow(shaded, interpolation="none", aspect="auto")
         ax.set_xlim(-0.5, width - 0.5)
         ax.set_ylim(height - 0.5, -0.5)
         if cell is not None:
             ax.add_patch(_cell_rectangle(cell, grid_shape, width, height, 2.5))
         if centre is not None:
             _mark_centre(ax, centre, grid_shape, width, height, 0.05 * height * 72 / _DPI)
-        # Sized from the frame's height so a word reads the same at any image size.
+        # Sized from the frame so a word reads the same at any image size, and the small
+        # notes fit across a portrait frame.
         points = 0.075 * height * 72 / _DPI
+        small = min(points * 0.5, 0.028 * width * 72 / _DPI)
         box = {"facecolor": "black", "alpha": 0.65, "edgecolor": "none", "pad": 3}
-        ax.text(
-            0.5,
-            0.04,
-            word,
-            transform=ax.transAxes,
-            ha="center",
-            va="bottom",
-            fontsize=points,
-            color="white",
-            bbox=box,
-            parse_math=False,
-        )
+        common = dict(transform=ax.transAxes, color="white", bbox=box, parse_math=False)
+        ax.text(0.5, 0.04, _text(word), ha="center", va="bottom", fontsize=points, **common)
         # The counter also keeps consecutive frames distinct: Pillow merges identical frames,
         # which would drop a frame for a word repeated with the same attention.
-        ax.text(
-            0.98,
-            0.97,
-            counter,
-            transform=ax.transAxes,
-            ha="right",
-            va="top",
-            fontsize=points * 0.6,
-            color="white",
-            bbox=box,
-            parse_math=False,
-        )
+        ax.text(0.98, 0.97, counter, ha="right", va="top", fontsize=points * 0.6, **common)
+        ax.text(0.02, 0.97, note, ha="left", va="top", fontsize=small, **common)
         canvas.draw()
         rgba = np.asarray(canvas.buffer_rgba())
         return Image.fromarray(rgba[:, :, :3].copy(), mode="RGB")
@@ -653,12 +830,15 @@ def attention_gif(
     chosen_cells: Sequence[int] | None = None,
     frame_ms: int = 800,
     centres: torch.Tensor | np.ndarray | None = None,
+    style: Style = "dim",
 ) -> Path:
     """Write an animated GIF that shows each word over its attention, one frame per word.
 
-    Frames are the image (rescaled so its longer side is between 320 and 640 pixels) with
-    the word's attention blended over it as in :func:`attention_grid_figure`, the word
-    written at the bottom and ``t/T`` in a corner. The animation loops forever.
+    Frames are the whole image (rescaled so its longer side is between 320 and 640 pixels)
+    with the word's attention drawn over it as in :func:`attention_grid_figure`, the word
+    written at the bottom, ``t/T`` in a corner and a note on the scale in the other
+    (``bright = attended, max weight 0.31``: the word's largest weight on one cell). The
+    animation loops forever.
 
     Args:
         image: the captioned image, any size and mode.
@@ -667,12 +847,13 @@ def attention_gif(
             ``alphas[t]`` is the attention used to produce ``words[t]``.
         grid_shape: ``(grid_h, grid_w)``, the encoder's feature-map shape.
         path: where to write the GIF; missing parent folders are created.
-        smooth: bilinear maps if True, blocky per-cell maps if False.
+        smooth: smooth maps if True, blocky per-cell maps if False.
         chosen_cells: for hard attention, the flat cell index chosen for each word; it is
             outlined in that word's frame.
         frame_ms: how long each frame is shown, in milliseconds.
         centres: for local attention, ``(T, 2)`` each word's predicted centre (row,
             column, in cells), marked with a cross.
+        style: ``"dim"`` or ``"colour"``, as in :func:`attention_grid`.
 
     Returns:
         ``path`` as a :class:`Path`.
@@ -680,23 +861,26 @@ def attention_gif(
     Raises:
         ValueError: no words, ``words``, ``alphas`` and ``chosen_cells`` disagree in length,
             a row of ``alphas`` does not match ``grid_shape``, a chosen cell is outside the grid,
-            or ``frame_ms`` is not positive.
+            ``frame_ms`` is not positive or ``style`` is unknown.
     """
     words, maps, cells = _check_caption(words, alphas, grid_shape, chosen_cells)
     centres = _check_centres(centres, len(words))
     grid_shape = _check_grid(grid_shape)
+    style = _check_style(style)
     if not words:
         raise ValueError("attention_gif needs at least one word: a GIF cannot have no frames")
     if frame_ms <= 0:
         raise ValueError(f"frame_ms must be positive, got {frame_ms}")
     shown = _fit(image, _GIF_MIN_SIDE, _GIF_MAX_SIDE)
     pixels = np.asarray(shown)
+    scale = "bright = attended" if style == "dim" else "colour = attention"
     frames = [
         _gif_frame(
             pixels,
-            upsample_attention(maps[t], grid_shape, shown.size, smooth=smooth),
+            _STYLES[style](pixels, upsample_attention(maps[t], grid_shape, shown.size, smooth)),
             words[t],
             f"{t + 1}/{len(words)}",
+            f"{scale}, max weight {float(maps[t].max()):.2f}",
             None if cells is None else cells[t],
             grid_shape,
             None if centres is None else centres[t],

@@ -171,6 +171,7 @@ def test_the_page_info_and_examples(server, model, images):
         assert "<title>Show, Attend and Tell</title>" in page.read().decode()
     status, info = request(f"{server}/api/info")
     assert status == 200 and info["attention"] == "soft" and info["hard_contexts"] == []
+    assert info["image_size"] == model.model.encoder.image_size  # what the page says it saw
     assert [e["name"] for e in info["examples"]] == [p.rsplit("/", 1)[1] for p in images]
     with urllib.request.urlopen(server + info["examples"][0]["url"], timeout=30) as example:
         assert example.read() == open(images[0], "rb").read()

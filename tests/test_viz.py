@@ -1,9 +1,15 @@
 from __future__ import annotations
 
+import json
+import re
+import shutil
 import subprocess
 import sys
 import textwrap
 import threading
+import unicodedata
+import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,15 +17,21 @@ import torch
 from PIL import Image, ImageDraw
 
 from captioning.viz import (
+    DIM_FLOOR,
+    DIM_GLOW,
     attention_gif,
     attention_grid,
     attention_grid_figure,
     centre_position,
+    dim_array,
     heads_figure,
     heads_grid,
     overlay_array,
+    smooth_grid,
     upsample_attention,
 )
+
+PAGE = Path(__file__).parents[1] / "captioning" / "serve" / "page.html"
 
 GRID = (3, 5)  # grid_h, grid_w: deliberately not square
 L = GRID[0] * GRID[1]
@@ -358,6 +370,187 @@ def test_chosen_cells_must_match_words_and_grid(tmp_path, draw):
 def test_gif_needs_words(tmp_path):
     with pytest.raises(ValueError, match="at least one word"):
         attention_gif(_photo(), [], np.zeros((0, L)), GRID, tmp_path / "x.gif")
+
+
+# --- the look on photographs: dimming, smoothness, whole image, scale, diacritics ---------
+
+
+def _grey(size=(96, 64), level: int = 120) -> Image.Image:
+    return Image.new("RGB", size, (level, level, level))
+
+
+def test_dim_keeps_the_peak_and_dims_far_from_it():
+    photo = np.asarray(_grey((96, 64)))
+    heat = upsample_attention(_one_hot(24, 49), (7, 7), (96, 64))  # the centre cell
+    peak_y, peak_x = np.unravel_index(np.argmax(heat), heat.shape)
+    plain = dim_array(photo, heat, glow=0.0)
+    # the peak keeps the photo's brightness, a far corner keeps the floor's share of it
+    assert abs(int(plain[peak_y, peak_x, 0]) - 120) <= 1
+    assert abs(int(plain[0, 0, 0]) - round(120 * DIM_FLOOR)) <= 1
+    lit = dim_array(photo, heat)  # the default lightens the peak toward white
+    assert int(lit[peak_y, peak_x, 0]) == round(120 + DIM_GLOW * (255 - 120))
+    assert lit[0, 0, 0] < 0.3 * 120
+    # brightness falls monotonically from the peak toward the edge along the middle row
+    row = lit[peak_y, peak_x:, 0].astype(int)
+    assert np.all(np.diff(row) <= 0) and row[0] - row[-1] > 80
+
+
+def test_dim_scales_each_map_to_its_own_peak_and_checks_its_arguments():
+    photo = _photo()
+    heat = upsample_attention(_one_hot(7), GRID, photo.size)
+    np.testing.assert_array_equal(dim_array(photo, heat), dim_array(photo, heat * 1e-3))
+    np.testing.assert_array_equal(dim_array(photo, heat, floor=1.0, glow=0.0), np.asarray(photo))
+    assert dim_array(photo, np.zeros_like(heat)).max() <= round(220 * DIM_FLOOR) + 1  # all dim
+    with pytest.raises(ValueError, match="heat has shape"):
+        dim_array(photo, heat.T)
+    with pytest.raises(ValueError, match=r"floor must be in \[0, 1\], got 1.5"):
+        dim_array(photo, heat, floor=1.5)
+
+
+def test_smooth_map_has_no_jumps_or_kinks_unlike_nearest():
+    # a one-hot 7x7 grid on a 224 px image, each neighbour step relative to the map's peak
+    def steps(heat: np.ndarray, order: int) -> float:
+        relative = heat / heat.max()
+        return max(np.abs(np.diff(relative, order, axis=a)).max() for a in (0, 1))
+
+    alpha = _one_hot(24, 49)
+    smooth = upsample_attention(alpha, (7, 7), (224, 224), smooth=True)
+    blocks = upsample_attention(alpha, (7, 7), (224, 224), smooth=False)
+    assert steps(smooth, 1) < 0.04 and steps(blocks, 1) == 1.0
+    # plain bilinear bends by 1/32 of the peak at each cell centre; the Gaussian removes that
+    assert steps(smooth, 2) < 0.005
+    # the blur spreads wider than the 3 x 3 cells around the peak (bilinear: 2 x 2 cells'
+    # worth), and keeps the peak in its cell's middle
+    assert (smooth > 0.01 * smooth.max()).mean() > 9 / 49
+    y, x = np.unravel_index(np.argmax(smooth), smooth.shape)
+    assert 96 <= y < 128 and 96 <= x < 128
+
+
+def test_smooth_grid_keeps_the_mean_and_the_size():
+    alpha = _alphas(1, 49)[0]
+    work = smooth_grid(alpha, (7, 7))
+    assert work.shape == (7 * 16, 7 * 16)
+    assert work.mean() == pytest.approx(alpha.mean(), rel=0.01)  # edges extended: not exact
+
+
+@pytest.mark.parametrize("cell, corner", [(0, (0, 0)), (48, (255, 383)), (6, (0, 383))])
+def test_the_map_spans_the_whole_3_2_image(cell, corner):
+    # the encoder sees the whole 384 x 256 photo squashed to a square: a corner cell's
+    # weight lands in that corner of the photo, cells being 384/7 wide and 256/7 tall
+    image = _grey((384, 256))
+    heat = upsample_attention(_one_hot(cell, 49), (7, 7), image.size)
+    assert heat.shape == (256, 384)
+    y, x = np.unravel_index(np.argmax(heat), heat.shape)
+    row, col = divmod(cell, 7)
+    assert row * 256 / 7 <= y < (row + 1) * 256 / 7 and col * 384 / 7 <= x < (col + 1) * 384 / 7
+    fig = attention_grid(image, ["a"], _one_hot(cell, 49)[None], (7, 7))
+    panel = fig.axes[1].images[0].get_array()
+    assert panel.shape == (256, 384, 3)  # the whole photo, at its own aspect ratio
+    assert panel[corner][0] > 120 and panel[255 - corner[0], 383 - corner[1]][0] < 0.3 * 120
+
+
+def test_figures_state_their_scale_and_each_words_peak():
+    alphas = _alphas(3)
+    fig = attention_grid(_photo(), ["một", "sân", "<end>"], alphas, GRID)
+    titles = [ax.get_title() for ax in fig.axes[1:]]
+    assert titles == [f"{word} (max {alphas[t].max():.2f})"
+                      for t, word in enumerate(["một", "sân", "<end>"])]  # fmt: skip
+    texts = [text.get_text() for text in fig.texts]
+    assert "dimmed 0" in texts and "1 bright" in texts
+    assert any("attention relative to each word's own peak" in t and "15 cells" in t
+               for t in texts)  # fmt: skip
+    heads = _heads(2, 3)
+    fig = heads_grid(_photo(), _words(2), heads, GRID)
+    assert fig.axes[0].get_xlabel() == f"max {heads[0, 0].max():.2f}"
+    assert "dimmed 0" in [text.get_text() for text in fig.texts]
+
+
+def test_colour_style_keeps_the_old_overlay():
+    image = _photo()
+    alphas = _alphas(2)
+    fig = attention_grid(image, _words(2), alphas, GRID, style="colour")
+    heat = upsample_attention(alphas[1], GRID, image.size)
+    np.testing.assert_array_equal(fig.axes[2].images[0].get_array(), overlay_array(image, heat))
+    dimmed = attention_grid(image, _words(2), alphas, GRID)
+    np.testing.assert_array_equal(dimmed.axes[2].images[0].get_array(), dim_array(image, heat))
+    with pytest.raises(ValueError, match="style must be one of 'dim', 'colour'; got 'jet'"):
+        attention_grid(image, _words(2), alphas, GRID, style="jet")
+
+
+def test_gif_frames_dim_the_photo_away_from_the_word(tmp_path):
+    # a 360 x 240 grey photo, each word looking at another corner cell of a 3x5 grid
+    image = _grey((360, 240))
+    path = attention_gif(image, ["a", "b"], np.stack([_one_hot(0), _one_hot(14)]), GRID,
+                         tmp_path / "d.gif")  # fmt: skip
+    with Image.open(path) as gif:
+        assert gif.n_frames == 2
+        frames = []
+        for index in range(2):
+            gif.seek(index)
+            frames.append(np.asarray(gif.convert("RGB")).astype(int))
+    # (row, column) of the first and the last cell's centres, clear of the written text
+    first, last = (40, 36), (200, 324)
+    dimmed = 120 * DIM_FLOOR  # the grey level, a fifth of it
+    assert frames[0][first][0] > 0.75 * 120 and abs(frames[0][last][0] - dimmed) <= 3
+    assert frames[1][last][0] > 0.75 * 120 and abs(frames[1][first][0] - dimmed) <= 3
+
+
+VIETNAMESE = "một người phụ nữ đang cầm vợt tennis trên sân đàn ông ử ậ ơ ư đ"
+
+
+def test_vietnamese_draws_without_missing_glyphs(tmp_path):
+    words = unicodedata.normalize("NFD", VIETNAMESE).split()  # marks as combining characters
+    alphas = _alphas(len(words))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fig = attention_grid(_photo(), words, alphas, GRID, title=VIETNAMESE)
+        fig.canvas.draw()
+        attention_gif(_photo(), words, alphas, GRID, tmp_path / "vi.gif")
+        heads_figure(_photo(), words[:3], _heads(3, 2), GRID, tmp_path / "vi.png")
+    assert [str(w.message) for w in caught] == []
+    # drawn composed, so that each letter is one DejaVu glyph with its marks in place
+    assert fig.axes[1].get_title() == f"một (max {alphas[0].max():.2f})"
+    assert fig.axes[0].get_title().replace("\n", " ") == VIETNAMESE
+
+
+# --- the web page draws the same map ---------------------------------------------------------
+
+
+def test_page_declares_utf8_and_shows_the_whole_photo():
+    page = PAGE.read_text("utf-8")
+    assert '<meta charset="utf-8">' in page
+    # the photo and the heatmap canvas fill a stage that takes the photo's aspect ratio: no
+    # letterbox around the photo, no crop of it, and the canvas lies exactly on it
+    layers = re.search(r"#photo, #heatmap \{([^}]*)\}", page).group(1)
+    assert "width: 100%; height: 100%" in layers and "object-fit" not in layers
+    assert "style.aspectRatio = `${photo.naturalWidth} / ${photo.naturalHeight}`" in page
+    assert 'imageSmoothingQuality = "high"' in page
+    assert "resized to `\n    + `${info.image_size} x ${info.image_size}" in page
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
+def test_page_map_matches_the_figures():
+    """The page's smoothGrid and dimLayer (run in node) give the figures' smooth_grid and
+    dim_array: the same map, and the same pixels once the layer is drawn over the photo."""
+    page = PAGE.read_text("utf-8")
+    code = page[page.index("// map-begin") : page.index("// map-end")]
+    cells = np.random.default_rng(0).random(GRID)
+    cells[1, 2] = 4.0
+    script = code + textwrap.dedent(f"""
+        const grid = smoothGrid({json.dumps(cells.ravel().tolist())}, {GRID[0]}, {GRID[1]});
+        console.log(JSON.stringify({{map: Array.from(grid.map), width: grid.width,
+                                     layer: Array.from(dimLayer(grid.map))}}));
+    """)  # fmt: skip
+    run = subprocess.run(["node", "-e", script], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    answer = json.loads(run.stdout)
+    expected = smooth_grid(cells, GRID)
+    got = np.array(answer["map"]).reshape(-1, answer["width"])
+    np.testing.assert_allclose(got, expected, rtol=1e-9, atol=1e-12)
+    layer = np.array(answer["layer"], dtype=np.float64).reshape(*expected.shape, 4) / 255.0
+    photo = np.random.default_rng(1).integers(0, 256, (*expected.shape, 3)).astype(np.uint8)
+    drawn = photo * (1 - layer[..., 3:]) + 255 * layer[..., :3] * layer[..., 3:]
+    np.testing.assert_allclose(drawn, dim_array(photo, expected), atol=2.0)  # 8-bit layer
 
 
 # --- no pyplot ------------------------------------------------------------------------------

@@ -120,6 +120,8 @@ def model_info(model: CaptionModel, settings: ServeSettings) -> dict[str, Any]:
         "checkpoint": Path(model.checkpoint or "model").name,
         "attention": "hard" if model.hard_attention else "soft",
         "grid": list(model.grid_shape),
+        # the side of the square the whole image is resized to (not cropped) for the encoder
+        "image_size": model.config.model.image_size,
         "beam_sizes": list(range(1, settings.max_beam_size + 1)),
         "beam_size": min(default_beam, settings.max_beam_size),
         "hard_contexts": hard_contexts(model) if model.hard_attention else [],
