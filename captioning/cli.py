@@ -6,7 +6,9 @@ Errors the user can cause print one line (``error: ...``) and exit with code 2.
 from __future__ import annotations
 
 import argparse
+import codecs
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -28,6 +30,28 @@ def _setup_logging() -> None:
         stream=sys.stderr,
         force=True,
     )
+
+
+def _is_utf8(stream: object) -> bool:
+    try:
+        return codecs.lookup(getattr(stream, "encoding", None) or "ascii").name == "utf-8"
+    except LookupError:
+        return False
+
+
+def _utf8_output() -> None:
+    """Print as UTF-8 where the locale says ASCII or Latin-1 (``LC_ALL=C`` with
+    ``PYTHONUTF8=0``, a legacy Windows console): captions and file names may be in any script,
+    and the first "ử" would otherwise end the run. An encoding the user chose in
+    ``PYTHONIOENCODING`` is kept, with the characters it lacks escaped instead."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is None or _is_utf8(stream):
+            continue
+        if os.environ.get("PYTHONIOENCODING"):
+            reconfigure(errors="backslashreplace")
+        else:
+            reconfigure(encoding="utf-8")
 
 
 def _add_config_args(parser: argparse.ArgumentParser, required: bool = True) -> None:
@@ -244,6 +268,8 @@ def cmd_caption(args: argparse.Namespace) -> int:
             "out --per-head"
         )
     decoding = dict(beam_size=args.beam_size, hard_context=args.hard_context)
+    # Letters as they are; \u escapes only where stdout was forced to another encoding.
+    escape = not _is_utf8(sys.stdout)
     failures = 0
     used: set[str] = set()
     for result in model.caption_each(args.images, **decoding):
@@ -251,7 +277,9 @@ def cmd_caption(args: argparse.Namespace) -> int:
             failures += 1
             print(f"error: {result.error}", file=sys.stderr)
             if args.json:
-                print(json.dumps({"image": result.source, "error": result.error}), flush=True)
+                line = json.dumps({"image": result.source, "error": result.error},
+                                  ensure_ascii=escape)  # fmt: skip
+                print(line, flush=True)
             continue
         record = {"image": result.source, "caption": result.caption}
         if args.attention_dir and result.words:  # an empty caption has nothing to show
@@ -266,7 +294,7 @@ def cmd_caption(args: argparse.Namespace) -> int:
         if args.json:
             data = result.to_dict()
             record.update(heads=data["heads"], centres=data["centres"])
-            print(json.dumps(record), flush=True)
+            print(json.dumps(record, ensure_ascii=escape), flush=True)
         else:
             print(f"{result.source}: {result.caption}", flush=True)
     return 2 if failures else 0
@@ -469,6 +497,7 @@ def _add_serve(p: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    _utf8_output()
     parser = build_parser()
     args = parser.parse_args(argv)
     # `--quiet` may come before or after the verb

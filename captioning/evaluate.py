@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -13,12 +14,17 @@ from captioning.api import load
 from captioning.config import replace_section
 from captioning.data import CaptionDataset, load_splits
 from captioning.data.images import ImageLimits
+from captioning.data.records import ImageRecord
+from captioning.data.shapes import SHAPES
 from captioning.errors import CaptioningError
 from captioning.inference import decode_dataset
 from captioning.metrics import AttentionMaps, score_predictions
 
 logger = logging.getLogger("captioning")
 
+# The entries of grounding_scores(); all of them go when no word was grounded.
+GROUNDING_KEYS = ("pointing_game", "attention_in_box", "centre_pointing_game", "grounded_words",
+                  "grounding_by_word_type")  # fmt: skip
 TABLE_KEYS = ("Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "METEOR", "ROUGE_L", "CIDEr", "SPICE",
               "exact_match", "pointing_game", "attention_in_box",
               "centre_pointing_game")  # fmt: skip
@@ -40,7 +46,8 @@ def evaluate_checkpoint(
     """Decode ``split`` with a checkpoint and score it.
 
     Returns the metrics dict (also written to ``out_dir/metrics.json``, with the captions in
-    COCO results format in ``out_dir/predictions.json``).
+    COCO results format in ``out_dir/predictions.json``), without the metrics the data cannot
+    support (see :func:`applicable_metrics`).
 
     Args:
         checkpoint: a ``best.pt`` / ``last.pt`` file.
@@ -77,6 +84,7 @@ def evaluate_checkpoint(
     metrics = score_predictions(
         predictions, records, meteor=meteor, spice=spice, attention=attention
     )
+    metrics = applicable_metrics(metrics, [r for r in records if r.image_id in predictions])
     metrics["num_images"] = len(predictions)
     metrics["decoding"] = {
         "strategy": cfg.decode.strategy,
@@ -87,10 +95,52 @@ def evaluate_checkpoint(
     if out_dir is not None:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+        # UTF-8 with the letters themselves: a Vietnamese caption stays readable in the file.
+        (out / "metrics.json").write_text(
+            json.dumps(metrics, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
+        )
         results = [{"image_id": i, "caption": c} for i, c in sorted(predictions.items())]
-        (out / "predictions.json").write_text(json.dumps(results, indent=1) + "\n")
+        (out / "predictions.json").write_text(
+            json.dumps(results, indent=1, ensure_ascii=False) + "\n", encoding="utf-8"
+        )
     return metrics
+
+
+def is_shapes(records: Sequence[ImageRecord]) -> bool:
+    """Whether ``records`` are synthetic shapes images: every object a shape with the colour
+    and size the generator annotates. Only their captions say how many objects there are."""
+    objects = [o for r in records for o in r.objects]
+    return bool(objects) and all(
+        o.category in SHAPES and {"color", "size"} <= o.attributes.keys() for o in objects
+    )
+
+
+def applicable_metrics(metrics: dict[str, Any], records: Sequence[ImageRecord]) -> dict[str, Any]:
+    """``metrics`` without the entries that the data ``records`` cannot support.
+
+    Exact match by object count stays only for shapes data (see :func:`is_shapes`); the
+    grounding scores (pointing game, attention in the box, per word type) stay only when some
+    generated word named an annotated object, which needs instance boxes and captions in the
+    words the grounding knows (COCO's English category names and synonyms, the shapes words).
+
+    Args:
+        metrics: the dict of :func:`captioning.metrics.score_predictions` for ``records``.
+        records: the scored images.
+    """
+    kept = dict(metrics)
+    if not is_shapes(records):
+        kept.pop("exact_match_by_objects", None)
+    if not kept.get("grounded_words"):
+        if any(r.objects for r in records):
+            logger.info(
+                "no generated word named an annotated object: no attention grounding scores"
+            )
+        for key in GROUNDING_KEYS:
+            kept.pop(key, None)
+    elif "grounding_by_word_type" in kept:
+        by_type = {k: v for k, v in kept["grounding_by_word_type"].items() if v is not None}
+        kept["grounding_by_word_type"] = by_type
+    return {k: v for k, v in kept.items() if k not in GROUNDING_KEYS or v is not None}
 
 
 def format_table(metrics: dict[str, Any]) -> str:

@@ -2,12 +2,17 @@
 
 The tokenizer follows the COCO caption evaluation (PTB tokenization, lower case, punctuation
 tokens dropped) but needs no downloads: nltk's Treebank tokenizer is pure regular expressions.
+It works on any script: text is NFC-normalised first, so a letter with diacritics is one
+character whichever way it was typed (Vietnamese "ử" as one code point or as "u" plus two
+combining marks), and invisible format characters (zero-width space, byte order mark, soft
+hyphen) are dropped.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import unicodedata
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -29,21 +34,48 @@ _ONLY_PUNCTUATION = re.compile(r"^[^\w<>]+$")
 # Treebank splits a period off only at the end of the text; split it before any whitespace too.
 _SENTENCE_PERIOD = re.compile(r"(\.+)(?=\s|$)")
 _treebank = TreebankWordTokenizer()
-# Most captions are lower-case words and spaces, commas and colons before a space, and at most
-# a final period: Treebank splits those at the spaces and the punctuation (which is dropped)
-# unless a word is one of its contractions ("cannot" → "can not").
-_PLAIN = re.compile(r"[a-z0-9 ]*(?:[,:](?= |$)[a-z0-9 ]*)*(?:\. *)?")
+# Most captions are words (letters and digits of any script) and spaces, commas and colons
+# before a space, and at most a final period: Treebank splits those at the spaces and the
+# punctuation (which is dropped) unless a word is one of its contractions ("cannot" → "can
+# not"; Treebank matches them ignoring case, where "ı" counts as "i").
+_PLAIN = re.compile(r"[\w ]*(?:[,:](?= |$)[\w ]*)*(?:\. *)?")
 _PLAIN_PUNCTUATION = str.maketrans(",:.", "   ")
-_CONTRACTED = re.compile(r"\b(?:cannot|gimme|gonna|gotta|lemme|wanna)\b")
+_CONTRACTED = re.compile(r"(?i)\b(?:cannot|gimme|gonna|gotta|lemme|wanna)\b")
+# Format characters (category Cf) are neither word characters nor whitespace: only these
+# candidates need their category looked up.
+_NOT_WORD_OR_SPACE = re.compile(r"[^\w\s]")
+
+
+def _drop_format_character(match: re.Match[str]) -> str:
+    character = match.group()
+    return "" if unicodedata.category(character) == "Cf" else character
+
+
+def normalize(text: str) -> str:
+    """A caption as :func:`tokenize` reads it: lower case, NFC, without invisible format
+    characters (category Cf), every run of whitespace one space.
+
+    >>> normalize("Hai  con chó\u200b\tĐỨNG .")
+    'hai con chó đứng .'
+    """
+    if not text.isascii():
+        text = _NOT_WORD_OR_SPACE.sub(_drop_format_character, text)
+        text = unicodedata.normalize("NFC", text.lower())
+    else:
+        text = text.lower()
+    return " ".join(text.split())
 
 
 def tokenize(text: str) -> list[str]:
-    """Split a caption into lower-case word tokens, dropping punctuation.
+    """Split a caption into lower-case word tokens, dropping punctuation (see :func:`normalize`
+    for what happens to the text first).
 
     >>> tokenize("A man, riding a horse.")
     ['a', 'man', 'riding', 'a', 'horse']
+    >>> tokenize("Một người đàn ông đang đứng trên đá .")
+    ['một', 'người', 'đàn', 'ông', 'đang', 'đứng', 'trên', 'đá']
     """
-    text = text.lower().replace("\n", " ")
+    text = normalize(text)
     if _PLAIN.fullmatch(text) and not _CONTRACTED.search(text):
         return text.translate(_PLAIN_PUNCTUATION).split()  # what Treebank gives, 40x faster
     text = _SENTENCE_PERIOD.sub(r" \1 ", text)
@@ -133,13 +165,16 @@ class Vocabulary:
         return list(self.itos)
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.itos, indent=0) + "\n")
+        """Write the words as a JSON list, one a line, in UTF-8 (letters, not escapes)."""
+        text = json.dumps(self.itos, indent=0, ensure_ascii=False) + "\n"
+        Path(path).write_text(text, encoding="utf-8")
 
     @classmethod
     def load(cls, path: str | Path) -> Vocabulary:
+        """Read a file written by :meth:`save` (escaped or not)."""
         try:
-            words = json.loads(Path(path).read_text())
-        except (OSError, json.JSONDecodeError) as exc:
+            words = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise DataError(f"cannot read vocabulary {path}: {exc}") from exc
         if not isinstance(words, list) or not all(isinstance(w, str) for w in words):
             raise DataError(f"{path} is not a vocabulary file (expected a JSON list of words)")

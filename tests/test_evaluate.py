@@ -282,3 +282,65 @@ def test_caption_cli_refuses_a_bad_checkpoint(trained, tmp_path, capsys):
     assert main(["caption", str(image), "--checkpoint", str(fake)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "not a captioning checkpoint" in err[0] and str(fake) in err[0]
+
+
+@pytest.mark.parametrize("instances", ["none", "coco"])
+def test_evaluate_reports_only_what_the_data_supports(trained, tmp_path, instances):
+    # The shapes test split read as a plain COCO-style dataset: without instances, or with
+    # COCO instances (no colour or size, categories that no generated word names). Neither
+    # has object counts in its captions, nor a word to ground: those lines must not show.
+    import shutil
+
+    from captioning.evaluate import format_table
+
+    root, checkpoint = trained
+    data = tmp_path / "data"
+    shutil.copytree(root, data)
+    for path in sorted((data / "annotations").glob("instances_*.json")):
+        if instances == "none":
+            path.unlink()
+            continue
+        coco = json.loads(path.read_text())
+        for annotation in coco["annotations"]:
+            del annotation["color"], annotation["size"]
+        names = ["dog", "cat", "car"]
+        coco["categories"] = [{"id": c["id"], "name": n} for c, n in zip(coco["categories"], names)]
+        path.write_text(json.dumps(coco))
+    metrics = evaluate_checkpoint(checkpoint, split="test", data_root=str(data), meteor=False,
+                                  out_dir=tmp_path / "eval", progress=False)  # fmt: skip
+    saved = json.loads((tmp_path / "eval" / "metrics.json").read_text())
+    for key in ("exact_match_by_objects", "pointing_game", "attention_in_box", "grounded_words",
+                "grounding_by_word_type"):  # fmt: skip
+        assert key not in metrics and key not in saved, key
+    assert saved["exact_match"] == metrics["exact_match"] and saved["num_images"] == 8
+    table = format_table(metrics)
+    assert "exact_match " in table and " obj" not in table and "pointing" not in table, table
+    # The same images as shapes data keep both.
+    full = evaluate_checkpoint(checkpoint, split="test", meteor=False, progress=False)
+    assert set(full["exact_match_by_objects"]) <= {"1", "2", "3"} and full["grounded_words"] > 0
+
+
+def test_applicable_metrics_keeps_what_each_kind_of_data_supports():
+    from captioning.evaluate import applicable_metrics
+
+    shape = ObjectAnnotation(1, (0, 0, 5, 5), "circle", {"color": "red", "size": "small"})
+    dog = ObjectAnnotation(2, (0, 0, 5, 5), "dog", {})
+    scores = {"CIDEr": 0.5, "METEOR": None, "exact_match": 0.25,
+              "exact_match_by_objects": {"1": 0.25}, "pointing_game": 0.5,
+              "attention_in_box": 0.4, "grounded_words": 4,
+              "grounding_by_word_type": {"pointing_game/color": 0.5,
+                                         "pointing_game/size": None}}  # fmt: skip
+    shapes = [ImageRecord(1, "a.png", "test", ("a red circle",), 9, 9, (shape,))]
+    coco = [ImageRecord(1, "a.png", "test", ("a dog",), 9, 9, (dog,))]
+    plain = [ImageRecord(1, "a.png", "test", ("một con chó",), 9, 9)]
+    kept = applicable_metrics(scores, shapes)
+    assert kept["exact_match_by_objects"] == {"1": 0.25} and kept["pointing_game"] == 0.5
+    assert kept["grounding_by_word_type"] == {"pointing_game/color": 0.5}
+    assert kept["METEOR"] is None  # not computed is said, not hidden
+    kept = applicable_metrics(scores, coco)
+    assert "exact_match_by_objects" not in kept and kept["grounded_words"] == 4
+    ungrounded = {**scores, "pointing_game": None, "attention_in_box": None,
+                  "grounded_words": 0, "grounding_by_word_type": {}}  # fmt: skip
+    for records in (coco, plain):
+        kept = applicable_metrics(ungrounded, records)
+        assert set(kept) == {"CIDEr", "METEOR", "exact_match"}

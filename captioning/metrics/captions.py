@@ -1,9 +1,9 @@
 """Caption metrics: the COCO caption evaluation (pycocoevalcap) and exact match.
 
 :func:`caption_metrics` gives the same numbers as pycocoevalcap's ``COCOEvalCap.evaluate()`` on
-the same captions, without the annotation/result files: references and predictions are
-tokenized separately with the PTB tokenizer and handed to the same scorers. Without Java it
-still works, with a Python tokenizer and without METEOR.
+the same (NFC-normalised) captions, without the annotation/result files: references and
+predictions are tokenized separately with the PTB tokenizer and handed to the same scorers.
+Without Java it still works, with a Python tokenizer and without METEOR.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import re
 import shutil
 import subprocess
 import sys
+import unicodedata
 from collections.abc import Hashable, Mapping, Sequence
 from typing import TypeVar
 
@@ -86,7 +87,13 @@ def tokenize_for_eval(captions: Mapping[K, Sequence[str]]) -> dict[K, list[str]]
     With Java this is pycocoevalcap's ``PTBTokenizer`` (one Java run for all captions); without
     it, :func:`captioning.vocab.tokenize`, which gives the same tokens on ordinary captions; one
     known difference is brackets, which PTBTokenizer keeps as ``-lrb-``/``-rrb-`` tokens (it
-    lower-cases them before its punctuation filter, which looks for ``-LRB-``).
+    lower-cases them before its punctuation filter, which looks for ``-LRB-``), another a lone
+    ``/``, which it keeps.
+
+    Captions are NFC-normalised first, as :func:`captioning.vocab.tokenize` does: Java keeps
+    combining marks as they come, so a reference typed with them ("u" + U+031B + U+0309) would
+    not match the same letter generated as one code point ("ử"). PTBTokenizer reads and writes
+    UTF-8 whatever the locale (``LANG=C`` included).
 
     Args:
         captions: raw caption strings per key (image id).
@@ -101,7 +108,7 @@ def tokenize_for_eval(captions: Mapping[K, Sequence[str]]) -> dict[K, list[str]]
     if not java_available():
         return {key: [" ".join(tokenize(c)) for c in caps] for key, caps in captions.items()}
     payload = {
-        key: [{"caption": _LINE_BREAKS.sub(" ", c)} for c in caps]
+        key: [{"caption": _LINE_BREAKS.sub(" ", unicodedata.normalize("NFC", c))} for c in caps]
         for key, caps in captions.items()
         if len(caps) > 0
     }

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import pickle
+import re
 from pathlib import Path
 
 import numpy as np
@@ -67,6 +68,11 @@ class SmallCNN(nn.Module):
         return self.stages(images)  # (B, C, H', W')
 
 
+# The flat inverted-residual blocks of MobileNetV2 code older than torchvision's: their BN
+# and linear conv sit at conv.4, conv.6, conv.7, which torchvision's blocks (conv.0-conv.3) lack.
+_OLD_MOBILENET_V2_KEY = re.compile(r"^(?:module\.)?features\.\d+\.conv\.[4-7]\.")
+
+
 def _load_torchvision(name: str, weights: str | None) -> tuple[nn.Module, tuple, tuple]:
     """A torchvision classifier by name, with weights by enum name or local file, and its
     normalisation statistics."""
@@ -95,7 +101,20 @@ def _load_torchvision(name: str, weights: str | None) -> tuple[nn.Module, tuple,
                 ) from exc
     model = torchvision.models.get_model(name, weights=enum_weights)
     if state_dict is not None:
-        missing, unexpected = model.load_state_dict(state_dict, strict=False)
+        if isinstance(state_dict, dict) and any(
+            isinstance(k, str) and _OLD_MOBILENET_V2_KEY.match(k) for k in state_dict
+        ):
+            raise ConfigError(
+                f"model.weights {weights} holds MobileNetV2 weights in an older key layout "
+                f"(features.N.conv.0 ... conv.7, not torchvision's conv.0.0, conv.0.1, ...): "
+                f"convert the file with `python tools/convert_weights.py {weights} OUT.pt "
+                f"--arch mobilenet_v2` and set model.weights to OUT.pt"
+            )
+        try:
+            missing, unexpected = model.load_state_dict(state_dict, strict=False)
+        except (RuntimeError, TypeError, AttributeError) as exc:  # shapes that differ
+            reason = " ".join(str(exc).split())[:300]
+            raise ConfigError(f"model.weights {weights} does not fit {name}: {reason}") from exc
         missing = [k for k in missing if not k.startswith(("fc.", "classifier."))]
         if missing or unexpected:
             raise ConfigError(
