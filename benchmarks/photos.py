@@ -79,10 +79,15 @@ SPLIT = {"val": 0.1, "test": 0.1, "seed": 0}
 def git_commit() -> str:
     """The checkout's commit, with ``+dirty`` when tracked files differ from it."""
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
-                                text=True, check=True).stdout.strip()  # fmt: skip
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                               cwd=ROOT, capture_output=True, text=True).stdout.strip()  # fmt: skip
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return commit + ("+dirty" if dirty else "")
@@ -98,8 +103,12 @@ def machine() -> dict[str, Any]:
                 break
     except OSError:
         pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "threads": torch.get_num_threads(),
-            "torch": torch.__version__}  # fmt: skip
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+    }
 
 
 class Stages:
@@ -130,9 +139,19 @@ def prepare(shared: Path, out: Path, stages: Stages) -> tuple[Path, Path]:
             raise CaptioningError(f"{path} not found; --shared must name the shared folder")
     started = time.perf_counter()
     weights.parent.mkdir(parents=True, exist_ok=True)
-    subprocess.run([sys.executable, str(ROOT / "tools" / "convert_weights.py"), str(source),
-                    str(weights), "--arch", "mobilenet_v2", "--force"], check=True,
-                   stdout=subprocess.DEVNULL)  # fmt: skip
+    subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "tools" / "convert_weights.py"),
+            str(source),
+            str(weights),
+            "--arch",
+            "mobilenet_v2",
+            "--force",
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     prepare_folder(photos / "images", photos / "captions.txt", data, progress=False, **SPLIT)
     stages.record("prepare", time.perf_counter() - started)
     return weights, data
@@ -202,12 +221,19 @@ def train_and_evaluate(
         summary = json.loads(summary_path.read_text())
     else:
         summary = fit(cfg, run_dir)
-        summary = {k: summary[k] for k in ("best_score", "best_epoch", "epochs", "steps",
-                                           "seconds")}  # fmt: skip
+        summary = {
+            k: summary[k] for k in ("best_score", "best_epoch", "epochs", "steps", "seconds")
+        }
         summary_path.write_text(json.dumps(summary, indent=1) + "\n")
     started = time.perf_counter()
-    metrics = evaluate_checkpoint(run_dir / "best.pt", split="test", beam_size=beam_size,
-                                  meteor=False, progress=False, out_dir=run_dir / "test")  # fmt: skip
+    metrics = evaluate_checkpoint(
+        run_dir / "best.pt",
+        split="test",
+        beam_size=beam_size,
+        meteor=False,
+        progress=False,
+        out_dir=run_dir / "test",
+    )
     return {
         "model": model,
         "seed": seed,
@@ -226,8 +252,10 @@ def train_and_evaluate(
 def table(rows: list[dict[str, Any]]) -> str:
     """A Markdown table: per model, test CIDEr-D (mean and each seed), BLEU-4, ROUGE-L,
     and the recipe's seconds."""
-    lines = ["| model | test CIDEr-D, mean | each seed | BLEU-4 | ROUGE-L | recipe s |",
-             "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    lines = [
+        "| model | test CIDEr-D, mean | each seed | BLEU-4 | ROUGE-L | recipe s |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
     for model in MODELS:
         group = [r for r in rows if r["model"] == model]
         if not group:
@@ -236,28 +264,36 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"{r['CIDEr']:.3f}" + ("" if r["seed"] is None else f" ({r['seed']})") for r in group
         )
         recipe = ", ".join(f"{r['recipe_seconds']:.0f}" for r in group)
-        mean = statistics.mean
 
         def fmt(key: str, group: list[dict[str, Any]] = group) -> str:
-            return f"{mean(r[key] for r in group):.3f}"
+            return f"{statistics.mean(r[key] for r in group):.3f}"
 
-        lines.append(f"| {model} | {fmt('CIDEr')} | {each} | {fmt('Bleu_4')} | "
-                     f"{fmt('ROUGE_L')} | {recipe} |")  # fmt: skip
+        lines.append(
+            f"| {model} | {fmt('CIDEr')} | {each} | {fmt('Bleu_4')} | {fmt('ROUGE_L')} | {recipe} |"
+        )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    parser.add_argument("--shared", required=True, type=Path,
-                        help="the shared folder (data/photos_vi and weights)")  # fmt: skip
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--shared", required=True, type=Path, help="the shared folder (data/photos_vi and weights)"
+    )
     parser.add_argument("--out", required=True, type=Path, help="working folder")
-    parser.add_argument("--models", default=",".join(MODELS),
-                        help=f"comma-separated, of {', '.join(MODELS)}")  # fmt: skip
+    parser.add_argument(
+        "--models", default=",".join(MODELS), help=f"comma-separated, of {', '.join(MODELS)}"
+    )
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated training seeds")
     parser.add_argument("--config", default=str(ROOT / "configs" / "photos_mobilenet.yaml"))
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="a config override for every model")  # fmt: skip
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a config override for every model",
+    )
     parser.add_argument("--beam-size", type=int, default=3)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -284,8 +320,11 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(nearest_neighbour(cfg))
                 continue
             for seed in seeds:
-                rows.append(train_and_evaluate(args.config, overrides, model, seed, args.out,
-                                               args.beam_size))  # fmt: skip
+                rows.append(
+                    train_and_evaluate(
+                        args.config, overrides, model, seed, args.out, args.beam_size
+                    )
+                )
     except CaptioningError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -1,6 +1,7 @@
 """Latency and throughput of the web demo's JSON API under N clients, on 127.0.0.1.
 
-    python benchmarks/serve_load.py --checkpoint runs/photos/best.pt --images data/photos/images/test
+    python benchmarks/serve_load.py --checkpoint runs/photos/best.pt \
+        --images data/photos/images/test
     python benchmarks/serve_load.py --checkpoint C --images DIR --clients 1,8 --requests 100
 
 Starts the demo (``captioning serve``'s app) on a free port of 127.0.0.1, in this process on a
@@ -44,11 +45,16 @@ def multipart(image: bytes, name: str, fields: dict[str, str]) -> tuple[bytes, s
     boundary = uuid.uuid4().hex
     parts = []
     for key, value in fields.items():
-        parts.append(f'--{boundary}\r\nContent-Disposition: form-data; name="{key}"\r\n\r\n'
-                     f"{value}\r\n".encode())  # fmt: skip
-    parts.append(f'--{boundary}\r\nContent-Disposition: form-data; name="image"; '
-                 f'filename="{name}"\r\nContent-Type: application/octet-stream\r\n\r\n'.encode()
-                 + image + b"\r\n")  # fmt: skip
+        parts.append(
+            f'--{boundary}\r\nContent-Disposition: form-data; name="{key}"\r\n\r\n'
+            f"{value}\r\n".encode()
+        )
+    parts.append(
+        f'--{boundary}\r\nContent-Disposition: form-data; name="image"; '
+        f'filename="{name}"\r\nContent-Type: application/octet-stream\r\n\r\n'.encode()
+        + image
+        + b"\r\n"
+    )
     parts.append(f"--{boundary}--\r\n".encode())
     return b"".join(parts), f"multipart/form-data; boundary={boundary}"
 
@@ -83,8 +89,9 @@ def run_clients(
                     return
                 body, content_type = bodies[index % len(bodies)]
                 started = time.perf_counter()
-                connection.request("POST", "/api/caption", body=body,
-                                   headers={"Content-Type": content_type})  # fmt: skip
+                connection.request(
+                    "POST", "/api/caption", body=body, headers={"Content-Type": content_type}
+                )
                 answer = connection.getresponse()
                 payload = answer.read()
                 elapsed = time.perf_counter() - started
@@ -108,8 +115,9 @@ def run_clients(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--checkpoint", required=True)
     parser.add_argument("--images", required=True, type=Path, help="a folder of images to send")
     parser.add_argument("--clients", default="1", help="comma-separated client counts")
@@ -136,23 +144,31 @@ def main(argv: list[str] | None = None) -> int:
         run_clients(url, bodies, 1, args.warmup)
         for clients in counts:
             latencies, seconds = run_clients(url, bodies, clients, args.requests)
-            rows.append({
-                "clients": clients,
-                "requests": len(latencies),
-                "requests_per_s": round(len(latencies) / seconds, 3),
-                **{f"p{q}_ms": round(1000 * percentile(latencies, q), 1) for q in (50, 95, 99)},
-                "mean_ms": round(1000 * statistics.mean(latencies), 1),
-            })  # fmt: skip
-    context = {"checkpoint": str(args.checkpoint), "images": len(files),
-               "beam_size": args.beam_size, "commit": git_commit(),
-               "command": " ".join(["benchmarks/serve_load.py", *(argv or sys.argv[1:])]),
-               **machine()}  # fmt: skip
+            rows.append(
+                {
+                    "clients": clients,
+                    "requests": len(latencies),
+                    "requests_per_s": round(len(latencies) / seconds, 3),
+                    **{f"p{q}_ms": round(1000 * percentile(latencies, q), 1) for q in (50, 95, 99)},
+                    "mean_ms": round(1000 * statistics.mean(latencies), 1),
+                }
+            )
+    context = {
+        "checkpoint": str(args.checkpoint),
+        "images": len(files),
+        "beam_size": args.beam_size,
+        "commit": git_commit(),
+        "command": " ".join(["benchmarks/serve_load.py", *(argv or sys.argv[1:])]),
+        **machine(),
+    }
     print("| clients | requests/s | p50 ms | p95 ms | p99 ms |")
     print("| --- | --- | --- | --- | --- |")
     for row in rows:
         row.update(context)
-        print(f"| {row['clients']} | {row['requests_per_s']:.2f} | {row['p50_ms']:.0f} | "
-              f"{row['p95_ms']:.0f} | {row['p99_ms']:.0f} |")  # fmt: skip
+        print(
+            f"| {row['clients']} | {row['requests_per_s']:.2f} | {row['p50_ms']:.0f} | "
+            f"{row['p95_ms']:.0f} | {row['p99_ms']:.0f} |"
+        )
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(rows, indent=1) + "\n")

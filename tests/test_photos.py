@@ -28,8 +28,15 @@ pytestmark = pytest.mark.slow
 
 def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    result = subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True,
-                            text=True, encoding="utf-8", timeout=600)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        timeout=600,
+    )
     assert result.returncode == 0, f"{args[:3]} failed:\n{result.stdout}\n{result.stderr}"
     return result
 
@@ -62,31 +69,81 @@ def test_200_photos_from_caption_file_to_caption_and_figure(shared: Path, tmp_pa
     )
 
     weights = tmp_path / "mobilenet_v2.pt"
-    _run("tools/convert_weights.py", str(WEIGHTS), str(weights), "--arch", "mobilenet_v2",
-         cwd=ROOT)  # fmt: skip
+    _run("tools/convert_weights.py", str(WEIGHTS), str(weights), "--arch", "mobilenet_v2", cwd=ROOT)
     data = tmp_path / "data"
-    _run("-m", "captioning", "--quiet", "prepare", "folder", "--images", str(images),
-         "--captions", str(captions), "--out", str(data), "--val", "0.1", "--test", "0.1",
-         cwd=ROOT)  # fmt: skip
+    _run(
+        "-m",
+        "captioning",
+        "--quiet",
+        "prepare",
+        "folder",
+        "--images",
+        str(images),
+        "--captions",
+        str(captions),
+        "--out",
+        str(data),
+        "--val",
+        "0.1",
+        "--test",
+        "0.1",
+        cwd=ROOT,
+    )
     train_split = json.loads((data / "annotations" / "captions_train.json").read_text())
     assert len(train_split["images"]) == 160
     settings = ["--set", f"data.root={data}", "--set", f"model.weights={weights}"]
     for split in ("train", "val"):
-        _run("-m", "captioning", "--quiet", "extract-features", "--config", str(CONFIG),
-             "--split", split, *settings, cwd=ROOT)  # fmt: skip
+        _run(
+            "-m",
+            "captioning",
+            "--quiet",
+            "extract-features",
+            "--config",
+            str(CONFIG),
+            "--split",
+            split,
+            *settings,
+            cwd=ROOT,
+        )
     run = tmp_path / "run"
-    train = _run("-m", "captioning", "--quiet", "train", "--config", str(CONFIG), *settings,
-                 "--set", "train.epochs=4", "--set", "train.val_every=4", "--out", str(run),
-                 cwd=ROOT)  # fmt: skip
+    train = _run(
+        "-m",
+        "captioning",
+        "--quiet",
+        "train",
+        "--config",
+        str(CONFIG),
+        *settings,
+        "--set",
+        "train.epochs=4",
+        "--set",
+        "train.val_every=4",
+        "--out",
+        str(run),
+        cwd=ROOT,
+    )
     assert "reading cached train grids" in train.stderr + train.stdout
-    losses = [float(line.split("loss ")[1].split()[0])
-              for line in (train.stderr + train.stdout).splitlines() if line.startswith("epoch ")]  # fmt: skip
+    losses = [
+        float(line.split("loss ")[1].split()[0])
+        for line in (train.stderr + train.stdout).splitlines()
+        if line.startswith("epoch ")
+    ]
     assert len(losses) == 4 and losses[-1] < losses[0]
 
     photo = data / "images" / "test" / sorted(os.listdir(data / "images" / "test"))[0]
     out = tmp_path / "attention"
-    result = _run("-m", "captioning", "caption", str(photo), "--checkpoint",
-                  str(run / "best.pt"), "--attention-dir", str(out), "--json", cwd=ROOT)  # fmt: skip
+    result = _run(
+        "-m",
+        "captioning",
+        "caption",
+        str(photo),
+        "--checkpoint",
+        str(run / "best.pt"),
+        "--attention-dir",
+        str(out),
+        "--json",
+        cwd=ROOT,
+    )
     record = json.loads(result.stdout.strip().splitlines()[-1])
     words = record["caption"].split()
     assert words, "an empty caption"
