@@ -279,3 +279,16 @@ def test_the_real_vietnamese_caption_file_loses_no_caption():
     assert not any("\u200b" in t or t != t.strip() for ts in table.captions.values() for t in ts)
     assert "Một cửa hàng bán bóng đồ chơi, ô và vợ\t ." in table.captions["0002850.jpg"]
     assert seconds < 5, f"reading and matching took {seconds:.1f} s"
+
+
+def test_the_prepared_annotations_hold_the_captions_as_written(tmp_path):
+    images = tmp_path / "photos"
+    photos(images, ["a.jpg", "b.jpg", "c.jpg"])
+    captions = write(tmp_path / "c.txt", "a.jpg, một người, đang đứng\nb.jpg, hai\nc.jpg, ba\n")
+    prepare_folder(images, captions, tmp_path / "out", val=0.34, test=0, progress=False)
+    texts = [
+        (tmp_path / "out" / "annotations" / f"captions_{split}.json").read_text(encoding="utf-8")
+        for split in ("train", "val")
+    ]
+    assert any("một người, đang đứng" in text for text in texts)
+    assert not any("\\u" in text for text in texts)

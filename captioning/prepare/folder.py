@@ -331,8 +331,9 @@ def prepare_folder(
         path = out / "annotations" / f"captions_{split}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         info = {"description": f"prepared from {captions}", "split": split, "seed": seed}
-        path.write_text(json.dumps({"info": info, "licenses": [], "images": entries,
-                                    "annotations": annotations}) + "\n")  # fmt: skip
+        dataset = {"info": info, "licenses": [], "images": entries, "annotations": annotations}
+        # the captions as written (readable in an editor), not as \u escapes
+        path.write_text(json.dumps(dataset, ensure_ascii=False) + "\n", encoding="utf-8")
     counts = {s: sum(len(table.captions[n]) for n in splits[s]) for s in SPLITS}
     kept = ", ".join(f"{s} {len(splits[s])} images ({counts[s]} captions)" for s in SPLITS)
     _write_report(report, table, captions, images, match, kept)
