@@ -46,6 +46,9 @@ class DataConfig:
     max_images: int | dict[str, int] | None = None
     categories: list[str] = field(default_factory=list)
     subset_seed: int = 0
+    # the captions' language (a BCP 47 tag such as en, vi); METEOR, whose stemmer and
+    # paraphrase tables are English, is computed only for English
+    language: str = "en"
     # vocabulary (built from the training split only)
     min_count: int = 1
     max_vocab: int | None = None

@@ -59,7 +59,8 @@ def evaluate_checkpoint(
         hard_context: for hard-attention models, ``expectation``, ``argmax`` or ``sample``.
         max_images: score only the first this many images of the split.
         spice: also compute SPICE (downloads Stanford models on first use).
-        meteor: compute METEOR (a Java process); False skips it.
+        meteor: compute METEOR (a Java process); False skips it, and so does a
+            ``data.language`` other than English (the key is then left out).
     """
     loaded = load(checkpoint, device)
     model, vocab, torch_device = loaded.model, loaded.vocab, loaded.device
@@ -81,9 +82,15 @@ def evaluate_checkpoint(
             model, dataset, cfg, torch_device, progress=progress, desc=f"decoding {split}"
         )
     attention = AttentionMaps(details, vocab, model.grid_shape)
+    english = cfg.data.language.split("-")[0].lower() == "en"
+    if meteor and not english:
+        logger.info("METEOR is English-only: not computed for data.language=%s",
+                    cfg.data.language)  # fmt: skip
     metrics = score_predictions(
-        predictions, records, meteor=meteor, spice=spice, attention=attention
+        predictions, records, meteor=meteor and english, spice=spice, attention=attention
     )
+    if not english:
+        metrics.pop("METEOR", None)
     metrics = applicable_metrics(metrics, [r for r in records if r.image_id in predictions])
     metrics["num_images"] = len(predictions)
     metrics["decoding"] = {

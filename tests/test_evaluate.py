@@ -344,3 +344,24 @@ def test_applicable_metrics_keeps_what_each_kind_of_data_supports():
     for records in (coco, plain):
         kept = applicable_metrics(ungrounded, records)
         assert set(kept) == {"CIDEr", "METEOR", "exact_match"}
+
+
+def test_meteor_is_left_out_for_captions_that_are_not_english(trained, tmp_path, monkeypatch):
+    import torch
+
+    from captioning.checkpoint import save_checkpoint
+    from captioning.evaluate import format_table
+    from captioning.metrics import captions
+
+    _, checkpoint = trained
+    payload = torch.load(checkpoint, weights_only=True)
+    payload["config"]["data"]["language"] = "vi"
+    vietnamese = save_checkpoint(payload, tmp_path / "vi.pt")
+
+    def no_meteor(*args, **kwargs):
+        raise AssertionError("METEOR computed for Vietnamese captions")
+
+    monkeypatch.setattr(captions, "_meteor", no_meteor)
+    metrics = evaluate_checkpoint(vietnamese, split="test", progress=False)
+    assert "METEOR" not in metrics and "CIDEr" in metrics
+    assert "METEOR" not in format_table(metrics)
