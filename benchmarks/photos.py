@@ -306,6 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:
         parser.error(f"--seeds must be comma-separated integers, got {args.seeds!r}")
 
+    commit = git_commit()  # the code that runs, whatever is committed while it runs
     args.out.mkdir(parents=True, exist_ok=True)
     stages = Stages(args.out)
     try:
@@ -330,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     before = stages.seconds.get("prepare", 0.0) + stages.seconds.get("extract", 0.0)
     context = {
-        "commit": git_commit(),
+        "commit": commit,
         "command": shlex.join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]])
         if argv is None
         else shlex.join(["benchmarks/photos.py", *argv]),
