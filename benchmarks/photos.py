@@ -25,8 +25,10 @@ captions are Vietnamese. BLEU, ROUGE-L and CIDEr-D are word-level and apply as t
 
 Writes ``OUT/results.json``, one row per model and seed (``nn`` is deterministic: one row),
 with the settings, the scores, the seconds of each stage, the command and the commit, and
-prints the table. A stage whose output already exists in ``OUT`` (prepared data, cached
-grids, a finished run) is reused, and its row keeps the seconds it took when it ran.
+prints the table. Rows of an earlier invocation into the same ``OUT`` stay, unless this one
+makes the same model and seed again. A stage whose output already exists in ``OUT``
+(prepared data, cached grids, a finished run) is reused, and its row keeps the seconds it
+took when it ran.
 """
 
 from __future__ import annotations
@@ -249,6 +251,16 @@ def train_and_evaluate(
     }
 
 
+def merge(path: Path, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows of an earlier ``results.json`` at ``path`` (other models or seeds, from
+    another invocation) with ``rows``, which replace any earlier row of the same model and
+    seed; ordered by model, then seed."""
+    new = {(r["model"], r["seed"]) for r in rows}
+    earlier = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else []
+    kept = [r for r in earlier if (r["model"], r["seed"]) not in new] + rows
+    return sorted(kept, key=lambda r: (MODELS.index(r["model"]), r["seed"] or 0))
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     """A Markdown table: per model, test CIDEr-D (mean and each seed), BLEU-4, ROUGE-L,
     and the recipe's seconds."""
@@ -350,6 +362,7 @@ def main(argv: list[str] | None = None) -> int:
             before + row["train_seconds"] + row.get("evaluate_seconds", 0.0), 1
         )
         row.update(context)
+    rows = merge(args.out / "results.json", rows)
     (args.out / "results.json").write_text(
         json.dumps(rows, indent=1, ensure_ascii=False) + "\n", encoding="utf-8"
     )
