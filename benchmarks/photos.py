@@ -247,7 +247,8 @@ def train_and_evaluate(
         "train_seconds": round(summary["seconds"], 2),
         "steps_per_s": round(summary["steps"] / summary["seconds"], 3),
         "evaluate_seconds": round(time.perf_counter() - started, 2),
-        "overrides": settings,
+        # paths inside OUT as OUT/..., so that rows from different machines compare
+        "overrides": [o.replace(str(out), "OUT") for o in settings],
     }
 
 
