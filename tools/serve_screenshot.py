@@ -50,7 +50,7 @@ def main() -> int:
         driver = webdriver.Chrome(options=options, service=Service(shutil.which("chromedriver")))
         try:
             # the page's size, whatever room the headless window's frame takes
-            metrics = {"width": 920, "height": 600, "deviceScaleFactor": 1, "mobile": False}
+            metrics = {"width": 920, "height": 760, "deviceScaleFactor": 1, "mobile": False}
             driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", metrics)
             driver.get(url)
             wait = WebDriverWait(driver, 60)
@@ -58,6 +58,7 @@ def main() -> int:
             driver.find_element(By.ID, "file").send_keys(str(Path(image).resolve()))
             words = wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#caption .word"))
             word = words[min(args.word, len(words) - 1)]
+            driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", word)
             ActionChains(driver).move_to_element(word).perform()
             wait.until(lambda d: d.find_element(By.ID, "heatmap").is_displayed())
             png = driver.get_screenshot_as_png()

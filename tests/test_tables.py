@@ -1,0 +1,69 @@
+"""The docs' generated tables equal what tools/tables.py makes of the committed results."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _tables():
+    spec = importlib.util.spec_from_file_location("tables", ROOT / "tools" / "tables.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_generated_table_is_current() -> None:
+    tables = _tables()
+    documents = tables.documents()
+    assert any("<!-- table: " in p.read_text(encoding="utf-8") for p in documents)
+    for path in documents:
+        text = path.read_text(encoding="utf-8")
+        assert tables.render(text) == text, (
+            f"{path.name}: a generated table differs from results/; run python tools/tables.py"
+        )
+
+
+def _row(model: str, seed: int | None, cider: float) -> dict:
+    return {
+        "model": model,
+        "seed": seed,
+        "CIDEr": cider,
+        "Bleu_1": 0.6,
+        "Bleu_4": 0.3,
+        "ROUGE_L": 0.5,
+        "recipe_seconds": 300.0 + (seed or 0),
+        "k": 10,
+        "command": "benchmarks/photos.py --shared ../shared --out x",
+        "commit": "abcdef123",
+        "cores": 2,
+        "cpu": "cpu",
+        "test_images": 293,
+        "beam_size": 3,
+    }
+
+
+def test_a_changed_row_changes_the_table(tmp_path: Path) -> None:
+    tables = _tables()
+    rows = [_row("nn", None, 1.1), _row("soft", 0, 1.2), _row("soft", 1, 1.4)]
+    (tmp_path / "photos.json").write_text(json.dumps(rows))
+    text = "before\n<!-- table: photos -->\nstale\n<!-- end table -->\nafter\n"
+    out = tables.render(text, tmp_path)
+    assert out.startswith("before\n<!-- table: photos -->\n| model |")
+    assert out.endswith("<!-- end table -->\nafter\n")
+    assert "| soft attention | 1.300 ± 0.141 | 1.200 (0), 1.400 (1) |" in out
+    assert "| nearest neighbour (consensus, k on val) | 1.100 | k = 10 (deterministic) |" in out
+    assert tables.render(out, tmp_path) == out  # rendering is idempotent
+    rows[1]["CIDEr"] = 1.0
+    (tmp_path / "photos.json").write_text(json.dumps(rows))
+    assert "| soft attention | 1.200 ± 0.283 |" in tables.render(out, tmp_path)
+
+
+def test_an_unknown_table_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="unknown table 'nope'"):
+        _tables().render("<!-- table: nope -->\n<!-- end table -->", tmp_path)

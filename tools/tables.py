@@ -1,0 +1,146 @@
+"""The docs' result tables, generated from the committed result rows in ``results/*.json``.
+
+    python tools/tables.py            # rewrite every generated table in README.md and docs/
+    python tools/tables.py --check    # exit 1 when a table differs from what its rows give
+
+A generated table sits between two marker lines in a Markdown file::
+
+    <!-- table: photos -->
+    ...
+    <!-- end table -->
+
+``photos`` names both the rows (``results/photos.json``) and the function of ``TABLES`` that
+renders them. Nothing between the markers is typed by hand: edit the rows (by re-running the
+benchmark that writes them) or the renderer, then run this script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCUMENTS = ("README.md", "docs/*.md")
+_BLOCK = re.compile(r"(<!-- table: (\w+) -->\n)(.*?)(<!-- end table -->)", re.S)
+
+Rows = list[dict[str, Any]]
+
+
+def _spread(values: list[float]) -> str:
+    """Mean, and the standard deviation where there are several values."""
+    if len(values) == 1:
+        return f"{values[0]:.3f}"
+    return f"{statistics.mean(values):.3f} ± {statistics.stdev(values):.3f}"
+
+
+def photos(rows: Rows) -> str:
+    """Test scores of the photo recipe and its baselines: per model the mean over seeds
+    (± the standard deviation across seeds), each seed's CIDEr-D, and the recipe's time."""
+    order = ["nn", "none", "soft", "hard"]
+    names = {
+        "nn": "nearest neighbour (consensus, k on val)",
+        "none": "no attention",
+        "soft": "soft attention",
+        "hard": "hard attention (exact marginal)",
+    }
+    lines = [
+        "| model | test CIDEr-D | each seed | BLEU-1 | BLEU-4 | ROUGE-L | recipe (s) |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for model in sorted({r["model"] for r in rows}, key=order.index):
+        group = sorted((r for r in rows if r["model"] == model), key=lambda r: r["seed"] or 0)
+        if model == "nn":
+            each = f"k = {group[0]['k']} (deterministic)"
+        else:
+            each = ", ".join(f"{r['CIDEr']:.3f} ({r['seed']})" for r in group)
+        seconds = [r["recipe_seconds"] for r in group]
+        recipe = f"{min(seconds):.0f}" + (f"-{max(seconds):.0f}" if len(seconds) > 1 else "")
+        cells = [names[model], _spread([r["CIDEr"] for r in group]), each]
+        cells += [_spread([r[key] for r in group]) for key in ("Bleu_1", "Bleu_4", "ROUGE_L")]
+        cells.append(recipe)
+        lines.append("| " + " | ".join(cells) + " |")
+    first = rows[0]
+    commits = ", ".join(sorted({r["commit"][:7] for r in rows}))
+    lines.append("")
+    lines.append(
+        f"{len(rows)} rows of `results/photos.json` (each with its command), commit "
+        f"{commits}; {first['cores']} cores ({first['cpu']}), test split of "
+        f"{first['test_images']} photos, beam {first['beam_size']}; seeds in brackets, "
+        f"± the standard deviation across seeds."
+    )
+    return "\n".join(lines) + "\n"
+
+
+def serve_latency(rows: Rows) -> str:
+    """The web demo's latency per client count (``benchmarks/serve_load.py``)."""
+    lines = [
+        "| clients | requests | requests/s | p50 (ms) | p95 (ms) | p99 (ms) |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in sorted(rows, key=lambda r: r["clients"]):
+        lines.append(
+            f"| {r['clients']} | {r['requests']} | {r['requests_per_s']:.2f} | "
+            f"{r['p50_ms']:.0f} | {r['p95_ms']:.0f} | {r['p99_ms']:.0f} |"
+        )
+    first = rows[0]
+    lines.append("")
+    lines.append(
+        f"`{first['command']}`, commit {first['commit'][:7]}, beam {first['beam_size']}, "
+        f"{first['images']} images sent in turn; {first['cores']} cores ({first['cpu']})."
+    )
+    return "\n".join(lines) + "\n"
+
+
+TABLES: dict[str, Callable[[Rows], str]] = {"photos": photos, "serve_latency": serve_latency}
+
+
+def load_rows(name: str, results: Path = ROOT / "results") -> Rows:
+    """The committed rows of ``results/<name>.json``."""
+    return json.loads((results / f"{name}.json").read_text(encoding="utf-8"))
+
+
+def render(text: str, results: Path = ROOT / "results") -> str:
+    """``text`` with every generated table replaced by what its rows give."""
+
+    def replace(match: re.Match) -> str:
+        name = match.group(2)
+        if name not in TABLES:
+            raise SystemExit(f"unknown table {name!r}; known: {', '.join(TABLES)}")
+        return match.group(1) + TABLES[name](load_rows(name, results)) + match.group(4)
+
+    return _BLOCK.sub(replace, text)
+
+
+def documents(root: Path = ROOT) -> list[Path]:
+    """The Markdown files that may hold generated tables."""
+    return sorted(p for pattern in DOCUMENTS for p in root.glob(pattern))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--check", action="store_true", help="change nothing; exit 1 if a table is out of date"
+    )
+    args = parser.parse_args(argv)
+    stale = []
+    for path in documents():
+        text = path.read_text(encoding="utf-8")
+        new = render(text)
+        if new != text:
+            stale.append(path)
+            if not args.check:
+                path.write_text(new, encoding="utf-8")
+    for path in stale:
+        verb = "out of date" if args.check else "rewritten"
+        print(f"{path.relative_to(ROOT)}: {verb}")
+    return 1 if args.check and stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
