@@ -70,10 +70,15 @@ def test_upload_caption_and_hover_a_word(page, tmp_path):
     assert not driver.find_element(By.ID, "heatmap").is_displayed()
 
     index = min(1, len(words) - 1)
+    before = words[index].location
     ActionChains(driver).move_to_element(words[index]).perform()
     heatmap = driver.find_element(By.ID, "heatmap")
     wait.until(lambda d: heatmap.get_attribute("data-word") == str(index))
     assert heatmap.is_displayed() and "active" in words[index].get_attribute("class")
+    # showing the map and its legend moves nothing: a word that moved away from the pointer
+    # would hide the map again at once
+    assert words[index].location == before
+    assert driver.find_element(By.ID, "legend").is_displayed()
     # the layer covers the whole photo (dimming it, lightening the peak by 15 %) and varies
     low, high = driver.execute_script(ALPHA_RANGE)
     assert 30 < low < high
