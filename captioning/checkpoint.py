@@ -55,19 +55,27 @@ def save_checkpoint(payload: dict[str, Any], path: str | Path) -> Path:
     payload = {"format_version": FORMAT_VERSION, **payload}
     _check_plain(payload)
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     with _interrupt_after():
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                torch.save(payload, handle)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        save_atomically(payload, path)
     return path
+
+
+def save_atomically(data: Any, path: str | Path) -> None:
+    """``torch.save(data)`` to ``path`` through a temporary file in the same folder, synced
+    and then renamed: a crash mid-write leaves the previous file (or none) in place, never a
+    half-written one. Missing parent folders are created."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            torch.save(data, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def remove_partial_writes(folder: str | Path) -> list[Path]:

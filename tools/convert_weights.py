@@ -27,17 +27,17 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import os
 import pickle
 import re
 import sys
-import tempfile
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import torch
 import torchvision
+
+from captioning import checkpoint
 
 # Heads that a backbone file may leave out: the encoder cuts them off anyway.
 CLASSIFIER_PREFIXES = ("classifier.", "fc.")
@@ -196,19 +196,9 @@ def load_state_dict(path: Path) -> dict[str, torch.Tensor]:
 
 
 def save_atomically(state_dict: dict[str, torch.Tensor], path: Path) -> str:
-    """Write ``state_dict`` to ``path`` through a temporary file in the same folder (a crash
-    leaves no half-written file); returns the file's sha256."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            torch.save(state_dict, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write ``state_dict`` to ``path`` as :func:`captioning.checkpoint.save_atomically` does
+    (a crash leaves no half-written file); returns the file's sha256."""
+    checkpoint.save_atomically(state_dict, path)
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         for chunk in iter(lambda: handle.read(1 << 20), b""):
