@@ -82,10 +82,7 @@ def evaluate_checkpoint(
             model, dataset, cfg, torch_device, progress=progress, desc=f"decoding {split}"
         )
     attention = AttentionMaps(details, vocab, model.grid_shape)
-    english = cfg.data.language.split("-")[0].lower() == "en"
-    if meteor and not english:
-        logger.info("METEOR is English-only: not computed for data.language=%s",
-                    cfg.data.language)  # fmt: skip
+    english = _is_english(cfg.data.language, meteor)
     metrics = score_predictions(
         predictions, records, meteor=meteor and english, spice=spice, attention=attention
     )
@@ -111,6 +108,15 @@ def evaluate_checkpoint(
             json.dumps(results, indent=1, ensure_ascii=False) + "\n", encoding="utf-8"
         )
     return metrics
+
+
+def _is_english(language: str, meteor: bool) -> bool:
+    """Whether captions in ``language`` (``data.language``) are English, which METEOR needs;
+    says so once when METEOR was asked for and does not apply."""
+    english = language.split("-")[0].lower() == "en"
+    if meteor and not english:
+        logger.info("METEOR is English-only: not computed for data.language=%s", language)
+    return english
 
 
 def is_shapes(records: Sequence[ImageRecord]) -> bool:
