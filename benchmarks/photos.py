@@ -10,7 +10,7 @@ The stages, each timed, are what a user runs by hand (see the README's "Real pho
    (``tools/convert_weights.py``), and ``captioning prepare folder`` on the published caption
    file with the fixed split ``--val 0.1 --test 0.1 --seed 0``;
 2. **extract**: ``captioning extract-features`` for the three splits (the frozen backbone's
-   7 x 7 x 1280 grid at 224 px, cached as float16);
+   10 x 10 x 1280 grid at the config's 320 px, cached as float16);
 3. **train** each model and seed with ``--config`` (``configs/photos_mobilenet.yaml``), and
    **evaluate** its ``best.pt`` on the test split with beam search (k = 3).
 
