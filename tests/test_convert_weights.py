@@ -243,3 +243,13 @@ def test_the_old_layout_given_directly_says_to_convert(converted_file):
     message = str(refused.value)
     assert "\n" not in message and "older key layout" in message
     assert "tools/convert_weights.py" in message and "--arch mobilenet_v2" in message
+
+
+def test_a_torchvision_weights_file_with_objects_is_refused_in_one_line(tmp_path):
+    from captioning.errors import ConfigError
+    from captioning.models.encoder import build_encoder
+
+    evil = tmp_path / "evil.pt"
+    torch.save({"features.0.0.weight": torch.nn.Linear(1, 1)}, evil)
+    with pytest.raises(ConfigError, match=r"model.weights=.*evil.pt: refused to load"):
+        build_encoder("mobilenet_v2", weights=str(evil))

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import pickle
 import re
 import sys
 from collections import defaultdict
@@ -38,6 +37,8 @@ import torch
 import torchvision
 
 from captioning import checkpoint
+from captioning.errors import ConfigError
+from captioning.models.encoder import read_weights
 
 # Heads that a backbone file may leave out: the encoder cuts them off anyway.
 CLASSIFIER_PREFIXES = ("classifier.", "fc.")
@@ -172,15 +173,9 @@ def load_state_dict(path: Path) -> dict[str, torch.Tensor]:
         raise ConversionError(f"{path} does not exist" if not path.exists() else
                               f"{path} is not a file")  # fmt: skip
     try:
-        data = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as exc:
-        raise ConversionError(
-            f"{path}: refused to load: it holds objects other than plain data, which could run "
-            f"code; save the model's state_dict() with torch.save"
-        ) from exc
-    except Exception as exc:
-        reason = " ".join(str(exc).split())[:200] or type(exc).__name__
-        raise ConversionError(f"{path}: not a readable weights file ({reason})") from exc
+        data = read_weights(path)
+    except ConfigError as exc:
+        raise ConversionError(str(exc)) from exc
     for wrapper in ("state_dict", "model"):
         if isinstance(data, dict) and isinstance(data.get(wrapper), dict):
             data = data[wrapper]

@@ -12,6 +12,7 @@ import math
 import pickle
 import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -87,7 +88,7 @@ def _load_torchvision(name: str, weights: str | None) -> tuple[nn.Module, tuple,
         if Path(weights).suffix in (".pt", ".pth", ".bin") or Path(weights).exists():
             if not Path(weights).is_file():
                 raise ConfigError(f"model.weights file {weights} does not exist")
-            state_dict = torch.load(weights, map_location="cpu", weights_only=True)
+            state_dict = read_weights(weights, f"model.weights={weights}")
             if isinstance(state_dict, dict) and "state_dict" in state_dict:
                 state_dict = state_dict["state_dict"]
         else:
@@ -285,19 +286,35 @@ class Encoder(nn.Module):
         return x.flatten(2).transpose(1, 2).contiguous()  # (B, L, D)
 
 
-def _load_small_cnn_weights(cnn: SmallCNN, path: str) -> None:
-    """``model.weights`` for the small CNN: a state dict saved with ``torch.save``, read as
-    plain data only."""
+def read_weights(path: str | Path, name: str | None = None) -> Any:
+    """A weights file read as plain data only (``torch.load(weights_only=True)``): a file
+    from a stranger cannot run code.
+
+    Args:
+        path: the file.
+        name: what the error messages call it (default: the path).
+
+    Raises:
+        ConfigError: one line, when the file holds objects other than plain data or is not a
+            file torch can read.
+    """
+    name = name or str(path)
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         raise ConfigError(
-            f"model.weights={path}: refused to load: it holds objects other than plain data, "
-            f"which could run code; save the CNN's state_dict() with torch.save"
+            f"{name}: refused to load: it holds objects other than plain data, which could "
+            f"run code; save the model's state_dict() with torch.save"
         ) from exc
     except Exception as exc:
         reason = " ".join(str(exc).split())[:200] or type(exc).__name__
-        raise ConfigError(f"model.weights={path}: not a readable weights file ({reason})") from exc
+        raise ConfigError(f"{name}: not a readable weights file ({reason})") from exc
+
+
+def _load_small_cnn_weights(cnn: SmallCNN, path: str) -> None:
+    """``model.weights`` for the small CNN: a state dict saved with ``torch.save``, read as
+    plain data only."""
+    state = read_weights(path, f"model.weights={path}")
     try:
         cnn.load_state_dict(state)
     except (RuntimeError, TypeError, AttributeError) as exc:
