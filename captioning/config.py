@@ -133,6 +133,9 @@ class TrainConfig:
     # only train, which saves validation's decoding and scoring on short schedules
     val_every: int = 1
     doubly_stochastic_weight: float = 1.0  # λ of the doubly stochastic attention penalty
+    # cross-entropy objective only: the share of each target's probability spread evenly
+    # over the vocabulary (Szegedy et al. 2016); 0 trains on the plain likelihood
+    label_smoothing: float = 0.0
     # hard attention (REINFORCE); the authors' values
     reinforce_weight: float = 0.1
     entropy_weight: float = 0.002
@@ -332,6 +335,13 @@ def _validate(cfg: Config) -> None:
             f"got {quote(cfg.model.fine_tune)}"
         )
     _check_ranges(cfg)
+    if cfg.train.label_smoothing > 0 and (
+        cfg.model.attention == "hard" or cfg.train.objective == "scst"
+    ):
+        raise ConfigError(
+            "train.label_smoothing smooths the cross-entropy of soft (or no) attention; "
+            "set it to 0 for hard attention and for train.objective=scst"
+        )
     if not cfg.model.cnn_channels:
         raise ConfigError("model.cnn_channels must list at least one channel count")
     if cfg.decode.min_length > cfg.decode.max_length:
@@ -405,6 +415,7 @@ _RANGES: dict[str, tuple[float | None, float | None, str]] = {
     "train.val_every": (1, None, ""),
     "train.val_max_images": (1, None, ""),
     "train.doubly_stochastic_weight": (0, None, ""),
+    "train.label_smoothing": (0, 1, "max"),
     "train.reinforce_weight": (0, None, ""),
     "train.entropy_weight": (0, None, ""),
     "train.baseline_decay": (0, 1, ""),

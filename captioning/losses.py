@@ -29,6 +29,18 @@ def token_nll(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -
     return nll * mask
 
 
+def smoothed_nll(
+    logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, smoothing: float
+) -> torch.Tensor:
+    """Label-smoothed cross-entropy per position (Szegedy et al. 2016), 0 on padding:
+    ``(1 - smoothing) * -log p(y_t) + smoothing * mean_v -log p(v)``; (B, T, V), (B, T),
+    (B, T) → (B, T)."""
+    loss = F.cross_entropy(
+        logits.float().flatten(0, 1), targets.flatten(), reduction="none", label_smoothing=smoothing
+    ).view_as(targets)  # (B, T)
+    return loss * mask
+
+
 def doubly_stochastic_penalty(alphas: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """sum_i (1 - sum_t alpha_ti)^2 per caption, summing only real (unpadded) steps.
 
@@ -79,6 +91,7 @@ def caption_loss(
     targets: torch.Tensor,
     pad_id: int,
     penalty_weight: float = 1.0,
+    label_smoothing: float = 0.0,
 ) -> LossTerms:
     """Soft (or no) attention: NLL + lambda * the doubly stochastic penalty, per caption,
     averaged over captions. A hard model's sampled output gives its likelihood given the
@@ -88,21 +101,33 @@ def caption_loss(
         output: the decoder's teacher-forced output for ``targets``.
         targets: (B, T) the next words (``tokens[:, 1:]``).
         pad_id: the padding id; those positions count nowhere.
+        label_smoothing: trains on the smoothed cross-entropy; the logged NLL stays the
+            plain one.
     """
     mask = (targets != pad_id).float()  # (B, T)
     nll = token_nll(output.logits, targets, mask)  # (B, T)
+    trained = None
+    if label_smoothing > 0:
+        trained = smoothed_nll(output.logits, targets, mask, label_smoothing)  # (B, T)
     penalty = doubly_stochastic_penalty(output.alphas, mask)  # (B,)
-    return caption_terms(nll, penalty, penalty_weight, mask)
+    return caption_terms(nll, penalty, penalty_weight, mask, trained=trained)
 
 
 def caption_terms(
-    nll: torch.Tensor, penalty: torch.Tensor, penalty_weight: float, mask: torch.Tensor
+    nll: torch.Tensor,
+    penalty: torch.Tensor,
+    penalty_weight: float,
+    mask: torch.Tensor,
+    trained: torch.Tensor | None = None,
 ) -> LossTerms:
-    """The cross-entropy objective's terms from per-token NLL (B, T) and penalty (B,)."""
+    """The cross-entropy objective's terms from per-token NLL (B, T) and penalty (B,);
+    ``trained`` (B, T), when given, is the per-token loss back-propagated in place of the
+    NLL (label smoothing)."""
     nll_caption = nll.sum(dim=1)  # (B,)
+    trained_caption = nll_caption if trained is None else trained.sum(dim=1)  # (B,)
     num_tokens = int(mask.sum())
     return LossTerms(
-        total=(nll_caption + penalty_weight * penalty).mean(),
+        total=(trained_caption + penalty_weight * penalty).mean(),
         nll=nll_caption.mean().detach(),
         nll_per_token=(nll.sum() / max(num_tokens, 1)).detach(),
         penalty=penalty.mean().detach(),
@@ -118,11 +143,19 @@ class CrossEntropyObjective:
 
     Args:
         penalty_weight: lambda of the doubly stochastic penalty.
+        label_smoothing: the share of each target's probability spread over the vocabulary.
         device, precision: where and in which precision the forward pass runs.
     """
 
-    def __init__(self, penalty_weight: float, device: torch.device, precision: str) -> None:
+    def __init__(
+        self,
+        penalty_weight: float,
+        device: torch.device,
+        precision: str,
+        label_smoothing: float = 0.0,
+    ) -> None:
         self.penalty_weight = penalty_weight
+        self.label_smoothing = label_smoothing
         self.device = device
         self.precision = precision
 
@@ -139,7 +172,13 @@ class CrossEntropyObjective:
         images' dataset ``indices`` are not needed here."""
         with autocast(self.device, self.precision):
             output = module(images, tokens, grid=grid)
-        return caption_loss(output, tokens[:, 1:], Vocabulary.pad_id, self.penalty_weight)
+        return caption_loss(
+            output,
+            tokens[:, 1:],
+            Vocabulary.pad_id,
+            self.penalty_weight,
+            label_smoothing=self.label_smoothing,
+        )
 
     def commit(self) -> None:
         """Called once the step is known to be finite; nothing to update."""

@@ -209,7 +209,12 @@ def build_objective(
     if model.hard_attention:
         cells = model.grid_shape[0] * model.grid_shape[1]
         return HardAttentionObjective(cfg, cells, device, cfg.train.precision, world)
-    return CrossEntropyObjective(cfg.train.doubly_stochastic_weight, device, cfg.train.precision)
+    return CrossEntropyObjective(
+        cfg.train.doubly_stochastic_weight,
+        device,
+        cfg.train.precision,
+        label_smoothing=cfg.train.label_smoothing,
+    )
 
 
 @dataclass

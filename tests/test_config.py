@@ -51,11 +51,18 @@ def test_yaml_holds_differences_and_overrides_win(tmp_path):
         ("model.fine_tune=last2", "last_N"),
         ("train.epochs=0", "at least 1"),
         ("noequals", "section.key=value"),
+        ("train.label_smoothing=1", r"in \[0, 1\)"),
     ],
 )
 def test_bad_keys_and_values_name_the_problem(override, message):
     with pytest.raises(ConfigError, match=message):
         load_config(None, [override])
+
+
+@pytest.mark.parametrize("setting", ["model.attention=hard", "train.objective=scst"])
+def test_label_smoothing_is_refused_where_it_would_be_ignored(setting):
+    with pytest.raises(ConfigError, match="label_smoothing smooths the cross-entropy"):
+        load_config(None, ["train.label_smoothing=0.1", setting])
 
 
 def test_unknown_key_in_yaml(tmp_path):

@@ -258,6 +258,24 @@ def test_padding_never_counts():
     assert loss.tokens == int((tokens[:, 1:] != 0).sum())
 
 
+def test_label_smoothing_trains_on_the_smoothed_loss_and_logs_the_plain_one():
+    model = tiny_model()
+    images, tokens = batch()
+    out = model(images, tokens)
+    targets = tokens[:, 1:]
+    plain = caption_loss(out, targets, 0, penalty_weight=0.0)
+    smoothed = caption_loss(out, targets, 0, penalty_weight=0.0, label_smoothing=0.2)
+    # by hand: 0.8 * -log p(y) + 0.2 * mean over the vocabulary of -log p(v), real words only
+    log_p = torch.log_softmax(out.logits.float(), dim=-1)  # (B, T, V)
+    mask = (targets != 0).float()
+    per_token = -0.8 * log_p.gather(2, targets.unsqueeze(2)).squeeze(2) - 0.2 * log_p.mean(2)
+    expected = (per_token * mask).sum(1).mean()
+    assert torch.allclose(smoothed.total, expected, atol=1e-5)
+    assert not torch.allclose(smoothed.total, plain.total)
+    assert torch.allclose(smoothed.nll, plain.nll)  # what is logged stays the likelihood
+    assert torch.allclose(smoothed.nll_per_token, plain.nll_per_token)
+
+
 def test_doubly_stochastic_penalty_value():
     from captioning.losses import doubly_stochastic_penalty
 
