@@ -4,7 +4,7 @@
     python benchmarks/photos.py --shared ../shared --out runs/photos --models soft --seeds 0
     python benchmarks/photos.py --help
 
-The stages, each timed, are what a user runs by hand (see the README's "Real photographs"):
+The stages, each timed, are what a user runs by hand (see docs/photos.md):
 
 1. **prepare**: the shared MobileNetV2 backbone into torchvision's layout
    (``tools/convert_weights.py``), and ``captioning prepare folder`` on the published caption
