@@ -143,7 +143,7 @@ class TrainConfig:
     semi_sampling_p: float = 0.5  # share of minibatches (or captions) that sample cells
     semi_sampling: Literal["batch", "sample"] = "batch"  # the authors mix per minibatch
     # how hard attention's gradient is estimated (see captioning/hard_attention.py and the
-    # README): the paper's REINFORCE with a moving-average baseline, leave-one-out
+    # docs/hard-attention.md): the paper's REINFORCE with a moving-average baseline, leave-one-out
     # REINFORCE or VIMCO over hard_samples samples per caption, straight-through
     # Gumbel-softmax, or the exact marginal likelihood (model.context_to_lstm: false only)
     hard_estimator: Literal["reinforce", "reinforce_loo", "vimco", "gumbel", "exact"] = "reinforce"
