@@ -142,7 +142,7 @@ class TrainConfig:
     baseline_decay: float = 0.9
     semi_sampling_p: float = 0.5  # share of minibatches (or captions) that sample cells
     semi_sampling: Literal["batch", "sample"] = "batch"  # the authors mix per minibatch
-    # how hard attention's gradient is estimated (see captioning/hard_attention.py and the
+    # how hard attention's gradient is estimated (see captioning/hard_attention.py and
     # docs/hard-attention.md): the paper's REINFORCE with a moving-average baseline, leave-one-out
     # REINFORCE or VIMCO over hard_samples samples per caption, straight-through
     # Gumbel-softmax, or the exact marginal likelihood (model.context_to_lstm: false only)

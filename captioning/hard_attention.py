@@ -9,8 +9,8 @@ to be finite (:meth:`HardAttentionObjective.commit`), from statistics summed ove
 processes, and goes into checkpoints.
 
 With r(s) = log p(y | s, a) the caption's log-likelihood given cells s = (s_1..s_T) and
-q(s) = prod_t alpha_t(s_t), the estimators (per caption; docs/hard-attention.md lists them with their
-costs):
+q(s) = prod_t alpha_t(s_t), the estimators (per caption; docs/hard-attention.md lists them
+with their costs):
 
 - ``reinforce`` (the paper): -log p(y | s, a) - lambda_r (r(s) - b) log q(s) - lambda_e H,
   b a moving average of r (decay 0.9). Unbiased for d E_q[r(s)] when lambda_r = 1.

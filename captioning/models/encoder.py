@@ -27,8 +27,8 @@ logger = logging.getLogger("captioning")
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 # Convolutions run on channels-last (NHWC) tensors: oneDNN on the CPU and cuDNN with tensor
-# cores both prefer it (the small CNN's step: about 15% less time on the CPU, see docs/speed.md's
-# speed section). The grid comes out in the same (B, L, D) layout either way.
+# cores both prefer it (the small CNN's step: about 15% less time on the CPU, see
+# docs/speed.md). The grid comes out in the same (B, L, D) layout either way.
 CHANNELS_LAST = True
 
 
