@@ -29,6 +29,11 @@ prints the table. Rows of an earlier invocation into the same ``OUT`` stay, unle
 makes the same model and seed again. A stage whose output already exists in ``OUT``
 (prepared data, cached grids, a finished run) is reused, and its row keeps the seconds it
 took when it ran.
+
+``--variant NAME`` trains the same models with ``--set`` overrides into ``OUT/runs/NAME/``
+and marks their rows with the name: the recipe's levers (a setting tried against the shipped
+config) live in the same file as the recipe (variant ``recipe``), and the table of levers in
+docs/photos.md is made from them.
 """
 
 from __future__ import annotations
@@ -76,6 +81,7 @@ MODEL_OVERRIDES = {
 NN_KS = (1, 3, 5, 10, 20, 40, 80)
 SCORES = ("CIDEr", "Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "ROUGE_L")
 SPLIT = {"val": 0.1, "test": 0.1, "seed": 0}
+RECIPE = "recipe"  # the variant name of rows trained with the config as it is
 
 
 def git_commit() -> str:
@@ -201,6 +207,7 @@ def nearest_neighbour(cfg: Config) -> dict[str, Any]:
     best_k = max(NN_KS, key=lambda k: (val_cider[k], -k))
     test = scores("test", best_k)
     return {
+        "variant": RECIPE,
         "model": "nn",
         "seed": None,
         "k": best_k,
@@ -211,13 +218,20 @@ def nearest_neighbour(cfg: Config) -> dict[str, Any]:
 
 
 def train_and_evaluate(
-    cfg_path: str, overrides: list[str], model: str, seed: int, out: Path, beam_size: int
+    cfg_path: str,
+    overrides: list[str],
+    model: str,
+    seed: int,
+    out: Path,
+    beam_size: int,
+    variant: str = RECIPE,
 ) -> dict[str, Any]:
     """Train one model and seed (reused when its run finished before) and score its
     ``best.pt`` on the test split."""
     settings = [*overrides, *MODEL_OVERRIDES[model], f"train.seed={seed}"]
     cfg = load_config(cfg_path, settings)
-    run_dir = out / "runs" / f"{model}-seed{seed}"
+    runs = out / "runs" if variant == RECIPE else out / "runs" / variant
+    run_dir = runs / f"{model}-seed{seed}"
     summary_path = run_dir / "summary.json"
     if summary_path.is_file():
         summary = json.loads(summary_path.read_text())
@@ -237,6 +251,7 @@ def train_and_evaluate(
         out_dir=run_dir / "test",
     )
     return {
+        "variant": variant,
         "model": model,
         "seed": seed,
         **{name: metrics[name] for name in SCORES},
@@ -253,13 +268,25 @@ def train_and_evaluate(
 
 
 def merge(path: Path, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The rows of an earlier ``results.json`` at ``path`` (other models or seeds, from
-    another invocation) with ``rows``, which replace any earlier row of the same model and
-    seed; ordered by model, then seed."""
-    new = {(r["model"], r["seed"]) for r in rows}
+    """The rows of an earlier ``results.json`` at ``path`` (other variants, models or seeds,
+    from another invocation) with ``rows``, which replace any earlier row of the same
+    variant, model and seed; ordered by variant (the recipe first), model, then seed."""
+
+    def key(r: dict[str, Any]) -> tuple[str, str, int | None]:
+        return r.get("variant", RECIPE), r["model"], r["seed"]
+
+    new = {key(r) for r in rows}
     earlier = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else []
-    kept = [r for r in earlier if (r["model"], r["seed"]) not in new] + rows
-    return sorted(kept, key=lambda r: (MODELS.index(r["model"]), r["seed"] or 0))
+    kept = [r for r in earlier if key(r) not in new] + rows
+    return sorted(
+        kept,
+        key=lambda r: (
+            r.get("variant", RECIPE) != RECIPE,
+            r.get("variant", RECIPE),
+            MODELS.index(r["model"]),
+            r["seed"] or 0,
+        ),
+    )
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -270,7 +297,7 @@ def table(rows: list[dict[str, Any]]) -> str:
         "| --- | --- | --- | --- | --- | --- |",
     ]
     for model in MODELS:
-        group = [r for r in rows if r["model"] == model]
+        group = [r for r in rows if r["model"] == model and r.get("variant", RECIPE) == RECIPE]
         if not group:
             continue
         each = ", ".join(
@@ -308,12 +335,21 @@ def main(argv: list[str] | None = None) -> int:
         help="a config override for every model",
     )
     parser.add_argument("--beam-size", type=int, default=3)
+    parser.add_argument(
+        "--variant",
+        default=RECIPE,
+        help="a name for rows trained with --set overrides (a lever tried against the recipe)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     models = [m for m in args.models.split(",") if m]
     unknown = sorted(set(models) - set(MODELS))
     if unknown:
         parser.error(f"unknown model {unknown[0]!r}; choose from {', '.join(MODELS)}")
+    if not args.variant.isidentifier():
+        parser.error(f"--variant must be a plain name (letters, digits, _), got {args.variant!r}")
+    if args.variant != RECIPE and "nn" in models:
+        parser.error("--variant trains decoders; leave nn out of --models")
     try:
         seeds = [int(s) for s in args.seeds.split(",") if s]
     except ValueError:
@@ -336,7 +372,13 @@ def main(argv: list[str] | None = None) -> int:
             for seed in seeds:
                 rows.append(
                     train_and_evaluate(
-                        args.config, overrides, model, seed, args.out, args.beam_size
+                        args.config,
+                        overrides,
+                        model,
+                        seed,
+                        args.out,
+                        args.beam_size,
+                        variant=args.variant,
                     )
                 )
     except CaptioningError as exc:

@@ -67,3 +67,33 @@ def test_a_changed_row_changes_the_table(tmp_path: Path) -> None:
 def test_an_unknown_table_is_refused(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="unknown table 'nope'"):
         _tables().render("<!-- table: nope -->\n<!-- end table -->", tmp_path)
+
+
+def test_levers_table_sets_each_variant_against_the_recipe(tmp_path: Path) -> None:
+    tables = _tables()
+
+    def soft(variant: str | None, seed: int, cider: float, extra: list[str]) -> dict:
+        row = _row("soft", seed, cider)
+        row["val_CIDEr"] = cider - 0.01
+        row["overrides"] = ["data.root=OUT/data", "model.attention=soft", f"train.seed={seed}"]
+        row["overrides"] += extra
+        if variant is not None:  # rows written before variants existed are the recipe's
+            row["variant"] = variant
+        return row
+
+    nn = _row("nn", None, 1.25)
+    nn["val_CIDEr_by_k"] = {"10": 1.15}
+    rows = [
+        nn,
+        soft(None, 0, 1.2, []),
+        soft("recipe", 1, 1.1, []),
+        soft("smooth", 0, 1.3, ["train.label_smoothing=0.1"]),
+    ]
+    (tmp_path / "photos.json").write_text(json.dumps(rows))
+    out = tables.render("<!-- table: photo_levers -->\n<!-- end table -->\n", tmp_path)
+    assert "| recipe | (the config as it is) | 2 | 1.140 ± 0.071 | 1.150 ± 0.071 |" in out
+    assert "| smooth | `train.label_smoothing=0.1` | 1 | 1.290 | 1.300 | 1.300 (0) |" in out
+    assert "nearest neighbour scores 1.250 on test at k = 10 (val 1.150)" in out
+    # the recipe's own table leaves the lever out
+    recipe = tables.render("<!-- table: photos -->\n<!-- end table -->\n", tmp_path)
+    assert "| soft attention | 1.150 ± 0.071 | 1.200 (0), 1.100 (1) |" in recipe

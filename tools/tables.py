@@ -10,8 +10,9 @@ A generated table sits between two marker lines in a Markdown file::
     <!-- end table -->
 
 ``photos`` names both the rows (``results/photos.json``) and the function of ``TABLES`` that
-renders them. Nothing between the markers is typed by hand: edit the rows (by re-running the
-benchmark that writes them) or the renderer, then run this script.
+renders them (``SOURCES`` names the rows of a table that shares another's file). Nothing
+between the markers is typed by hand: edit the rows (by re-running the benchmark that writes
+them) or the renderer, then run this script.
 """
 
 from __future__ import annotations
@@ -39,9 +40,17 @@ def _spread(values: list[float]) -> str:
     return f"{statistics.mean(values):.3f} ± {statistics.stdev(values):.3f}"
 
 
+RECIPE = "recipe"  # benchmarks/photos.py's variant name of the config as it is
+
+
+def _variant(row: dict[str, Any]) -> str:
+    return row.get("variant", RECIPE)
+
+
 def photos(rows: Rows) -> str:
     """Test scores of the photo recipe and its baselines: per model the mean over seeds
     (± the standard deviation across seeds), each seed's CIDEr-D, and the recipe's time."""
+    rows = [r for r in rows if _variant(r) == RECIPE]
     order = ["nn", "none", "soft", "hard"]
     names = {
         "nn": "nearest neighbour (consensus, k on val)",
@@ -77,6 +86,49 @@ def photos(rows: Rows) -> str:
     return "\n".join(lines) + "\n"
 
 
+# overrides every photo row has (paths, the model, the seed): not what a lever changes
+_PLUMBING = ("data.root=", "model.weights=", "model.attention=", "train.seed=")
+
+
+def photo_levers(rows: Rows) -> str:
+    """The photo recipe's soft-attention model against the same model with one setting
+    changed (``benchmarks/photos.py --variant``): validation and test CIDEr-D by seed."""
+    soft = [r for r in rows if r["model"] == "soft"]
+    lines = [
+        "| variant | setting changed | seeds | val CIDEr-D | test CIDEr-D | each seed (test) |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    variants = sorted({_variant(r) for r in soft}, key=lambda v: (v != RECIPE, v))
+    for variant in variants:
+        group = sorted((r for r in soft if _variant(r) == variant), key=lambda r: r["seed"])
+        changed = sorted({o for r in group for o in r["overrides"] if not o.startswith(_PLUMBING)})
+        setting = ", ".join(f"`{o}`" for o in changed) or "(the config as it is)"
+        each = ", ".join(f"{r['CIDEr']:.3f} ({r['seed']})" for r in group)
+        cells = [
+            variant,
+            setting,
+            str(len(group)),
+            _spread([r["val_CIDEr"] for r in group]),
+            _spread([r["CIDEr"] for r in group]),
+            each,
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    nn = [r for r in rows if r["model"] == "nn"]
+    lines.append("")
+    if nn:
+        lines.append(
+            f"The nearest neighbour scores {nn[0]['CIDEr']:.3f} on test at k = {nn[0]['k']} "
+            f"(val {nn[0]['val_CIDEr_by_k'][str(nn[0]['k'])]:.3f})."
+        )
+    commands = sorted({r["command"] for r in soft if _variant(r) != RECIPE})
+    lines.append(
+        "Rows of `results/photos.json`; each variant's command: "
+        + "; ".join(f"`{c}`" for c in commands)
+        + "."
+    )
+    return "\n".join(lines) + "\n"
+
+
 def serve_latency(rows: Rows) -> str:
     """The web demo's latency per client count (``benchmarks/serve_load.py``)."""
     lines = [
@@ -97,7 +149,13 @@ def serve_latency(rows: Rows) -> str:
     return "\n".join(lines) + "\n"
 
 
-TABLES: dict[str, Callable[[Rows], str]] = {"photos": photos, "serve_latency": serve_latency}
+TABLES: dict[str, Callable[[Rows], str]] = {
+    "photos": photos,
+    "photo_levers": photo_levers,
+    "serve_latency": serve_latency,
+}
+# tables whose rows are in another table's file
+SOURCES = {"photo_levers": "photos"}
 
 
 def load_rows(name: str, results: Path = ROOT / "results") -> Rows:
@@ -112,7 +170,8 @@ def render(text: str, results: Path = ROOT / "results") -> str:
         name = match.group(2)
         if name not in TABLES:
             raise SystemExit(f"unknown table {name!r}; known: {', '.join(TABLES)}")
-        return match.group(1) + TABLES[name](load_rows(name, results)) + match.group(4)
+        rows = load_rows(SOURCES.get(name, name), results)
+        return match.group(1) + TABLES[name](rows) + match.group(4)
 
     return _BLOCK.sub(replace, text)
 
