@@ -86,8 +86,15 @@ def photos(rows: Rows) -> str:
     return "\n".join(lines) + "\n"
 
 
-# overrides every photo row has (paths, the model, the seed): not what a lever changes
-_PLUMBING = ("data.root=", "model.weights=", "model.attention=", "train.seed=")
+# overrides of paths, the model, the seed and the thread count: not what a lever changes
+_PLUMBING = (
+    "data.root=",
+    "model.weights=",
+    "model.attention=",
+    "train.seed=",
+    "train.threads=",
+    "train.quiet=",
+)
 
 
 def photo_levers(rows: Rows) -> str:
