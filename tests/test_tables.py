@@ -97,3 +97,16 @@ def test_levers_table_sets_each_variant_against_the_recipe(tmp_path: Path) -> No
     # the recipe's own table leaves the lever out
     recipe = tables.render("<!-- table: photos -->\n<!-- end table -->\n", tmp_path)
     assert "| soft attention | 1.150 ± 0.071 | 1.200 (0), 1.100 (1) |" in recipe
+
+
+def test_runs_beside_other_work_are_not_timed(tmp_path: Path) -> None:
+    rows = [_row("soft", 0, 1.2), _row("soft", 1, 1.3), _row("hard", 1, 1.1)]
+    rows[1]["timed_alone"] = False
+    rows[2]["timed_alone"] = False
+    (tmp_path / "photos.json").write_text(json.dumps(rows))
+    out = _tables().render("<!-- table: photos -->\n<!-- end table -->\n", tmp_path)
+    assert "| 0.600 | 0.300 | 0.500 | 300 |" in out  # soft: seed 0's seconds only
+    assert (
+        "| hard attention (exact marginal) | 1.100 | 1.100 (1) | 0.600 | 0.300 | 0.500 | - |" in out
+    )
+    assert "not timed: soft seed 1, hard seed 1." in out

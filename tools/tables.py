@@ -68,8 +68,10 @@ def photos(rows: Rows) -> str:
             each = f"k = {group[0]['k']} (deterministic)"
         else:
             each = ", ".join(f"{r['CIDEr']:.3f} ({r['seed']})" for r in group)
-        seconds = [r["recipe_seconds"] for r in group]
-        recipe = f"{min(seconds):.0f}" + (f"-{max(seconds):.0f}" if len(seconds) > 1 else "")
+        # rows trained beside other work (benchmarks/photos.py --machine-busy) are not timed
+        seconds = [r["recipe_seconds"] for r in group if r.get("timed_alone", True)]
+        recipe = "-" if not seconds else f"{min(seconds):.0f}"
+        recipe += f"-{max(seconds):.0f}" if len(seconds) > 1 else ""
         cells = [names[model], _spread([r["CIDEr"] for r in group]), each]
         cells += [_spread([r[key] for r in group]) for key in ("Bleu_1", "Bleu_4", "ROUGE_L")]
         cells.append(recipe)
@@ -83,6 +85,13 @@ def photos(rows: Rows) -> str:
         f"{first['test_images']} photos, beam {first['beam_size']}; seeds in brackets, "
         f"± the standard deviation across seeds."
     )
+    busy = [r for r in rows if not r.get("timed_alone", True)]
+    if busy:
+        lines[-1] += (
+            " Recipe seconds only from runs with nothing else on the machine; not timed: "
+            + ", ".join(f"{r['model']} seed {r['seed']}" for r in busy)
+            + "."
+        )
     return "\n".join(lines) + "\n"
 
 
