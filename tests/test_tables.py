@@ -105,7 +105,7 @@ def test_runs_beside_other_work_are_not_timed(tmp_path: Path) -> None:
     rows[2]["timed_alone"] = False
     (tmp_path / "photos.json").write_text(json.dumps(rows))
     out = _tables().render("<!-- table: photos -->\n<!-- end table -->\n", tmp_path)
-    assert "| 0.600 | 0.300 | 0.500 | 300 |" in out  # soft: seed 0's seconds only
+    assert "| 0.500 ± 0.000 | 300 |" in out  # soft: seed 0's seconds only
     assert (
         "| hard attention (exact marginal) | 1.100 | 1.100 (1) | 0.600 | 0.300 | 0.500 | - |" in out
     )
