@@ -542,10 +542,9 @@ def _claim_run_dir(out_dir: Path, resume: str | None, world: World) -> Iterator[
         try:
             try:
                 out_dir.parent.mkdir(parents=True, exist_ok=True)
-                out_dir.mkdir()
-                made = True
-            except FileExistsError:
-                pass
+                with contextlib.suppress(FileExistsError):
+                    out_dir.mkdir()
+                    made = True
             except OSError as exc:
                 raise CaptioningError(f"cannot make run folder {out_dir} ({exc.strerror}); "
                                       f"choose another --out") from exc  # fmt: skip
