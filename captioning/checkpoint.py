@@ -51,11 +51,21 @@ def _check_plain(value: Any, where: str = "checkpoint") -> None:
 
 def save_checkpoint(payload: dict[str, Any], path: str | Path) -> Path:
     """Write ``payload`` (plain data only) to ``path`` atomically: a crash mid-write leaves
-    the previous file intact."""
+    the previous file intact.
+
+    Raises:
+        CheckpointError: the write failed (a full disk); the previous file is kept.
+    """
     payload = {"format_version": FORMAT_VERSION, **payload}
     _check_plain(payload)
     path = Path(path)
-    save_atomically(payload, path)
+    try:
+        save_atomically(payload, path)
+    except (OSError, RuntimeError) as exc:  # torch's zip writer reports a full disk so
+        reason = " ".join(str(exc).split())[-120:] or type(exc).__name__
+        kept = "the previous one is kept" if path.is_file() else "nothing was written"
+        raise CheckpointError(f"{path}: cannot write the checkpoint ({reason}); {kept}; free "
+                              f"some space and run again") from exc  # fmt: skip
     return path
 
 

@@ -361,3 +361,29 @@ def test_dependency_floors_are_past_the_known_flaws_and_installed():
             assert requirement.specifier.contains(installed, prereleases=True), text
     for name, fixed in FIXED.items():
         assert floors[name] is not None and floors[name] >= Version(fixed), name
+
+
+def test_a_full_disk_during_a_checkpoint_write_is_one_line_and_keeps_the_last_one(
+    shapes, tmp_path, capsys, monkeypatch
+):
+    from captioning import checkpoint
+
+    real_save = torch.save
+    saves = {"n": 0}
+
+    def disk_fills(obj, handle):
+        saves["n"] += 1
+        if saves["n"] == 3:  # epoch 2's last.pt (epoch 1 wrote last.pt and best.pt)
+            handle.write(b"half a checkpoint")
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real_save(obj, handle)
+
+    monkeypatch.setattr(checkpoint.torch, "save", disk_fills)
+    run = tmp_path / "run"
+    argv = ["train", "--config", CONFIG, "--set", f"data.root={shapes}", "--out", str(run)]
+    assert main(argv) == 2
+    assert one_error(capsys) == (f"error: {run / 'last.pt'}: cannot write the checkpoint "
+                                 f"([Errno 28] No space left on device); the previous one is "
+                                 f"kept; free some space and run again")  # fmt: skip
+    assert load_checkpoint(run / "last.pt")["epoch"] == 1
+    assert not list(run.glob(".*.tmp"))
