@@ -33,6 +33,7 @@ from captioning.checkpoint import (
     rng_state,
     save_checkpoint,
     set_rng_state,
+    signals_deferred,
     sigterm_raises,
 )
 from captioning.config import (
@@ -887,7 +888,8 @@ def _train(setup: Setup, out_dir: Path, device: torch.device) -> None:
                         writer.add_scalar(f"val/{key}", float(value), run.progress.step)
                 if cfg.train.figure_every_epoch:
                     figure = out_dir / "figures" / f"epoch_{run.progress.epoch:03d}.png"
-                    _epoch_figure(run, setup.val_dataset, details, figure)
+                    with signals_deferred():  # no half-written figure on Ctrl-C or SIGTERM
+                        _epoch_figure(run, setup.val_dataset, details, figure)
             _log_epoch(run, train_terms, scores, timing._replace(total=seconds), improved)
     finally:
         if writer is not None:
