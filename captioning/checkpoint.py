@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from captioning.config import rename_legacy_keys
-from captioning.errors import CheckpointError
+from captioning.errors import CheckpointError, Terminated
 
 # 2: renamed config keys (see captioning.config.RENAMED_KEYS); ``rng`` is a list with one
 #    state per process (version 1: one dict, and every rank's in ``rng_ranks`` under DDP).
@@ -51,31 +51,42 @@ def _check_plain(value: Any, where: str = "checkpoint") -> None:
 
 def save_checkpoint(payload: dict[str, Any], path: str | Path) -> Path:
     """Write ``payload`` (plain data only) to ``path`` atomically: a crash mid-write leaves
-    the previous file intact."""
+    the previous file intact.
+
+    Raises:
+        CheckpointError: the write failed (a full disk); the previous file is kept.
+    """
     payload = {"format_version": FORMAT_VERSION, **payload}
     _check_plain(payload)
     path = Path(path)
-    with _interrupt_after():
+    try:
         save_atomically(payload, path)
+    except (OSError, RuntimeError) as exc:  # torch's zip writer reports a full disk so
+        reason = " ".join(str(exc).split())[-120:] or type(exc).__name__
+        kept = "the previous one is kept" if path.is_file() else "nothing was written"
+        raise CheckpointError(f"{path}: cannot write the checkpoint ({reason}); {kept}; free "
+                              f"some space and run again") from exc  # fmt: skip
     return path
 
 
 def save_atomically(data: Any, path: str | Path) -> None:
     """``torch.save(data)`` to ``path`` through a temporary file in the same folder, synced
     and then renamed: a crash mid-write leaves the previous file (or none) in place, never a
-    half-written one. Missing parent folders are created."""
+    half-written one. Missing parent folders are created. Ctrl-C and SIGTERM wait until
+    the write is done (see :func:`signals_deferred`)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            torch.save(data, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with signals_deferred():
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                torch.save(data, handle)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
 
 
 def remove_partial_writes(folder: str | Path) -> list[Path]:
@@ -88,21 +99,48 @@ def remove_partial_writes(folder: str | Path) -> list[Path]:
     return removed
 
 
+DEFERRED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
 @contextlib.contextmanager
-def _interrupt_after() -> Iterator[None]:
-    """Hold back Ctrl-C (SIGINT) until the block is done, then raise KeyboardInterrupt: a
-    checkpoint write is never cut in the middle (only the main thread can do this)."""
+def signals_deferred() -> Iterator[None]:
+    """Hold back Ctrl-C (SIGINT) and SIGTERM until the block is done, then deliver them to
+    the handlers that were in place: a file write is never cut in the middle. Only the main
+    thread can do this; elsewhere the block runs as it is."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     received: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
+    previous = {
+        signum: signal.signal(signum, lambda signum, frame: received.append(signum))
+        for signum in DEFERRED_SIGNALS
+    }
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
-    if received:
-        raise KeyboardInterrupt
+        for signum, handler in previous.items():
+            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
+    for signum in dict.fromkeys(received):
+        signal.raise_signal(signum)  # Ctrl-C: KeyboardInterrupt; SIGTERM: see sigterm_raises
+
+
+@contextlib.contextmanager
+def sigterm_raises() -> Iterator[None]:
+    """Within the block, SIGTERM (how a cluster preempts a job, and what ``kill`` sends)
+    raises :class:`captioning.errors.Terminated`, which unwinds like Ctrl-C: a checkpoint
+    write finishes, temporary files go, locks are released. Main thread only."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminate(signum: int, frame: Any) -> None:
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from captioning.errors import CaptioningError, ConfigError
+from captioning.errors import CaptioningError, ConfigError, Terminated
 
 if TYPE_CHECKING:
     from captioning.config import Config
@@ -260,6 +260,8 @@ def cmd_caption(args: argparse.Namespace) -> int:
 
     if args.per_head and not args.attention_dir:
         raise ConfigError("--per-head writes its figures into --attention-dir: give one")
+    if args.attention_dir:
+        _check_folder_path(Path(args.attention_dir), "--attention-dir")
     model = load(args.checkpoint, args.device)
     if args.per_head and model.heads == 1:
         raise ConfigError(
@@ -298,6 +300,14 @@ def cmd_caption(args: argparse.Namespace) -> int:
         else:
             print(f"{result.source}: {result.caption}", flush=True)
     return 2 if failures else 0
+
+
+def _check_folder_path(path: Path, flag: str) -> None:
+    """Refuse a folder to write into that is, or lies under, a file (made later if missing)."""
+    existing = next((p for p in (path, *path.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        raise ConfigError(f"{flag} {path}: {existing} is a file, not a folder; name a folder "
+                          f"(it is made when missing)")  # fmt: skip
 
 
 def cmd_quickstart(args: argparse.Namespace) -> int:
@@ -509,6 +519,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CaptioningError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except Terminated:  # SIGTERM during training
+        print("terminated", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -652,6 +652,13 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     values = read_yaml(path) if path is not None else {}
     for text in overrides or []:
         key_path, value = parse_override(text)
+        section = _field_type(key_path)
+        if dataclasses.is_dataclass(section) and not isinstance(value, dict):
+            # Refused here, whatever comes after: a later train.KEY=... would replace it.
+            name = ".".join(key_path)
+            raise ConfigError(f"override {quote(text)}: {name} is a section of keys, not a "
+                              f"value; set one of its keys, e.g. --set "
+                              f"{name}.{dataclasses.fields(section)[0].name}=...")  # fmt: skip
         _deep_update(values, _nest(key_path, value))
     return config_from_dict(values)
 

@@ -15,3 +15,8 @@ class DataError(CaptioningError):
 
 class CheckpointError(CaptioningError):
     """A checkpoint is missing, unsafe, or of another format."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM arrived during training: the run unwinds as on Ctrl-C, and the CLI prints
+    ``terminated`` and exits with code 143 (128 + SIGTERM), as a killed process would."""

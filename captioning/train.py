@@ -9,12 +9,14 @@ teacher-forced accuracy. Everything a run carries from epoch to epoch lives in o
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import logging
 import math
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -31,6 +33,8 @@ from captioning.checkpoint import (
     rng_state,
     save_checkpoint,
     set_rng_state,
+    signals_deferred,
+    sigterm_raises,
 )
 from captioning.config import (
     Config,
@@ -243,15 +247,7 @@ def train_step(
                                indices=batch.get("indices"))  # fmt: skip
     run.optimizer.zero_grad(set_to_none=True)
     if any_rank(run.world, not bool(torch.isfinite(terms.total)), device):
-        message = (
-            f"non-finite loss at step {run.progress.step + 1} (epoch {run.progress.epoch + 1}); "
-            f"the last good checkpoint is kept; try a lower train.lr or train.precision=fp32"
-        )
-        run.objective.discard()
-        if cfg.stop_on_nonfinite:
-            raise TrainingError(message)
-        logger.warning("skipping batch: %s", message)
-        return None
+        return _skip_or_stop(run, "loss")
     scaler = run.scaler
     if scaler is not None:
         scaler.scale(terms.total).backward()
@@ -262,6 +258,10 @@ def train_step(
     grad_norm = torch.nn.utils.clip_grad_norm_(
         params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
     )
+    if scaler is None and not math.isfinite(float(grad_norm)):
+        # The step would make the weights NaN (the fp16 scaler skips such steps itself).
+        # DDP has averaged the gradients, so every process sees the same norm.
+        return _skip_or_stop(run, "gradient")
     if scaler is not None:
         scaler.step(run.optimizer)
         scaler.update()
@@ -271,6 +271,19 @@ def train_step(
     run.schedule.after_step()
     run.progress.step += 1
     return StepResult(terms, float(grad_norm))
+
+
+def _skip_or_stop(run: Run, what: str) -> None:
+    """A step whose ``what`` (loss or gradient) is not finite: forget it, then stop the run
+    (:class:`TrainingError`) or, with ``train.stop_on_nonfinite: false``, skip the batch."""
+    message = (
+        f"non-finite {what} at step {run.progress.step + 1} (epoch {run.progress.epoch + 1}); "
+        f"the last good checkpoint is kept; try a lower train.lr or train.precision=fp32"
+    )
+    run.objective.discard()
+    if run.cfg.train.stop_on_nonfinite:
+        raise TrainingError(message)
+    logger.warning("skipping batch: %s", message)
 
 
 # --------------------------------------------------------------------------- one epoch
@@ -388,12 +401,30 @@ def end_epoch(
     record = {"epoch": progress.epoch, "seconds": seconds, **train_terms}
     record.update({f"val_{k}": float(v) for k, v in (scores or {}).items() if v is not None})
     progress.history.append(record)
+    _check_finite_weights(run, out_dir)  # every process: DDP keeps their weights equal
     checkpoint = run.state_dict()  # every process: it gathers their RNG states
     if run.world.is_main:
         save_checkpoint(checkpoint, out_dir / "last.pt")
         if improved:
             save_checkpoint(checkpoint, out_dir / "best.pt")
     return improved
+
+
+def _check_finite_weights(run: Run, out_dir: Path) -> None:
+    """Refuse to checkpoint weights (or buffers, such as BatchNorm statistics) that are not
+    finite: a diverged model would overwrite ``last.pt``, and even become ``best.pt``."""
+    bad = next((name for name, value in run.model.state_dict().items()
+                if value.is_floating_point() and not bool(torch.isfinite(value).all())),
+               None)  # fmt: skip
+    if bad is None:
+        return
+    epoch, last = run.progress.epoch, out_dir / "last.pt"
+    kept = (f"{last} keeps epoch {epoch - 1}: start a new run from its weights (--init {last})"
+            if epoch > 1 and last.is_file() else "start again")  # fmt: skip
+    raise TrainingError(
+        f"the weights became non-finite in epoch {epoch} ({bad} holds NaN or inf), so they "
+        f"were not saved; {kept} with a lower train.lr or train.precision=fp32"
+    )
 
 
 class EpochTiming(NamedTuple):
@@ -464,22 +495,93 @@ def _lock_run_dir(out_dir: Path) -> Any:
     two trainings never write into one run folder."""
     import fcntl
 
-    handle = open(out_dir / ".lock", "a+")  # noqa: SIM115 (held open for the whole run)
+    path = out_dir / ".lock"
+    try:
+        handle = open(path, "a+")  # noqa: SIM115 (held open for the whole run)
+    except OSError as exc:
+        raise CaptioningError(f"cannot write in run folder {out_dir} ({exc.strerror}); "
+                              f"choose another --out") from exc  # fmt: skip
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
-        handle.seek(0)
-        holder = handle.read().strip() or "another process"
         handle.close()
+        if exc.errno not in (errno.EAGAIN, errno.EWOULDBLOCK):  # not "held by another"
+            raise CaptioningError(
+                f"cannot lock run folder {out_dir} ({exc.strerror or exc}): its file system "
+                f"does not take file locks (some network mounts); choose an --out on a "
+                f"local disk"
+            ) from exc
+        holder = path.read_text(errors="replace").strip()[:80] or "another process"
         raise CaptioningError(
-            f"run folder {out_dir} is in use by another training ({holder}); wait for it to "
-            f"finish, or choose another --out"
+            f"run folder {out_dir} is in use by another training ({holder}); wait for it "
+            f"to finish, or choose another --out"
         ) from exc
+    if not _same_file(handle, path):  # removed by a failed start (see _remove_if_empty)
+        handle.close()
+        raise CaptioningError(f"run folder {out_dir} was being given up by another training; "
+                              f"run the command again")  # fmt: skip
     handle.seek(0)
     handle.truncate()
     handle.write(f"pid {os.getpid()}\n")
     handle.flush()
     return handle
+
+
+def _same_file(handle: Any, path: Path) -> bool:
+    """Whether the open ``handle`` is still the file at ``path``: a lock on a file no
+    longer there would not keep out the next training."""
+    try:
+        there, held = os.stat(path), os.fstat(handle.fileno())
+    except FileNotFoundError:
+        return False
+    return (there.st_dev, there.st_ino) == (held.st_dev, held.st_ino)
+
+
+@contextlib.contextmanager
+def _claim_run_dir(out_dir: Path, resume: str | None, world: World) -> Iterator[None]:
+    """Hold ``out_dir`` for the block: the main process locks it, and only then checks that
+    it holds no other run and removes what a killed checkpoint write left, so that of two
+    trainings started together one is refused. A folder made here and still empty when the
+    block fails is removed again."""
+    lock, problem, made = None, None, False
+    if world.is_main:
+        try:
+            try:
+                out_dir.parent.mkdir(parents=True, exist_ok=True)
+                with contextlib.suppress(FileExistsError):
+                    out_dir.mkdir()
+                    made = True
+            except OSError as exc:
+                raise CaptioningError(f"cannot make run folder {out_dir} ({exc.strerror}); "
+                                      f"choose another --out") from exc  # fmt: skip
+            lock = _lock_run_dir(out_dir)
+            _check_run_dir(out_dir, resume)
+            for tmp in remove_partial_writes(out_dir):
+                logger.warning("removed %s, a checkpoint write that never finished", tmp)
+        except CaptioningError as exc:
+            problem = exc
+    # Every process stops when the main one cannot have the folder.
+    refused = broadcast_object(world, None if problem is None else str(problem))
+    succeeded = False
+    try:
+        if refused is not None:
+            raise problem if problem is not None else CaptioningError(refused)
+        yield
+        succeeded = True
+    finally:
+        if made and not succeeded and lock is not None:
+            _remove_if_empty(out_dir)
+        if lock is not None:
+            lock.close()  # releases the lock
+
+
+def _remove_if_empty(out_dir: Path) -> None:
+    """Remove ``out_dir`` when it holds nothing but its lock file (still locked by the
+    caller, so that no other training takes the file just before it goes)."""
+    with contextlib.suppress(OSError):
+        if [p.name for p in out_dir.iterdir()] == [".lock"]:
+            (out_dir / ".lock").unlink()
+            out_dir.rmdir()
 
 
 # --------------------------------------------------------------------------- set-up
@@ -725,7 +827,6 @@ def fit(
         )
     started = time.time()
     out_dir = Path(out_dir)
-    _check_run_dir(out_dir, resume)
     world, device = init_world(cfg.train.device)
     try:
         if not world.is_main:
@@ -734,8 +835,9 @@ def fit(
             logger.info("data-parallel training: %d processes (%s), batch %d per process",
                         world.size, "nccl" if device.type == "cuda" else "gloo",
                         cfg.train.batch_size)  # fmt: skip
-        setup = set_up(cfg, resume, world, device, init)
-        _train(setup, out_dir, device)
+        with sigterm_raises(), _claim_run_dir(out_dir, resume, world):
+            setup = set_up(cfg, resume, world, device, init)
+            _train(setup, out_dir, device)
     finally:
         close_world(world)
     progress = setup.run.progress
@@ -764,12 +866,7 @@ def _train(setup: Setup, out_dir: Path, device: torch.device) -> None:
     """The epoch loop, until ``train.epochs`` or early stopping."""
     run, cfg = setup.run, setup.run.cfg
     writer = None
-    lock = None
     if run.world.is_main:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        lock = _lock_run_dir(out_dir)
-        for tmp in remove_partial_writes(out_dir):
-            logger.warning("removed %s, a checkpoint write that never finished", tmp)
         save_config(cfg, out_dir / "config.yaml")
         from torch.utils.tensorboard import SummaryWriter
 
@@ -796,10 +893,9 @@ def _train(setup: Setup, out_dir: Path, device: torch.device) -> None:
                         writer.add_scalar(f"val/{key}", float(value), run.progress.step)
                 if cfg.train.figure_every_epoch:
                     figure = out_dir / "figures" / f"epoch_{run.progress.epoch:03d}.png"
-                    _epoch_figure(run, setup.val_dataset, details, figure)
+                    with signals_deferred():  # no half-written figure on Ctrl-C or SIGTERM
+                        _epoch_figure(run, setup.val_dataset, details, figure)
             _log_epoch(run, train_terms, scores, timing._replace(total=seconds), improved)
     finally:
         if writer is not None:
             writer.close()
-        if lock is not None:
-            lock.close()  # releases the lock

@@ -2,6 +2,7 @@
 with --format; names that differ only by leading zeros reported, never matched; every image
 without a caption named; and the real Vietnamese caption file read without a caption lost."""
 
+import csv
 import json
 import logging
 import time
@@ -143,6 +144,30 @@ def test_a_quote_left_open_is_reported_not_swallowed(tmp_path):
     assert table.problems == [(2, "a quote opened here is closed only on line 4, so lines 2-4 "
                                   "are one field; close or remove it")]  # fmt: skip
     assert dict(table.captions) == {"d.jpg": ["two lines"]}
+
+
+@pytest.mark.parametrize("delimiter", [",", "\t"])
+def test_a_field_past_128_kib_is_read_and_one_past_the_bound_skipped_by_line(
+    tmp_path, monkeypatch, delimiter
+):
+    from captioning.prepare import formats
+
+    long = "a dog " * 40_000  # 240,000 characters: past the csv module's default bound
+    rows = ["a.jpg", f'"{long}"', "b.jpg", "a cat", "c.jpg", "a bird"]
+    text = f"image{delimiter}caption\n" + "".join(
+        f"{name}{delimiter}{caption}\n" for name, caption in zip(rows[::2], rows[1::2])
+    )
+    path = write(tmp_path / "c.csv", text)
+    table = read_captions(path, tmp_path)
+    assert table.problems == [] and table.format == ("csv" if delimiter == "," else "tsv")
+    assert dict(table.captions) == {"a.jpg": [long.strip()], "b.jpg": ["a cat"],
+                                    "c.jpg": ["a bird"]}  # fmt: skip
+    monkeypatch.setattr(formats, "MAX_FIELD_CHARS", 100_000)
+    table = read_captions(path, tmp_path)
+    assert dict(table.captions) == {"b.jpg": ["a cat"], "c.jpg": ["a bird"]}
+    assert table.problems == [(2, "not readable as CSV/TSV (field larger than field limit "
+                                  "(100000)); a quote not closed?")]  # fmt: skip
+    assert csv.field_size_limit() == 131072  # the module's bound is restored
 
 
 def test_captions_are_nfc_without_invisible_characters(tmp_path):

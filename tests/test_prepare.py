@@ -30,8 +30,8 @@ class Server:
     response is cut off halfway (all headers sent, half the body, then the connection
     closes)."""
 
-    def __init__(self, files: dict[str, bytes], ranges: bool = True):
-        self.files, self.ranges, self.cut = files, ranges, []
+    def __init__(self, files: dict[str, bytes], ranges: bool = True, lengths: bool = True):
+        self.files, self.ranges, self.lengths, self.cut = files, ranges, lengths, []
         self.requests: list[tuple[str, str | None]] = []
         server = self
 
@@ -57,7 +57,8 @@ class Server:
                 self.send_response(206 if start else 200)
                 if start:
                     self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
-                self.send_header("Content-Length", str(len(body)))
+                if server.lengths:  # else the body ends when the connection closes
+                    self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 if name in server.cut:
                     server.cut.remove(name)
@@ -254,6 +255,9 @@ def test_a_corrupted_archive_is_refused_in_one_line(
     [
         (["--year", "2017", "--karpathy"], "use --year 2014 with --karpathy"),
         (["--base-url", "http://127.0.0.1:9/none"], "cannot connect"),
+        (["--base-url", "file:///etc"], "'file:///etc' is not an http:// or https:// address"),
+        (["--base-url", "ftp://example.org/coco"], "is not an http:// or https:// address"),
+        (["--base-url", "https:///no-host"], "is not an http:// or https:// address"),
     ],
 )
 def test_coco_refusals_are_one_line(tmp_path, capsys, args, message):
@@ -268,6 +272,76 @@ def test_a_file_the_server_does_not_have_is_one_line(server, published, tmp_path
         "val2014.zip: the server answered 404 Not Found; check the address (--base-url) and "
         "try again"
     )
+
+
+def test_a_full_disk_while_unpacking_is_one_line_and_the_next_call_finishes(
+    server, published, tmp_path, capsys, monkeypatch
+):
+    import errno
+    import shutil
+
+    real_copy = shutil.copyfileobj
+
+    def disk_fills(source, target, *args):  # half a member written, then the disk is full
+        target.write(source.read(10))
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(shutil, "copyfileobj", disk_fills)
+    root = tmp_path / "coco"
+    assert prepare(server, root, "--no-check") == 2
+    err = error_line(capsys)
+    assert "annotations/captions_train2014.json from annotations_trainval2014.zip (No space " \
+           "left on device); free some space or choose another --root" in err  # fmt: skip
+    assert not (root / "annotations" / "captions_train2014.json").exists()  # no half file
+    assert (root / "downloads" / "annotations_trainval2014.zip").is_file()  # nothing lost
+    assert not list((root / "downloads").glob("*.unpacked"))
+    monkeypatch.setattr(shutil, "copyfileobj", real_copy)
+    server.requests.clear()
+    assert prepare(server, root, "--no-check") == 0
+    assert ("annotations_trainval2014.zip", None) not in server.requests  # not fetched again
+    assert json.loads((root / "annotations" / "captions_train2014.json").read_text())["images"]
+
+
+def bomb(size: int) -> bytes:
+    """A zip whose dataset_coco.json unpacks to ``size`` bytes of zeros (deflate shrinks
+    them about a thousandfold)."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("dataset_coco.json", b"\0" * size)
+    return buffer.getvalue()
+
+
+def test_karpathys_zip_is_bounded_in_what_it_unpacks(server, published, tmp_path, capsys,
+                                                     monkeypatch):  # fmt: skip
+    monkeypatch.setattr(coco_module, "KARPATHY_MAX_UNPACKED", 8_000_000)
+    server.files["caption_datasets.zip"] = bomb(9_000_000)
+    assert len(server.files["caption_datasets.zip"]) < 20_000
+    root = tmp_path / "coco"
+    assert prepare(server, root, "--no-check") == 2
+    assert error_line(capsys).endswith(
+        "caption_datasets.zip: unpacks to 9.00MB, more than the 8.00MB this archive can hold; "
+        "it is not the expected file and was removed (check --base-url)"
+    )
+    assert not (root / "dataset_coco.json").exists()  # refused before anything was written
+    assert not list((root / "downloads").glob("caption_datasets.zip*"))
+
+
+@pytest.mark.parametrize("lengths", [True, False])
+def test_karpathys_zip_is_bounded_in_what_it_downloads(archives, tmp_path, capsys, monkeypatch,
+                                                       published, lengths):  # fmt: skip
+    server = Server(dict(archives), lengths=lengths)
+    try:
+        monkeypatch.setattr(coco_module, "KARPATHY_MAX_DOWNLOAD", 300)
+        assert len(archives["caption_datasets.zip"]) > 300
+        root = tmp_path / "coco"
+        assert prepare(server, root, "--no-check") == 2
+        err = error_line(capsys)
+        assert err.endswith("caption_datasets.zip: more than 300B, the most "
+                            "caption_datasets.zip can be; this is not the expected file (check "
+                            "--base-url)")  # fmt: skip
+        assert not list((root / "downloads").glob("caption_datasets.zip*"))  # no part kept
+    finally:
+        server.close()
 
 
 # --------------------------------------------------------------------------- own photos

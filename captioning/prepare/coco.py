@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from captioning.errors import DataError
-from captioning.prepare.download import RemoteFile, download, unpack
+from captioning.prepare.download import RemoteFile, check_url, download, unpack
 
 logger = logging.getLogger("captioning")
 
@@ -28,6 +28,10 @@ COCO_BASE = "http://images.cocodataset.org"
 KARPATHY_URL = "https://cs.stanford.edu/people/karpathy/deepimagesent/caption_datasets.zip"
 KARPATHY_ARCHIVE = "caption_datasets.zip"
 KARPATHY_FILE = "dataset_coco.json"
+# Karpathy's zip has no published size or checksum, so it is bounded instead: the real one
+# is about 36 MB and its dataset_coco.json about 140 MB.
+KARPATHY_MAX_DOWNLOAD = 200_000_000
+KARPATHY_MAX_UNPACKED = 1_000_000_000
 YEARS = ("2014", "2017")
 
 # Sizes and SHA-256 of the official archives (as published with TensorFlow Datasets'
@@ -56,10 +60,12 @@ class Archive:
     Args:
         remote: where it comes from and what it must be.
         keep: the member names to extract (all when empty).
+        max_unpacked: the most bytes those members may unpack to (None: no bound).
     """
 
     remote: RemoteFile
     keep: tuple[str, ...] = ()
+    max_unpacked: int | None = None
 
 
 def coco_archives(year: str, karpathy: bool, base_url: str | None = None) -> list[Archive]:
@@ -76,6 +82,8 @@ def coco_archives(year: str, karpathy: bool, base_url: str | None = None) -> lis
             "Karpathy's split file names the COCO 2014 files (train2014/COCO_train2014_...); "
             "use --year 2014 with --karpathy"
         )
+    if base_url is not None:
+        check_url(base_url)
     paths = [f"annotations/annotations_trainval{year}.zip", f"zips/val{year}.zip",
              f"zips/train{year}.zip"]  # fmt: skip
     archives = []
@@ -86,7 +94,9 @@ def coco_archives(year: str, karpathy: bool, base_url: str | None = None) -> lis
         archives.append(Archive(RemoteFile(name, url, size, sha256)))
     if karpathy:
         url = f"{base_url.rstrip('/')}/{KARPATHY_ARCHIVE}" if base_url else KARPATHY_URL
-        archives.insert(1, Archive(RemoteFile(KARPATHY_ARCHIVE, url), keep=(KARPATHY_FILE,)))
+        remote = RemoteFile(KARPATHY_ARCHIVE, url, max_size=KARPATHY_MAX_DOWNLOAD)
+        archives.insert(1, Archive(remote, keep=(KARPATHY_FILE,),
+                                   max_unpacked=KARPATHY_MAX_UNPACKED))  # fmt: skip
     return archives
 
 
@@ -143,7 +153,7 @@ def prepare_coco(
         path = download(archive.remote, downloads, progress=progress)
         keep = set(archive.keep)
         members = unpack(path, root, keep=keep.__contains__ if keep else None,
-                         progress=progress)  # fmt: skip
+                         max_bytes=archive.max_unpacked, progress=progress)  # fmt: skip
         missing = keep - set(members)
         if missing:
             raise DataError(f"{path}: holds no {', '.join(sorted(missing))}; this is not "

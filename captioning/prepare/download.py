@@ -10,6 +10,7 @@ checked on the way; a damaged archive is removed and refused in one line.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import http.client
 import logging
@@ -17,6 +18,7 @@ import os
 import shutil
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 import zipfile
 import zlib
@@ -41,12 +43,15 @@ class RemoteFile:
         url: where it is fetched from.
         size: its size in bytes when known; a server that offers another size is refused.
         sha256: its SHA-256 (hex) when known; checked before the file gets its name.
+        max_size: when ``size`` is not known, the most bytes taken: a server that offers
+            or sends more is refused (None: no bound).
     """
 
     name: str
     url: str
     size: int | None = None
     sha256: str | None = None
+    max_size: int | None = None
 
 
 class _CutOff(Exception):
@@ -80,6 +85,7 @@ def download(
         DataError: the server refuses, keeps dropping the connection, offers a file of
             another size, or the file's checksum differs (the bad file is removed).
     """
+    check_url(remote.url)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     dest = folder / remote.name
@@ -106,6 +112,15 @@ def download(
     _verify(remote, part, total, progress)
     os.replace(part, dest)
     return dest
+
+
+def check_url(url: str) -> None:
+    """Refuse an address that is not ``http://`` or ``https://`` (urllib would also open
+    ``file://``, ``ftp://`` and ``data:`` ones)."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme.lower() not in ("http", "https") or not parts.netloc:
+        raise DataError(f"{url[:80]!r} is not an http:// or https:// address; downloads "
+                        f"take only those (check --base-url)")  # fmt: skip
 
 
 def _check_free_space(remote: RemoteFile, part: Path) -> None:
@@ -171,11 +186,20 @@ def _fetch(remote: RemoteFile, part: Path, progress: bool, timeout: float) -> in
                 f"{remote.url}: the server offers {total} bytes, but {remote.name} has "
                 f"{remote.size}; this is not the expected file (check --base-url)"
             )
-        _stream(response, part, have, total, remote.name, progress)
+        if total is not None and remote.max_size is not None and total > remote.max_size:
+            part.unlink(missing_ok=True)
+            raise _too_large(remote)
+        _stream(response, part, have, total, remote, progress)
     written = part.stat().st_size
     if total is not None and written < total:
         raise _CutOff(f"the connection dropped after {written} of {total} bytes")
     return written
+
+
+def _too_large(remote: RemoteFile) -> DataError:
+    return DataError(f"{remote.url}: more than {format_count(remote.max_size or 0, 'B')}, the "
+                     f"most {remote.name} can be; this is not the expected file (check "
+                     f"--base-url)")  # fmt: skip
 
 
 def _stream(
@@ -183,12 +207,13 @@ def _stream(
     part: Path,
     have: int,
     total: int | None,
-    name: str,
+    remote: RemoteFile,
     progress: bool,
 ) -> None:
     """Append the response body to ``part`` (from byte ``have``)."""
-    bar = progress_bar(desc=name, total=total, unit="B", initial=have, enabled=progress,
+    bar = progress_bar(desc=remote.name, total=total, unit="B", initial=have, enabled=progress,
                        unit_scale=True, unit_divisor=1000)  # fmt: skip
+    written = have
     with open(part, "r+b" if have else "wb") as out:
         out.seek(have)
         out.truncate()
@@ -200,6 +225,12 @@ def _stream(
                 raise _CutOff(f"the connection dropped ({exc or type(exc).__name__})") from exc
             if not chunk:
                 break
+            written += len(chunk)
+            if remote.max_size is not None and written > remote.max_size:
+                bar.close()
+                out.close()
+                part.unlink()
+                raise _too_large(remote)
             try:
                 out.write(chunk)
             except OSError as exc:
@@ -249,19 +280,29 @@ def unpack(
     dest: str | Path,
     *,
     keep: Callable[[str], bool] | None = None,
+    max_bytes: int | None = None,
     progress: bool = True,
 ) -> list[str]:
     """Extract the members of a zip archive into ``dest``; returns their names.
 
     Every member is read in full, so its CRC-32 is checked. A damaged archive (not a zip, a
     truncated directory, a member whose CRC differs) is removed and refused; a member whose
-    name is absolute or climbs out of ``dest`` is refused before anything is written.
+    name is absolute or climbs out of ``dest``, members that unpack to more than
+    ``max_bytes`` or to more than the disk has free, are refused before anything is written.
+    A write that fails (a full disk) removes the member it was writing and keeps the
+    archive, so that the same command starts over.
 
     Args:
         archive: the zip file.
         dest: the folder the members' paths are relative to.
         keep: which member names to extract (all when None).
+        max_bytes: the most bytes the extracted members may hold together (None: no bound;
+            a zip member never unpacks to more than the size its entry states).
         progress: a bar on a terminal, one line in a log.
+
+    Raises:
+        DataError: a damaged or oversized archive, a member outside ``dest``, too little
+            space, or a write that fails (in one line that says what to do).
     """
     archive, dest = Path(archive), Path(dest)
     try:
@@ -269,11 +310,12 @@ def unpack(
             members = [m for m in zf.infolist() if keep is None or keep(m.filename)]
             for member in members:
                 _check_member_name(archive, member.filename)
+            _check_unpacked_size(archive, dest, members, max_bytes)
             # No summary line: the caller logs what was unpacked.
             bar = progress_bar(desc=f"unpacking {archive.name}", total=len(members),
                                unit="file", enabled=progress, summary=False)  # fmt: skip
             for member in members:
-                zf.extract(member, dest)
+                _extract(zf, member, archive, dest)
                 bar.update()
             bar.close()
     except (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, EOFError, ValueError) as exc:
@@ -281,6 +323,42 @@ def unpack(
         raise DataError(f"{archive}: the archive is damaged ({exc}); it was removed, run the "
                         f"command again to download it anew") from exc  # fmt: skip
     return [m.filename for m in members]
+
+
+def _check_unpacked_size(
+    archive: Path, dest: Path, members: list[zipfile.ZipInfo], max_bytes: int | None
+) -> None:
+    """Refuse members that unpack to more than ``max_bytes`` (a zip bomb, or not the
+    expected archive: it is removed), or to more than ``dest``'s disk has free."""
+    total = sum(m.file_size for m in members)
+    if max_bytes is not None and total > max_bytes:
+        archive.unlink(missing_ok=True)
+        raise DataError(
+            f"{archive}: unpacks to {format_count(total, 'B')}, more than the "
+            f"{format_count(max_bytes, 'B')} this archive can hold; it is not the expected "
+            f"file and was removed (check --base-url)"
+        )
+    dest.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(dest).free
+    if total > free:
+        raise DataError(f"{dest}: {archive.name} unpacks to {format_count(total, 'B')}, only "
+                        f"{format_count(free, 'B')} are free; free some space or choose "
+                        f"another --root, then run the same command again")  # fmt: skip
+
+
+def _extract(zf: zipfile.ZipFile, member: zipfile.ZipInfo, archive: Path, dest: Path) -> None:
+    """Extract one member; a failed write (a full disk) removes what it wrote."""
+    try:
+        zf.extract(member, dest)
+    except OSError as exc:
+        if not member.is_dir():
+            with contextlib.suppress(OSError):
+                (dest / member.filename).unlink(missing_ok=True)
+        raise DataError(
+            f"{dest}: cannot write {member.filename[:60]} from {archive.name} "
+            f"({exc.strerror or exc}); free some space or choose another --root, then run "
+            f"the same command again (the archive is kept)"
+        ) from exc
 
 
 def _check_member_name(archive: Path, name: str) -> None:

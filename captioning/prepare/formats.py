@@ -25,6 +25,7 @@ position) and why; nothing is dropped without a record.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
@@ -33,6 +34,7 @@ import os
 import re
 import unicodedata
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +49,9 @@ IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".
 SEPARATORS = {"\t": "TAB", ",": "','", "|": "'|'"}
 # How many non-empty lines the format is guessed from.
 SAMPLE_LINES = 50
+# The longest CSV/TSV field read, in characters (the csv module's default is 128 KiB, past
+# which it aborts the file); a row with a longer field is reported by line and skipped.
+MAX_FIELD_CHARS = 1 << 24
 _IMAGE_NAME = r"[^\t]*?\.(?:" + "|".join(s[1:] for s in sorted(IMAGE_SUFFIXES)) + ")"
 _FLICKR_TOKEN = re.compile(r"^(?P<name>.+?)#\d+\s(?P<caption>.*)$", re.S)
 _FLICKR_TOKEN_START = re.compile(r"^" + _IMAGE_NAME + r"(?:\.\d+)?#\d+\t", re.I)
@@ -204,8 +209,23 @@ def _is_image_name(text: str) -> bool:
     return Path(_clean_name(text)).suffix.lower() in IMAGE_SUFFIXES
 
 
+@contextlib.contextmanager
+def _csv_field_limit() -> Iterator[None]:
+    """Let the csv module read fields of up to :data:`MAX_FIELD_CHARS` in the block."""
+    previous = csv.field_size_limit(MAX_FIELD_CHARS)
+    try:
+        yield
+    finally:
+        csv.field_size_limit(previous)
+
+
 def _header_cells(line: str, delimiter: str) -> list[str]:
-    return [cell.strip().lower() for cell in next(csv.reader([line], delimiter=delimiter), [])]
+    try:
+        with _csv_field_limit():
+            cells = next(csv.reader([line], delimiter=delimiter), [])
+    except csv.Error:
+        return []
+    return [cell.strip().lower() for cell in cells]
 
 
 def detect_format(text: str, path: str | Path = "captions") -> str:
@@ -342,7 +362,27 @@ def _looks_like_row(line: str, delimiter: str) -> bool:
 def _read_delimited(
     text: str, delimiter: str, path: Path, table: CaptionTable, images: Path
 ) -> None:
-    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
+    with _csv_field_limit():
+        _read_rows(csv.reader(io.StringIO(text, newline=""), delimiter=delimiter), delimiter,
+                   path, table, images)  # fmt: skip
+
+
+def _next_row(reader: Any, table: CaptionTable) -> tuple[int, list[str]] | None:
+    """The reader's next row and the line it starts on (None at the end); a row it cannot
+    read (a field longer than :data:`MAX_FIELD_CHARS`) is recorded by line and skipped."""
+    while True:
+        first = reader.line_num + 1
+        try:
+            return first, next(reader)
+        except StopIteration:
+            return None
+        except csv.Error as exc:
+            table.problems.append((first, f"not readable as CSV/TSV ({exc}); a quote not "
+                                          f"closed?"))  # fmt: skip
+
+
+def _read_rows(reader: Any, delimiter: str, path: Path, table: CaptionTable,
+               images: Path) -> None:  # fmt: skip
     try:
         header = [h.strip().lower() for h in next(reader, [])]
         if "image" not in header or "caption" not in header:
@@ -350,10 +390,8 @@ def _read_delimited(
                             f"and 'caption', got {header[:6]}")  # fmt: skip
         image_at, caption_at = header.index("image"), header.index("caption")
         caption_last = caption_at == len(header) - 1
-        previous = reader.line_num
-        for row in reader:
-            first, number = previous + 1, reader.line_num
-            previous = number
+        while (numbered := _next_row(reader, table)) is not None:
+            (first, row), number = numbered, reader.line_num
             if not row or not any(cell.strip() for cell in row):
                 continue
             if number > first:  # a quoted field over several lines
