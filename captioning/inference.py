@@ -215,9 +215,9 @@ def caption_images(
 
     def flush() -> Iterator[CaptionResult]:
         images = torch.stack([tensor for *_, tensor in pending]).to(device)  # (B, 3, S, S)
-        decoded = caption_batch(model, cfg.decode, cfg.train.precision, images=images)
-        for row, (name, picture, _) in enumerate(pending):
-            result = CaptionResult.from_decoded(name, decoded.row(row), vocab)
+        names = [name for name, *_ in pending]
+        for result, (_, picture, _) in zip(caption_inputs(images, names, model, vocab, cfg),
+                                           pending):  # fmt: skip
             result.picture = picture
             yield result
         pending.clear()
@@ -234,6 +234,28 @@ def caption_images(
             yield from flush()
     if pending:
         yield from flush()
+
+
+def caption_inputs(
+    images: torch.Tensor,
+    names: Sequence[str],
+    model: Captioner,
+    vocab: Vocabulary,
+    cfg: Config,
+) -> list[CaptionResult]:
+    """Caption a batch of encoder inputs in one decoding (one batched beam search).
+
+    Args:
+        images: uint8 (B, 3, S, S), as ``model.encoder.transform`` makes them, on the
+            model's device.
+        names: what each result calls its image.
+        model: the network, in eval mode.
+        vocab: its vocabulary.
+        cfg: the config whose ``decode`` settings and ``train.precision`` apply.
+    """
+    decoded = caption_batch(model, cfg.decode, cfg.train.precision, images=images)
+    return [CaptionResult.from_decoded(name, decoded.row(row), vocab)
+            for row, name in enumerate(names)]  # fmt: skip
 
 
 def caption_files(

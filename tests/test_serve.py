@@ -118,7 +118,7 @@ TRUNCATED = png_bytes(Image.effect_noise((64, 64), 50).convert("RGB"))[:-300]
 
 BAD = {
     "text file named .png": ({"image": ("notes.png", b"hello, not an image\n")}, {}, 400,
-                             "notes.png: not an image file PIL can read"),
+                             "notes.png: not a JPEG, PNG, WebP, GIF, BMP or TIFF image"),
     "truncated image": ({"image": ("cut.png", TRUNCATED)}, {}, 400,
                         "cut.png: image is truncated or corrupt"),
     "decompression bomb": ({"image": ("bomb.png", png_declaring(12000, 12000))}, {}, 400,
