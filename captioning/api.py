@@ -292,10 +292,12 @@ class CaptionModel:
         *,
         beam_size: int | None = None,
         hard_context: str | None = None,
+        encode_batch: int | None = None,
     ) -> list[Caption]:
         """Caption inputs made by :meth:`prepare`, ``(B, 3, S, S)``, in one batched decoding
         (the web demo gathers concurrent requests into one call). Each caption's ``image`` is
-        its input as the model saw it, S x S. Decoding arguments as :meth:`caption`.
+        its input as the model saw it, S x S. Decoding arguments as :meth:`caption`;
+        ``encode_batch`` encodes that many images at a time (None: all at once).
 
         Raises:
             ConfigError: the decoding asked for is invalid for this model.
@@ -303,7 +305,8 @@ class CaptionModel:
         cfg = self.decoding(beam_size, hard_context)
         names = [f"image {index}" for index in range(len(inputs))]
         with self._lock:
-            results = caption_inputs(inputs.to(self.device), names, self.model, self.vocab, cfg)
+            results = caption_inputs(inputs.to(self.device), names, self.model, self.vocab, cfg,
+                                     encode_batch)  # fmt: skip
         for result, pixels in zip(results, inputs):
             result.picture = Image.fromarray(pixels.permute(1, 2, 0).contiguous().numpy())
         return [self._wrap(result) for result in results]
