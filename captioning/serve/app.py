@@ -110,9 +110,7 @@ def create_app(model: CaptionModel, settings: ServeSettings | None = None) -> St
     ``batcher`` (with its stats) and the ``admission``."""
     settings = settings or ServeSettings()
     page = resources.files("captioning.serve").joinpath("page.html").read_text("utf-8")
-    admission = Admission(in_flight=settings.max_in_flight, queue=settings.max_queue)
-    batcher = Batcher(model, max_batch=settings.max_batch, wait=settings.batch_wait)
-    budget = PixelBudget(model.limits.max_pixels)
+    captioning = CaptionEndpoint(model, settings)
 
     async def index(request: Request) -> Response:
         return HTMLResponse(page)
@@ -129,29 +127,67 @@ def create_app(model: CaptionModel, settings: ServeSettings | None = None) -> St
             raise BadRequest(404, f"example {index} is no longer an image on disk")
         return FileResponse(found.path, media_type=found.media_type)
 
-    async def caption(request: Request) -> Response:
-        deadline = time.monotonic() + settings.timeout
-        async with admission.slot(settings.timeout):
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        await run_in_threadpool(captioning.batcher.close)
+
+    routes = [
+        Route("/", index),
+        Route("/api/info", info),
+        Route("/api/examples/{index:int}", example),
+        Route("/api/caption", captioning.answer, methods=["POST"]),
+    ]
+    middleware = [Middleware(GuardMiddleware, hosts=settings.hosts)]
+    app = Starlette(routes=routes, exception_handlers=EXCEPTION_HANDLERS, middleware=middleware,
+                    lifespan=lifespan)  # fmt: skip
+    app.state.batcher = captioning.batcher
+    app.state.admission = captioning.admission
+    return app
+
+
+class CaptionEndpoint:
+    """``POST /api/caption`` with its limits: the admission of requests, the pixel budget
+    of their decoding and the batcher of their captioning.
+
+    Args:
+        model: the loaded model.
+        settings: the demo's limits.
+    """
+
+    def __init__(self, model: CaptionModel, settings: ServeSettings) -> None:
+        self.model = model
+        self.settings = settings
+        self.admission = Admission(in_flight=settings.max_in_flight, queue=settings.max_queue)
+        self.batcher = Batcher(model, max_batch=settings.max_batch, wait=settings.batch_wait)
+        self.budget = PixelBudget(model.limits.max_pixels)
+
+    async def answer(self, request: Request) -> Response:
+        """The caption of the uploaded image, within the limits (else 503)."""
+        timeout = self.settings.timeout
+        deadline = time.monotonic() + timeout
+        async with self.admission.slot(timeout):
             try:
                 with anyio.fail_after(max(deadline - time.monotonic(), 0.0)):
-                    result = await caption_upload(request, deadline)
+                    result = await self.caption_upload(request, deadline)
             except TimeoutError:
-                raise Busy(f"the server could not answer within {settings.timeout:g} s "
-                           "(--timeout); try again in a moment") from None  # fmt: skip
+                raise Busy(f"the server could not answer within {timeout:g} s (--timeout); "
+                           "try again in a moment") from None  # fmt: skip
         return JSONResponse(result.to_dict())
 
-    async def caption_upload(request: Request, deadline: float) -> Caption:
-        with batcher.coming() as submit:
-            form = await read_form(request, settings.max_upload_bytes)
+    async def caption_upload(self, request: Request, deadline: float) -> Caption:
+        """Read the form, decode the image in the thread pool, caption it in a batch."""
+        with self.batcher.coming() as submit:
+            form = await read_form(request, self.settings.max_upload_bytes)
             try:
                 upload = form.get("image")
                 if not isinstance(upload, UploadFile):
                     raise BadRequest(400, "no image: send the file in a multipart field named "
                                      "'image'")  # fmt: skip
-                decoding = decoding_fields(form, model, settings)
+                decoding = decoding_fields(form, self.model, self.settings)
                 key = (decoding.get("beam_size"), decoding.get("hard_context"))
-                prepare = partial(prepare_upload, model, upload.file, upload_name(upload),
-                                  budget, deadline)  # fmt: skip
+                prepare = partial(prepare_upload, self.model, upload.file, upload_name(upload),
+                                  self.budget, deadline)  # fmt: skip
 
                 async def prepared_caption() -> Caption:
                     inputs = await run_in_threadpool(prepare)  # (3, S, S)
@@ -160,33 +196,6 @@ def create_app(model: CaptionModel, settings: ServeSettings | None = None) -> St
                 return await unless_gone(request.receive, prepared_caption())
             finally:
                 await form.close()
-
-    @asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        yield
-        await run_in_threadpool(batcher.close)
-
-    routes = [
-        Route("/", index),
-        Route("/api/info", info),
-        Route("/api/examples/{index:int}", example),
-        Route("/api/caption", caption, methods=["POST"]),
-    ]
-    handlers = {
-        BadRequest: _answer_bad_request,
-        Busy: _answer_busy,
-        ClientGone: _answer_gone,
-        ClientDisconnect: _answer_gone,
-        CaptioningError: _answer_user_error,
-        HTTPException: _answer_http_error,
-        Exception: _answer_server_error,
-    }
-    middleware = [Middleware(GuardMiddleware, hosts=settings.hosts)]
-    app = Starlette(routes=routes, exception_handlers=handlers, middleware=middleware,
-                    lifespan=lifespan)  # fmt: skip
-    app.state.batcher = batcher
-    app.state.admission = admission
-    return app
 
 
 def prepare_upload(
@@ -283,28 +292,19 @@ async def read_form(request: Request, limit: int) -> FormData:
     too_large = BadRequest(
         413, f"the upload is larger than the limit of {limit / 2**20:g} MB (--max-upload-mb)"
     )
+    body = _Body(request.receive)
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         if int(declared) <= _DRAIN_LIMIT:
-            await _drain(request)
+            await body.drain()
         raise too_large
     if not request.headers.get("content-type", "").startswith("multipart/form-data"):
         return FormData()
-    received = 0
-
-    async def within_limit() -> AsyncIterator[bytes]:
-        nonlocal received
-        async for chunk in request.stream():
-            received += len(chunk)
-            if received > limit:
-                raise _TooLarge()
-            yield chunk
-
-    parser = MultiPartParser(request.headers, within_limit(), max_files=2, max_fields=10)
+    parser = MultiPartParser(request.headers, body.chunks(limit), max_files=2, max_fields=10)
     try:
         return await parser.parse()
     except _TooLarge:
-        await _drain(request, already=received)  # kept no further than the limit
+        await body.drain()  # kept no further than the limit
         raise too_large from None
     except (MultiPartException, HTTPException) as exc:
         detail = getattr(exc, "message", None) or getattr(exc, "detail", "")
@@ -315,12 +315,34 @@ class _TooLarge(Exception):
     """The body went past the upload limit while it was read."""
 
 
-async def _drain(request: Request, already: int = 0) -> None:
-    """Read and drop the rest of the body, up to ``_DRAIN_LIMIT`` bytes in all."""
-    async for chunk in request.stream():
-        already += len(chunk)
-        if already > _DRAIN_LIMIT:
-            return
+class _Body:
+    """A request body read from the ASGI ``receive`` as it arrives, its bytes counted."""
+
+    def __init__(self, receive: Callable[[], Awaitable[dict]]) -> None:
+        self.receive = receive
+        self.received = 0
+        self.ended = False
+
+    async def chunks(self, limit: int | None = None) -> AsyncIterator[bytes]:
+        """The body's chunks; :class:`_TooLarge` once more than ``limit`` bytes came."""
+        while not self.ended:
+            message = await self.receive()
+            if message["type"] == "http.disconnect":
+                raise ClientDisconnect()
+            self.ended = not message.get("more_body", False)
+            chunk = message.get("body", b"")
+            self.received += len(chunk)
+            if limit is not None and self.received > limit:
+                raise _TooLarge()
+            if chunk:
+                yield chunk
+
+    async def drain(self) -> None:
+        """Read and drop the rest of the body, up to ``_DRAIN_LIMIT`` bytes in all, so that
+        a client still sending gets the answer instead of a reset connection."""
+        async for _ in self.chunks():
+            if self.received > _DRAIN_LIMIT:
+                return
 
 
 async def _answer_bad_request(request: Request, exc: BadRequest) -> Response:
@@ -353,6 +375,17 @@ async def _answer_server_error(request: Request, exc: Exception) -> Response:
         status_code=500,
         headers={NOSNIFF[0].decode(): NOSNIFF[1].decode()},
     )
+
+
+EXCEPTION_HANDLERS = {
+    BadRequest: _answer_bad_request,
+    Busy: _answer_busy,
+    ClientGone: _answer_gone,
+    ClientDisconnect: _answer_gone,
+    CaptioningError: _answer_user_error,
+    HTTPException: _answer_http_error,
+    Exception: _answer_server_error,
+}
 
 
 def settings_for(
