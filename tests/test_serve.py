@@ -154,7 +154,8 @@ def test_an_upload_without_a_declared_length_is_cut_at_the_limit(server):
     host, port = server.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=30) as conn:
         conn.sendall(b"POST /api/caption HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: "
-                     b"chunked\r\nContent-Type: multipart/form-data; boundary=b\r\n\r\n")  # fmt: skip
+                     b"chunked\r\nContent-Type: multipart/form-data; boundary=b\r\n"
+                     b"\r\n")  # fmt: skip
         part = b'--b\r\nContent-Disposition: form-data; name="image"; filename="a.png"\r\n\r\n'
         conn.sendall(b"%x\r\n" % len(part) + part + b"\r\n")
         chunk = b"\0" * 65536
