@@ -195,7 +195,8 @@ class CaptionEndpoint:
 
                 return await unless_gone(request.receive, prepared_caption())
             finally:
-                await form.close()
+                with anyio.CancelScope(shield=True):  # past the deadline too: no temp file left
+                    await form.close()
 
 
 def prepare_upload(
