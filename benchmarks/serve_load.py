@@ -1,17 +1,21 @@
 """Latency and throughput of the web demo's JSON API under N clients, on 127.0.0.1.
 
     python benchmarks/serve_load.py --checkpoint runs/photos/best.pt \
-        --images data/photos/images/test
-    python benchmarks/serve_load.py --checkpoint C --images DIR --clients 1,8 --requests 100
+        --images data/photos/images/test --out results/serve_latency.json
+    python benchmarks/serve_load.py --checkpoint C --images DIR --clients 1,8 --requests 100 \
+        --max-batch 16
 
 Starts the demo (``captioning serve``'s app) on a free port of 127.0.0.1, in this process on a
-thread of its own, then for each client count sends ``--requests`` POSTs to
-``/api/caption``, each client one request at a time, the images taken in turn from
-``--images``. Every answer must be 200; the first that is not stops the run (exit 1). After a
-warm-up of ``--warmup`` requests, reports requests/s and the p50, p95 and p99 latency (from
-sending the request to reading the whole answer), prints a table and writes the rows to
-``--out`` (JSON, with the command and the commit). Nothing leaves the machine: the server
-and the clients are on the loopback address.
+thread of its own, once per ``--max-batch`` value (default ``1,16``: one image captioned at a
+time, then concurrent requests captioned together), then for each client count of
+``--clients`` (default ``1,8,32,128``) sends ``--requests`` POSTs to ``/api/caption``, each
+client one request at a time on its own connection, the images taken in turn from
+``--images``. Every answer must be 200 (a 503 of a busy server is counted as ``refused``; any
+other status stops the run, exit 1). After a warm-up of ``--warmup`` requests, reports
+requests/s and the p50, p95 and p99 latency (from sending the request to reading the whole
+answer) of the answered requests, prints a table and writes the rows to ``--out`` (JSON, with
+the command and the commit). Nothing leaves the machine: the server and the clients are on
+the loopback address.
 """
 
 from __future__ import annotations
@@ -70,11 +74,13 @@ def percentile(values: list[float], q: float) -> float:
 
 def run_clients(
     url: str, bodies: list[tuple[bytes, str]], clients: int, requests: int
-) -> tuple[list[float], float]:
+) -> tuple[list[float], float, int]:
     """Send ``requests`` requests from ``clients`` threads, each on its own connection and
-    one request at a time; returns each request's latency and the wall-clock seconds."""
+    one request at a time; returns each answered request's latency, the wall-clock
+    seconds, and how many were refused (503)."""
     address = urlsplit(url)
     latencies: list[float] = []
+    refused: list[int] = []
     failures: list[str] = []
     counter = iter(range(requests))
     lock = threading.Lock()
@@ -95,6 +101,9 @@ def run_clients(
                 answer = connection.getresponse()
                 payload = answer.read()
                 elapsed = time.perf_counter() - started
+                if answer.status == 503:
+                    refused.append(index)
+                    continue
                 if answer.status != 200:
                     failures.append(f"HTTP {answer.status}: {payload[:200]!r}")
                     return
@@ -111,7 +120,34 @@ def run_clients(
         thread.join()
     if failures:
         raise SystemExit(f"error: a request failed: {failures[0]}")
-    return latencies, time.perf_counter() - started
+    if not latencies:
+        raise SystemExit(f"error: all {requests} requests were refused (503)")
+    return latencies, time.perf_counter() - started, len(refused)
+
+
+def counts(text: str, option: str) -> list[int]:
+    """``1,8,32`` -> [1, 8, 32]; an error naming ``option`` for anything else."""
+    try:
+        values = [int(part) for part in text.split(",")]
+    except ValueError:
+        message = f"error: {option} must be comma-separated whole numbers, got {text!r}"
+        raise SystemExit(message) from None
+    if min(values) < 1:
+        raise SystemExit(f"error: every {option} value must be at least 1, got {text!r}")
+    return values
+
+
+def speedups(rows: list[dict[str, Any]]) -> list[str]:
+    """Per client count, the requests/s of the largest batch limit over one at a time."""
+    lines = []
+    for clients in sorted({row["clients"] for row in rows}):
+        rates = {row["max_batch"]: row["requests_per_s"] for row in rows
+                 if row["clients"] == clients}  # fmt: skip
+        largest = max(rates)
+        if 1 in rates and largest > 1:
+            lines.append(f"{clients} clients: {rates[largest] / rates[1]:.2f}x the requests/s "
+                         f"with --max-batch {largest} as with 1")  # fmt: skip
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -120,39 +156,50 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--checkpoint", required=True)
     parser.add_argument("--images", required=True, type=Path, help="a folder of images to send")
-    parser.add_argument("--clients", default="1", help="comma-separated client counts")
+    parser.add_argument("--clients", default="1,8,32,128", help="comma-separated client counts")
     parser.add_argument("--requests", type=int, default=100, help="timed requests per count")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--beam-size", type=int, default=3)
+    parser.add_argument("--max-batch", default="1,16",
+                        help="comma-separated server batch limits, one server each (1: one "
+                        "image captioned at a time)")  # fmt: skip
+    parser.add_argument("--timeout", type=float, default=300.0,
+                        help="the server's deadline per request, seconds")  # fmt: skip
     parser.add_argument("--out", type=Path, default=None, help="write the rows here (JSON)")
     args = parser.parse_args(argv)
     files = sorted(p for p in args.images.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
     if not files:
         parser.error(f"{args.images}: no .jpg, .png or .webp images found")
-    try:
-        counts = [int(c) for c in args.clients.split(",")]
-    except ValueError:
-        parser.error(f"--clients must be comma-separated integers, got {args.clients!r}")
-    if args.requests < 1 or min(counts) < 1:
-        parser.error("--requests and every --clients count must be at least 1")
+    client_counts = counts(args.clients, "--clients")
+    batch_limits = counts(args.max_batch, "--max-batch")
+    if args.requests < 1:
+        parser.error("--requests must be at least 1")
     fields = {"beam_size": str(args.beam_size)}
     bodies = [multipart(p.read_bytes(), p.name, fields) for p in files]
 
     model = captioning.load(args.checkpoint, device="cpu")
     rows: list[dict[str, Any]] = []
-    with BackgroundServer(model, settings_for(model, max_upload_mb=10, examples=())) as url:
-        run_clients(url, bodies, 1, args.warmup)
-        for clients in counts:
-            latencies, seconds = run_clients(url, bodies, clients, args.requests)
-            rows.append(
-                {
-                    "clients": clients,
-                    "requests": len(latencies),
-                    "requests_per_s": round(len(latencies) / seconds, 3),
-                    **{f"p{q}_ms": round(1000 * percentile(latencies, q), 1) for q in (50, 95, 99)},
-                    "mean_ms": round(1000 * statistics.mean(latencies), 1),
-                }
-            )
+    for max_batch in batch_limits:
+        settings = settings_for(model, max_upload_mb=10, examples=(), max_batch=max_batch,
+                                timeout=args.timeout, max_queue=max(client_counts))  # fmt: skip
+        with BackgroundServer(model, settings) as url:
+            run_clients(url, bodies, 1, args.warmup)
+            for clients in client_counts:
+                latencies, seconds, refused = run_clients(url, bodies, clients, args.requests)
+                rows.append(
+                    {
+                        "clients": clients,
+                        "max_batch": max_batch,
+                        "requests": len(latencies),
+                        "refused": refused,
+                        "requests_per_s": round(len(latencies) / seconds, 3),
+                        **{
+                            f"p{q}_ms": round(1000 * percentile(latencies, q), 1)
+                            for q in (50, 95, 99)
+                        },
+                        "mean_ms": round(1000 * statistics.mean(latencies), 1),
+                    }
+                )
     context = {
         "checkpoint": str(args.checkpoint),
         "images": len(files),
@@ -161,14 +208,17 @@ def main(argv: list[str] | None = None) -> int:
         "command": " ".join(["benchmarks/serve_load.py", *(argv or sys.argv[1:])]),
         **machine(),
     }
-    print("| clients | requests/s | p50 ms | p95 ms | p99 ms |")
-    print("| --- | --- | --- | --- | --- |")
+    print("| max batch | clients | requests/s | p50 ms | p95 ms | p99 ms | refused |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     for row in rows:
         row.update(context)
         print(
-            f"| {row['clients']} | {row['requests_per_s']:.2f} | {row['p50_ms']:.0f} | "
-            f"{row['p95_ms']:.0f} | {row['p99_ms']:.0f} |"
+            f"| {row['max_batch']} | {row['clients']} | {row['requests_per_s']:.2f} | "
+            f"{row['p50_ms']:.0f} | {row['p95_ms']:.0f} | {row['p99_ms']:.0f} | "
+            f"{row['refused']} |"
         )
+    for line in speedups(rows):
+        print(line)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(rows, indent=1) + "\n")

@@ -37,6 +37,7 @@ from captioning.inference import (
     CaptionResult,
     ImageSource,
     caption_images,
+    caption_inputs,
     load_model,
     with_decoding,
 )
@@ -275,6 +276,41 @@ class CaptionModel:
                 return
             yield self._wrap(result)
 
+    @property
+    def input_size(self) -> int:
+        """S: the side of the square that every image is resized to (not cropped) for the
+        encoder."""
+        return self.model.encoder.image_size
+
+    def prepare(self, picture: Image.Image) -> torch.Tensor:
+        """An RGB picture as the encoder's input: uint8 ``(3, S, S)``."""
+        return self.model.encoder.transform(picture)
+
+    def caption_inputs(
+        self,
+        inputs: torch.Tensor,
+        *,
+        beam_size: int | None = None,
+        hard_context: str | None = None,
+        encode_batch: int | None = None,
+    ) -> list[Caption]:
+        """Caption inputs made by :meth:`prepare`, ``(B, 3, S, S)``, in one batched decoding
+        (the web demo gathers concurrent requests into one call). Each caption's ``image`` is
+        its input as the model saw it, S x S. Decoding arguments as :meth:`caption`;
+        ``encode_batch`` encodes that many images at a time (None: all at once).
+
+        Raises:
+            ConfigError: the decoding asked for is invalid for this model.
+        """
+        cfg = self.decoding(beam_size, hard_context)
+        names = [f"image {index}" for index in range(len(inputs))]
+        with self._lock:
+            results = caption_inputs(inputs.to(self.device), names, self.model, self.vocab, cfg,
+                                     encode_batch)  # fmt: skip
+        for result, pixels in zip(results, inputs):
+            result.picture = Image.fromarray(pixels.permute(1, 2, 0).contiguous().numpy())
+        return [self._wrap(result) for result in results]
+
     def decoding(self, beam_size: int | None = None, hard_context: str | None = None) -> Config:
         """The config with these decoding settings (None keeps the checkpoint's;
         ``hard_context`` means nothing to a soft-attention model and is ignored)."""
@@ -357,10 +393,16 @@ def _to_picture(item: Any, limits: ImageLimits) -> Image.Image:
     if isinstance(item, torch.Tensor):
         item = _tensor_to_array(item)
     if isinstance(item, np.ndarray):
-        if item.dtype != np.uint8 or item.ndim not in (2, 3):
-            raise DataError(f"an image array must be uint8 (H, W) or (H, W, 3), got "
-                            f"{item.dtype} {tuple(item.shape)}")  # fmt: skip
-        item = Image.fromarray(item)
+        channels = item.shape[2] if item.ndim == 3 else 1
+        if (
+            item.dtype != np.uint8
+            or item.ndim not in (2, 3)
+            or channels not in (1, 3, 4)
+            or (item.size == 0)
+        ):
+            raise DataError(f"an image array must be uint8 (H, W), (H, W, 3) or (H, W, 4) with "
+                            f"pixels, got {item.dtype} {tuple(item.shape)}")  # fmt: skip
+        item = Image.fromarray(item[:, :, 0] if channels == 1 and item.ndim == 3 else item)
     if not isinstance(item, Image.Image):
         raise DataError(f"cannot caption a {type(item).__name__}: give a file path, a PIL "
                         "image, an image tensor or array, or a list of them")  # fmt: skip
@@ -369,8 +411,9 @@ def _to_picture(item: Any, limits: ImageLimits) -> Image.Image:
 
 def _tensor_to_array(tensor: torch.Tensor) -> np.ndarray:
     """(3, H, W) or (1, H, W): uint8 in 0..255, or float in 0..1 (torchvision's convention)."""
-    if tensor.dim() != 3 or tensor.shape[0] not in (1, 3):
-        raise DataError(f"an image tensor must be (3, H, W), got {tuple(tensor.shape)}")
+    if tensor.dim() != 3 or tensor.shape[0] not in (1, 3) or tensor.numel() == 0:
+        raise DataError(f"an image tensor must be (3, H, W) with pixels, got "
+                        f"{tuple(tensor.shape)}")  # fmt: skip
     tensor = tensor.detach().cpu()
     if tensor.is_floating_point():
         tensor = (tensor.clamp(0, 1) * 255).round().to(torch.uint8)

@@ -331,7 +331,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from captioning.serve.server import serve
 
     serve(args.checkpoint, host=args.host, port=args.port, max_upload_mb=args.max_upload_mb,
-          device=args.device, quiet=args.quiet)  # fmt: skip
+          device=args.device, quiet=args.quiet, allow_hosts=args.allow_host,
+          max_in_flight=args.max_in_flight, max_queue=args.max_queue, timeout=args.timeout,
+          max_batch=args.max_batch, batch_wait_ms=args.batch_wait_ms)  # fmt: skip
     return 0
 
 
@@ -503,6 +505,19 @@ def _add_serve(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-upload-mb", type=_positive_float, default=10.0,
                    help="the largest upload taken, in MB (default 10)")  # fmt: skip
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
+    p.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                   help="answer requests for this Host name too (repeat; '*' for any); "
+                   "by default only --host's own (and loopback names)")  # fmt: skip
+    p.add_argument("--max-in-flight", type=_positive_int, default=32,
+                   help="caption requests worked on at once (default 32)")  # fmt: skip
+    p.add_argument("--max-queue", type=int, default=256,
+                   help="requests waiting for one; past it, 503 at once (default 256)")  # fmt: skip
+    p.add_argument("--timeout", type=_positive_float, default=30.0,
+                   help="seconds from a request's arrival to its answer (default 30)")  # fmt: skip
+    p.add_argument("--max-batch", type=_positive_int, default=16,
+                   help="the most images captioned together (default 16)")  # fmt: skip
+    p.add_argument("--batch-wait-ms", type=float, default=5.0,
+                   help="how long to gather concurrent requests (default 5)")  # fmt: skip
     p.set_defaults(func=cmd_serve)
 
 

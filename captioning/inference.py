@@ -89,13 +89,19 @@ def caption_batch(
     precision: str = "fp32",
     images: torch.Tensor | None = None,
     grid: torch.Tensor | None = None,
+    encode_batch: int | None = None,
 ) -> Decoded:
     """Captions for a batch of ``images`` (B, 3, S, S), or of cached backbone grids
     (B, L, D), under ``precision`` (``train.precision`` of the run) and ``decode_cfg``.
-    The model should be in eval mode."""
+    ``encode_batch`` encodes the images that many at a time (the decoding still runs on the
+    whole batch; each image's features do not depend on the others'). The model should be
+    in eval mode."""
     device = (images if images is not None else grid).device
     with autocast(device, precision):
-        features = model.encode(images, grid)  # (B, L, D)
+        if images is not None and encode_batch is not None and encode_batch < len(images):
+            features = torch.cat([model.encode(part) for part in images.split(encode_batch)])
+        else:
+            features = model.encode(images, grid)  # (B, L, D)
         return decode(model.decoder, features, decode_cfg)
 
 
@@ -215,9 +221,9 @@ def caption_images(
 
     def flush() -> Iterator[CaptionResult]:
         images = torch.stack([tensor for *_, tensor in pending]).to(device)  # (B, 3, S, S)
-        decoded = caption_batch(model, cfg.decode, cfg.train.precision, images=images)
-        for row, (name, picture, _) in enumerate(pending):
-            result = CaptionResult.from_decoded(name, decoded.row(row), vocab)
+        names = [name for name, *_ in pending]
+        for result, (_, picture, _) in zip(caption_inputs(images, names, model, vocab, cfg),
+                                           pending):  # fmt: skip
             result.picture = picture
             yield result
         pending.clear()
@@ -234,6 +240,31 @@ def caption_images(
             yield from flush()
     if pending:
         yield from flush()
+
+
+def caption_inputs(
+    images: torch.Tensor,
+    names: Sequence[str],
+    model: Captioner,
+    vocab: Vocabulary,
+    cfg: Config,
+    encode_batch: int | None = None,
+) -> list[CaptionResult]:
+    """Caption a batch of encoder inputs in one decoding (one batched beam search).
+
+    Args:
+        images: uint8 (B, 3, S, S), as ``model.encoder.transform`` makes them, on the
+            model's device.
+        names: what each result calls its image.
+        model: the network, in eval mode.
+        vocab: its vocabulary.
+        cfg: the config whose ``decode`` settings and ``train.precision`` apply.
+        encode_batch: images encoded at once (None: all); see :func:`caption_batch`.
+    """
+    decoded = caption_batch(model, cfg.decode, cfg.train.precision, images=images,
+                            encode_batch=encode_batch)  # fmt: skip
+    return [CaptionResult.from_decoded(name, decoded.row(row), vocab)
+            for row, name in enumerate(names)]  # fmt: skip
 
 
 def caption_files(

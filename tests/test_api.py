@@ -73,8 +73,15 @@ def test_the_caption_verb_goes_the_same_way(model, images, tmp_path, capsys):
 def test_bad_inputs_are_one_line_errors(model, images, tmp_path):
     text = tmp_path / "notes.png"
     text.write_text("not an image")
-    with pytest.raises(DataError, match=r"notes.png: not an image file PIL can read$"):
+    with pytest.raises(DataError, match=r"notes.png: not a JPEG, PNG, WebP, GIF, BMP or TIFF"):
         model.caption(str(text))
+    with pytest.raises(DataError, match=r"a\\0b.png: the path holds a NUL byte; give the"):
+        model.caption(f"{tmp_path}/a\0b.png")
+    for shape in [(8, 8, 5), (8, 8, 2), (0, 8, 3), (8, 8, 3, 1)]:
+        with pytest.raises(DataError, match=r"^an image array must be uint8 \(H, W\), \(H, W, 3\)"):
+            model.caption(np.zeros(shape, np.uint8))
+    with pytest.raises(DataError, match=r"an image tensor must be \(3, H, W\)"):
+        model.caption(torch.zeros(3, 0, 8))
     with pytest.raises(DataError, match="cannot caption a int: give a file path"):
         model.caption(3)
     with pytest.raises(DataError, match=r"an image tensor must be \(3, H, W\)"):
@@ -84,7 +91,7 @@ def test_bad_inputs_are_one_line_errors(model, images, tmp_path):
     # caption_each keeps going: the bad input's failure comes in its place
     items = list(model.caption_each([images[0], str(text), images[1]]))
     assert [type(item).__name__ for item in items] == ["Caption", "Failed", "Caption"]
-    assert items[1].source == str(text) and "not an image file" in items[1].error
+    assert items[1].source == str(text) and "not a JPEG" in items[1].error
 
 
 def test_hard_attention_reports_its_chosen_cells(tiny_hard_checkpoint, images):

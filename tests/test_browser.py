@@ -100,7 +100,7 @@ def test_a_text_file_named_png_shows_the_error(page, tmp_path):
     driver.find_element(By.ID, "file").send_keys(str(fake))
     error = driver.find_element(By.ID, "error")
     WebDriverWait(driver, 60).until(lambda d: error.is_displayed())
-    assert error.text == "notes.png: not an image file PIL can read"
+    assert error.text == "notes.png: not a JPEG, PNG, WebP, GIF, BMP or TIFF image"
     assert driver.find_elements(By.CSS_SELECTOR, "#caption .word") == []
     # and the page still captions afterwards
     driver.find_element(By.ID, "file").send_keys(examples[2])

@@ -6,7 +6,13 @@ import numpy as np
 import pytest
 from PIL import Image, ImageFile, features
 
-from captioning.data.images import ImageLimits, check_image, check_images, load_image
+from captioning.data.images import (
+    NOT_AN_IMAGE,
+    ImageLimits,
+    check_image,
+    check_images,
+    load_image,
+)
 from captioning.errors import CaptioningError, DataError
 
 W, H = 6, 4
@@ -263,14 +269,14 @@ def test_empty_file(tmp_path):
 def test_text_named_jpg(tmp_path):
     path = tmp_path / "a.jpg"
     path.write_text("not really a picture\n")
-    _assert_bad(path, "not an image file PIL can read")
+    _assert_bad(path, NOT_AN_IMAGE)
 
 
 def test_truncated_jpeg(tmp_path):
     path = tmp_path / "a.jpg"
     data = open(_noise_jpeg(path), "rb").read()
     path.write_bytes(data[: len(data) // 2])
-    _assert_bad(str(path), "image is truncated or corrupt (")
+    _assert_bad(str(path), "image is truncated or corrupt;")
 
 
 def test_truncated_png(tmp_path):
@@ -278,7 +284,7 @@ def test_truncated_png(tmp_path):
     pixels = np.random.default_rng(0).integers(0, 256, (48, 64, 3), dtype=np.uint8)
     data = open(_save(Image.fromarray(pixels), path), "rb").read()
     path.write_bytes(data[: len(data) // 2])
-    _assert_bad(str(path), "image is truncated or corrupt (")
+    _assert_bad(str(path), "image is truncated or corrupt;")
 
 
 def test_decompression_bomb(tmp_path, monkeypatch):
@@ -346,8 +352,8 @@ def test_check_images_lists_bad_ones_in_order(tmp_path, progress):
     assert [path for path, _ in bad] == [str(truncated), missing, str(empty), str(text)]
     assert bad[1] == (missing, "no such file")
     assert bad[2] == (str(empty), "file is empty (0 bytes)")
-    assert bad[3] == (str(text), "not an image file PIL can read")
-    assert bad[0][1].startswith("image is truncated or corrupt (")
+    assert bad[3] == (str(text), NOT_AN_IMAGE)
+    assert bad[0][1].startswith("image is truncated or corrupt;")
 
 
 def test_check_images_all_good_and_empty(tmp_path):

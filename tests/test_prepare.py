@@ -373,7 +373,8 @@ def test_a_folder_with_bad_rows_becomes_a_dataset_that_trains(tmp_path, capsys):
     output = capsys.readouterr()
     assert [line for line in output.err.splitlines() if "row skipped" in line] == [
         f"{captions}:21: image missing.jpg: no such file; row skipped",
-        f"{captions}:22: image broken.jpg: not an image file PIL can read; row skipped",
+        f"{captions}:22: image broken.jpg: not a JPEG, PNG, WebP, GIF, BMP or TIFF image; row "
+        "skipped",
         f"{captions}:23: empty caption; row skipped",
         f"{captions}:25: 1 column, the header has 2; row skipped",
         f"{captions}:26: image '../outside.jpg' is not a path inside {images}; row skipped",

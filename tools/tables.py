@@ -146,16 +146,20 @@ def photo_levers(rows: Rows) -> str:
 
 
 def serve_latency(rows: Rows) -> str:
-    """The web demo's latency per client count (``benchmarks/serve_load.py``)."""
-    lines = [
-        "| clients | requests | requests/s | p50 (ms) | p95 (ms) | p99 (ms) |",
-        "| --- | --- | --- | --- | --- | --- |",
-    ]
-    for r in sorted(rows, key=lambda r: r["clients"]):
-        lines.append(
-            f"| {r['clients']} | {r['requests']} | {r['requests_per_s']:.2f} | "
-            f"{r['p50_ms']:.0f} | {r['p95_ms']:.0f} | {r['p99_ms']:.0f} |"
-        )
+    """The web demo's latency per client count (``benchmarks/serve_load.py``); rows measured
+    with several ``--max-batch`` limits get a column for it (1: one image at a time) and the
+    requests refused (503)."""
+    batches = any("max_batch" in r for r in rows)
+    head = ["clients", "requests", "requests/s", "p50 (ms)", "p95 (ms)", "p99 (ms)"]
+    if batches:
+        head = ["max batch", *head, "refused"]
+    lines = ["| " + " | ".join(head) + " |", "| " + " | ".join(["---"] * len(head)) + " |"]
+    for r in sorted(rows, key=lambda r: (r.get("max_batch", 0), r["clients"])):
+        cells = [str(r["clients"]), str(r["requests"]), f"{r['requests_per_s']:.2f}",
+                 f"{r['p50_ms']:.0f}", f"{r['p95_ms']:.0f}", f"{r['p99_ms']:.0f}"]  # fmt: skip
+        if batches:
+            cells = [str(r.get("max_batch", 1)), *cells, str(r.get("refused", 0))]
+        lines.append("| " + " | ".join(cells) + " |")
     first = rows[0]
     lines.append("")
     lines.append(

@@ -6,11 +6,13 @@ import io
 import os
 import stat
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 from PIL import Image, ImageFile, ImageOps, PngImagePlugin, UnidentifiedImageError
@@ -18,6 +20,15 @@ from PIL import Image, ImageFile, ImageOps, PngImagePlugin, UnidentifiedImageErr
 from captioning.config import DataConfig
 from captioning.errors import DataError
 from captioning.progress import progress_bar
+
+# The only formats read: raster formats that Pillow decodes in its own process. Pillow knows
+# others, and some run a program on the file (EPS and PostScript run Ghostscript) or are no
+# picture (PDF, ICNS, ...): a file in any of them is "not an image" before anything is decoded.
+FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF")
+# What a browser is told each format is (a JPEG with a multi-picture extension opens as MPO).
+MIME_TYPES = {"JPEG": "image/jpeg", "MPO": "image/jpeg", "PNG": "image/png", "WEBP": "image/webp",
+              "GIF": "image/gif", "BMP": "image/bmp", "TIFF": "image/tiff"}  # fmt: skip
+NOT_AN_IMAGE = "not a JPEG, PNG, WebP, GIF, BMP or TIFF image"
 
 _WIDE_16BIT_MODES = frozenset({"I;16", "I;16B", "I;16L", "I;16N"})
 _WIDE_RANGE_MODES = frozenset({"I", "F"})
@@ -36,7 +47,8 @@ class ImageLimits:
     the header and checked before any pixel is decoded; 64M pixels (8000 x 8000) is more than
     any camera photo in common use. A PNG text or ICC chunk is decompressed whole when the
     file is opened: Pillow's limit for one chunk (``PngImagePlugin.MAX_TEXT_CHUNK``) is set
-    from ``max_text_bytes``, and a file past it is a bad image like any other.
+    from ``max_text_bytes``, and for all of a file's text to four times that; a file past
+    either is a bad image like any other.
     """
 
     max_pixels: int = 64_000_000
@@ -65,7 +77,8 @@ def load_image(path: str | Path, limits: ImageLimits = DEFAULT_LIMITS) -> Image.
     first frame is used.
 
     Args:
-        path: the image file (any format PIL opens: JPEG, PNG, GIF, BMP, TIFF, WebP, ...).
+        path: the image file: JPEG, PNG, WebP, GIF, BMP or TIFF (:data:`FORMATS`; no other
+            format is opened, whatever its name).
         limits: how large a file may be (see :class:`ImageLimits`).
 
     Returns:
@@ -78,28 +91,62 @@ def load_image(path: str | Path, limits: ImageLimits = DEFAULT_LIMITS) -> Image.
     try:
         return _load(path, limits)
     except _Problem as problem:
-        raise DataError(f"{path}: {problem}") from problem.__cause__
+        shown = str(path).replace("\0", "\\0")  # a NUL byte would end the line on a terminal
+        raise DataError(f"{shown}: {problem}") from problem.__cause__
 
 
 def load_image_bytes(
-    data: bytes, name: str = "upload", limits: ImageLimits = DEFAULT_LIMITS
+    data: bytes | BinaryIO,
+    name: str = "upload",
+    limits: ImageLimits = DEFAULT_LIMITS,
+    *,
+    reduce_to: int | None = None,
+    reserve: Callable[[int], AbstractContextManager] | None = None,
 ) -> Image.Image:
-    """:func:`load_image` for an image held in memory (an upload), with the same checks.
+    """:func:`load_image` for an image held in memory or in an open file (an upload), with
+    the same checks.
 
     Args:
-        data: the file's bytes.
+        data: the file's bytes, or a binary file open for reading (read from its start).
         name: what the error messages call the image (a file name).
         limits: as for :func:`load_image`.
+        reduce_to: the side the image is about to be resized to (a model's input size).
+            Then the image may come back smaller, by whole factors that keep each side at
+            least twice ``reduce_to``: a JPEG is decoded at 1/2, 1/4 or 1/8 scale, other
+            formats are box-reduced before their colours are converted, so that a large
+            picture is held at full size no longer than its decoding takes.
+        reserve: called with the number of pixels about to be decoded (after any JPEG
+            scaling); the decoding runs inside the context it returns (the web demo bounds
+            the pixels being decoded at once with it).
 
     Raises:
         DataError: as :func:`load_image` (``"<name>: file is empty (0 bytes)"``, ...).
     """
     try:
-        if not data:
-            raise _Problem("file is empty (0 bytes)")
-        return _decode(io.BytesIO(data), limits)
+        if isinstance(data, bytes | bytearray | memoryview):
+            if not data:
+                raise _Problem("file is empty (0 bytes)")
+            source: BinaryIO = io.BytesIO(data)
+        else:
+            empty = data.seek(0, io.SEEK_END) == 0
+            data.seek(0)
+            if empty:
+                raise _Problem("file is empty (0 bytes)")
+            source = data
+        return _decode(source, limits, reduce_to, reserve)
     except _Problem as problem:
         raise DataError(f"{name}: {problem}") from problem.__cause__
+
+
+def image_type(path: str | Path) -> str | None:
+    """The MIME type of an image file in one of :data:`FORMATS`, from its header alone;
+    None for anything else (a missing file, another format, a folder)."""
+    try:
+        _check_file(path)
+        with Image.open(path, formats=FORMATS) as image:
+            return MIME_TYPES.get(image.format or "")
+    except (_Problem, OSError, ValueError, SyntaxError):
+        return None
 
 
 def as_rgb(image: Image.Image, limits: ImageLimits = DEFAULT_LIMITS) -> Image.Image:
@@ -167,8 +214,14 @@ def _load(path: str | Path, limits: ImageLimits = DEFAULT_LIMITS) -> Image.Image
     return _decode(path, limits)
 
 
-def _decode(source: str | Path | io.BytesIO, limits: ImageLimits) -> Image.Image:
-    """Open and fully decode ``source`` (a path or an in-memory file) under ``limits``."""
+def _decode(
+    source: str | Path | BinaryIO,
+    limits: ImageLimits,
+    reduce_to: int | None = None,
+    reserve: Callable[[int], AbstractContextManager] | None = None,
+) -> Image.Image:
+    """Open and fully decode ``source`` (a path or a binary file) under ``limits``; see
+    :func:`load_image_bytes` for ``reduce_to`` and ``reserve``."""
     if ImageFile.LOAD_TRUNCATED_IMAGES:
         # The flag is process-wide and read by PIL while decoding, so flipping it here would
         # race with other threads; warn that truncated files now pass as grey-padded images.
@@ -179,13 +232,15 @@ def _decode(source: str | Path | io.BytesIO, limits: ImageLimits) -> Image.Image
         )
     if PngImagePlugin.MAX_TEXT_CHUNK != limits.max_text_bytes:  # the same value all run long
         PngImagePlugin.MAX_TEXT_CHUNK = limits.max_text_bytes
-        PngImagePlugin.MAX_TEXT_MEMORY = 64 * limits.max_text_bytes
+        # All the text an open image holds: an upload is held open while it waits to be
+        # decoded, and a few KB of compressed text would otherwise hold 64 MB each.
+        PngImagePlugin.MAX_TEXT_MEMORY = 4 * limits.max_text_bytes
     try:
-        image = Image.open(source)
+        image = Image.open(source, formats=FORMATS)
     except Image.DecompressionBombError as err:
-        raise _Problem(f"image is too large to decode safely ({_one_line(err)})") from err
+        raise _Problem(_too_large()) from err
     except UnidentifiedImageError as err:
-        raise _Problem("not an image file PIL can read") from err
+        raise _Problem(NOT_AN_IMAGE) from err
     except FileNotFoundError as err:
         raise _Problem("no such file") from err
     except PermissionError as err:
@@ -193,30 +248,47 @@ def _decode(source: str | Path | io.BytesIO, limits: ImageLimits) -> Image.Image
     except OSError as err:
         # Plugins raise errno-less OSErrors ("Truncated File Read") for a cut-off header.
         if err.errno is None:
-            raise _Problem(f"image is truncated or corrupt ({_one_line(err)})") from err
-        raise _Problem(f"cannot read file ({_one_line(err)})") from err
+            raise _Problem(TRUNCATED) from err
+        raise _Problem(f"cannot read file ({err.strerror or 'input/output error'})") from err
     except ValueError as err:
         # PNG text/ICC chunks that decompress past Pillow's limit: "Decompressed data too large".
         raise _Problem(
-            f"image metadata is too large to read safely ({_one_line(err)}; the limit is "
-            f"data.max_image_text_bytes={limits.max_text_bytes:,})"
+            f"image metadata is too large to read safely (more than "
+            f"data.max_image_text_bytes={limits.max_text_bytes:,} in one chunk, or four times "
+            "that in all); save the image without it"
         ) from err
     with image:
         _check_pixels(image, limits)
-        try:
-            image.load()
-        except Image.DecompressionBombError as err:
-            raise _Problem(f"image is too large to decode safely ({_one_line(err)})") from err
-        except Exception as err:
-            # Format plugins report bad data with many exception types (OSError, SyntaxError,
-            # struct.error, IndexError, ...); all mean the same thing to the user.
-            raise _Problem(f"image is truncated or corrupt ({_one_line(err)})") from err
-        return _upright_rgb(image)
+        if reduce_to is not None and image.format in ("JPEG", "MPO"):
+            image.draft(None, (2 * reduce_to, 2 * reduce_to))  # DCT scaling: 1/2, 1/4, 1/8
+        with reserve(image.width * image.height) if reserve else nullcontext():
+            try:
+                image.load()
+            except Image.DecompressionBombError as err:
+                raise _Problem(_too_large()) from err
+            except Exception as err:
+                # Format plugins report bad data with many exception types (OSError,
+                # SyntaxError, struct.error, IndexError, ...); all mean the same to the user.
+                raise _Problem(TRUNCATED) from err
+            if reduce_to is not None:
+                return _reduced_rgb(image, 2 * reduce_to)
+            return _upright_rgb(image)
+
+
+TRUNCATED = "image is truncated or corrupt; save or download it again"
+
+
+def _too_large() -> str:
+    """Pillow's own limit, met only when data.max_image_pixels is set above it."""
+    return (f"image is too large to decode safely (more than {2 * Image.MAX_IMAGE_PIXELS:,} "
+            "pixels); resize it")  # fmt: skip
 
 
 def _check_pixels(image: Image.Image, limits: ImageLimits) -> None:
     """Refuse an image whose declared size is past the limit, before decoding its pixels."""
     width, height = image.size
+    if width < 1 or height < 1:
+        raise _Problem(f"image is {width} x {height} pixels: there is nothing to caption")
     if width * height > limits.max_pixels:
         raise _Problem(
             f"image is {width} x {height} = {width * height:,} pixels, more than "
@@ -234,6 +306,45 @@ def _upright_rgb(image: Image.Image) -> Image.Image:
     return _to_rgb(upright)
 
 
+# EXIF orientation -> the transposition that makes the picture upright (ImageOps' table).
+_UPRIGHT = {2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180,
+            4: Image.Transpose.FLIP_TOP_BOTTOM, 5: Image.Transpose.TRANSPOSE,
+            6: Image.Transpose.ROTATE_270, 7: Image.Transpose.TRANSVERSE,
+            8: Image.Transpose.ROTATE_90}  # fmt: skip
+
+
+def _reduced_rgb(image: Image.Image, smallest: int) -> Image.Image:
+    """``image`` (decoded) box-reduced by the largest whole factors that keep each side at
+    least ``smallest``, upright, as 8-bit RGB. The colour conversion runs on the reduced
+    pixels, so a large picture is never converted (or copied) at full size."""
+    factors = (max(1, image.width // smallest), max(1, image.height // smallest))
+    if factors == (1, 1):
+        return _upright_rgb(image)
+    try:
+        orientation = int(image.getexif().get(0x0112, 1))
+    except Exception:
+        orientation = 1  # a malformed EXIF block: the pixels still count
+    reduced = _reducible(image).reduce(factors)
+    if reduced.mode == "I" and image.mode in _WIDE_16BIT_MODES:
+        reduced = reduced.convert("I;16")  # scaled by 16 bits, as the full-size path scales
+    if orientation in _UPRIGHT:
+        reduced = reduced.transpose(_UPRIGHT[orientation])
+    return _to_rgb(reduced)
+
+
+def _reducible(image: Image.Image) -> Image.Image:
+    """``image`` in a mode whose pixels may be averaged: palettes and colour keys become
+    alpha (composited over white later), bilevel becomes grey, 16-bit grey 32-bit."""
+    mode = image.mode
+    if mode in ("P", "PA") or (mode in ("L", "RGB") and "transparency" in image.info):
+        return image.convert("RGBA" if "transparency" in image.info or mode == "PA" else "RGB")
+    if mode == "1":
+        return image.convert("L")
+    if mode in _WIDE_16BIT_MODES:
+        return image.convert("I")
+    return image
+
+
 def _check_file(path: str | Path) -> None:
     """Give the plain-words problem for paths that are not a non-empty regular file."""
     try:
@@ -243,7 +354,9 @@ def _check_file(path: str | Path) -> None:
     except PermissionError as err:
         raise _Problem("permission denied") from err
     except OSError as err:
-        raise _Problem(f"cannot read file ({_one_line(err)})") from err
+        raise _Problem(f"cannot read file ({err.strerror or 'input/output error'})") from err
+    except ValueError as err:  # "embedded null byte": no file can have such a name
+        raise _Problem("the path holds a NUL byte; give the file's real path") from err
     if stat.S_ISDIR(info.st_mode):
         raise _Problem("is a directory, not an image")
     # Opening a FIFO or device would block or read forever.
@@ -289,7 +402,3 @@ def _stretch(values: np.ndarray) -> np.ndarray:
 def _grey_to_rgb(grey: np.ndarray) -> Image.Image:
     pixels = np.clip(np.rint(grey), 0, 255).astype(np.uint8)
     return Image.fromarray(pixels).convert("RGB")
-
-
-def _one_line(err: BaseException) -> str:
-    return " ".join(str(err).split()) or type(err).__name__

@@ -1,31 +1,57 @@
 """The web demo's Starlette app: the page, ``POST /api/caption`` and what the page needs.
 
-Every request that the user got wrong is answered 4xx with ``{"error": "<one line>"}``;
-the model is shared by all requests (:class:`~captioning.api.CaptionModel` decodes one
-batch at a time) and runs in the thread pool, so the event loop keeps answering.
+Every request that the user got wrong is answered 4xx with ``{"error": "<one line>"}``, and
+one the server cannot take now 503 with ``Retry-After``. The work a caption request causes
+is bounded:
+
+- at most ``max_in_flight`` requests are worked on at once and ``max_queue`` wait for a
+  slot (their uploads unread); one more is refused at once (:class:`~.limits.Admission`);
+- each has ``timeout`` seconds from its arrival to its answer;
+- its upload is parsed as it arrives (a file part past 1 MB goes to a temporary file), then
+  decoded and reduced to the model's input size in the thread pool, with the pixels being
+  decoded at once bounded by the largest image taken (:class:`~.limits.PixelBudget`), so
+  that a request waiting for the model holds a small tensor;
+- concurrent requests are captioned together in one batched decoding
+  (:class:`~.batching.Batcher`), and one whose client has gone is dropped before its batch.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Sequence
-from dataclasses import dataclass
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from functools import partial
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, TypeVar
 
+import anyio
+import torch
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import FormData, UploadFile
 from starlette.exceptions import HTTPException
-from starlette.formparsers import MultiPartException
-from starlette.requests import Request
+from starlette.formparsers import MultiPartException, MultiPartParser
+from starlette.middleware import Middleware
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import FileResponse, HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from captioning.api import CaptionModel
+from captioning.api import Caption, CaptionModel
 from captioning.data.images import load_image_bytes
 from captioning.errors import CaptioningError
+from captioning.serve.batching import Batcher
+from captioning.serve.limits import Admission, Busy, PixelBudget
+from captioning.serve.origins import (
+    NOSNIFF,
+    GuardMiddleware,
+    HostAllowList,
+    checked_example,
+    example_images,
+)
 
 logger = logging.getLogger("captioning")
 
@@ -33,6 +59,9 @@ HARD_CONTEXTS = ("expectation", "argmax", "sample", "marginal")
 # An oversized upload is read and dropped up to this many bytes, so that the client, still
 # sending, gets the 413 instead of a reset connection; past it the connection is closed.
 _DRAIN_LIMIT = 64 * 2**20
+# What a 503 tells the client to wait before it tries again, in seconds.
+RETRY_AFTER = 1
+T = TypeVar("T")
 
 
 class BadRequest(Exception):
@@ -44,6 +73,10 @@ class BadRequest(Exception):
         self.message = message
 
 
+class ClientGone(Exception):
+    """The client closed its connection before its answer was ready."""
+
+
 @dataclass(frozen=True)
 class ServeSettings:
     """What the demo allows.
@@ -52,17 +85,32 @@ class ServeSettings:
         max_upload_bytes: the largest request body taken (image and form fields).
         max_beam_size: the largest beam the page and the API offer.
         examples: image files the page offers to caption (test images of the dataset).
+        max_in_flight: caption requests read, decoded or captioned at once.
+        max_queue: caption requests that may wait for one of those slots; past it, 503.
+        timeout: seconds from a request's arrival to its answer; past it, 503.
+        max_batch: the most images captioned together.
+        batch_wait: seconds the model waits for more images once one has come, while other
+            requests are on their way.
+        hosts: the ``Host`` headers answered (others get 421).
     """
 
     max_upload_bytes: int = 10 * 2**20
     max_beam_size: int = 8
     examples: tuple[str, ...] = ()
+    max_in_flight: int = 32
+    max_queue: int = 256
+    timeout: float = 30.0
+    max_batch: int = 16
+    batch_wait: float = 0.005
+    hosts: HostAllowList = field(default_factory=HostAllowList)
 
 
 def create_app(model: CaptionModel, settings: ServeSettings | None = None) -> Starlette:
-    """The demo's ASGI app over ``model`` (serve it with uvicorn)."""
+    """The demo's ASGI app over ``model`` (serve it with uvicorn). Its ``state`` holds the
+    ``batcher`` (with its stats) and the ``admission``."""
     settings = settings or ServeSettings()
     page = resources.files("captioning.serve").joinpath("page.html").read_text("utf-8")
+    captioning = CaptionEndpoint(model, settings)
 
     async def index(request: Request) -> Response:
         return HTMLResponse(page)
@@ -74,36 +122,113 @@ def create_app(model: CaptionModel, settings: ServeSettings | None = None) -> St
         index = request.path_params["index"]
         if index >= len(settings.examples):
             raise BadRequest(404, f"no example {index}: there are {len(settings.examples)}")
-        return FileResponse(settings.examples[index])
+        found = checked_example(settings.examples[index], ())
+        if found is None:
+            raise BadRequest(404, f"example {index} is no longer an image on disk")
+        return FileResponse(found.path, media_type=found.media_type)
 
-    async def caption(request: Request) -> Response:
-        form = await read_form(request, settings.max_upload_bytes)
-        try:
-            upload = form.get("image")
-            if not isinstance(upload, UploadFile):
-                raise BadRequest(400, "no image: send the file in a multipart field named 'image'")
-            decoding = decoding_fields(form, model, settings)
-            data = await upload.read()
-        finally:
-            await form.close()
-        picture = await run_in_threadpool(load_image_bytes, data, upload_name(upload),
-                                          model.limits)  # fmt: skip
-        result = await run_in_threadpool(model.caption, picture, **decoding)
-        return JSONResponse(result.to_dict())
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        await run_in_threadpool(captioning.batcher.close)
 
     routes = [
         Route("/", index),
         Route("/api/info", info),
         Route("/api/examples/{index:int}", example),
-        Route("/api/caption", caption, methods=["POST"]),
+        Route("/api/caption", captioning.answer, methods=["POST"]),
     ]
-    handlers = {
-        BadRequest: _answer_bad_request,
-        CaptioningError: _answer_user_error,
-        HTTPException: _answer_http_error,
-        Exception: _answer_server_error,
-    }
-    return Starlette(routes=routes, exception_handlers=handlers)
+    middleware = [Middleware(GuardMiddleware, hosts=settings.hosts)]
+    app = Starlette(routes=routes, exception_handlers=EXCEPTION_HANDLERS, middleware=middleware,
+                    lifespan=lifespan)  # fmt: skip
+    app.state.batcher = captioning.batcher
+    app.state.admission = captioning.admission
+    return app
+
+
+class CaptionEndpoint:
+    """``POST /api/caption`` with its limits: the admission of requests, the pixel budget
+    of their decoding and the batcher of their captioning.
+
+    Args:
+        model: the loaded model.
+        settings: the demo's limits.
+    """
+
+    def __init__(self, model: CaptionModel, settings: ServeSettings) -> None:
+        self.model = model
+        self.settings = settings
+        self.admission = Admission(in_flight=settings.max_in_flight, queue=settings.max_queue)
+        self.batcher = Batcher(model, max_batch=settings.max_batch, wait=settings.batch_wait)
+        self.budget = PixelBudget(model.limits.max_pixels)
+
+    async def answer(self, request: Request) -> Response:
+        """The caption of the uploaded image, within the limits (else 503)."""
+        timeout = self.settings.timeout
+        deadline = time.monotonic() + timeout
+        async with self.admission.slot(timeout):
+            try:
+                with anyio.fail_after(max(deadline - time.monotonic(), 0.0)):
+                    result = await self.caption_upload(request, deadline)
+            except TimeoutError:
+                raise Busy(f"the server could not answer within {timeout:g} s (--timeout); "
+                           "try again in a moment") from None  # fmt: skip
+        return JSONResponse(result.to_dict())
+
+    async def caption_upload(self, request: Request, deadline: float) -> Caption:
+        """Read the form, decode the image in the thread pool, caption it in a batch."""
+        with self.batcher.coming() as submit:
+            form = await read_form(request, self.settings.max_upload_bytes)
+            try:
+                upload = form.get("image")
+                if not isinstance(upload, UploadFile):
+                    raise BadRequest(400, "no image: send the file in a multipart field named "
+                                     "'image'")  # fmt: skip
+                decoding = decoding_fields(form, self.model, self.settings)
+                key = (decoding.get("beam_size"), decoding.get("hard_context"))
+                prepare = partial(prepare_upload, self.model, upload.file, upload_name(upload),
+                                  self.budget, deadline)  # fmt: skip
+
+                async def prepared_caption() -> Caption:
+                    inputs = await run_in_threadpool(prepare)  # (3, S, S)
+                    return await asyncio.wrap_future(submit(inputs, key))
+
+                return await unless_gone(request.receive, prepared_caption())
+            finally:
+                with anyio.CancelScope(shield=True):  # past the deadline too: no temp file left
+                    await form.close()
+
+
+def prepare_upload(
+    model: CaptionModel, file: BinaryIO, name: str, budget: PixelBudget, deadline: float
+) -> torch.Tensor:
+    """An upload as the model's input, uint8 (3, S, S): decoded within ``budget`` and reduced
+    on the way (see :func:`~captioning.data.images.load_image_bytes`)."""
+    reserve = partial(budget.reserve, deadline=deadline)
+    picture = load_image_bytes(file, name, model.limits, reduce_to=model.input_size,
+                               reserve=reserve)  # fmt: skip
+    return model.prepare(picture)
+
+
+async def unless_gone(receive: Callable[[], Awaitable[dict]], work: Awaitable[T]) -> T:
+    """``work``'s result; :class:`ClientGone` (``work`` cancelled) as soon as the client
+    disconnects. Call it once the request body has been read."""
+
+    async def disconnected() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not task.done():
+            task.cancel()
+    if task.cancelled():
+        raise ClientGone()
+    return task.result()
 
 
 def upload_name(upload: UploadFile) -> str:
@@ -163,47 +288,75 @@ def decoding_fields(form: FormData, model: CaptionModel, settings: ServeSettings
 
 
 async def read_form(request: Request, limit: int) -> FormData:
-    """The request's form, its body read in full only when it is within ``limit`` bytes."""
+    """The request's multipart form, parsed as it arrives, the body kept no further than
+    ``limit`` bytes (a file part past 1 MB is held in a temporary file, not in memory)."""
     too_large = BadRequest(
         413, f"the upload is larger than the limit of {limit / 2**20:g} MB (--max-upload-mb)"
     )
+    body = _Body(request.receive)
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         if int(declared) <= _DRAIN_LIMIT:
-            await _drain(request)
+            await body.drain()
         raise too_large
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            await _drain(request, already=len(body))  # kept no further than the limit
-            raise too_large
-    sent = False
-
-    async def replay() -> dict[str, Any]:
-        nonlocal sent
-        if sent:
-            return {"type": "http.disconnect"}
-        sent = True
-        return {"type": "http.request", "body": bytes(body), "more_body": False}
-
+    if not request.headers.get("content-type", "").startswith("multipart/form-data"):
+        return FormData()
+    parser = MultiPartParser(request.headers, body.chunks(limit), max_files=2, max_fields=10)
     try:
-        return await Request(request.scope, replay).form(max_files=2, max_fields=10)
+        return await parser.parse()
+    except _TooLarge:
+        await body.drain()  # kept no further than the limit
+        raise too_large from None
     except (MultiPartException, HTTPException) as exc:
         detail = getattr(exc, "message", None) or getattr(exc, "detail", "")
         raise BadRequest(400, f"the form cannot be read ({detail})") from exc
 
 
-async def _drain(request: Request, already: int = 0) -> None:
-    """Read and drop the rest of the body, up to ``_DRAIN_LIMIT`` bytes in all."""
-    async for chunk in request.stream():
-        already += len(chunk)
-        if already > _DRAIN_LIMIT:
-            return
+class _TooLarge(Exception):
+    """The body went past the upload limit while it was read."""
+
+
+class _Body:
+    """A request body read from the ASGI ``receive`` as it arrives, its bytes counted."""
+
+    def __init__(self, receive: Callable[[], Awaitable[dict]]) -> None:
+        self.receive = receive
+        self.received = 0
+        self.ended = False
+
+    async def chunks(self, limit: int | None = None) -> AsyncIterator[bytes]:
+        """The body's chunks; :class:`_TooLarge` once more than ``limit`` bytes came."""
+        while not self.ended:
+            message = await self.receive()
+            if message["type"] == "http.disconnect":
+                raise ClientDisconnect()
+            self.ended = not message.get("more_body", False)
+            chunk = message.get("body", b"")
+            self.received += len(chunk)
+            if limit is not None and self.received > limit:
+                raise _TooLarge()
+            if chunk:
+                yield chunk
+
+    async def drain(self) -> None:
+        """Read and drop the rest of the body, up to ``_DRAIN_LIMIT`` bytes in all, so that
+        a client still sending gets the answer instead of a reset connection."""
+        async for _ in self.chunks():
+            if self.received > _DRAIN_LIMIT:
+                return
 
 
 async def _answer_bad_request(request: Request, exc: BadRequest) -> Response:
     return JSONResponse({"error": exc.message}, status_code=exc.status)
+
+
+async def _answer_busy(request: Request, exc: Busy) -> Response:
+    return JSONResponse({"error": str(exc)}, status_code=503,
+                        headers={"Retry-After": str(RETRY_AFTER)})  # fmt: skip
+
+
+async def _answer_gone(request: Request, exc: Exception) -> Response:
+    return Response(status_code=400)  # nobody is there to read it
 
 
 async def _answer_user_error(request: Request, exc: CaptioningError) -> Response:
@@ -217,23 +370,33 @@ async def _answer_http_error(request: Request, exc: HTTPException) -> Response:
 
 async def _answer_server_error(request: Request, exc: Exception) -> Response:
     logger.exception("unexpected error answering %s", request.url.path)
-    return JSONResponse({"error": f"internal error ({type(exc).__name__})"}, status_code=500)
+    # Answered outside the middleware, so the header is set here.
+    return JSONResponse(
+        {"error": "internal error; the server's log has the details"},
+        status_code=500,
+        headers={NOSNIFF[0].decode(): NOSNIFF[1].decode()},
+    )
 
 
-def example_images(model: CaptionModel, count: int = 6) -> tuple[str, ...]:
-    """Up to ``count`` test images of the checkpoint's dataset, when they are on disk."""
-    from captioning.data import load_splits
-
-    try:
-        test = load_splits(model.config.data).get("test", [])
-    except (CaptioningError, OSError):
-        return ()
-    return tuple(r.path for r in test[:count] if Path(r.path).is_file())
+EXCEPTION_HANDLERS = {
+    BadRequest: _answer_bad_request,
+    Busy: _answer_busy,
+    ClientGone: _answer_gone,
+    ClientDisconnect: _answer_gone,
+    CaptioningError: _answer_user_error,
+    HTTPException: _answer_http_error,
+    Exception: _answer_server_error,
+}
 
 
 def settings_for(
-    model: CaptionModel, max_upload_mb: float, examples: Sequence[str] | None = None
+    model: CaptionModel,
+    max_upload_mb: float,
+    examples: Sequence[str] | None = None,
+    **limits: Any,
 ) -> ServeSettings:
-    """Settings with an upload limit in MB and, unless given, the dataset's test images."""
-    found = example_images(model) if examples is None else tuple(examples)
-    return ServeSettings(max_upload_bytes=int(max_upload_mb * 2**20), examples=found)
+    """Settings with an upload limit in MB and, unless given, the dataset's test images;
+    ``limits`` are other :class:`ServeSettings` fields."""
+    found = example_images(model.config.data) if examples is None else None
+    paths = tuple(e.path for e in found) if found is not None else tuple(examples or ())
+    return ServeSettings(max_upload_bytes=int(max_upload_mb * 2**20), examples=paths, **limits)

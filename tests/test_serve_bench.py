@@ -1,0 +1,50 @@
+"""benchmarks/serve_load.py's rows and summary, and their table in tools/tables.py."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from benchmarks.serve_load import counts, speedups
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _row(max_batch: int, clients: int, rate: float) -> dict:
+    return {"clients": clients, "max_batch": max_batch, "requests": 128, "refused": 0,
+            "requests_per_s": rate, "p50_ms": 80.4, "p95_ms": 90.6, "p99_ms": 99.0,
+            "mean_ms": 81.0, "command": "benchmarks/serve_load.py --checkpoint C",
+            "commit": "abcdef123", "beam_size": 3, "images": 293, "cores": 2,
+            "cpu": "cpu"}  # fmt: skip
+
+
+def test_the_summary_compares_batches_with_one_at_a_time():
+    rows = [_row(1, 1, 10.0), _row(1, 32, 20.0), _row(16, 1, 9.0), _row(16, 32, 70.0)]
+    assert speedups(rows) == [
+        "1 clients: 0.90x the requests/s with --max-batch 16 as with 1",
+        "32 clients: 3.50x the requests/s with --max-batch 16 as with 1",
+    ]
+    assert speedups(rows[2:]) == []  # nothing to compare with
+    assert counts("1,8,32,128", "--clients") == [1, 8, 32, 128]
+    with pytest.raises(SystemExit, match="--clients must be comma-separated whole numbers"):
+        counts("1,x", "--clients")
+    with pytest.raises(SystemExit, match="every --max-batch value must be at least 1"):
+        counts("0,16", "--max-batch")
+
+
+def test_the_table_shows_the_batch_limit_when_rows_have_one():
+    spec = importlib.util.spec_from_file_location("tables", ROOT / "tools" / "tables.py")
+    tables = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tables)
+    table = tables.serve_latency([_row(16, 32, 70.0), _row(1, 32, 20.0)])
+    assert table.splitlines()[:4] == [
+        "| max batch | clients | requests | requests/s | p50 (ms) | p95 (ms) | p99 (ms) "
+        "| refused |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| 1 | 32 | 128 | 20.00 | 80 | 91 | 99 | 0 |",
+        "| 16 | 32 | 128 | 70.00 | 80 | 91 | 99 | 0 |",
+    ]
+    old = {k: v for k, v in _row(1, 1, 12.4).items() if k not in ("max_batch", "refused")}
+    assert tables.serve_latency([old]).splitlines()[2] == "| 1 | 128 | 12.40 | 80 | 91 | 99 |"
