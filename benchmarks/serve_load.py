@@ -14,8 +14,14 @@ client one request at a time on its own connection, the images taken in turn fro
 other status stops the run, exit 1). After a warm-up of ``--warmup`` requests, reports
 requests/s and the p50, p95 and p99 latency (from sending the request to reading the whole
 answer) of the answered requests, prints a table and writes the rows to ``--out`` (JSON, with
-the command and the commit). Nothing leaves the machine: the server and the clients are on
-the loopback address.
+the command and the commit; rows of other ``--name`` values already in the file stay, so
+one file holds several models). Nothing leaves the machine: the server and the clients are
+on the loopback address.
+
+Each row also carries the model's own cost per image outside the server, at batch 1 and at
+the largest ``--max-batch`` (``encode_ms`` for the encoder alone, ``caption_ms`` for encoder
+and beam search): what batching can save is bounded by how much cheaper an image gets in a
+batch, whatever the server does.
 """
 
 from __future__ import annotations
@@ -35,6 +41,9 @@ import time
 import uuid
 from typing import Any
 from urllib.parse import urlsplit
+
+import torch
+from PIL import Image
 
 import captioning
 from benchmarks.photos import git_commit, machine
@@ -150,6 +159,34 @@ def speedups(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def model_cost(model: Any, bodies_images: list[torch.Tensor], batch: int, beam_size: int,
+               repeats: int = 3) -> dict[str, float]:  # fmt: skip
+    """Median milliseconds per image of the encoder alone and of a whole captioning (encoder
+    and beam search) for ``batch`` images at once, on prepared inputs."""
+    inputs = torch.stack([bodies_images[i % len(bodies_images)] for i in range(batch)])
+    encoder = model.model.encoder
+    encode, caption = [], []
+    model.caption_inputs(inputs, beam_size=beam_size)  # warm-up
+    for _ in range(repeats):
+        started = time.perf_counter()
+        with torch.no_grad():
+            encoder(inputs)
+        encode.append((time.perf_counter() - started) / batch)
+        started = time.perf_counter()
+        model.caption_inputs(inputs, beam_size=beam_size, encode_batch=batch)
+        caption.append((time.perf_counter() - started) / batch)
+    return {
+        "encode_ms": round(1000 * statistics.median(encode), 1),
+        "caption_ms": round(1000 * statistics.median(caption), 1),
+    }
+
+
+def merge(path: Path, name: str, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows at ``path`` of other models (``name`` differs) followed by ``rows``."""
+    earlier = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else []
+    return [r for r in earlier if r.get("name") != name] + rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
@@ -166,6 +203,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=300.0,
                         help="the server's deadline per request, seconds")  # fmt: skip
     parser.add_argument("--out", type=Path, default=None, help="write the rows here (JSON)")
+    parser.add_argument(
+        "--name", default="model", help="what the rows call this model (other names' rows stay)"
+    )
     args = parser.parse_args(argv)
     files = sorted(p for p in args.images.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
     if not files:
@@ -178,6 +218,12 @@ def main(argv: list[str] | None = None) -> int:
     bodies = [multipart(p.read_bytes(), p.name, fields) for p in files]
 
     model = captioning.load(args.checkpoint, device="cpu")
+    prepared = [model.prepare(Image.open(p).convert("RGB")) for p in files[: max(batch_limits)]]
+    cost = {
+        f"model_{kind}_batch{batch}": value
+        for batch in sorted({1, max(batch_limits)})
+        for kind, value in model_cost(model, prepared, batch, args.beam_size).items()
+    }
     rows: list[dict[str, Any]] = []
     for max_batch in batch_limits:
         settings = settings_for(model, max_upload_mb=10, examples=(), max_batch=max_batch,
@@ -201,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
                     }
                 )
     context = {
+        "name": args.name,
+        **cost,
         "checkpoint": str(args.checkpoint),
         "images": len(files),
         "beam_size": args.beam_size,
@@ -219,9 +267,10 @@ def main(argv: list[str] | None = None) -> int:
         )
     for line in speedups(rows):
         print(line)
+    print("model alone, ms per image: " + ", ".join(f"{k} {v}" for k, v in cost.items()))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(rows, indent=1) + "\n")
+        args.out.write_text(json.dumps(merge(args.out, args.name, rows), indent=1) + "\n")
         print(f"wrote {args.out}")
     return 0
 

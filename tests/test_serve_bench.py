@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -48,3 +49,29 @@ def test_the_table_shows_the_batch_limit_when_rows_have_one():
     ]
     old = {k: v for k, v in _row(1, 1, 12.4).items() if k not in ("max_batch", "refused")}
     assert tables.serve_latency([old]).splitlines()[2] == "| 1 | 128 | 12.40 | 80 | 91 | 99 |"
+
+
+def test_rows_of_two_models_share_the_file_and_the_table(tmp_path: Path):
+    from benchmarks.serve_load import merge
+
+    def named(name: str, max_batch: int, clients: int, rate: float) -> dict:
+        row = _row(max_batch, clients, rate)
+        row.update(name=name, model_encode_ms_batch1=23.0, model_encode_ms_batch16=22.6,
+                   model_caption_ms_batch1=41.0, model_caption_ms_batch16=30.2)  # fmt: skip
+        return row
+
+    out = tmp_path / "rows.json"
+    out.write_text(json.dumps([named("shapes", 1, 32, 40.0), named("photos", 1, 32, 9.0)]))
+    rows = merge(out, "photos", [named("photos", 1, 32, 10.0), named("photos", 16, 32, 15.0)])
+    assert [(r["name"], r["requests_per_s"]) for r in rows] == [
+        ("shapes", 40.0),  # another model's row stays
+        ("photos", 10.0),  # this model's rows are replaced
+        ("photos", 15.0),
+    ]
+    spec = importlib.util.spec_from_file_location("tables", ROOT / "tools" / "tables.py")
+    tables = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tables)
+    table = tables.serve_latency(rows)
+    assert "| photos | 16 | 32 | 128 | 15.00 |" in table
+    assert "batches against one image at a time: 1.50x at 32 clients" in table
+    assert "ms per image at batch 1 / 16: encoder 23 / 23, encoder and beam search 41 / 30" in table

@@ -148,25 +148,66 @@ def photo_levers(rows: Rows) -> str:
 def serve_latency(rows: Rows) -> str:
     """The web demo's latency per client count (``benchmarks/serve_load.py``); rows measured
     with several ``--max-batch`` limits get a column for it (1: one image at a time) and the
-    requests refused (503)."""
+    requests refused (503); rows of several models (``--name``) a column for the model, and
+    each model's own cost per image at batch 1 and at its largest batch."""
     batches = any("max_batch" in r for r in rows)
+    names = any("name" in r for r in rows)
     head = ["clients", "requests", "requests/s", "p50 (ms)", "p95 (ms)", "p99 (ms)"]
     if batches:
         head = ["max batch", *head, "refused"]
+    if names:
+        head = ["model", *head]
     lines = ["| " + " | ".join(head) + " |", "| " + " | ".join(["---"] * len(head)) + " |"]
-    for r in sorted(rows, key=lambda r: (r.get("max_batch", 0), r["clients"])):
+    order = list(dict.fromkeys(r.get("name", "") for r in rows))
+    key = lambda r: (order.index(r.get("name", "")), r.get("max_batch", 0), r["clients"])  # noqa: E731
+    for r in sorted(rows, key=key):
         cells = [str(r["clients"]), str(r["requests"]), f"{r['requests_per_s']:.2f}",
                  f"{r['p50_ms']:.0f}", f"{r['p95_ms']:.0f}", f"{r['p99_ms']:.0f}"]  # fmt: skip
         if batches:
             cells = [str(r.get("max_batch", 1)), *cells, str(r.get("refused", 0))]
+        if names:
+            cells = [r.get("name", ""), *cells]
         lines.append("| " + " | ".join(cells) + " |")
-    first = rows[0]
     lines.append("")
-    lines.append(
-        f"`{first['command']}`, commit {first['commit'][:7]}, beam {first['beam_size']}, "
-        f"{first['images']} images sent in turn; {first['cores']} cores ({first['cpu']})."
-    )
-    return "\n".join(lines) + "\n"
+    for name in order:
+        group = [r for r in rows if r.get("name", "") == name]
+        first = group[0]
+        notes = _batch_gain(group)
+        costs = sorted(k for k in first if k.startswith("model_encode_ms_batch"))
+        if costs:
+            sizes = [int(k.rsplit("batch", 1)[1]) for k in costs]
+            notes.append(
+                "the model alone, ms per image at batch "
+                + " / ".join(str(b) for b in sorted(sizes))
+                + ": encoder "
+                + " / ".join(f"{first[f'model_encode_ms_batch{b}']:.0f}" for b in sorted(sizes))
+                + ", encoder and beam search "
+                + " / ".join(f"{first[f'model_caption_ms_batch{b}']:.0f}" for b in sorted(sizes))
+            )
+        label = f"**{name}**: " if names else ""
+        lines.append(
+            f"{label}`{first['command']}`, commit {first['commit'][:7]}, beam "
+            f"{first['beam_size']}, {first['images']} images sent in turn; {first['cores']} "
+            f"cores ({first['cpu']})" + "".join(f"; {n}" for n in notes) + "."
+        )
+        lines.append("")
+    return "\n".join(lines[:-1]) + "\n"
+
+
+def _batch_gain(rows: Rows) -> list[str]:
+    """The requests/s with the largest batch limit over one image at a time, per client
+    count above one (an empty list without both)."""
+    gains = []
+    for clients in sorted({r["clients"] for r in rows}):
+        rates = {
+            r.get("max_batch", 1): r["requests_per_s"] for r in rows if r["clients"] == clients
+        }
+        largest = max(rates)
+        if largest > 1 and 1 in rates and clients > 1:
+            gains.append(f"{rates[largest] / rates[1]:.2f}x at {clients}")
+    if not gains:
+        return []
+    return ["batches against one image at a time: " + ", ".join(gains) + " clients"]
 
 
 TABLES: dict[str, Callable[[Rows], str]] = {
