@@ -74,4 +74,6 @@ def test_rows_of_two_models_share_the_file_and_the_table(tmp_path: Path):
     table = tables.serve_latency(rows)
     assert "| photos | 16 | 32 | 128 | 15.00 |" in table
     assert "batches against one image at a time: 1.50x at 32 clients" in table
-    assert "ms per image at batch 1 / 16: encoder 23 / 23, encoder and beam search 41 / 30" in table
+    assert "the encoder alone 23.0 / 22.6 at batch 1 / 16 ms per image" in table
+    assert "encoder and beam search 41.0 / 30.2 at batch 1 / 16" in table
+    assert "so at most 44 requests/s whatever the server does" in table

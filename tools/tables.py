@@ -173,17 +173,7 @@ def serve_latency(rows: Rows) -> str:
         group = [r for r in rows if r.get("name", "") == name]
         first = group[0]
         notes = _batch_gain(group)
-        costs = sorted(k for k in first if k.startswith("model_encode_ms_batch"))
-        if costs:
-            sizes = [int(k.rsplit("batch", 1)[1]) for k in costs]
-            notes.append(
-                "the model alone, ms per image at batch "
-                + " / ".join(str(b) for b in sorted(sizes))
-                + ": encoder "
-                + " / ".join(f"{first[f'model_encode_ms_batch{b}']:.0f}" for b in sorted(sizes))
-                + ", encoder and beam search "
-                + " / ".join(f"{first[f'model_caption_ms_batch{b}']:.0f}" for b in sorted(sizes))
-            )
+        notes += _model_cost(first)
         label = f"**{name}**: " if names else ""
         lines.append(
             f"{label}`{first['command']}`, commit {first['commit'][:7]}, beam "
@@ -192,6 +182,32 @@ def serve_latency(rows: Rows) -> str:
         )
         lines.append("")
     return "\n".join(lines[:-1]) + "\n"
+
+
+def _model_cost(row: dict[str, Any]) -> list[str]:
+    """The model's own ms per image by batch size (encoder; encoder and beam search) and
+    the requests/s its encoder allows at best, from ``benchmarks/serve_load.py``'s row."""
+
+    def by_batch(kind: str) -> dict[int, float]:
+        prefix = f"model_{kind}_ms_batch"
+        return {int(k[len(prefix) :]): v for k, v in row.items() if k.startswith(prefix)}
+
+    encode, caption = by_batch("encode"), by_batch("caption")
+    if not encode:
+        return []
+
+    def listing(values: dict[int, float]) -> str:
+        sizes = sorted(values)
+        ms = " / ".join(f"{values[b]:.1f}" for b in sizes)
+        return f"{ms} at batch {' / '.join(str(b) for b in sizes)}"
+
+    notes = [f"the encoder alone {listing(encode)} ms per image"]
+    if caption:
+        notes.append(f"encoder and beam search {listing(caption)}")
+    notes.append(
+        f"so at most {1000 / min(encode.values()):.0f} requests/s whatever the server does"
+    )
+    return notes
 
 
 def _batch_gain(rows: Rows) -> list[str]:
