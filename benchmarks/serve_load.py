@@ -21,7 +21,8 @@ on the loopback address.
 Each row also carries the model's own cost per image outside the server (``encode_ms`` for
 the encoder alone at 1, 2 and the largest ``--max-batch`` images at once, ``caption_ms`` for
 encoder and beam search at 1 and the largest): whatever the server does, its requests/s
-cannot pass 1000 / the encoder's cheapest ms per image.
+cannot pass 1000 / (the encoder's cheapest ms per image + ``prepare_ms``, the cost of turning
+an upload into the model's input) on one core's worth of work per image.
 """
 
 from __future__ import annotations
@@ -43,10 +44,10 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import torch
-from PIL import Image
 
 import captioning
 from benchmarks.photos import git_commit, machine
+from captioning.data.images import load_image_bytes
 from captioning.serve.app import settings_for
 from captioning.serve.server import BackgroundServer
 
@@ -160,13 +161,21 @@ def speedups(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def model_cost(
-    model: Any, images: list[torch.Tensor], largest: int, beam_size: int, repeats: int = 3
+    model: Any, files: list[Path], largest: int, beam_size: int, repeats: int = 3
 ) -> dict[str, float]:
-    """Median milliseconds per image, outside the server, on prepared inputs: of the encoder
+    """Median milliseconds per image, outside the server: of turning an upload into the
+    model's input as the server does (decode, reduce, resize; ``prepare_ms``), of the encoder
     alone for 1, 2 and ``largest`` images at once, and of a whole captioning (encoder and
     beam search, encoding two images at a time on a CPU as the server does) for 1 and
     ``largest`` images at once."""
-    cost: dict[str, float] = {}
+    images, prepare = [], []
+    for path in files[: max(largest, 20)]:
+        data = path.read_bytes()
+        started = time.perf_counter()
+        picture = load_image_bytes(data, path.name, model.limits, reduce_to=model.input_size)
+        images.append(model.prepare(picture))
+        prepare.append(time.perf_counter() - started)
+    cost: dict[str, float] = {"prepare_ms": round(1000 * statistics.median(prepare), 1)}
     encode_batch = 2 if model.device.type == "cpu" else None
     for batch in sorted({1, 2, largest}):
         inputs = torch.stack([images[i % len(images)] for i in range(batch)])
@@ -227,8 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     bodies = [multipart(p.read_bytes(), p.name, fields) for p in files]
 
     model = captioning.load(args.checkpoint, device="cpu")
-    prepared = [model.prepare(Image.open(p).convert("RGB")) for p in files[: max(batch_limits)]]
-    cost = model_cost(model, prepared, max(batch_limits), args.beam_size)
+    cost = model_cost(model, files, max(batch_limits), args.beam_size)
     rows: list[dict[str, Any]] = []
     for max_batch in batch_limits:
         settings = settings_for(model, max_upload_mb=10, examples=(), max_batch=max_batch,
