@@ -226,7 +226,7 @@ def test_caption_cli_reports_bad_files_and_captions_the_rest(trained, tmp_path, 
     assert [line["image"] for line in lines] == images
     assert [("caption" in line) for line in lines] == [True, False, False, False, True, True]
     assert "no such file" in lines[1]["error"] and "directory" in lines[2]["error"]
-    assert "not an image" in lines[3]["error"]
+    assert "not a JPEG, PNG, WebP, GIF, BMP or TIFF image" in lines[3]["error"]
     assert len(captured.err.strip().splitlines()) == 3
     assert all(line.startswith("error: ") for line in captured.err.strip().splitlines())
     for line in lines:
