@@ -159,6 +159,7 @@ def _run(*args: str) -> subprocess.CompletedProcess:
                           env=env, timeout=300, check=False)  # fmt: skip
 
 
+@pytest.mark.slow  # several interpreter starts with torch: about 20 s on 2 cores
 def test_the_command_converts_wrapped_weights_and_refuses_in_one_line(old_model, tmp_path):
     src = tmp_path / "old.pt"
     torch.save({"state_dict": old_model.state_dict(), "epoch": 3}, src)

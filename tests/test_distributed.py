@@ -75,8 +75,10 @@ FAMILY = {
 VARIANTS.update(FAMILY)
 
 
+# Each run starts torchrun twice (about 8 s on 2 cores): soft attention stays in the default
+# suite, the hard-attention estimators and the attention family run with the slow tests.
 @pytest.mark.parametrize("variant", [
-    pytest.param(name, marks=pytest.mark.slow) if name in FAMILY else name for name in VARIANTS
+    name if name == "soft" else pytest.param(name, marks=pytest.mark.slow) for name in VARIANTS
 ])  # fmt: skip
 def test_two_processes_match_one_with_the_global_batch(shapes, tmp_path, variant):
     extra = VARIANTS[variant]
@@ -131,7 +133,9 @@ def test_two_processes_match_one_with_the_global_batch(shapes, tmp_path, variant
 RESUMED = {**VARIANTS, "scst": ["train.objective=scst", "train.scst_samples=2"]}
 
 
-@pytest.mark.parametrize("variant", ["soft", "hard", pytest.param("scst", marks=pytest.mark.slow)])
+# about 20 s each on 2 cores: with the slow tests
+@pytest.mark.parametrize("variant", [pytest.param(v, marks=pytest.mark.slow)
+                                     for v in ("soft", "hard", "scst")])  # fmt: skip
 def test_resume_under_torchrun_is_exact(shapes, tmp_path, variant):
     args = ["train", "--config", CONFIG,
             *overrides(shapes, "train.batch_size=4", *RESUMED[variant])]  # fmt: skip
