@@ -5,9 +5,8 @@
     python benchmarks/serve_load.py --checkpoint C --images DIR --clients 1,8 --requests 100 \
         --max-batch 16
 
-Starts the demo (``captioning serve``) on a free port of 127.0.0.1, in a process of its own
-(so that the clients' threads never hold the server's interpreter lock), once per
-``--max-batch`` value (default ``1,16``: one image captioned at a
+Starts the demo (``captioning serve``'s app) on a free port of 127.0.0.1, in this process on a
+thread of its own, once per ``--max-batch`` value (default ``1,16``: one image captioned at a
 time, then concurrent requests captioned together), then for each client count of
 ``--clients`` (default ``1,8,32,128``) sends ``--requests`` POSTs to ``/api/caption``, each
 client one request at a time on its own connection, the images taken in turn from
@@ -37,14 +36,10 @@ if __package__ in (None, ""):  # run as a script: the repository root holds the 
 import argparse
 import http.client
 import json
-import socket
 import statistics
-import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -53,6 +48,8 @@ import torch
 import captioning
 from benchmarks.photos import git_commit, machine
 from captioning.data.images import load_image_bytes
+from captioning.serve.app import settings_for
+from captioning.serve.server import BackgroundServer
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp")
 
@@ -136,44 +133,6 @@ def run_clients(
     if not latencies:
         raise SystemExit(f"error: all {requests} requests were refused (503)")
     return latencies, time.perf_counter() - started, len(refused)
-
-
-@contextmanager
-def server_process(
-    checkpoint: str, max_batch: int, max_queue: int, timeout: float
-) -> Iterator[str]:
-    """``captioning serve`` on a free port of 127.0.0.1 in a child process; yields its URL
-    once ``/api/info`` answers, and stops it afterwards."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    command = [sys.executable, "-m", "captioning", "serve", "--quiet", "--checkpoint", checkpoint,
-               "--port", str(port), "--max-batch", str(max_batch), "--max-queue",
-               str(max_queue), "--timeout", str(timeout)]  # fmt: skip
-    child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            if child.poll() is not None:
-                message = child.stderr.read().decode(errors="replace").strip().splitlines()
-                raise SystemExit(f"error: the server stopped: {message[-1] if message else ''}")
-            try:
-                connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-                connection.request("GET", "/api/info")
-                if connection.getresponse().status == 200:
-                    break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise SystemExit("error: the server did not answer within 300 s") from None
-                time.sleep(0.5)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        child.terminate()
-        try:
-            child.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()
 
 
 def counts(text: str, option: str) -> list[int]:
@@ -280,8 +239,9 @@ def main(argv: list[str] | None = None) -> int:
     cost = model_cost(model, files, max(batch_limits), args.beam_size)
     rows: list[dict[str, Any]] = []
     for max_batch in batch_limits:
-        queue = max(client_counts)
-        with server_process(str(args.checkpoint), max_batch, queue, args.timeout) as url:
+        settings = settings_for(model, max_upload_mb=10, examples=(), max_batch=max_batch,
+                                timeout=args.timeout, max_queue=max(client_counts))  # fmt: skip
+        with BackgroundServer(model, settings) as url:
             run_clients(url, bodies, 1, args.warmup)
             for clients in client_counts:
                 latencies, seconds, refused = run_clients(url, bodies, clients, args.requests)
