@@ -664,5 +664,15 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 
 
 def save_config(cfg: Config, path: str | Path) -> None:
-    """Write the resolved config as YAML (every key, so the run is self-describing)."""
-    Path(path).write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+    """Write the resolved config as YAML (every key, so the run is self-describing).
+
+    Raises:
+        ConfigError: in one line, when the file cannot be written (a full disk, no
+            permission).
+    """
+    try:
+        Path(path).write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+    except OSError as exc:
+        raise ConfigError(
+            f"{path}: cannot write ({exc.strerror or exc}); free some space or choose another --out"
+        ) from exc

@@ -387,3 +387,14 @@ def test_a_full_disk_during_a_checkpoint_write_is_one_line_and_keeps_the_last_on
                                  f"kept; free some space and run again")  # fmt: skip
     assert load_checkpoint(run / "last.pt")["epoch"] == 1
     assert not list(run.glob(".*.tmp"))
+
+
+def test_a_full_disk_when_writing_the_runs_config_is_one_line(tmp_path, monkeypatch):
+    from captioning.config import ConfigError, save_config
+
+    def full(self, *args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", full)
+    with pytest.raises(ConfigError, match=r"config.yaml: cannot write \(No space left on device\)"):
+        save_config(load_config(None, []), tmp_path / "config.yaml")

@@ -158,7 +158,13 @@ def prepare_coco(
         if missing:
             raise DataError(f"{path}: holds no {', '.join(sorted(missing))}; this is not "
                             f"Karpathy's caption_datasets.zip (check --base-url)")  # fmt: skip
-        marker.write_text("\n".join(members) + "\n")
+        try:
+            marker.write_text("\n".join(members) + "\n")
+        except OSError as exc:  # the files are unpacked; only the note of it is missing
+            raise DataError(
+                f"{marker}: cannot write ({exc.strerror or exc}); free some space, then run "
+                f"the same command again (it unpacks {name} once more)"
+            ) from exc
         if not keep_archives:
             path.unlink()
         logger.info("%s: %d files unpacked into %s", name, len(members), root)
