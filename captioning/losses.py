@@ -31,14 +31,14 @@ def token_nll(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -
 
 def smoothed_nll(
     logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, smoothing: float
-) -> torch.Tensor:
-    """Label-smoothed cross-entropy per position (Szegedy et al. 2016), 0 on padding:
-    ``(1 - smoothing) * -log p(y_t) + smoothing * mean_v -log p(v)``; (B, T, V), (B, T),
-    (B, T) → (B, T)."""
-    loss = F.cross_entropy(
-        logits.float().flatten(0, 1), targets.flatten(), reduction="none", label_smoothing=smoothing
-    ).view_as(targets)  # (B, T)
-    return loss * mask
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """-log p(y_t) and the label-smoothed cross-entropy (Szegedy et al. 2016)
+    ``(1 - smoothing) * -log p(y_t) + smoothing * mean_v -log p(v)`` per position, 0 on
+    padding, from one log-softmax: (B, T, V), (B, T), (B, T) → (B, T), (B, T)."""
+    log_p = torch.log_softmax(logits.float(), dim=-1)  # (B, T, V)
+    nll = -log_p.gather(2, targets.unsqueeze(2)).squeeze(2)  # (B, T)
+    smoothed = (1.0 - smoothing) * nll - smoothing * log_p.mean(dim=-1)  # (B, T)
+    return nll * mask, smoothed * mask
 
 
 def doubly_stochastic_penalty(alphas: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -105,10 +105,11 @@ def caption_loss(
             plain one.
     """
     mask = (targets != pad_id).float()  # (B, T)
-    nll = token_nll(output.logits, targets, mask)  # (B, T)
     trained = None
     if label_smoothing > 0:
-        trained = smoothed_nll(output.logits, targets, mask, label_smoothing)  # (B, T)
+        nll, trained = smoothed_nll(output.logits, targets, mask, label_smoothing)  # (B, T)
+    else:
+        nll = token_nll(output.logits, targets, mask)  # (B, T)
     penalty = doubly_stochastic_penalty(output.alphas, mask)  # (B,)
     return caption_terms(nll, penalty, penalty_weight, mask, trained=trained)
 
