@@ -18,6 +18,7 @@ trained (estimator, baseline, mixing) lives in :mod:`captioning.hard_attention`.
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass, replace
 from functools import partial
@@ -503,7 +504,8 @@ class MultiHeadAttention(nn.Module):
     decoder's output layer (and the LSTM, with the context fed to it) already applies a
     learnt linear map to the context, and a second one in front of it stalls training
     (docs/attention.md#multi-head-attention). So with H heads that agree the context is the
-    single head's, at any scale. The reported ``alpha`` is the mean of the heads' weights (a
+    single head's, at any scale; :func:`build_attention` starts them as copies of one. The
+    reported ``alpha`` is the mean of the heads' weights (a
     distribution over the cells: what heatmaps, grounding and the doubly stochastic penalty
     read); ``heads`` holds each head's.
 
@@ -586,8 +588,12 @@ def build_attention(
         # Each head scores with the single head's width: under Adam a score's logits grow
         # about in proportion to its hidden units, and heads of attention_dim / H units stay
         # near uniform (at H = 8 on shapes, a head's largest weight 0.06-0.16 after 7 epochs).
-        scores = [make_score(score, feature_dim, query_dim, attention_dim, cells)
-                  for _ in range(heads)]  # fmt: skip
+        # The heads start as copies of one: the model starts as the single-head model of the
+        # same seed (the same function, the same random draws for everything else), and the
+        # heads part as each learns from its own channel group. Independently drawn heads
+        # start elsewhere, and on shapes stalled where one head of the same seed did not.
+        first = make_score(score, feature_dim, query_dim, attention_dim, cells)
+        scores = [first, *(copy.deepcopy(first) for _ in range(heads - 1))]
         return MultiHeadAttention(scores, context_dim or feature_dim)
     score_module = make_score(score, feature_dim, query_dim, attention_dim, cells)
     if kind == "local":
