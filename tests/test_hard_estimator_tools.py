@@ -52,11 +52,20 @@ def test_every_estimator_trains_the_shipped_config_with_the_same_soft_share():
     assert compare.estimator_config(HARD, "exact", 0, [], 0.0).train.exact_soft_p == 0
 
 
-def test_a_refused_config_stops_before_any_run_in_one_line(tmp_path):
+def test_a_refused_config_stops_before_any_run_in_one_line(tmp_path, capsys):
     soft = str(ROOT / "configs" / "shapes_soft.yaml")
     with pytest.raises(SystemExit, match="^error: train.hard_estimator=gumbel trains hard"):
         compare.main(["--config", soft, "--out", str(tmp_path), "--estimators", "gumbel"])
+    with pytest.raises(SystemExit):  # the tool sets the mixing itself
+        compare.main(["--out", str(tmp_path), "--set", "train.exact_soft_p=0"])
+    assert "give the share of expected-context minibatches as --soft-share" in (
+        capsys.readouterr().err
+    )
     assert not any(tmp_path.iterdir())
+    # the paper's wiring for the sampling estimators, although exact would refuse it
+    paper = ["model.gate=scalar", "model.context_to_lstm=true"]
+    cfg = compare.estimator_config(HARD, "vimco", 0, paper, None)
+    assert cfg.model.context_to_lstm and cfg.train.semi_sampling_p == 0.5
 
 
 def row(estimator, seed, exact, **settings):

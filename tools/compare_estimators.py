@@ -11,9 +11,10 @@ same share P of its minibatches with the expected context instead (``--soft-shar
 the config's own share, ``train.exact_soft_p`` when it trains ``exact``, else 1 -
 ``train.semi_sampling_p``): ``exact`` through ``train.exact_soft_p = P``, the sampling
 estimators through ``train.semi_sampling_p = 1 - P`` with ``train.exact_soft_p = 0``, which
-they need. The sampling estimators keep the config's lambda_r (``train.reinforce_weight``),
-entropy bonus (``train.entropy_weight``) and, for reinforce_loo and vimco, K
-(``train.hard_samples``); ``exact`` has none of these terms. Every row names these settings.
+they need (so ``--set`` of either key is refused: give ``--soft-share``). The sampling
+estimators keep the config's lambda_r (``train.reinforce_weight``), entropy bonus
+(``train.entropy_weight``) and, for reinforce_loo and vimco, K (``train.hard_samples``);
+``exact`` has none of these terms. Every row names these settings.
 
 Each ``best.pt`` is decoded on the test split with every decode mode (``marginal`` too,
 without the context in the LSTM) and scored without METEOR: exact match, BLEU-4, CIDEr-D and
@@ -48,6 +49,8 @@ COLUMNS = {
 }
 
 
+# the keys through which the tool sets each estimator's share of expected-context minibatches
+MIXING = ("train.exact_soft_p", "train.semi_sampling_p")
 # the estimators with a score-function term, scaled by lambda_r (train.reinforce_weight)
 SCORE_FUNCTION = ("reinforce", "reinforce_loo", "vimco")
 
@@ -71,9 +74,10 @@ def estimator_overrides(estimator: str, soft_share: float) -> list[str]:
 def estimator_config(
     config: str, estimator: str, seed: int, overrides: list[str], soft_share: float | None
 ) -> Config:
-    """The config one (estimator, seed) run trains with."""
+    """The config one (estimator, seed) run trains with; ``soft_share`` None takes the
+    config file's own."""
     if soft_share is None:
-        soft_share = soft_share_of(load_config(config, overrides))
+        soft_share = soft_share_of(load_config(config))
     return load_config(config, [*overrides, *estimator_overrides(estimator, soft_share),
                                 f"train.seed={seed}", "train.quiet=true"])  # fmt: skip
 
@@ -180,6 +184,12 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.soft_share is not None and not 0.0 <= args.soft_share < 1.0:
         parser.error(f"--soft-share must be in [0, 1), got {args.soft_share}")
+    for override in args.overrides:
+        if override.split("=")[0].strip() in MIXING:
+            parser.error(
+                f"--set {override}: the tool sets the mixing of every estimator; "
+                f"give the share of expected-context minibatches as --soft-share"
+            )
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     out = Path(args.out)
     try:  # every run's config is checked before the first run starts
