@@ -502,12 +502,11 @@ class MultiHeadAttention(nn.Module):
     the values W_v a_i, whose h-th block of rows is then head h's value projection), and the
     context is the H groups side by side, (B, D). There is no output projection: the
     decoder's output layer (and the LSTM, with the context fed to it) already applies a
-    learnt linear map to the context, and a second one in front of it stalls training
-    (docs/attention.md#multi-head-attention). So with H heads that agree the context is the
-    single head's, at any scale; :func:`build_attention` starts them as copies of one. The
-    reported ``alpha`` is the mean of the heads' weights (a
-    distribution over the cells: what heatmaps, grounding and the doubly stochastic penalty
-    read); ``heads`` holds each head's.
+    learnt linear map to the context (docs/attention.md#multi-head-attention has the runs).
+    So with H heads that agree the context is the single head's, at any scale;
+    :func:`build_attention` starts them as copies of one. The reported ``alpha`` is the mean
+    of the heads' weights (a distribution over the cells: what heatmaps, grounding and the
+    doubly stochastic penalty read); ``heads`` holds each head's.
 
     Args:
         scores: one score module per head, all of one kind.
@@ -591,7 +590,7 @@ def build_attention(
         # The heads start as copies of one: the model starts as the single-head model of the
         # same seed (the same function, the same random draws for everything else), and the
         # heads part as each learns from its own channel group. Independently drawn heads
-        # start elsewhere, and on shapes stalled where one head of the same seed did not.
+        # start elsewhere (on shapes, H = 4 at seed 0: test exact match 0.044 against 0.976).
         first = make_score(score, feature_dim, query_dim, attention_dim, cells)
         scores = [first, *(copy.deepcopy(first) for _ in range(heads - 1))]
         return MultiHeadAttention(scores, context_dim or feature_dim)
