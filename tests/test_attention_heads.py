@@ -149,3 +149,30 @@ def test_four_heads_learn_as_fast_as_one():
 def test_heads_must_divide_the_context():
     with pytest.raises(ConfigError, match="model.heads=3 must divide the context's size 32"):
         build_attention("soft", "additive", 32, 24, 16, cells=36, heads=3)
+
+
+def test_with_projected_values_each_head_reads_its_block_of_them():
+    """``model.values=projected``: head h averages the h-th block of W_v a_i, the field's
+    per-head value projection; all words at once equal the step loop."""
+    torch.manual_seed(0)
+    cfg = load_config(None, [*TINY, "model.heads=2", "model.values=projected",
+                             "model.value_dim=24", "model.context_to_lstm=false"])  # fmt: skip
+    model = build_model(cfg.model, 11)
+    images = torch.rand(2, 3, 48, 48, generator=torch.Generator().manual_seed(1))
+    decoder = model.decoder
+    with torch.no_grad():
+        for param in decoder.attention.heads[1].parameters():
+            param.add_(0.5 * torch.randn_like(param))  # the heads part, as in training
+        features = model.encode(images)
+        values = decoder.value_proj(features)  # (B, L, 24)
+        state = decoder.init_state(features)
+        out = decoder.attention(values, decoder.prepare(features)[..., 24:], state.h)
+    for head in range(2):
+        block = values[..., head * 12 : (head + 1) * 12]
+        expected = torch.einsum("bl,bld->bd", out.heads[:, head], block)
+        torch.testing.assert_close(out.context[:, head * 12 : (head + 1) * 12], expected)
+    tokens = torch.randint(4, 11, (2, 6), generator=torch.Generator().manual_seed(2))
+    tokens[:, 0] = 1
+    together = model(images, tokens)
+    decoder.parallel = False
+    torch.testing.assert_close(model(images, tokens).logits, together.logits, atol=1e-5, rtol=0)
