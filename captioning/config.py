@@ -98,7 +98,7 @@ class ModelConfig:
     # size value_dim, a projection of their own beside the score's keys (key-value attention)
     values: Literal["features", "projected"] = "features"
     value_dim: int = 512
-    heads: int = 1  # > 1: soft multi-head attention, attention_dim / heads per head
+    heads: int = 1  # > 1: soft multi-head attention; each head averages 1/heads of the channels
     # decoder
     embed_dim: int = 512
     hidden_dim: int = 1024
@@ -355,9 +355,6 @@ def _validate(cfg: Config) -> None:
             f"model.heads={cfg.model.heads} needs model.attention=soft: hard attention samples "
             f"one cell from one distribution (use model.heads=1)"
         )
-    if cfg.model.attention_dim % cfg.model.heads:
-        raise ConfigError(f"model.heads={cfg.model.heads} must divide "
-                          f"model.attention_dim={cfg.model.attention_dim}")  # fmt: skip
     if cfg.model.values == "projected" and cfg.model.attention == "none":
         raise ConfigError("model.values=projected averages values by attention weights; "
                           "model.attention=none has none (use soft or hard)")  # fmt: skip

@@ -171,7 +171,10 @@ def test_baseline_keeps_it_unbiased_and_lowers_the_variance(problem, reinforce_g
     _check_unbiased(problem[2], with_baseline)
     ratio = float(plain.var(dim=0).sum() / with_baseline.var(dim=0).sum())
     print(f"estimator variance without / with baseline: {ratio:.1f}x")
-    assert ratio > 2.0
+    # docs/hard-attention.md quotes 154x: the draws are seeded, so 10% covers arithmetic that
+    # differs between machines; other draws give other ratios (a variance from 200 batches
+    # is itself uncertain by about 10%)
+    assert ratio == pytest.approx(154.0, rel=0.1)
 
 
 def test_leave_one_out_is_unbiased_and_beats_no_baseline(problem, reinforce_gradients):
@@ -181,7 +184,7 @@ def test_leave_one_out_is_unbiased_and_beats_no_baseline(problem, reinforce_grad
     _check_unbiased(exact, loo)
     ratio = float(reinforce_gradients[0].var(dim=0).sum() / loo.var(dim=0).sum())
     print(f"estimator variance, no baseline / leave-one-out: {ratio:.1f}x")
-    assert ratio > 2.0
+    assert ratio == pytest.approx(142.0, rel=0.1)  # as quoted in docs/hard-attention.md
 
 
 def test_vimco_is_unbiased_for_its_bound():
@@ -226,8 +229,9 @@ def test_gumbel_bias_is_measured(problem):
         f"straight-through Gumbel (temperature 1) against d E_q[log p(y | s)]: relative "
         f"error of the mean {relative:.3f}, cosine {cosine:.3f}, largest z {largest:.1f}"
     )
-    # biased, but a usable direction: it still points uphill
-    assert math.isfinite(relative) and cosine > 0
+    # biased, but a usable direction: as docs/hard-attention.md quotes, 8.4% off in norm,
+    # cosine 0.996, and far outside the estimate's own noise in some coordinate
+    assert relative == pytest.approx(0.084, abs=0.01) and cosine > 0.99 and largest > 50
 
 
 # --------------------------------------------------------------------------- the objective

@@ -1,7 +1,10 @@
 """Hard attention's gradient estimators against the exact gradient, per unit of wall time.
 
     python tools/estimator_variance.py --checkpoint runs/hard_mid/last.pt \
-        [--batch 32] [--repeats 20] [--samples 4] [--out runs/estimators]
+        [--batch 32] [--repeats 20] [--samples 4] [--baseline-batches 20] [--out runs/estimators]
+
+``runs/hard_mid`` is a hard model mid-training, e.g. ``captioning train --config
+configs/shapes_hard.yaml --set train.epochs=2 --out runs/hard_mid``.
 
 The checkpoint must be a hard-attention model with ``model.context_to_lstm: false``: then
 h_t does not depend on the cells, the marginal log p(y | a) = sum_t log sum_l alpha_tl
@@ -16,22 +19,33 @@ trainable weights: seconds per estimate; the variance (trace of the covariance o
 estimate); the squared bias and the mean squared error against the exact gradient of log
 p(y | a); and MSE x seconds, the error that one second of estimates leaves (smaller is
 better). All estimators use lambda_r = 1, no entropy bonus, no penalty and no mixing with the
-expected context, so that each estimates its objective's gradient; "reinforce (paper)" adds
-the authors' lambda_r = 0.1 and entropy bonus 0.002, which bias it on purpose.
+expected context (every minibatch samples; ``exact`` takes the marginal on every minibatch,
+whatever the checkpoint's ``train.exact_soft_p``), so that each estimates its objective's
+gradient; "reinforce (paper)" adds the authors' lambda_r = 0.1 and entropy bonus 0.002, which
+bias it on purpose.
+
+Each estimator is measured with the baseline it trains with: leave-one-out and VIMCO with
+their own (the other samples of the caption), Gumbel and exact with none, and REINFORCE with
+its moving-average baseline b (decay ``train.baseline_decay``) as it stands at this point of
+training: the checkpoint's own when REINFORCE trained it, else the moving average of the mean
+reward over ``--baseline-batches`` training batches after the measured one (the batch itself
+is left out, so that b does not know its rewards). "reinforce, no baseline" (b = 0) shows what
+the baseline removes.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import time
 from pathlib import Path
 
 import torch
 
+from captioning.checkpoint import load_checkpoint
 from captioning.config import Config, replace_section
 from captioning.data import CaptionDataset, collate, load_splits
+from captioning.errors import CaptioningError
 from captioning.hard_attention import HardAttentionObjective
 from captioning.inference import load_model
 from captioning.models import Captioner
@@ -39,18 +53,19 @@ from captioning.models.attention import HardContext
 from captioning.vocab import Vocabulary
 
 UNBIASED = {"reinforce_weight": 1.0, "entropy_weight": 0.0, "doubly_stochastic_weight": 0.0,
-            "semi_sampling_p": 1.0}  # fmt: skip
+            "semi_sampling_p": 1.0, "exact_soft_p": 0.0}  # fmt: skip
+# label: (estimator, its settings beside UNBIASED, whether it uses the moving-average baseline)
 ROWS = {
-    "reinforce, no baseline": ("reinforce", {}),
-    "reinforce (baseline: the batch's mean reward)": ("reinforce", {}),
-    "reinforce (paper: lambda_r 0.1, entropy 0.002)": (
-        "reinforce", {"reinforce_weight": 0.1, "entropy_weight": 0.002}),
-    "reinforce_loo": ("reinforce_loo", {}),
-    "vimco": ("vimco", {}),
-    "gumbel (temperature 1)": ("gumbel", {}),
+    "reinforce, no baseline": ("reinforce", {}, False),
+    "reinforce (its moving-average baseline)": ("reinforce", {}, True),
+    "reinforce (paper: lambda_r 0.1, entropy 0.002, its moving-average baseline)": (
+        "reinforce", {"reinforce_weight": 0.1, "entropy_weight": 0.002}, True),
+    "reinforce_loo": ("reinforce_loo", {}, False),
+    "vimco": ("vimco", {}, False),
+    "gumbel (temperature 1)": ("gumbel", {}, False),
     "gumbel (temperature 0.5)": ("gumbel", {"gumbel_temperature": 0.5,
-                                            "gumbel_min_temperature": 0.5}),
-    "exact": ("exact", {}),
+                                            "gumbel_min_temperature": 0.5}, False),
+    "exact": ("exact", {}, False),
 }  # fmt: skip
 
 
@@ -83,7 +98,32 @@ def paper_gradient(model: Captioner, images: torch.Tensor, tokens: torch.Tensor)
     return _flat_grad(model)
 
 
-def measure(model, cfg, batch, repeats: int, samples: int) -> tuple[dict, list[dict]]:
+def training_baseline(
+    model: Captioner, cfg: Config, objective_state: dict | None, batches: list[dict]
+) -> tuple[float, str]:
+    """REINFORCE's moving-average baseline at this checkpoint, and where it comes from: the
+    checkpoint's own when REINFORCE trained it, else the moving average of the mean reward of
+    ``batches`` (training batches other than the measured one), sampled as training samples
+    them."""
+    state = objective_state or {}
+    saved = state.get("baseline") or {}
+    if state.get("estimator") == "reinforce" and saved.get("initialized"):
+        return float(saved["value"]), "the checkpoint's"
+    if not batches:
+        raise ValueError("no training batches to estimate the moving-average baseline from")
+    cells = model.grid_shape[0] * model.grid_shape[1]
+    objective = _objective(cfg, "reinforce", {}, 1, cells)
+    with torch.no_grad():
+        for step, batch in enumerate(batches):
+            objective.loss(model, batch["images"], None, batch["tokens"], 1_000_000 + step)
+            objective.commit()
+    return objective.baseline.value, f"the moving average over {len(batches)} training batches"
+
+
+def measure(
+    model, cfg, batch, repeats: int, samples: int, baseline: float
+) -> tuple[dict, list[dict]]:
+    """Every row of ``ROWS`` on ``batch``, REINFORCE's baseline rows with ``baseline``."""
     images, tokens = batch["images"], batch["tokens"]
     cells = model.grid_shape[0] * model.grid_shape[1]
     exact_objective = _objective(cfg, "exact", {}, samples, cells)
@@ -98,13 +138,13 @@ def measure(model, cfg, batch, repeats: int, samples: int) -> tuple[dict, list[d
         "paper_gradient_norm": float(paper.norm()),
         "cosine_marginal_paper": float(torch.nn.functional.cosine_similarity(exact, paper, 0)),
         "paper_gradient_seconds": paper_seconds,
+        "baseline": baseline,
     }
     rows = []
-    for name, (estimator, settings) in ROWS.items():
+    for name, (estimator, settings, moving_average) in ROWS.items():
         objective = _objective(cfg, estimator, settings, samples, cells)
-        if "mean reward" in name:
-            objective.loss(model, images, None, tokens, 10_000)  # rewards, no gradient used
-            objective.commit()
+        if moving_average:
+            objective.baseline.value, objective.baseline.initialized = baseline, True
         estimates, seconds = [], []
         for repeat in range(1 if estimator == "exact" else repeats):
             model.zero_grad(set_to_none=True)
@@ -150,9 +190,19 @@ def markdown(reference: dict, rows: list[dict], header: str) -> str:
         "",
         f"|∇log p(y | a)|² = {reference['marginal_gradient_norm'] ** 2:.3g}, "
         f"|∇E_q[r]|² = {reference['paper_gradient_norm'] ** 2:.3g} (r = log p(y | s, a)), "
-        f"cosine between them {reference['cosine_marginal_paper']:.3f}.",
+        f"cosine between them {reference['cosine_marginal_paper']:.3f}. REINFORCE's "
+        f"moving-average baseline b = {reference['baseline']:.3g} "
+        f"({reference['baseline_source']}).",
     ]
     return "\n".join(lines)
+
+
+def batches_of(records, vocab, model: Captioner, cfg: Config, size: int) -> list[dict]:
+    """The records in batches of ``size`` captions, each image's first caption."""
+    dataset = CaptionDataset(records, vocab, model.encoder.transform,
+                             max_length=cfg.data.max_caption_length)  # fmt: skip
+    return [collate([dataset[(i, 0)] for i in range(start, min(start + size, len(dataset)))])
+            for start in range(0, len(dataset), size)]  # fmt: skip
 
 
 def main() -> None:
@@ -161,26 +211,38 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32, help="captions in the fixed batch")
     parser.add_argument("--repeats", type=int, default=20, help="estimates per estimator")
     parser.add_argument("--samples", type=int, default=4, help="K of reinforce_loo and vimco")
+    parser.add_argument("--baseline-batches", type=int, default=20,
+                        help="training batches for REINFORCE's moving-average baseline, when "
+                        "the checkpoint has none of its own")  # fmt: skip
+    parser.add_argument("--data-root", default=None, help="the data, if not the checkpoint's")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="runs/estimators")
     args = parser.parse_args()
     torch.manual_seed(args.seed)
-    model, cfg, vocab = load_model(args.checkpoint)
+    try:
+        model, cfg, vocab = load_model(args.checkpoint)
+        if args.data_root:
+            cfg = replace_section(cfg, "data", root=args.data_root)
+        records = load_splits(cfg.data)["train"]
+    except CaptioningError as exc:
+        raise SystemExit(f"error: {exc}") from None
     if not model.hard_attention or cfg.model.context_to_lstm:
         raise SystemExit(
             "error: the checkpoint must be a hard-attention model with "
             "model.context_to_lstm=false (the only wiring with an exact gradient)"
         )
-    records = load_splits(cfg.data)["train"][: args.batch]
-    dataset = CaptionDataset(records, vocab, model.encoder.transform,
-                             max_length=cfg.data.max_caption_length)  # fmt: skip
-    batch = collate([dataset[(i, 0)] for i in range(len(dataset))])  # first caption of each
-    reference, rows = measure(model, cfg, batch, args.repeats, args.samples)
+    batch = batches_of(records[: args.batch], vocab, model, cfg, args.batch)[0]
+    after = records[args.batch : args.batch * (1 + args.baseline_batches)]
+    baseline, source = training_baseline(
+        model, cfg, load_checkpoint(args.checkpoint).get("objective"),
+        batches_of(after, vocab, model, cfg, args.batch),
+    )  # fmt: skip
+    reference, rows = measure(model, cfg, batch, args.repeats, args.samples, baseline)
+    reference["baseline_source"] = source
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    settings = dataclasses.asdict(args) if dataclasses.is_dataclass(args) else vars(args)
     (out / "estimators.json").write_text(
-        json.dumps({"settings": settings, "reference": reference, "rows": rows}, indent=2)
+        json.dumps({"settings": vars(args), "reference": reference, "rows": rows}, indent=2)
     )
     header = (f"{args.checkpoint}: {len(batch['tokens'])} captions, {args.repeats} estimates "
               f"each, K = {args.samples}, seed {args.seed}")  # fmt: skip
