@@ -15,8 +15,9 @@ decoded into the cache first (timed apart: the first epoch's extra cost), so the
 is that of every later epoch.
 
 ``--step-loop`` makes teacher forcing run word by word even where all words could run at once
-(``Decoder.parallel = False``), and ``--no-channels-last`` runs the encoder's convolutions on
-plain NCHW tensors: what the code did before those two changes, for before/after tables.
+(``runtime.parallel_decoder=false``), and ``--no-channels-last`` runs the encoder's
+convolutions on plain NCHW tensors (``runtime.channels_last=false``): what the code did
+before those two changes, for before/after tables.
 ``--ops`` adds torch.profiler's table of the operators with the most self time over the timed
 steps. ``--compile`` calls the model through ``torch.compile`` (the whole forward, and through
 AOTAutograd the backward): phases are not split then (hooks would break the graph), the first
@@ -47,8 +48,6 @@ from captioning.config import load_config
 from captioning.errors import CaptioningError
 from captioning.inference import decode_dataset
 from captioning.metrics.scoring import score_predictions
-from captioning.models import encoder as encoder_module
-from captioning.models.decoder import Decoder
 from captioning.runtime import resolve_device
 from captioning.train import SINGLE, Setup, set_up, train_step
 
@@ -131,9 +130,9 @@ def profile_epoch(
     """Median phase times of ``steps`` training steps (after ``warmup`` untimed ones) and
     one validation's decode and scoring, for ``config`` with ``overrides``; with
     ``compile``, of the model called through ``torch.compile``."""
-    Decoder.parallel = not step_loop
-    encoder_module.CHANNELS_LAST = channels_last
-    cfg = load_config(config, [*overrides, "train.quiet=true"])
+    switches = [f"runtime.parallel_decoder={not step_loop}",
+                f"runtime.channels_last={channels_last}"]  # fmt: skip
+    cfg = load_config(config, [*overrides, *switches, "train.quiet=true"])
     device = resolve_device(cfg.train.device)
     setup = set_up(cfg, None, SINGLE, device)
     setup.run.model.train()

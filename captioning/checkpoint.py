@@ -1,7 +1,7 @@
 """Checkpoints: plain data only, written atomically, read with ``weights_only=True``.
 
 A checkpoint is a dict of tensors, numbers, strings, lists and dicts. Its schema is
-:meth:`captioning.train.Run.state_dict` (``model``, ``optimizer``, ``scheduler``, ``epoch``,
+:meth:`captioning.run_state.Run.state_dict` (``model``, ``optimizer``, ``scheduler``, ``epoch``,
 ``step``, ``config``: the resolved config dict, ``vocab``: the word list, ``rng``: one state
 per process, ...) plus ``format_version``. It rebuilds its own model, and a file crafted to
 run code when unpickled is refused instead of executed. Files of an older format version are
@@ -184,20 +184,6 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
             raise CheckpointError(f"{path}: checkpoint is missing the key {key!r}")
     _check_contents(payload, path)
     return payload
-
-
-# What resuming needs beyond the weights (a checkpoint cut down to weights cannot resume).
-TRAINING_KEYS = ("optimizer", "scheduler", "objective", "rng")
-
-
-def check_resumable(payload: dict[str, Any], path: str | Path) -> None:
-    """Refuse to resume from a checkpoint that lacks a training-state key."""
-    missing = [key for key in TRAINING_KEYS if not isinstance(payload.get(key), dict | list)]
-    if missing:
-        raise CheckpointError(
-            f"{path}: holds no training state ({', '.join(missing)} missing), so it cannot be "
-            f"resumed; evaluate or caption with it, or start a new run"
-        )
 
 
 def _check_contents(payload: dict[str, Any], path: Path) -> None:

@@ -198,13 +198,52 @@ class DecodeConfig:
 
 
 @dataclass
+class RuntimeConfig:
+    """How a trained model runs: the numerics of captioning (validation, ``evaluate``,
+    ``caption``, the Python API and the web demo) and speed switches that change no number.
+    Nothing here changes a weight, so a resumed run may change any of it. A null key takes
+    the ``train`` section's value when the config is made (so a checkpoint written before
+    this section existed decodes as it did), and is stored resolved."""
+
+    # autocast precision of encoding and decoding; null: train.precision, the precision the
+    # model was trained in (as training resolved auto)
+    precision: Literal["fp32", "bf16", "fp16", "auto"] | None = None
+    batch_size: int | None = None  # images decoded at once; null: train.batch_size
+    # the seed of sampled decoding in evaluate (decode.strategy=sample,
+    # decode.hard_context=sample); null: train.seed
+    seed: int | None = None
+    # the encoder's convolutions on channels-last (NHWC) tensors, which oneDNN on the CPU
+    # and cuDNN with tensor cores prefer (the small CNN: about 15% less time on the CPU);
+    # the same grid either way
+    channels_last: bool = True
+    # with model.context_to_lstm=false, teacher forcing runs all words at once (the same
+    # numbers as the step loop to 1e-5); false forces the step loop
+    parallel_decoder: bool = True
+
+
+# The runtime keys whose null means "as in the train section".
+RUNTIME_FROM_TRAIN = ("precision", "batch_size", "seed")
+
+
+@dataclass
 class Config:
-    """The whole run: ``data``, ``model``, ``train`` and ``decode`` sections."""
+    """The whole run: ``data``, ``model``, ``train``, ``decode`` and ``runtime`` sections."""
 
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+
+    def __post_init__(self) -> None:
+        # The one place a runtime setting follows training's: every Config is made here.
+        missing = {
+            key: getattr(self.train, key)
+            for key in RUNTIME_FROM_TRAIN
+            if getattr(self.runtime, key) is None
+        }
+        if missing:
+            self.runtime = dataclasses.replace(self.runtime, **missing)
 
 
 # --------------------------------------------------------------------------- conversion
@@ -435,6 +474,8 @@ _RANGES: dict[str, tuple[float | None, float | None, str]] = {
     "decode.length_penalty": (0, None, ""),
     "decode.temperature": (0, None, "min"),
     "decode.top_k": (0, None, ""),
+    "runtime.batch_size": (1, None, ""),
+    "runtime.seed": (0, 2**63 - 1, ""),
 }
 
 
@@ -517,7 +558,9 @@ def _validate_hard_estimator(cfg: Config) -> None:
 
 def config_from_dict(values: dict[str, Any]) -> Config:
     """A checked :class:`Config` from a nested dict (missing keys keep their defaults)."""
-    cfg = _merge(Config(), values or {})
+    base = Config()
+    base.runtime = RuntimeConfig()  # unresolved: its nulls follow the merged train section
+    cfg = _merge(base, values or {})
     _validate(cfg)
     return cfg
 

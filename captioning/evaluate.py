@@ -77,7 +77,7 @@ def evaluate_checkpoint(
         limits=ImageLimits.from_config(cfg.data),
     )
     with torch.random.fork_rng():
-        torch.manual_seed(cfg.train.seed)  # sampled hard decoding is reproducible
+        torch.manual_seed(cfg.runtime.seed)  # sampled decoding is reproducible
         predictions, details = decode_dataset(
             model, dataset, cfg, torch_device, progress=progress, desc=f"decoding {split}"
         )
@@ -94,7 +94,7 @@ def evaluate_checkpoint(
         "strategy": cfg.decode.strategy,
         "beam_size": cfg.decode.beam_size if cfg.decode.strategy == "beam" else 1,
         "hard_context": cfg.decode.hard_context if model.hard_attention else None,
-        "precision": cfg.train.precision,
+        "precision": cfg.runtime.precision,
     }
     if out_dir is not None:
         out = Path(out_dir)

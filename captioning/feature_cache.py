@@ -160,7 +160,7 @@ def extract_features(
         )
     device = resolve_device(cfg.train.device)
     seed_everything(cfg.train.seed)
-    encoder = encoder_from_config(cfg.model)
+    encoder = encoder_from_config(cfg.model, cfg.runtime)
     folder = cache_folder(cfg, encoder)
     if FeatureCache.exists(folder, split) and not overwrite:
         raise DataError(f"{folder / split}.npy already exists; pass --overwrite to redo it")

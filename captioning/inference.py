@@ -38,7 +38,7 @@ def load_model(
     vocabulary."""
     payload = load_checkpoint(path)
     cfg, vocab = checkpoint_config(payload, path)
-    model = build_model(cfg.model, len(vocab))
+    model = build_model(cfg.model, len(vocab), cfg.runtime)
     load_weights(model, payload, path)
     return model.to(device).eval(), cfg, vocab
 
@@ -92,7 +92,7 @@ def caption_batch(
     encode_batch: int | None = None,
 ) -> Decoded:
     """Captions for a batch of ``images`` (B, 3, S, S), or of cached backbone grids
-    (B, L, D), under ``precision`` (``train.precision`` of the run) and ``decode_cfg``.
+    (B, L, D), under ``precision`` (``runtime.precision`` of the run) and ``decode_cfg``.
     ``encode_batch`` encodes the images that many at a time (the decoding still runs on the
     whole batch; each image's features do not depend on the others'). The model should be
     in eval mode."""
@@ -155,7 +155,9 @@ def decode_dataset(
     world: World = SINGLE,
     summary: bool = True,
 ) -> tuple[dict[int, str], dict[int, Decoded]]:
-    """Captions for every image of ``dataset`` with the config's decoding settings.
+    """Captions for every image of ``dataset`` with the config's decoding settings, in
+    batches of ``batch_size`` images (None: ``runtime.batch_size``) under
+    ``runtime.precision``.
 
     ``progress`` shows a bar of images on a terminal, and elsewhere logs one line when the
     decoding ends (unless ``summary`` is False: training's epoch line reports validation).
@@ -169,7 +171,7 @@ def decode_dataset(
         shard = Subset(dataset, range(world.rank, len(dataset), world.size))
     loader = DataLoader(
         shard,
-        batch_size=batch_size or cfg.train.batch_size,
+        batch_size=batch_size or cfg.runtime.batch_size,
         shuffle=False,
         collate_fn=collate,
         num_workers=cfg.data.num_workers,
@@ -186,7 +188,7 @@ def decode_dataset(
         decoded = caption_batch(
             model,
             cfg.decode,
-            cfg.train.precision,
+            cfg.runtime.precision,
             images=batch["images"].to(device) if "images" in batch else None,
             grid=batch["grid"].to(device) if "grid" in batch else None,
         )
@@ -258,10 +260,10 @@ def caption_inputs(
         names: what each result calls its image.
         model: the network, in eval mode.
         vocab: its vocabulary.
-        cfg: the config whose ``decode`` settings and ``train.precision`` apply.
+        cfg: the config whose ``decode`` settings and ``runtime.precision`` apply.
         encode_batch: images encoded at once (None: all); see :func:`caption_batch`.
     """
-    decoded = caption_batch(model, cfg.decode, cfg.train.precision, images=images,
+    decoded = caption_batch(model, cfg.decode, cfg.runtime.precision, images=images,
                             encode_batch=encode_batch)  # fmt: skip
     return [CaptionResult.from_decoded(name, decoded.row(row), vocab)
             for row, name in enumerate(names)]  # fmt: skip

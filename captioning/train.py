@@ -3,21 +3,18 @@
 
 Model selection uses metrics of generated (greedy) captions on the validation split, never
 teacher-forced accuracy. Everything a run carries from epoch to epoch lives in one
-:class:`Run`, whose :meth:`Run.state_dict` is the checkpoint: ``last.pt`` every epoch,
-``best.pt`` on improvement, enough to continue exactly where a run stopped.
+:class:`~captioning.run_state.Run`, whose ``state_dict`` is the checkpoint: ``last.pt`` every
+epoch, ``best.pt`` on improvement, enough to continue exactly where a run stopped. What a run
+may resume or start from is :mod:`captioning.run_state`'s; the folder it writes into and its
+lock are :mod:`captioning.run_folder`'s.
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import errno
 import logging
 import math
-import os
 import time
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -27,23 +24,12 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from captioning.checkpoint import (
-    check_resumable,
     load_checkpoint,
-    remove_partial_writes,
-    rng_state,
     save_checkpoint,
-    set_rng_state,
     signals_deferred,
     sigterm_raises,
 )
-from captioning.config import (
-    Config,
-    config_from_dict,
-    config_to_dict,
-    quote,
-    replace_section,
-    save_config,
-)
+from captioning.config import Config, replace_section
 from captioning.data import (
     CaptionBatchSampler,
     CaptionDataset,
@@ -53,7 +39,6 @@ from captioning.data import (
     load_splits,
 )
 from captioning.data.images import ImageLimits
-from captioning.data.records import ImageRecord
 from captioning.decoding import Decoded
 from captioning.distributed import (
     SINGLE,
@@ -65,17 +50,16 @@ from captioning.distributed import (
     init_world,
     mean_over_ranks,
 )
-from captioning.errors import CaptioningError, CheckpointError
+from captioning.errors import CaptioningError
 from captioning.feature_cache import find_caches
-from captioning.hard_attention import HardAttentionObjective
 from captioning.inference import CaptionResult, decode_dataset, draw_attention, load_weights
-from captioning.losses import CrossEntropyObjective, LossTerms
+from captioning.losses import LossTerms
 from captioning.metrics import score_predictions
 from captioning.models import Captioner, build_model
-from captioning.optim import LRSchedule, build_optimizer
 from captioning.progress import progress_bar
+from captioning.run_folder import claim_run_dir, write_config
+from captioning.run_state import Run, check_resume_config, load_init, resume_run
 from captioning.runtime import resolve_precision, seed_everything
-from captioning.scst import CaptionReward, SelfCriticalObjective
 from captioning.vocab import Vocabulary
 
 logger = logging.getLogger("captioning")
@@ -85,140 +69,7 @@ class TrainingError(CaptioningError):
     """Training cannot go on (for example a non-finite loss)."""
 
 
-Objective = CrossEntropyObjective | HardAttentionObjective | SelfCriticalObjective
-
-
-# --------------------------------------------------------------------------- the run's state
-
-
-@dataclass
-class Progress:
-    """The counters of a run."""
-
-    epoch: int = 0  # epochs completed
-    step: int = 0  # optimiser steps taken
-    best_score: float = -math.inf
-    best_epoch: int = 0
-    bad_epochs: int = 0  # validations since the last improvement
-    history: list[dict[str, float]] = field(default_factory=list)
-
-
-@dataclass
-class Run:
-    """Everything a training run carries from step to step, and so everything its
-    checkpoints hold: :meth:`state_dict` is the checkpoint schema, and
-    :meth:`load_state_dict` the only code that reads it back.
-
-    Attributes:
-        cfg: the resolved config.
-        vocab: the training split's vocabulary.
-        model: the captioner (not its DDP wrapper).
-        optimizer: Adam over the trainable weights.
-        schedule: the learning-rate schedule.
-        scaler: the fp16 loss scaler, else None.
-        objective: what the model is trained to minimise, and its state (for hard
-            attention: the estimator, its baseline and temperature): cross-entropy, hard
-            attention's estimator, or self-critical training.
-        progress: the counters.
-        world: this process's place among the training processes.
-    """
-
-    cfg: Config
-    vocab: Vocabulary
-    model: Captioner
-    optimizer: torch.optim.Optimizer
-    schedule: LRSchedule
-    scaler: torch.amp.GradScaler | None
-    objective: Objective
-    progress: Progress = field(default_factory=Progress)
-    world: World = SINGLE
-
-    @classmethod
-    def create(
-        cls,
-        cfg: Config,
-        vocab: Vocabulary,
-        model: Captioner,
-        steps_per_epoch: int,
-        device: torch.device,
-        world: World = SINGLE,
-        train_records: Sequence[ImageRecord] = (),
-    ) -> Run:
-        """A fresh run of ``model``: its optimiser, schedule, scaler and objective from
-        ``cfg`` (self-critical training rewards captions against ``train_records``, the
-        training dataset's images in dataset order)."""
-        optimizer = build_optimizer(model, cfg.train)
-        return cls(
-            cfg=cfg,
-            vocab=vocab,
-            model=model,
-            optimizer=optimizer,
-            schedule=LRSchedule(optimizer, cfg.train, steps_per_epoch),
-            scaler=torch.amp.GradScaler(device.type) if cfg.train.precision == "fp16" else None,
-            objective=build_objective(cfg, model, device, world, vocab, train_records),
-            world=world,
-        )
-
-    def state_dict(self) -> dict[str, Any]:
-        """The checkpoint: plain data only. Every process must call it (it gathers each
-        process's RNG state, so that a resumed run continues exactly)."""
-        return {
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.schedule.state_dict(),
-            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
-            "objective": self.objective.state_dict(),
-            **dataclasses.asdict(self.progress),
-            "config": config_to_dict(self.cfg),
-            "vocab": self.vocab.to_list(),
-            "rng": gather_objects(self.world, rng_state()),  # one per process, rank order
-        }
-
-    def load_state_dict(self, payload: dict[str, Any], source: str = "checkpoint") -> None:
-        """Continue from a checkpoint written by :meth:`state_dict` (see
-        :func:`captioning.checkpoint.load_checkpoint`, which upgrades older formats);
-        ``source`` names it in the error when its weights do not fit."""
-        load_weights(self.model, payload, source)
-        self.optimizer.load_state_dict(payload["optimizer"])
-        self.schedule.load_state_dict(payload["scheduler"])
-        if self.scaler is not None and payload.get("scaler") is not None:
-            self.scaler.load_state_dict(payload["scaler"])
-        self.objective.load_state_dict(payload["objective"])
-        self.progress = Progress(**{f.name: payload[f.name] for f in dataclasses.fields(Progress)})
-        self.progress.history = list(self.progress.history)
-        ranks = payload["rng"]
-        set_rng_state(ranks[self.world.rank] if len(ranks) == self.world.size else ranks[0])
-
-
 # --------------------------------------------------------------------------- one step
-
-
-def build_objective(
-    cfg: Config,
-    model: Captioner,
-    device: torch.device,
-    world: World = SINGLE,
-    vocab: Vocabulary | None = None,
-    train_records: Sequence[ImageRecord] = (),
-) -> Objective:
-    """The objective that trains ``model``: self-critical training (rewarding captions
-    against ``train_records``, in ``vocab``'s words), hard attention's estimator, or
-    cross-entropy."""
-    if cfg.train.objective == "scst":
-        if vocab is None or not train_records:
-            raise CaptioningError("self-critical training needs the training images and vocabulary")
-        reward = CaptionReward(train_records, vocab, cfg.train.scst_bleu_weight)
-        return SelfCriticalObjective(cfg, reward, device, cfg.train.precision,
-                                     hard=model.hard_attention)  # fmt: skip
-    if model.hard_attention:
-        cells = model.grid_shape[0] * model.grid_shape[1]
-        return HardAttentionObjective(cfg, cells, device, cfg.train.precision, world)
-    return CrossEntropyObjective(
-        cfg.train.doubly_stochastic_weight,
-        device,
-        cfg.train.precision,
-        label_smoothing=cfg.train.label_smoothing,
-    )
 
 
 @dataclass
@@ -490,100 +341,6 @@ def _epoch_figure(
                    limits=ImageLimits.from_config(run.cfg.data))  # fmt: skip
 
 
-def _lock_run_dir(out_dir: Path) -> Any:
-    """An exclusive lock on ``out_dir`` for as long as the returned file stays open, so that
-    two trainings never write into one run folder."""
-    import fcntl
-
-    path = out_dir / ".lock"
-    try:
-        handle = open(path, "a+")  # noqa: SIM115 (held open for the whole run)
-    except OSError as exc:
-        raise CaptioningError(f"cannot write in run folder {out_dir} ({exc.strerror}); "
-                              f"choose another --out") from exc  # fmt: skip
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        handle.close()
-        if exc.errno not in (errno.EAGAIN, errno.EWOULDBLOCK):  # not "held by another"
-            raise CaptioningError(
-                f"cannot lock run folder {out_dir} ({exc.strerror or exc}): its file system "
-                f"does not take file locks (some network mounts); choose an --out on a "
-                f"local disk"
-            ) from exc
-        holder = path.read_text(errors="replace").strip()[:80] or "another process"
-        raise CaptioningError(
-            f"run folder {out_dir} is in use by another training ({holder}); wait for it "
-            f"to finish, or choose another --out"
-        ) from exc
-    if not _same_file(handle, path):  # removed by a failed start (see _remove_if_empty)
-        handle.close()
-        raise CaptioningError(f"run folder {out_dir} was being given up by another training; "
-                              f"run the command again")  # fmt: skip
-    handle.seek(0)
-    handle.truncate()
-    handle.write(f"pid {os.getpid()}\n")
-    handle.flush()
-    return handle
-
-
-def _same_file(handle: Any, path: Path) -> bool:
-    """Whether the open ``handle`` is still the file at ``path``: a lock on a file no
-    longer there would not keep out the next training."""
-    try:
-        there, held = os.stat(path), os.fstat(handle.fileno())
-    except FileNotFoundError:
-        return False
-    return (there.st_dev, there.st_ino) == (held.st_dev, held.st_ino)
-
-
-@contextlib.contextmanager
-def _claim_run_dir(out_dir: Path, resume: str | None, world: World) -> Iterator[None]:
-    """Hold ``out_dir`` for the block: the main process locks it, and only then checks that
-    it holds no other run and removes what a killed checkpoint write left, so that of two
-    trainings started together one is refused. A folder made here and still empty when the
-    block fails is removed again."""
-    lock, problem, made = None, None, False
-    if world.is_main:
-        try:
-            try:
-                out_dir.parent.mkdir(parents=True, exist_ok=True)
-                with contextlib.suppress(FileExistsError):
-                    out_dir.mkdir()
-                    made = True
-            except OSError as exc:
-                raise CaptioningError(f"cannot make run folder {out_dir} ({exc.strerror}); "
-                                      f"choose another --out") from exc  # fmt: skip
-            lock = _lock_run_dir(out_dir)
-            _check_run_dir(out_dir, resume)
-            for tmp in remove_partial_writes(out_dir):
-                logger.warning("removed %s, a checkpoint write that never finished", tmp)
-        except CaptioningError as exc:
-            problem = exc
-    # Every process stops when the main one cannot have the folder.
-    refused = broadcast_object(world, None if problem is None else str(problem))
-    succeeded = False
-    try:
-        if refused is not None:
-            raise problem if problem is not None else CaptioningError(refused)
-        yield
-        succeeded = True
-    finally:
-        if made and not succeeded and lock is not None:
-            _remove_if_empty(out_dir)
-        if lock is not None:
-            lock.close()  # releases the lock
-
-
-def _remove_if_empty(out_dir: Path) -> None:
-    """Remove ``out_dir`` when it holds nothing but its lock file (still locked by the
-    caller, so that no other training takes the file just before it goes)."""
-    with contextlib.suppress(OSError):
-        if [p.name for p in out_dir.iterdir()] == [".lock"]:
-            (out_dir / ".lock").unlink()
-            out_dir.rmdir()
-
-
 # --------------------------------------------------------------------------- set-up
 
 
@@ -611,17 +368,14 @@ def set_up(
 ) -> Setup:
     """Data, vocabulary, model, optimiser and state: from scratch, from ``resume`` (the
     whole training state), or from ``init`` (a checkpoint's weights and vocabulary only)."""
-    precision = resolve_precision(cfg.train.precision, device)
-    if precision != cfg.train.precision:
-        logger.info("train.precision=auto: %s on this %s", precision, device.type)
-        cfg = replace_section(cfg, "train", precision=precision)
+    cfg = _resolve_precisions(cfg, device)
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     seed_everything(cfg.train.seed)
     payload = load_checkpoint(resume) if resume else None
     if payload is not None:
-        _check_resume_config(cfg, payload, resume)
-    initial = _load_init(cfg, init) if init else None
+        check_resume_config(cfg, payload, resume)
+    initial = load_init(cfg, init) if init else None
     splits = load_splits(cfg.data)
     for split in ("train", "val"):
         if not splits.get(split):
@@ -634,7 +388,7 @@ def set_up(
     if cfg.train.val_max_images:
         splits["val"] = splits["val"][: cfg.train.val_max_images]
 
-    model = build_model(cfg.model, len(vocab)).to(device)
+    model = build_model(cfg.model, len(vocab), cfg.runtime).to(device)
     if world.enabled:
         model = _sync_batchnorm(model, device)
     _log_model(model, cfg)
@@ -661,13 +415,7 @@ def set_up(
         logger.info("weights from %s (epoch %d); fresh optimiser and schedule", init,
                     int(initial.get("epoch", 0)))  # fmt: skip
     if payload is not None:
-        try:
-            run.load_state_dict(payload, resume)
-        except (RuntimeError, KeyError, ValueError, TypeError, IndexError) as exc:
-            first = " ".join(str(exc).split())[:200] or type(exc).__name__
-            raise CheckpointError(
-                f"{resume}: its training state does not fit this run ({first})"
-            ) from exc
+        resume_run(run, payload, resume)
         logger.info("resumed from %s after epoch %d (step %d)", resume, run.progress.epoch,
                     run.progress.step)  # fmt: skip
     module: nn.Module = model
@@ -676,6 +424,20 @@ def set_up(
             model, device_ids=[device.index] if device.type == "cuda" else None
         )
     return Setup(run, module, loader, sampler, datasets["val"])
+
+
+def _resolve_precisions(cfg: Config, device: torch.device) -> Config:
+    """``cfg`` with ``auto`` precisions (``train.precision`` and ``runtime.precision``)
+    resolved once for ``device``, so that config.yaml and the checkpoints record what ran."""
+    resolved = {
+        section: resolve_precision(getattr(cfg, section).precision, device)
+        for section in ("train", "runtime")
+    }
+    for section, precision in resolved.items():
+        if precision != getattr(cfg, section).precision:
+            logger.info("%s.precision=auto: %s on this %s", section, precision, device.type)
+            cfg = replace_section(cfg, section, precision=precision)
+    return cfg
 
 
 def _datasets(
@@ -733,77 +495,6 @@ def _sync_batchnorm(model: Captioner, device: torch.device) -> Captioner:
     return model
 
 
-def _check_run_dir(out_dir: Path, resume: str | None) -> None:
-    if resume is None and (out_dir / "last.pt").exists():
-        raise CaptioningError(
-            f"run folder {out_dir} already holds a run; continue it with "
-            f"--resume {out_dir / 'last.pt'}, or choose another --out"
-        )
-
-
-# What may differ from the checkpoint's config when a run resumes: where the data is and how
-# it is read, how long the run goes on, what it logs and how it validates. Everything else
-# (the model, the data's content, the optimiser, the schedule, the objective, the seed) would
-# not continue the same run, so a difference is refused by name.
-SAFE_ON_RESUME = frozenset({
-    "data.root", "data.num_workers", "data.check_images", "data.cache_images",
-    "data.on_bad_image", "data.feature_cache", "data.max_image_pixels", "data.max_caption_length",
-    "train.epochs", "train.early_stop_patience", "train.val_max_images", "train.val_every",
-    "train.stop_on_nonfinite", "train.log_every", "train.figure_every_epoch", "train.quiet",
-    "train.device", "train.threads",
-})  # fmt: skip
-
-
-# What --init may change in the model section: none of these changes a weight's shape or
-# meaning (dropout, which layers train, where pretrained weights would have come from).
-FREE_ON_INIT = frozenset({"model.dropout", "model.fine_tune", "model.weights"})
-
-
-def _load_init(cfg: Config, path: str) -> dict[str, Any]:
-    """The checkpoint ``--init`` starts from, refused in one line when its model section
-    differs from ``cfg``'s (other than :data:`FREE_ON_INIT`)."""
-    payload = load_checkpoint(path)
-    try:
-        saved = config_to_dict(config_from_dict(payload["config"]))["model"]
-    except CaptioningError as exc:
-        raise CheckpointError(f"{path}: its config does not load ({exc})") from exc
-    ours = config_to_dict(cfg)["model"]
-    changed = [k for k in saved if ours[k] != saved[k] and f"model.{k}" not in FREE_ON_INIT]
-    if changed:
-        key = changed[0]
-        raise CheckpointError(
-            f"{path}: model.{key} is {quote(saved[key])} in the checkpoint and "
-            f"{quote(ours[key])} here; --init needs the same architecture (set "
-            f"model.{key}={quote(saved[key])})"
-        )
-    return payload
-
-
-def _check_resume_config(cfg: Config, payload: dict[str, Any], path: str) -> None:
-    """Refuse to resume with a setting that differs from the checkpoint's, unless it is in
-    :data:`SAFE_ON_RESUME` (or in the ``decode`` section, which only validation uses)."""
-    check_resumable(payload, path)
-    try:
-        saved = config_to_dict(config_from_dict(payload["config"]))
-    except CaptioningError as exc:
-        raise CheckpointError(f"{path}: its config does not load ({exc})") from exc
-    ours = config_to_dict(cfg)
-    changed = [
-        f"{section}.{key}"
-        for section in ("data", "model", "train")
-        for key, value in saved[section].items()
-        if ours[section][key] != value and f"{section}.{key}" not in SAFE_ON_RESUME
-    ]
-    if changed:
-        key = changed[0]
-        section, name = key.split(".")
-        raise CheckpointError(
-            f"{path}: {key} is {quote(saved[section][name])} in the checkpoint and "
-            f"{quote(ours[section][name])} here; a resumed run keeps it (start a new run to "
-            f"change it){f'; also {len(changed) - 1} more' if len(changed) > 1 else ''}"
-        )
-
-
 # --------------------------------------------------------------------------- fit
 
 
@@ -835,7 +526,7 @@ def fit(
             logger.info("data-parallel training: %d processes (%s), batch %d per process",
                         world.size, "nccl" if device.type == "cuda" else "gloo",
                         cfg.train.batch_size)  # fmt: skip
-        with sigterm_raises(), _claim_run_dir(out_dir, resume, world):
+        with sigterm_raises(), claim_run_dir(out_dir, resume, world):
             setup = set_up(cfg, resume, world, device, init)
             _train(setup, out_dir, device)
     finally:
@@ -867,7 +558,7 @@ def _train(setup: Setup, out_dir: Path, device: torch.device) -> None:
     run, cfg = setup.run, setup.run.cfg
     writer = None
     if run.world.is_main:
-        save_config(cfg, out_dir / "config.yaml")
+        write_config(cfg, out_dir)
         from torch.utils.tensorboard import SummaryWriter
 
         writer = SummaryWriter(str(out_dir))

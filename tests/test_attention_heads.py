@@ -4,6 +4,7 @@ channel group, the doubly stochastic penalty does not grow with H, and a short t
 loss falls as fast with four heads as with one."""
 
 import copy
+from dataclasses import replace
 
 import pytest
 import torch
@@ -174,5 +175,6 @@ def test_with_projected_values_each_head_reads_its_block_of_them():
     tokens = torch.randint(4, 11, (2, 6), generator=torch.Generator().manual_seed(2))
     tokens[:, 0] = 1
     together = model(images, tokens)
-    decoder.parallel = False
-    torch.testing.assert_close(model(images, tokens).logits, together.logits, atol=1e-5, rtol=0)
+    loop = build_model(cfg.model, 11, replace(cfg.runtime, parallel_decoder=False))
+    loop.load_state_dict(model.state_dict())
+    torch.testing.assert_close(loop(images, tokens).logits, together.logits, atol=1e-5, rtol=0)

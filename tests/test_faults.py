@@ -216,12 +216,12 @@ def test_a_nonfinite_gradient_skips_the_batch_and_the_weights_stay_finite(
 
 
 def test_the_lock_is_taken_before_the_folder_is_checked(shapes, tmp_path):
-    from captioning.train import _lock_run_dir
+    from captioning.run_folder import lock_run_dir
 
     run = tmp_path / "run"
     run.mkdir()
     (run / "last.pt").write_bytes(b"a run in progress")
-    held = _lock_run_dir(run)  # a training that has the folder
+    held = lock_run_dir(run)  # a training that has the folder
     try:
         # The other training's checkpoint is not looked at, let alone trusted or replaced.
         with pytest.raises(CaptioningError, match=r"is in use by another training \(pid "):

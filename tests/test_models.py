@@ -34,7 +34,17 @@ TINY = [
 
 def tiny_model(*overrides, vocab=11):
     torch.manual_seed(0)
-    return build_model(load_config(None, [*TINY, *overrides]).model, vocab)
+    cfg = load_config(None, [*TINY, *overrides])
+    return build_model(cfg.model, vocab, cfg.runtime)
+
+
+def step_loop_twin(model, *overrides):
+    """``tiny_model(*overrides)``'s twin with ``model``'s weights, built to run teacher
+    forcing one word at a time (``runtime.parallel_decoder=false``)."""
+    twin = tiny_model(*overrides, "runtime.parallel_decoder=false")
+    assert twin.decoder.parallel is False and model.decoder.parallel is True
+    twin.load_state_dict(model.state_dict())
+    return twin
 
 
 def batch(size=3, length=6, vocab=11):
@@ -317,8 +327,7 @@ def test_all_words_at_once_equal_the_step_loop(kind, gate):
         torch.manual_seed(0)
         attention = attention_module.build_attention(kind, name, 6, 8, 5, cells=7)
         decoder = Decoder(11, 6, attention, embed_dim=4, hidden_dim=8, gate=gate,
-                          context_to_lstm=False, dropout=0.0)  # fmt: skip
-        decoder.parallel = True
+                          context_to_lstm=False, dropout=0.0, parallel=True)  # fmt: skip
         features = torch.randn(3, 7, 6)
         tokens = torch.randint(1, 11, (3, 5))
         cells = torch.randint(0, 7, (3, 5))
@@ -357,9 +366,9 @@ def test_all_words_at_once_train_to_the_same_weights_as_the_step_loop():
     full-size steps.)"""
     images, tokens = batch()
     trained = []
-    for parallel in (False, True):
-        model = tiny_model("model.context_to_lstm=false", "model.dropout=0.0")
-        model.decoder.parallel = parallel
+    for parallel in ("false", "true"):
+        model = tiny_model("model.context_to_lstm=false", "model.dropout=0.0",
+                           f"runtime.parallel_decoder={parallel}")  # fmt: skip
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         for _ in range(5):
             optimizer.zero_grad()
@@ -512,8 +521,9 @@ def test_key_value_attention_averages_projected_values(attention):
     W_v a_i of their own size; the step loop, all words at once and the exact marginal agree,
     and the value projection trains."""
     images, tokens = batch()
-    model = tiny_model(f"model.attention={attention}", "model.values=projected",
-                       "model.value_dim=7", "model.context_to_lstm=false")  # fmt: skip
+    settings = [f"model.attention={attention}", "model.values=projected", "model.value_dim=7",
+                "model.context_to_lstm=false"]  # fmt: skip
+    model = tiny_model(*settings)
     decoder = model.decoder
     features = model.encode(images)
     prepared = decoder.prepare(features)
@@ -524,12 +534,10 @@ def test_key_value_attention_averages_projected_values(attention):
     values = decoder.value_proj(features)  # (B, L, 7)
     expected = torch.bmm(out.attention.alpha.unsqueeze(1), values).squeeze(1)
     torch.testing.assert_close(out.attention.context, expected)
-    decoder.parallel = False
-    loop = model(images, tokens)
-    decoder.parallel = True
+    loop = step_loop_twin(model, *settings)(images, tokens)
     together = model(images, tokens)
     torch.testing.assert_close(together.logits, loop.logits, rtol=0, atol=1e-5)
-    caption_loss(loop, tokens[:, 1:], 0, penalty_weight=0.0).total.backward()
+    caption_loss(together, tokens[:, 1:], 0, penalty_weight=0.0).total.backward()
     assert decoder.value_proj.weight.grad.abs().sum() > 0
     if attention == "hard":  # the marginal sums over the cells' values
         marginal = model(images, tokens, hard=HardContext(mode="marginal"))
@@ -547,7 +555,8 @@ def test_multi_head_attention(score):
     ``alpha`` is their mean (a distribution), each head's weights are reported, every head
     trains, and all words at once equal the step loop."""
     images, tokens = batch()
-    model = tiny_model("model.heads=4", f"model.score={score}", "model.context_to_lstm=false")
+    settings = ["model.heads=4", f"model.score={score}", "model.context_to_lstm=false"]
+    model = tiny_model(*settings)
     attention = model.decoder.attention
     assert len(attention.heads) == 4
     features = model.encode(images)
@@ -564,12 +573,11 @@ def test_multi_head_attention(score):
     torch.testing.assert_close(out.alpha, out.heads.mean(dim=1))
     torch.testing.assert_close(out.heads.sum(dim=2), torch.ones(3, 4))
     assert not torch.allclose(out.heads[:, 0], out.heads[:, 1])  # heads look differently
-    model.decoder.parallel = False
-    loop = model(images, tokens)
-    model.decoder.parallel = True
+    twin = step_loop_twin(model, *settings)
+    loop = twin(images, tokens)
     torch.testing.assert_close(model(images, tokens).logits, loop.logits, rtol=0, atol=1e-5)
     caption_loss(loop, tokens[:, 1:], 0, penalty_weight=0.0).total.backward()
-    for name, param in attention.named_parameters():
+    for name, param in twin.decoder.attention.named_parameters():
         assert param.grad is not None and param.grad.abs().sum() > 0, name
     for setting, message in (
         (["model.attention=hard"], "model.heads=4 needs model.attention=soft"),
@@ -610,16 +618,17 @@ def test_local_attention_is_a_gaussian_window_around_a_predicted_centre():
         load_config(None, ["model.attention=local", "model.local_sigma=0"])
 
 
-def test_channels_last_encoder_gives_the_same_grid_and_gradients(monkeypatch):
-    """The encoder's convolutions run channels-last; the grid and the gradients equal those of
-    the plain layout (to float32 rounding), and the grid comes out contiguous (B, L, D)."""
-    from captioning.models import encoder as encoder_module
-
+def test_channels_last_encoder_gives_the_same_grid_and_gradients():
+    """The encoder's convolutions run channels-last (``runtime.channels_last``, the default);
+    the grid and the gradients equal those of the plain layout (to float32 rounding), and the
+    grid comes out contiguous (B, L, D)."""
     images, _ = batch()
     grids, grads = [], []
     for channels_last in (False, True):
-        monkeypatch.setattr(encoder_module, "CHANNELS_LAST", channels_last)
-        model = tiny_model()
+        model = tiny_model(f"runtime.channels_last={channels_last}")
+        first_conv = next(m for m in model.encoder.modules() if isinstance(m, nn.Conv2d))
+        layout = torch.channels_last if channels_last else torch.contiguous_format
+        assert first_conv.weight.is_contiguous(memory_format=layout)
         grid = model.encoder(images)
         grid.square().sum().backward()
         grids.append(grid)

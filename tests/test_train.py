@@ -301,12 +301,12 @@ def test_ctrl_c_during_a_checkpoint_write_finishes_the_write_then_stops(
 
 
 def test_a_run_folder_takes_one_training_at_a_time(shapes, tmp_path, caplog):
-    from captioning.train import _lock_run_dir
+    from captioning.run_folder import lock_run_dir
 
     run = tmp_path / "run"
     run.mkdir()
     (run / ".last.pt.abc123.tmp").write_bytes(b"half a checkpoint")  # a write killed midway
-    held = _lock_run_dir(run)
+    held = lock_run_dir(run)
     try:
         with pytest.raises(CaptioningError, match=rf"run folder {run} is in use by another "
                                                   rf"training \(pid {os.getpid()}\)"):  # fmt: skip

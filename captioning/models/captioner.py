@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from captioning.config import ModelConfig
+from captioning.config import ModelConfig, RuntimeConfig
 from captioning.errors import ConfigError
 from captioning.models.attention import (
     EXPECTATION,
@@ -86,9 +86,11 @@ class Captioner(nn.Module):
         return self.decoder(features, tokens[:, :-1], hard, targets)
 
 
-def encoder_from_config(cfg: ModelConfig) -> Encoder:
-    """The :class:`Encoder` that ``cfg`` describes (built first by :func:`build_model`, so
-    after the same seed both give a random encoder the same weights)."""
+def encoder_from_config(cfg: ModelConfig, runtime: RuntimeConfig | None = None) -> Encoder:
+    """The :class:`Encoder` that ``cfg`` describes, with the speed switches of ``runtime``
+    (None: the defaults); built first by :func:`build_model`, so after the same seed both
+    give a random encoder the same weights."""
+    runtime = runtime or RuntimeConfig()
     return build_encoder(
         cfg.encoder,
         weights=cfg.weights,
@@ -97,12 +99,17 @@ def encoder_from_config(cfg: ModelConfig) -> Encoder:
         positional=cfg.positional,
         fine_tune=cfg.fine_tune,
         cnn_channels=cfg.cnn_channels,
+        channels_last=runtime.channels_last,
     )
 
 
-def build_model(cfg: ModelConfig, vocab_size: int) -> Captioner:
-    """The :class:`Captioner` that ``cfg`` describes."""
-    encoder = encoder_from_config(cfg)
+def build_model(
+    cfg: ModelConfig, vocab_size: int, runtime: RuntimeConfig | None = None
+) -> Captioner:
+    """The :class:`Captioner` that ``cfg`` describes, running as ``runtime``'s speed
+    switches say (None: the defaults; they change no weight and no number)."""
+    runtime = runtime or RuntimeConfig()
+    encoder = encoder_from_config(cfg, runtime)
     attention = build_attention(
         cfg.attention,
         cfg.score,
@@ -127,6 +134,7 @@ def build_model(cfg: ModelConfig, vocab_size: int) -> Captioner:
         init_state=cfg.init_state,
         dropout=cfg.dropout,
         value_dim=cfg.value_dim if cfg.values == "projected" else None,
+        parallel=runtime.parallel_decoder,
     )
     grid = None
     if cfg.grid_layers:

@@ -15,7 +15,7 @@ caption and computes the output layer once for all steps.
 
 Without the context in the LSTM (``context_to_lstm=False``), h_1..h_T under teacher forcing
 do not depend on the attention, so :meth:`Decoder.forward` needs no loop over words
-(``Decoder.parallel``, on by default; always for the exact marginal): one
+(``Decoder(parallel=True)``, the default; always for the exact marginal): one
 fused LSTM call over the caption (the same weights as the cell :meth:`step` uses), then all
 T queries scored against the grid at once. The same independence makes the exact marginal
 over cells tractable: p(y_t | y_<t, a) = sum_l alpha_tl p(y_t | a_l, h_t) (``HardContext``
@@ -24,6 +24,8 @@ mode ``marginal``), computed in chunks of cells so that memory stays bounded.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -102,13 +104,11 @@ class Decoder(nn.Module):
         value_dim: None: the context is a weighted average of the features themselves.
             Else key-value attention: the context averages values W_v a_i of this size, a
             projection of its own beside the score's keys.
+        parallel: teacher forcing without the context in the LSTM runs all words at once
+            (the same numbers as the step loop to 1e-5, and the same trained weights, as
+            tests check). False forces the step loop, which the paper's wiring always uses;
+            the exact marginal always runs all words at once.
     """
-
-    # Teacher forcing without the context in the LSTM runs all words at once (the same
-    # numbers as the step loop to 1e-5, and the same trained weights, as tests check). False
-    # forces the step loop, which the paper's wiring always uses; the exact marginal always
-    # runs all words at once.
-    parallel = True
 
     def __init__(
         self,
@@ -123,8 +123,10 @@ class Decoder(nn.Module):
         init_state: str = "tanh",
         dropout: float = 0.5,
         value_dim: int | None = None,
+        parallel: bool = True,
     ) -> None:
         super().__init__()
+        self.parallel = parallel
         self.vocab_size = vocab_size
         self.hidden_dim = hidden_dim
         self.attention = attention
@@ -394,14 +396,10 @@ class Decoder(nn.Module):
         )
 
     def _run_lstm(self, embedded: torch.Tensor, state: DecoderState) -> torch.Tensor:
-        """h_1..h_T (B, T, H) from one fused LSTM call with the cell's own weights."""
+        """h_1..h_T (B, T, H) from one LSTM pass with the cell's own weights."""
         cell = self.lstm
         weights = [cell.weight_ih, cell.weight_hh, cell.bias_ih, cell.bias_hh]
-        hx = (state.h.unsqueeze(0).contiguous(), state.c.unsqueeze(0).contiguous())
-        # what nn.LSTM(batch_first=True) calls: one layer, no dropout, one direction
-        hiddens, _, _ = torch._VF.lstm(embedded, hx, weights, True, 1, 0.0, self.training,
-                                       False, True)  # fmt: skip
-        return hiddens
+        return lstm_sequence(embedded, state.h, state.c, weights)
 
     def _forward_parallel(
         self,
@@ -444,3 +442,73 @@ class Decoder(nn.Module):
             embedded, hiddens, gate, values, alphas, targets
         )  # (B, T)
         return output
+
+
+# --------------------------------------------------------------------------- the LSTM pass
+
+
+def lstm_sequence(
+    inputs: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor, weights: Sequence[torch.Tensor]
+) -> torch.Tensor:
+    """h_1..h_T of one LSTM layer over ``inputs`` (B, T, E) from ``h0``, ``c0`` (B, H), with
+    an :class:`torch.nn.LSTMCell`'s ``weights`` (``weight_ih``, ``weight_hh``, ``bias_ih``,
+    ``bias_hh``) → (B, T, H).
+
+    Torch's fused kernel, when its private entry point (what ``nn.LSTM`` calls) is there and
+    gives :func:`lstm_by_step`'s numbers on a probe; else :func:`lstm_by_step` itself."""
+    fused = _fused_lstm()
+    if fused is None:
+        return lstm_by_step(inputs, h0, c0, weights)
+    return fused(inputs, h0, c0, weights)
+
+
+def lstm_by_step(
+    inputs: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor, weights: Sequence[torch.Tensor]
+) -> torch.Tensor:
+    """:func:`lstm_sequence` with public operations only: the input projection for all
+    steps at once, then the recurrence one step at a time (torch's gate order i, f, g, o)."""
+    weight_ih, weight_hh, bias_ih, bias_hh = weights
+    projected = F.linear(inputs, weight_ih, bias_ih)  # (B, T, 4H)
+    h, c, hiddens = h0, c0, []
+    for t in range(inputs.shape[1]):
+        gates = projected[:, t] + F.linear(h, weight_hh, bias_hh)  # (B, 4H)
+        i, f, g, o = gates.chunk(4, dim=1)  # (B, H) each
+        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+        h = torch.sigmoid(o) * torch.tanh(c)
+        hiddens.append(h)
+    return torch.stack(hiddens, dim=1)  # (B, T, H)
+
+
+def _private_lstm(
+    inputs: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor, weights: Sequence[torch.Tensor]
+) -> torch.Tensor:
+    """:func:`lstm_sequence` through ``torch._VF.lstm``, which ``nn.LSTM(batch_first=True)``
+    calls: one layer, no dropout, one direction (in training mode when a backward pass may
+    follow, which cuDNN needs)."""
+    hx = (h0.unsqueeze(0).contiguous(), c0.unsqueeze(0).contiguous())  # (1, B, H) each
+    hiddens, _, _ = torch._VF.lstm(inputs, hx, list(weights), True, 1, 0.0,
+                                   torch.is_grad_enabled(), False, True)  # fmt: skip
+    return hiddens  # (B, T, H)
+
+
+@functools.cache
+def _fused_lstm() -> Callable[..., torch.Tensor] | None:
+    """:func:`_private_lstm` when ``torch._VF.lstm`` exists, takes its arguments and agrees
+    with :func:`lstm_by_step` on a small random probe (a private API may change in any
+    release), else None. Checked once per process, on the CPU, without touching the global
+    random generators."""
+    if not callable(getattr(getattr(torch, "_VF", None), "lstm", None)):
+        return None
+    generator = torch.Generator().manual_seed(0)
+    inputs, h0, c0 = (torch.randn(2, *shape, generator=generator) for shape in ((3, 4), (5,), (5,)))
+    weights = [torch.randn(*shape, generator=generator) * 0.5
+               for shape in ((20, 4), (20, 5), (20,), (20,))]  # fmt: skip
+    try:
+        with torch.no_grad(), torch.autocast("cpu", enabled=False):
+            fused = _private_lstm(inputs, h0, c0, weights)
+            public = lstm_by_step(inputs, h0, c0, weights)
+    except (TypeError, RuntimeError):  # another signature
+        return None
+    if fused.shape != public.shape or not torch.allclose(fused, public, atol=1e-5):
+        return None
+    return _private_lstm

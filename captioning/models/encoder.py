@@ -26,10 +26,6 @@ logger = logging.getLogger("captioning")
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
-# Convolutions run on channels-last (NHWC) tensors: oneDNN on the CPU and cuDNN with tensor
-# cores both prefer it (the small CNN's step: about 15% less time on the CPU, see
-# docs/speed.md). The grid comes out in the same (B, L, D) layout either way.
-CHANNELS_LAST = True
 
 
 class SmallCNN(nn.Module):
@@ -176,6 +172,9 @@ class Encoder(nn.Module):
             backbone's own grid.
         positional: ``none``, ``learned`` or ``sinusoidal`` position codes added to the grid.
         fine_tune: ``none`` (frozen, kept in eval mode), ``all``, or ``last_N``.
+        channels_last: run the convolutions on channels-last (NHWC) tensors, which oneDNN on
+            the CPU and cuDNN with tensor cores both prefer (the small CNN's step: about 15%
+            less time on the CPU, see docs/speed.md); the grid is the same either way.
     """
 
     def __init__(
@@ -188,9 +187,11 @@ class Encoder(nn.Module):
         grid_size: int | None = None,
         positional: str = "none",
         fine_tune: str = "none",
+        channels_last: bool = True,
     ) -> None:
         super().__init__()
         self.stages = nn.ModuleList(stages)
+        self.channels_last = channels_last
         self.out_channels = out_channels
         self.image_size = image_size
         self.register_buffer("mean", torch.tensor(mean).view(1, 3, 1, 1) * 255.0)
@@ -208,7 +209,7 @@ class Encoder(nn.Module):
                     f"model.image_size={image_size} is too small for this encoder (a stage's "
                     f"output would be empty); use a larger image size"
                 ) from exc
-        if CHANNELS_LAST:
+        if channels_last:
             self.stages.to(memory_format=torch.channels_last)
         self.grid_shape = (int(probe.shape[2]), int(probe.shape[3]))
         num_cells = self.grid_shape[0] * self.grid_shape[1]
@@ -273,7 +274,7 @@ class Encoder(nn.Module):
     def backbone(self, images: torch.Tensor) -> torch.Tensor:
         """``images`` (B, 3, S, S) → the backbone's pooled grid (B, L, D), no positions."""
         x = (images.float() - self.mean) / self.std
-        if CHANNELS_LAST:
+        if self.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
         frozen = self.frozen_stages
         if frozen:
@@ -332,8 +333,10 @@ def build_encoder(
     positional: str = "none",
     fine_tune: str = "none",
     cnn_channels: list[int] | None = None,
+    channels_last: bool = True,
 ) -> Encoder:
-    """An :class:`Encoder` by backbone name (``small_cnn``, ``vgg19``, ``resnet101``, ...)."""
+    """An :class:`Encoder` by backbone name (``small_cnn``, ``vgg19``, ``resnet101``, ...);
+    ``channels_last`` runs its convolutions on NHWC tensors (see :class:`Encoder`)."""
     if name == "small_cnn":
         if weights and weights.lower() != "none":
             if not Path(weights).is_file():
@@ -354,4 +357,5 @@ def build_encoder(
                 stage.eval()
                 probe = stage(probe)
         channels = int(probe.shape[1])
-    return Encoder(stages, channels, image_size, mean, std, grid_size, positional, fine_tune)
+    return Encoder(stages, channels, image_size, mean, std, grid_size, positional, fine_tune,
+                   channels_last)  # fmt: skip
