@@ -44,8 +44,9 @@ def test_training_records_the_precision_auto_chose(shapes, tmp_path, monkeypatch
     fit(tiny(shapes, "train.precision=auto", "train.epochs=1"), out_dir=tmp_path / "run")
     expected = "bf16" if native else "fp32"
     saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
-    assert saved["train"]["precision"] == expected
-    assert load_checkpoint(tmp_path / "run" / "last.pt")["config"]["train"]["precision"] == expected
+    assert saved["train"]["precision"] == saved["runtime"]["precision"] == expected
+    config = load_checkpoint(tmp_path / "run" / "last.pt")["config"]
+    assert config["train"]["precision"] == config["runtime"]["precision"] == expected
 
 
 def test_resolve_device_errors_are_one_line():

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from captioning.config import check_heads
 from captioning.errors import ConfigError
 
 # --------------------------------------------------------------------------- scores
@@ -576,14 +577,10 @@ def build_attention(
     ``local_sigma`` cells); ``heads`` > 1 gives soft multi-head attention: H scores of
     ``attention_dim`` each, every head averaging its share of the ``context_dim`` channels
     (default ``feature_dim``: the size of what the context averages)."""
+    check_heads(kind, heads)
     if kind == "none":
         return NoAttention()
     if heads > 1:
-        if kind != "soft":
-            raise ConfigError(
-                f"model.heads={heads} needs model.attention=soft: hard attention samples one "
-                f"cell from one distribution (use model.heads=1)"
-            )
         # Each head scores with the single head's width: under Adam a score's logits grow
         # about in proportion to its hidden units, and heads of attention_dim / H units stay
         # near uniform (at H = 8 on shapes, a head's largest weight 0.06-0.16 after 7 epochs).

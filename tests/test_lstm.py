@@ -1,0 +1,136 @@
+"""The decoder's one-pass LSTM: torch's private fused call only while it computes what the
+public operations compute, and the public path whenever it is missing or has changed."""
+
+import pytest
+import torch
+from torch import nn
+
+from captioning.models import decoder as decoder_module
+from captioning.models.attention import build_attention
+from captioning.models.decoder import Decoder, lstm_by_step, lstm_sequence
+
+
+@pytest.fixture(autouse=True)
+def _fresh_probe():
+    """Each test decides anew which path the process uses (the choice is cached)."""
+    decoder_module._fused_lstm.cache_clear()
+    yield
+    decoder_module._fused_lstm.cache_clear()
+
+
+def random_lstm(seed: int, batch: int = 3, steps: int = 7, inputs: int = 5, hidden: int = 6):
+    """Inputs (B, T, E), h0 and c0 (B, H) and an LSTMCell's random weights, all requiring
+    gradients."""
+    generator = torch.Generator().manual_seed(seed)
+    cell = nn.LSTMCell(inputs, hidden)
+    with torch.no_grad():
+        for param in cell.parameters():
+            param.copy_(torch.randn(param.shape, generator=generator) * 0.6)
+    x = torch.randn(batch, steps, inputs, generator=generator, requires_grad=True)
+    h0 = torch.randn(batch, hidden, generator=generator, requires_grad=True)
+    c0 = torch.randn(batch, hidden, generator=generator, requires_grad=True)
+    return x, h0, c0, [cell.weight_ih, cell.weight_hh, cell.bias_ih, cell.bias_hh]
+
+
+def outputs_and_gradients(function, x, h0, c0, weights):
+    hiddens = function(x, h0, c0, weights)
+    probe = torch.linspace(-1, 1, hiddens.numel()).view_as(hiddens)
+    grads = torch.autograd.grad((hiddens * probe).sum(), [x, h0, c0, *weights])
+    return hiddens, grads
+
+
+@pytest.mark.parametrize("seed,shape", [(0, (3, 7, 5, 6)), (1, (1, 1, 4, 3)), (2, (4, 12, 8, 16))])
+def test_the_private_fused_lstm_computes_what_the_public_operations_compute(seed, shape):
+    """torch._VF.lstm, called as the decoder calls it, against the gate equations written with
+    public operations: the same h_1..h_T and the same gradients. This fails when a torch
+    release changes what the private call means."""
+    x, h0, c0, weights = random_lstm(seed, *shape)
+    private, private_grads = outputs_and_gradients(decoder_module._private_lstm, x, h0, c0,
+                                                   weights)  # fmt: skip
+    public, public_grads = outputs_and_gradients(lstm_by_step, x, h0, c0, weights)
+    assert private.shape == public.shape == (shape[0], shape[1], shape[3])
+    torch.testing.assert_close(private, public, rtol=0, atol=1e-5)
+    for a, b in zip(private_grads, public_grads):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+    # and the cell the decoder steps with agrees at every step
+    cell = nn.LSTMCell(shape[2], shape[3])
+    with torch.no_grad():
+        for param, weight in zip(cell.parameters(), weights):
+            param.copy_(weight)
+    h, c = h0, c0
+    for t in range(shape[1]):
+        h, c = cell(x[:, t], (h, c))
+        torch.testing.assert_close(public[:, t], h, rtol=0, atol=1e-5)
+    assert decoder_module._fused_lstm() is decoder_module._private_lstm  # this torch passes
+
+
+class NoLSTM:
+    """``torch._VF`` without ``lstm``: what a torch release that drops it looks like."""
+
+    def __getattr__(self, name):
+        raise AttributeError(name)
+
+
+class OtherSignature:
+    """``torch._VF`` whose ``lstm`` takes other arguments."""
+
+    @staticmethod
+    def lstm(*args):
+        raise TypeError("lstm() received an invalid combination of arguments")
+
+
+class OtherMeaning:
+    """``torch._VF`` whose ``lstm`` runs but means something else (no cell state)."""
+
+    @staticmethod
+    def lstm(inputs, hx, weights, *args):
+        hidden = torch.tanh(nn.functional.linear(inputs, weights[0], weights[2]))
+        return hidden[..., : hx[0].shape[-1]], hx[0], hx[1]
+
+
+@pytest.mark.parametrize("stand_in", [NoLSTM(), OtherSignature(), OtherMeaning()])
+def test_without_the_private_lstm_the_public_path_runs_and_agrees(monkeypatch, stand_in):
+    """With ``torch._VF.lstm`` gone, taking other arguments or meaning something else, the
+    decoder uses the public path: teacher forcing all words at once still equals the step
+    loop, gradients included."""
+    x, h0, c0, weights = random_lstm(3)
+    expected, expected_grads = outputs_and_gradients(lstm_sequence, x, h0, c0, weights)
+    decoder_module._fused_lstm.cache_clear()
+    monkeypatch.setattr(torch, "_VF", stand_in)
+    assert decoder_module._fused_lstm() is None
+    calls = []
+    real = decoder_module.lstm_by_step
+
+    def counting(*args):
+        calls.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(decoder_module, "lstm_by_step", counting)
+    hiddens, grads = outputs_and_gradients(lstm_sequence, x, h0, c0, weights)
+    assert calls  # the public path ran
+    torch.testing.assert_close(hiddens, expected, rtol=0, atol=1e-5)
+    for a, b in zip(grads, expected_grads):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+
+    torch.manual_seed(0)
+    attention = build_attention("soft", "additive", 6, 8, 5, cells=7)
+    together = Decoder(11, 6, attention, embed_dim=4, hidden_dim=8, context_to_lstm=False,
+                       dropout=0.0)  # fmt: skip
+    by_step = Decoder(11, 6, attention, embed_dim=4, hidden_dim=8, context_to_lstm=False,
+                      dropout=0.0, parallel=False)  # fmt: skip
+    by_step.load_state_dict(together.state_dict())
+    features, tokens = torch.randn(3, 7, 6), torch.randint(1, 11, (3, 5))
+    calls.clear()
+    torch.testing.assert_close(together(features, tokens).logits,
+                               by_step(features, tokens).logits, rtol=0, atol=1e-5)  # fmt: skip
+    assert len(calls) == 1  # the parallel decoder's one pass, not the step loop's cell
+
+
+def test_the_probe_leaves_the_random_streams_alone():
+    """Choosing the path draws from a generator of its own: a seeded run draws the same
+    numbers whether or not the probe ran first."""
+    torch.manual_seed(5)
+    decoder_module._fused_lstm()
+    after_probe = torch.rand(3)
+    torch.manual_seed(5)
+    torch.testing.assert_close(torch.rand(3), after_probe)
