@@ -91,7 +91,7 @@ def test_no_import_cycles_in_the_package():
                "captioning.inference", "captioning.evaluate", "captioning.decoding",
                "captioning.models", "captioning.data", "captioning.metrics", "captioning.prepare",
                "captioning.progress", "captioning.api", "captioning.serve.app",
-               "captioning.serve.server"],
+               "captioning.serve.server", "captioning.run_state", "captioning.run_folder"],
 )  # fmt: skip
 def test_the_layers_below_training_do_not_import_it(module):
     graph = import_graph()
@@ -112,3 +112,22 @@ def test_no_function_in_the_package_is_over_80_lines():
                 if lines > 80:
                     long.append(f"{module_name(path)}.{node.name}: {lines} lines")
     assert not long, long
+
+
+RUNTIME_READERS = ["inference.py", "evaluate.py", "api.py", "cli.py", "serve/app.py",
+                   "serve/server.py", "serve/batching.py", "serve/limits.py"]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", RUNTIME_READERS)
+def test_what_runs_a_trained_model_reads_no_training_settings(name):
+    """Decoding, evaluation, the API, the command line and the server take precision, batch
+    size and seed from the ``runtime`` section (or arguments), never from ``cfg.train``."""
+    tree = ast.parse((PACKAGE / name).read_text())
+    reads = [
+        f"line {node.lineno}: .train.{node.attr}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Attribute)
+        and node.value.attr == "train"
+    ]
+    assert not reads, reads
