@@ -260,6 +260,8 @@ def main(argv: list[str] | None = None) -> int:
         **machine(),
         "timed_alone": not args.machine_busy,
     }
+    if args.threads is not None:  # what the runs used, not this process's start
+        context["threads"] = args.threads
     results = args.results
     earlier = json.loads(results.read_text(encoding="utf-8")) if results.is_file() else []
     try:
