@@ -209,6 +209,6 @@ def test_the_sweep_appendix_gives_every_rate_and_marks_the_chosen(tables, study)
 
 def test_without_its_results_file_a_table_says_so(tables, tmp_path) -> None:
     text = "<!-- table: attention_family_sweep -->\nold\n<!-- end table -->\n"
-    assert "(`results/attention_family.json` is not there yet.)\n<!-- end" in tables.render(
+    assert "(results/attention_family.json is not there yet.)\n<!-- end" in tables.render(
         text, tmp_path
     )

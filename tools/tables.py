@@ -381,9 +381,7 @@ def render(text: str, results: Path = ROOT / "results") -> str:
             raise SystemExit(f"unknown table {name!r}; known: {', '.join(TABLES)}")
         source = SOURCES.get(name, name)
         if not (results / f"{source}.json").is_file():  # a study not yet run: say so
-            return (
-                match.group(1) + f"(`results/{source}.json` is not there yet.)\n" + match.group(4)
-            )
+            return match.group(1) + f"(results/{source}.json is not there yet.)\n" + match.group(4)
         return match.group(1) + TABLES[name](load_rows(source, results)) + match.group(4)
 
     return _BLOCK.sub(replace, text)
