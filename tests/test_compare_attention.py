@@ -156,6 +156,7 @@ def test_the_family_table_gives_each_member_at_its_rate_with_its_seeds(tables, t
         _failed("soft-general", 4e-3),
         _failed("soft-general", 8e-3),
     ]
+    rows[-1]["commit"] = "1234567890+dirty"
     (tmp_path / "attention_family.json").write_text(json.dumps(rows))
     text = "<!-- table: attention_family -->\n<!-- end table -->\n"
     out = tables.render(text, tmp_path)
@@ -172,7 +173,7 @@ def test_the_family_table_gives_each_member_at_its_rate_with_its_seeds(tables, t
         "| soft-general | – | failed at every rate (0.004, 0.008) | – | – | – | – | – | – | – "
         "| – | – |"
     )
-    assert "10 rows of `results/attention_family.json`, commit abcdef1" in lines[8]
+    assert "10 rows of `results/attention_family.json`, commit 1234567+dirty, abcdef1" in lines[8]
     assert "2 cores (cpu), torch 2.6, bf16" in lines[8]
 
 

@@ -307,7 +307,9 @@ def attention_family(rows: Rows) -> str:
 def _family_note(rows: Rows) -> str:
     """Where the attention family's rows come from: commits, machine, precision, commands."""
     first = rows[0]
-    commits = ", ".join(sorted({r["commit"][:7] for r in rows}))
+    # a row from a checkout with changes not yet committed says so
+    commits = ", ".join(sorted({r["commit"][:7] + ("+dirty" if r["commit"].endswith("+dirty")
+                                                  else "") for r in rows}))  # fmt: skip
     precisions = ", ".join(sorted({r["precision"] for r in rows if "precision" in r}))
     commands = "; ".join(f"`{c}`" for c in sorted({r["command"] for r in rows}))
     note = (
