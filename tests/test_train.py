@@ -497,25 +497,3 @@ def test_same_seed_same_weights_other_seed_differs(shapes, tmp_path):
         runs[name] = load_checkpoint(tmp_path / name / "last.pt")["model"]
     assert all(torch.equal(runs["a"][k], runs["b"][k]) for k in runs["a"])
     assert not all(torch.equal(runs["a"][k], runs["c"][k]) for k in runs["a"])
-
-
-@pytest.mark.slow
-def test_compare_attention_tool_trains_and_tabulates(shapes, tmp_path, monkeypatch):
-    import json
-    import sys
-
-    monkeypatch.syspath_prepend(os.path.join(os.path.dirname(__file__), "..", "tools"))
-    sys.modules.pop("compare_attention", None)
-    import compare_attention
-
-    out = tmp_path / "compare"
-    compare_attention.main(["--out", str(out), "--only", "soft-location", "local",
-                            "--set", f"data.root={shapes}", "--set", "train.epochs=1",
-                            "--set", "train.quiet=true", "--set", "model.hidden_dim=32",
-                            "--set", "model.cnn_channels=[8, 16]"])  # fmt: skip
-    rows = json.loads((out / "results.json").read_text())
-    assert [row["model"] for row in rows] == ["soft-location", "local"]
-    assert rows[0]["change"] == "model.score=location" and rows[0]["parameters"] > 0
-    table = (out / "results.md").read_text().splitlines()
-    assert table[0].startswith("| model | exact | exact, 3 objects | pointing colour")
-    assert len(table) == 4 and table[2].startswith("| soft-location | ")

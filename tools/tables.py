@@ -226,13 +226,147 @@ def _batch_gain(rows: Rows) -> list[str]:
     return ["batches against one image at a time: " + ", ".join(gains) + " clients"]
 
 
+def _chosen_lr(rows: Rows) -> float | None:
+    """The learning rate of the best validation score among one member's sweep rows (the
+    lower rate on a tie), as tools/compare_attention.py chooses it; None if none scored."""
+    scored = [r for r in rows if r.get("phase") == "sweep" and "val" in r]
+    if not scored:
+        return None
+    return max(scored, key=lambda r: (r["val_select"], -r["lr"]))["lr"]
+
+
+def _members(rows: Rows) -> dict[str, Rows]:
+    """The rows of each member, in the order the file holds them."""
+    members: dict[str, Rows] = {}
+    for row in rows:
+        members.setdefault(row["member"], []).append(row)
+    return members
+
+
+def _score(value: float | None) -> str:
+    return "–" if value is None else f"{value:.3f}"
+
+
+def _mean(values: list[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.mean(present) if present else None
+
+
+def _test(row: dict[str, Any], hard_context: str | None) -> dict[str, Any]:
+    """A row's test scores, or those of one decoding mode of hard attention."""
+    return row["test"] if hard_context is None else row["test_by_hard_context"][hard_context]
+
+
+def attention_family(rows: Rows) -> str:
+    """The attention family on shapes (``tools/compare_attention.py``): one line per member
+    at its chosen learning rate, test exact match as mean ± sd over the seeds and each seed,
+    and the means of the other test scores; hard attention gets a line per decoding mode."""
+    head = ["member", "lr", "exact", "each seed", "exact, 3 objects",
+            "pointing colour / size / shape", "pointing, local centre", "mass in box",
+            "BLEU-4", "CIDEr-D", "parameters", "train time"]  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "| " + " | ".join(["---"] * len(head)) + " |"]
+    for member, group in _members(rows).items():
+        lr = _chosen_lr(group)
+        if lr is None:
+            failed = sorted(f"{r['lr']:g}" for r in group if r.get("phase") == "sweep")
+            cells = [member, "–", f"failed at every rate ({', '.join(failed)})"]
+            lines.append("| " + " | ".join(cells + ["–"] * (len(head) - 3)) + " |")
+            continue
+        seeds = sorted((r for r in group if r["lr"] == lr), key=lambda r: r["seed"])
+        scored = [r for r in seeds if "test" in r]
+        minutes = [r["train_seconds"] / 60 for r in scored if r.get("timed_alone", True)]
+        hard = scored[0].get("test_by_hard_context")
+        for mode in [None] if hard is None else list(hard):
+            tests = [_test(r, mode) for r in scored]
+            each = ", ".join(
+                f"{_test(r, mode)['exact']:.3f} ({r['seed']})" if "test" in r
+                else f"failed ({r['seed']})" for r in seeds
+            )  # fmt: skip
+            pointing = " / ".join(
+                _score(_mean([t[k] for t in tests]))
+                for k in ("pointing_color", "pointing_size", "pointing_shape")
+            )
+            cells = [
+                member if mode is None else f"{member} ({mode})",
+                f"{lr:g}",
+                _spread([t["exact"] for t in tests]),
+                each,
+                _score(_mean([t["exact_3_objects"] for t in tests])),
+                pointing,
+                *(_score(_mean([t[k] for t in tests]))
+                  for k in ("centre_pointing", "mass_in_box", "Bleu_4", "CIDEr")),
+                f"{scored[0]['parameters'] / 1e6:.2f}M",
+                "–" if not minutes else f"{statistics.mean(minutes):.1f} min",
+            ]  # fmt: skip
+            lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    lines.append(_family_note(rows))
+    return "\n".join(lines) + "\n"
+
+
+def _family_note(rows: Rows) -> str:
+    """Where the attention family's rows come from: commits, machine, precision, commands."""
+    first = rows[0]
+    # a row from a checkout with changes not yet committed says so
+    commits = ", ".join(sorted({r["commit"][:7] + ("+dirty" if r["commit"].endswith("+dirty")
+                                                  else "") for r in rows}))  # fmt: skip
+    precisions = ", ".join(sorted({r["precision"] for r in rows if "precision" in r}))
+    commands = "; ".join(f"`{c}`" for c in sorted({r["command"] for r in rows}))
+    note = (
+        f"{len(rows)} rows of `results/attention_family.json`, commit {commits}; "
+        f"{first['cores']} cores ({first['cpu']}), torch {first['torch']}, {precisions}. "
+        f"The learning rate is each member's best on validation exact match in the sweep "
+        f"below; test split, greedy decoding; seeds in brackets, ± the standard deviation "
+        f"across seeds, the other scores the mean over the seeds; train time the mean of the "
+        f"epochs' seconds"
+    )
+    busy = [r for r in rows if not r.get("timed_alone", True)]
+    if busy:
+        note += ", from runs with nothing else on the machine"
+    return note + f". Written by {commands}."
+
+
+def attention_family_sweep(rows: Rows) -> str:
+    """The attention family's learning-rate sweep: validation exact match of each member at
+    each rate (the sweep's seed), the chosen rate in bold."""
+    sweep = [r for r in rows if r.get("phase") == "sweep"]
+    lrs = sorted({r["lr"] for r in sweep})
+    head = ["member", *(f"lr {lr:g}" for lr in lrs)]
+    lines = ["| " + " | ".join(head) + " |", "| " + " | ".join(["---"] * len(head)) + " |"]
+    for member, group in _members(sweep).items():
+        chosen = _chosen_lr(group)
+        by_lr = {r["lr"]: r for r in group}
+        cells = [member]
+        for lr in lrs:
+            row = by_lr.get(lr)
+            if row is None:
+                cells.append("–")
+            elif "val" not in row:
+                cells.append("failed")
+            else:
+                value = f"{row['val_select']:.3f}"
+                cells.append(f"**{value}**" if lr == chosen else value)
+        lines.append("| " + " | ".join(cells) + " |")
+    seeds = ", ".join(str(s) for s in sorted({r["seed"] for r in sweep}))
+    metrics = ", ".join(sorted({r["select_metric"] for r in sweep}))
+    lines.append("")
+    lines.append(
+        f"Validation {metrics} at seed {seeds}, greedy decoding; a rate sets `train.lr` and "
+        f"`train.encoder_lr` together; bold: the chosen rate; failed: the training stopped "
+        f"(a non-finite loss or weights); –: not run."
+    )
+    return "\n".join(lines) + "\n"
+
+
 TABLES: dict[str, Callable[[Rows], str]] = {
     "photos": photos,
     "photo_levers": photo_levers,
     "serve_latency": serve_latency,
+    "attention_family": attention_family,
+    "attention_family_sweep": attention_family_sweep,
 }
 # tables whose rows are in another table's file
-SOURCES = {"photo_levers": "photos"}
+SOURCES = {"photo_levers": "photos", "attention_family_sweep": "attention_family"}
 
 
 def load_rows(name: str, results: Path = ROOT / "results") -> Rows:
@@ -247,8 +381,10 @@ def render(text: str, results: Path = ROOT / "results") -> str:
         name = match.group(2)
         if name not in TABLES:
             raise SystemExit(f"unknown table {name!r}; known: {', '.join(TABLES)}")
-        rows = load_rows(SOURCES.get(name, name), results)
-        return match.group(1) + TABLES[name](rows) + match.group(4)
+        source = SOURCES.get(name, name)
+        if not (results / f"{source}.json").is_file():  # a study not yet run: say so
+            return match.group(1) + f"(results/{source}.json is not there yet.)\n" + match.group(4)
+        return match.group(1) + TABLES[name](load_rows(source, results)) + match.group(4)
 
     return _BLOCK.sub(replace, text)
 
