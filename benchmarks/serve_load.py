@@ -161,13 +161,17 @@ def speedups(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def model_cost(
-    model: Any, files: list[Path], largest: int, beam_size: int, repeats: int = 3
+    model: Any, files: list[Path], largest: int, beam_size: int, repeats: int = 7
 ) -> dict[str, float]:
     """Median milliseconds per image, outside the server: of turning an upload into the
     model's input as the server does (decode, reduce, resize; ``prepare_ms``), of the encoder
-    alone for 1, 2 and ``largest`` images at once, and of a whole captioning (encoder and
-    beam search, encoding two images at a time on a CPU as the server does) for 1 and
-    ``largest`` images at once."""
+    alone for 1, 2, 4, 8 and ``largest`` images at once, and of a whole captioning (encoder
+    and beam search, encoding two images at a time on a CPU as the server does) for 1 and
+    ``largest`` images at once.
+
+    ``model_encode_ms_best`` is the encoder's cheapest batch size's cost per image: no server
+    batching this model can answer more than 1000 / that requests/s, however cheap its beam
+    search, and ``batching_ceiling`` in each row divides that by the one-at-a-time rate."""
     images, prepare = [], []
     for path in files[: max(largest, 20)]:
         data = path.read_bytes()
@@ -177,7 +181,7 @@ def model_cost(
         prepare.append(time.perf_counter() - started)
     cost: dict[str, float] = {"prepare_ms": round(1000 * statistics.median(prepare), 1)}
     encode_batch = 2 if model.device.type == "cpu" else None
-    for batch in sorted({1, 2, largest}):
+    for batch in sorted({1, 2, 4, 8, largest}):
         inputs = torch.stack([images[i % len(images)] for i in range(batch)])
         times = []
         with torch.no_grad():
@@ -187,7 +191,7 @@ def model_cost(
                 model.model.encoder(inputs)
                 times.append((time.perf_counter() - started) / batch)
         cost[f"model_encode_ms_batch{batch}"] = round(1000 * statistics.median(times), 1)
-        if batch == 2 and largest > 2:
+        if batch not in (1, largest):
             continue
         model.caption_inputs(inputs, beam_size=beam_size, encode_batch=encode_batch)
         times = []
@@ -196,6 +200,7 @@ def model_cost(
             model.caption_inputs(inputs, beam_size=beam_size, encode_batch=encode_batch)
             times.append((time.perf_counter() - started) / batch)
         cost[f"model_caption_ms_batch{batch}"] = round(1000 * statistics.median(times), 1)
+    cost["model_encode_ms_best"] = min(v for k, v in cost.items() if k.startswith("model_encode"))
     return cost
 
 
@@ -278,8 +283,17 @@ def main(argv: list[str] | None = None) -> int:
             f"{row['p50_ms']:.0f} | {row['p95_ms']:.0f} | {row['p99_ms']:.0f} | "
             f"{row['refused']} |"
         )
+    one_at_a_time = {row["clients"]: row["requests_per_s"] for row in rows if row["max_batch"] == 1}
+    for row in rows:
+        if row["clients"] in one_at_a_time:
+            ceiling = 1000 / cost["model_encode_ms_best"] / one_at_a_time[row["clients"]]
+            row["batching_ceiling"] = round(ceiling, 2)
     for line in speedups(rows):
         print(line)
+    for clients, rate in sorted(one_at_a_time.items()):
+        ceiling = 1000 / cost["model_encode_ms_best"] / rate
+        print(f"{clients} clients: the encoder alone allows at most {ceiling:.2f}x "
+              f"the one-at-a-time requests/s")  # fmt: skip
     print("model alone, ms per image: " + ", ".join(f"{k} {v}" for k, v in cost.items()))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
