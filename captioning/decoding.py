@@ -14,7 +14,7 @@ import torch
 from captioning.config import DecodeConfig
 from captioning.models.attention import HardContext
 from captioning.models.decoder import Decoder
-from captioning.models.trace import AttentionTrace
+from captioning.models.trace import AttentionTrace, TraceLayout
 from captioning.vocab import Vocabulary
 
 
@@ -180,30 +180,29 @@ class _Search:
         image: (b,) their rows in the batch.
         scores: (b, n) log-probabilities of the live beams.
         words: (b, n, t) the live beams' words so far.
-        trace: (b, n, t, ...) the attention record of each of those words.
+        maps: (b, n, t, W) what each of those words records, its trace's fields side by side
+            (see :class:`~captioning.models.trace.TraceLayout`; W = L for a plain map).
         best: (b,) normalised score of the best finished caption, -inf while there is none.
         best_raw: (b,) its log-probability.
         best_words: (b, T) its words, ``<pad>`` after them.
-        best_trace: (b, T, ...) its words' records, ``<end>``'s included, zeros after.
+        best_maps: (b, T, W) its words' records, ``<end>``'s included.
         best_length: (b,) its number of words.
     """
 
     image: torch.Tensor
     scores: torch.Tensor
     words: torch.Tensor
-    trace: AttentionTrace
+    maps: torch.Tensor
     best: torch.Tensor
     best_raw: torch.Tensor
     best_words: torch.Tensor
-    best_trace: AttentionTrace
+    best_maps: torch.Tensor
     best_length: torch.Tensor
 
     @classmethod
-    def start(
-        cls, batch: int, first: AttentionTrace, max_length: int, device: torch.device
-    ) -> _Search:
-        """Every image with one live beam (all K beams of an image would be the same),
-        its words recording what ``first``, the first step's trace (B, ...), records."""
+    def start(cls, batch: int, width: int, max_length: int, device: torch.device) -> _Search:
+        """Every image with one live beam (all K beams of an image would be the same), and
+        ``width`` (W) values recorded per word."""
 
         def full(*shape: int, fill: float = 0, dtype: torch.dtype = torch.float) -> torch.Tensor:
             return torch.full(shape, fill, dtype=dtype, device=device)
@@ -212,13 +211,11 @@ class _Search:
             image=torch.arange(batch, device=device),
             scores=full(batch, 1),
             words=full(batch, 1, 0, dtype=torch.long),
-            trace=first.map(lambda value: value.new_zeros(batch, 1, 0, *value.shape[1:])),
+            maps=full(batch, 1, 0, width),
             best=full(batch, fill=float("-inf")),
             best_raw=full(batch),
             best_words=full(batch, max_length, fill=Vocabulary.pad_id, dtype=torch.long),
-            best_trace=first.map(
-                lambda value: value.new_zeros(batch, max_length, *value.shape[1:])
-            ),  # fmt: skip
+            best_maps=full(batch, max_length, width),
             best_length=full(batch, dtype=torch.long),
         )
 
@@ -234,27 +231,30 @@ class _Search:
         raw: torch.Tensor,
         length: int,
         words: torch.Tensor,
-        trace: AttentionTrace,
+        maps: torch.Tensor,
     ) -> None:
         """Make a caption the answer of the images in ``mask`` (b,): its log-probability
-        ``raw`` (b,), ``length`` words ``words`` (b, t) and their records ``trace``
-        (b, t', ...)."""
+        ``raw`` (b,), ``length`` words ``words`` (b, t) and word records ``maps``
+        (b, t', W)."""
         max_length = self.best_words.shape[1]
         self.best_raw = torch.where(mask, raw, self.best_raw)
         self.best_length = torch.where(
             mask, torch.full_like(self.best_length, length), self.best_length
         )
         self.best_words = _keep(mask, _slots(words, max_length, Vocabulary.pad_id), self.best_words)
-        slots = trace.map(lambda value: _slots(value, max_length, 0))  # (b, T, ...)
-        self.best_trace = slots.where(mask, self.best_trace)
+        self.best_maps = _keep(mask, _slots(maps, max_length, 0.0), self.best_maps)
 
     def finish(
-        self, top: _Candidates, norm: torch.Tensor, step: int, grown: AttentionTrace
+        self,
+        top: _Candidates,
+        norm: torch.Tensor,
+        step: int,
+        step_map: torch.Tensor,
     ) -> None:
         """Keep, per image, the best of this step's candidates that end (scored by ``norm``
         (b, 2K), the length-normalised log-probability) if it beats its finished pool. The
         caption is the words before ``<end>``; its records include ``<end>``'s, from
-        ``grown`` (b, n, t + 1, ...), the live beams' records with this step's."""
+        ``step_map`` (b, n, W)."""
         norm = torch.where(top.ended, norm, float("-inf"))
         cand_score, cand_rank = norm.max(dim=1)  # (b,)
         better = cand_score > self.best
@@ -263,38 +263,64 @@ class _Search:
         rows = top.rows
         beam = top.beam[rows, cand_rank]  # (b,)
         self.best = torch.where(better, cand_score, self.best)
-        self.record(better, top.scores[rows, cand_rank], step, self.words[rows, beam],
-                    grown[rows, beam])  # fmt: skip
+        self.record(
+            better,
+            top.scores[rows, cand_rank],
+            step,
+            self.words[rows, beam],
+            torch.cat([self.maps[rows, beam], step_map[rows, beam, None]], dim=1),
+        )
 
     def advance(
-        self, top: _Candidates, beam_size: int, grown: AttentionTrace
+        self,
+        top: _Candidates,
+        beam_size: int,
+        step_map: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The best ``beam_size`` candidates that did not end become the live beams (a stable
-        sort keeps score order), with their parents' records ``grown`` (b, n, t + 1, ...).
-        Returns their parent beams (b, K) and words (b*K,)."""
+        sort keeps score order). Returns their parent beams (b, K) and words (b*K,)."""
         order = torch.sort(top.is_end.float(), dim=1, stable=True).indices[:, :beam_size]
         self.scores = top.scores.gather(1, order)  # (b, K)
         parent = top.beam.gather(1, order)  # (b, K)
         tokens = top.token.gather(1, order)  # (b, K)
-        steps = self.words.shape[2]
+        steps, width = self.words.shape[2], step_map.shape[2]
         by_parent = parent[:, :, None].expand(-1, -1, steps)  # (b, K, t)
         self.words = torch.cat([self.words.gather(1, by_parent), tokens.unsqueeze(2)], dim=2)
-        self.trace = grown[top.rows[:, None], parent]  # (b, K, t + 1, ...)
+        parent_map = step_map.gather(1, parent[:, :, None].expand(-1, -1, width))  # (b, K, W)
+        self.maps = torch.cat(
+            [self.maps.gather(1, parent[:, :, None, None].expand(-1, -1, steps, width)),
+             parent_map.unsqueeze(2)], dim=2)  # fmt: skip
         return parent, tokens.view(-1)
 
-    def settle(self, out: Decoded) -> None:
+    def settle(self, out: _Answer) -> None:
         """Write these images' answers into ``out``: the best finished caption, or, for an
         image where none finished, its best live beam, unfinished."""
         unfinished = torch.isinf(self.best)  # (b,)
         if bool(unfinished.any()):
             rows = torch.arange(len(self.image), device=self.image.device)
             beam = self.scores.argmax(dim=1)  # (b,)
-            self.record(unfinished, self.scores[rows, beam], self.words.shape[2],
-                        self.words[rows, beam], self.trace[rows, beam])  # fmt: skip
+            self.record(
+                unfinished,
+                self.scores[rows, beam],
+                self.words.shape[2],
+                self.words[rows, beam],
+                self.maps[rows, beam],
+            )
         out.tokens[self.image] = self.best_words
         out.lengths[self.image] = self.best_length
+        out.maps[self.image] = self.best_maps
         out.scores[self.image] = self.best_raw
-        out.trace.put(self.image, self.best_trace)
+
+
+@dataclass
+class _Answer:
+    """What beam search's images settle into, in batch order: ``tokens`` (B, T), ``lengths``
+    (B,), their words' records ``maps`` (B, T, W) and ``scores`` (B,)."""
+
+    tokens: torch.Tensor
+    lengths: torch.Tensor
+    maps: torch.Tensor
+    scores: torch.Tensor
 
 
 @dataclass
@@ -379,16 +405,15 @@ def beam_search(
     for step in range(max_length):
         out = decoder.step(tokens, state, features, keys, hard)
         if step == 0:  # the first step shows what the model records per word
-            search, answer = _begin(out.attention.trace, batch, max_length, device)
+            layout, search, answer = _begin(out.attention.trace, batch, max_length, device)
         log_probs = torch.log_softmax(out.logits.float(), dim=1)  # (b*n, V)
         log_probs = _mask_logits(log_probs, step, min_length, suppress_unk)
         candidates = _Candidates.top(search, log_probs, beam_size)
         images, live = search.scores.shape
-        step_trace = out.attention.trace.unflatten(0, (images, live, 1))  # (b, n, 1, ...)
-        grown = AttentionTrace.cat([search.trace, step_trace], dim=2)  # (b, n, t + 1, ...)
+        step_map = layout.pack(out.attention.trace).view(images, live, layout.width)  # (b, n, W)
         norm = candidates.scores / _length_penalty(torch.tensor(step + 1), length_penalty)
-        search.finish(candidates, norm, step, grown)
-        parent, tokens = search.advance(candidates, beam_size, grown)
+        search.finish(candidates, norm, step, step_map)
+        parent, tokens = search.advance(candidates, beam_size, step_map)
         state = out.state.select((candidates.rows[:, None] * live + parent).view(-1))  # (b*K)
 
         # An image is done when no active beam can still beat its best finished caption:
@@ -406,33 +431,34 @@ def beam_search(
             state = state.select(beam_rows.view(-1))
             tokens = tokens.index_select(0, beam_rows.view(-1))
     search.settle(answer)
-    return _trimmed(answer)
+    return _trimmed(answer, layout)
 
 
 def _begin(
     first: AttentionTrace, batch: int, max_length: int, device: torch.device
-) -> tuple[_Search, Decoded]:
-    """The search with one live beam per image, its words recording what ``first`` (the
-    first step's trace) records, and the answer its images settle into: tokens (B, T),
-    lengths (B,), scores (B,) and the trace (B, T, ...)."""
-    search = _Search.start(batch, first, max_length, device)
-    answer = Decoded(
+) -> tuple[TraceLayout, _Search, _Answer]:
+    """How each word's record lies in W values (from ``first``, the first step's trace),
+    the search with one live beam per image, and the answer its images settle into."""
+    layout = TraceLayout.of(first)
+    search = _Search.start(batch, layout.width, max_length, device)
+    answer = _Answer(
         tokens=search.best_words.clone(),  # (B, T)
         lengths=search.best_length.clone(),  # (B,)
+        maps=search.best_maps.clone(),  # (B, T, W)
         scores=search.best_raw.clone(),  # (B,)
-        trace=search.best_trace.map(torch.clone),  # (B, T, ...)
     )
-    return search, answer
+    return layout, search, answer
 
 
-def _trimmed(answer: Decoded) -> Decoded:
-    """The settled ``answer`` cut to its longest caption and that caption's ``<end>``."""
+def _trimmed(answer: _Answer, layout: TraceLayout) -> Decoded:
+    """The settled ``answer`` cut to its longest caption and that caption's ``<end>``, its
+    records unpacked into the trace."""
     width = max(int(answer.lengths.max()) + 1, 1)
     return Decoded(
         tokens=answer.tokens[:, :width],
         lengths=answer.lengths,
         scores=answer.scores,
-        trace=answer.trace[:, :width],  # (B, T, ...)
+        trace=layout.unpack(answer.maps[:, :width]),  # (B, T, ...)
     )
 
 

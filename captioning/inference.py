@@ -210,14 +210,15 @@ class Caption:
                                   smooth, self.caption)  # fmt: skip
 
     def to_dict(self, decimals: int = 4) -> dict[str, Any]:
-        """Plain JSON data: ``caption``, ``words``, ``grid``, and every field of the trace
-        under its public name: ``attention`` (one rows x cols map per word), and ``cells``,
+        """Plain JSON data: ``caption``, ``words``, ``attention`` (one rows x cols map per
+        word), ``grid``, and the trace's other fields under their public names: ``cells``,
         ``heads`` (H rows x cols maps per word), ``centres`` ((row, column) per word) and
         any other, each null for the models without it. Numbers are rounded to
         ``decimals``; a NaN is null."""
         grid = self._grid()
-        return {"caption": self.caption, "words": list(self.words), "grid": list(grid),
-                **self.trace.to_json(grid, decimals)}  # fmt: skip
+        (maps, values), *others = self.trace.to_json(grid, decimals).items()  # alpha's first
+        return {"caption": self.caption, "words": list(self.words), maps: values,
+                "grid": list(grid), **dict(others)}  # fmt: skip
 
     def extras(self, decimals: int = 4) -> dict[str, Any]:
         """The trace's fields but the maps, as :meth:`to_dict` writes them: ``cells``,

@@ -12,7 +12,7 @@ import captioning
 import captioning.models.attention as attention_module
 from captioning.cli import main
 from captioning.models.attention import EXPECTATION, SoftAttention
-from captioning.models.trace import AttentionTrace, json_numbers
+from captioning.models.trace import AttentionTrace, TraceLayout, json_numbers
 from captioning.serve.app import ServeSettings
 from captioning.serve.server import BackgroundServer
 
@@ -44,29 +44,39 @@ def _trace(rows: int = 6) -> GlanceTrace:
 
 
 def test_every_operation_keeps_every_field_and_leaves_absent_ones_none():
-    steps = [_trace(), _trace()]
+    steps = [_trace(), _trace(rows=6)]
+    steps[1] = steps[1].map(lambda value: value.flip(0))  # another step: rows reversed
     stacked = AttentionTrace.stack(steps, dim=1)  # (6, 2, ...)
     assert isinstance(stacked, GlanceTrace) and stacked.heads is None and stacked.centre is None
     assert stacked.alpha.shape == (6, 2, 4) and stacked.glance.shape == (6, 2)
-    assert torch.equal(stacked.glance[:, 1], steps[1].glance)
+    assert torch.equal(stacked.glance[:, 1], steps[0].glance.flip(0))
+    assert stacked.cell[:, 1].tolist() == [1, 0, 3, 2, 1, 0]
     grouped = steps[0].unflatten(0, (3, 2))  # (3, 2, ...): 3 images, 2 beams
     picked = grouped[torch.tensor([[0], [2]]), torch.tensor([[1, 1], [0, 1]])]  # (2, 2, ...)
     assert torch.equal(picked.glance, steps[0].glance[torch.tensor([[1, 1], [4, 5]])])
     assert torch.equal(picked.cell, torch.tensor([[1, 1], [0, 1]]))
-    joined = AttentionTrace.cat([steps[0], steps[1][:2]])  # (8, ...)
-    assert joined.glance.shape == (8,) and torch.equal(joined.cell[6:], steps[1].cell[:2])
-    mask = torch.tensor([True, False, True, False, False, False])
-    mixed = steps[0].map(torch.zeros_like).where(mask, steps[0])
-    assert mixed.glance.tolist() == [0.0, *steps[0].glance[1:2].tolist(), 0.0,
-                                     *steps[0].glance[3:].tolist()]  # fmt: skip
-    target = steps[0].map(torch.zeros_like)
-    target.put(torch.tensor([5, 0]), steps[1].index_select(0, torch.tensor([2, 3])))
-    assert target.cell.tolist() == [3, 0, 0, 0, 0, 2]
-    assert torch.equal(target.glance[[5, 0]], steps[1].glance[[2, 3]])
+    words = stacked[2, :1]  # one image, its first word
+    assert words.cell.tolist() == [2] and words.glance.shape == (1,)
     doubled = steps[0].map(lambda value: value.double() if value.is_floating_point() else value)
     portable = doubled.portable()
     assert doubled.glance.dtype == torch.float64
     assert portable.glance.dtype == torch.float32 and portable.cell.dtype == torch.long
+
+
+def test_a_layout_packs_every_field_into_one_tensor_and_back():
+    trace = _trace()
+    layout = TraceLayout.of(trace)
+    assert layout.width == 4 + 1 + 1  # alpha, cell, glance
+    packed = layout.pack(trace)  # (6, 6)
+    assert packed.shape == (6, 6) and packed.dtype == torch.float32
+    moved = packed.view(3, 2, 6).flip(1)  # rows moved around as one tensor, (3, 2, W)
+    back = layout.unpack(moved)
+    assert isinstance(back, GlanceTrace) and back.heads is None and back.centre is None
+    assert back.cell.dtype == torch.long and back.cell.tolist() == [[1, 0], [3, 2], [1, 0]]
+    assert torch.equal(back.alpha, trace.alpha.view(3, 2, 4).flip(1))
+    assert torch.equal(back.glance, trace.glance.view(3, 2).flip(1))
+    plain = AttentionTrace(trace.alpha)
+    assert TraceLayout.of(plain).pack(plain) is plain.alpha  # a plain map costs nothing
 
 
 def test_the_json_names_every_field_and_shows_maps_on_the_grid():

@@ -16,6 +16,7 @@ come out as lists, floating ones as tensors (in the JSON, numbers rounded; NaN i
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from functools import cache
@@ -74,39 +75,14 @@ class AttentionTrace:
         """The steps' traces side by side: T traces (B, ...) → (B, T, ...) with ``dim=1``."""
         return AttentionTrace.combine(traces, lambda values: torch.stack(values, dim=dim))
 
-    @staticmethod
-    def cat(traces: Sequence[Trace], dim: int = 0) -> Trace:
-        """The traces joined along ``dim``."""
-        return AttentionTrace.combine(traces, lambda values: torch.cat(values, dim=dim))
-
     def __getitem__(self: Trace, index: Any) -> Trace:
         """Every field indexed alike on its leading dimensions: ``trace[i]`` one image,
         ``trace[:, :n]`` the first n words, ``trace[rows, beams]`` a gather of rows."""
         return self.map(lambda value: value[index])
 
-    def index_select(self: Trace, dim: int, index: torch.Tensor) -> Trace:
-        """Rows ``index`` along the leading dimension ``dim``."""
-        return self.map(lambda value: value.index_select(dim, index))
-
     def unflatten(self: Trace, dim: int, sizes: Sequence[int]) -> Trace:
         """The leading dimension ``dim`` split into ``sizes``: (B*T, ...) → (B, T, ...)."""
         return self.map(lambda value: value.unflatten(dim, sizes))
-
-    def where(self: Trace, mask: torch.Tensor, other: Trace) -> Trace:
-        """Rows of this trace where ``mask`` (B,) is set, else rows of ``other``."""
-
-        def pick(values: list[torch.Tensor]) -> torch.Tensor:
-            new, old = values
-            return torch.where(mask.view(-1, *[1] * (new.dim() - 1)), new, old)
-
-        return AttentionTrace.combine([self, other], pick)
-
-    def put(self, index: torch.Tensor, other: AttentionTrace) -> None:
-        """Write ``other``'s rows into rows ``index`` of every field, in place."""
-        for name in _names(type(self)):
-            value = getattr(self, name)
-            if value is not None:
-                value[index] = getattr(other, name)
 
     def portable(self: Trace) -> Trace:
         """On the CPU, floating fields in fp32 (whatever precision decoded them)."""
@@ -149,6 +125,57 @@ class AttentionTrace:
                 value = json_numbers(value, decimals)
             data[public] = value
         return data
+
+
+@dataclass(frozen=True)
+class TraceLayout:
+    """Where the fields of one kind of trace lie side by side in W values per row, so that
+    code that moves rows around (beam search: parents, finished captions, answers) moves one
+    tensor whatever the model records: the plain map (W = L) costs nothing more.
+
+    Values are kept in ``alpha``'s dtype (integers exactly, up to 2**24 in fp32) and come
+    back in their own.
+
+    Attributes:
+        kind: the trace's class.
+        parts: each present field's name, the shape of one row's values, and its dtype.
+    """
+
+    kind: type[AttentionTrace]
+    parts: tuple[tuple[str, tuple[int, ...], torch.dtype], ...]
+
+    @classmethod
+    def of(cls, trace: AttentionTrace) -> TraceLayout:
+        """The layout of ``trace``'s rows (N, ...)."""
+        parts = []
+        for name in _names(type(trace)):
+            value = getattr(trace, name)
+            if value is not None:
+                parts.append((name, tuple(value.shape[1:]), value.dtype))
+        return cls(type(trace), tuple(parts))
+
+    @property
+    def width(self) -> int:
+        """W, the values per row."""
+        return sum(math.prod(shape) for _, shape, _ in self.parts)
+
+    def pack(self, trace: AttentionTrace) -> torch.Tensor:
+        """One step's rows side by side: (N, W); ``alpha`` itself when it is all there is."""
+        if len(self.parts) == 1:
+            return trace.alpha
+        rows, dtype = trace.alpha.shape[0], trace.alpha.dtype
+        return torch.cat([getattr(trace, name).reshape(rows, -1).to(dtype)
+                          for name, _, _ in self.parts], dim=1)  # fmt: skip
+
+    def unpack(self, packed: torch.Tensor) -> AttentionTrace:
+        """Rows packed as (..., W) → the trace, fields (..., *shape) in their own dtypes."""
+        values, start = {}, 0
+        for name, shape, dtype in self.parts:
+            size = math.prod(shape)
+            part = packed[..., start : start + size]  # (..., size)
+            values[name] = part.reshape(*packed.shape[:-1], *shape).to(dtype)
+            start += size
+        return self.kind(**values)
 
 
 @cache
