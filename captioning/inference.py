@@ -115,9 +115,9 @@ class Caption:
     """One captioned image: its words, and where the model looked for each.
 
     Every field of the trace is also an attribute under its public name, the name the JSON
-    gives it: ``alphas`` is the maps, and from the models that report them ``cells`` (the
-    cell hard attention chose for each word, a list), ``heads`` (T, H, rows, cols) and
-    ``centres`` (T, 2), None for the other models (see
+    gives it: ``attention`` (or ``alphas``) the maps, and from the models that report them
+    ``cells`` (the cell hard attention chose for each word, a list), ``heads`` (T, H, rows,
+    cols) and ``centres`` (T, 2), None for the other models (see
     :class:`~captioning.models.trace.AttentionTrace`).
 
     Attributes:
@@ -167,6 +167,9 @@ class Caption:
             except AttributeError:
                 pass
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __dir__(self) -> list[str]:
+        return sorted({*super().__dir__(), *self.trace.public_names()})
 
     def plot(self, smooth: bool = True, columns: int = 5) -> Figure:
         """A figure of the image and one heatmap per word (hard attention: the chosen cell

@@ -121,6 +121,7 @@ def test_a_new_field_reaches_the_json_with_no_edit_in_between(
         assert len(data["glance"]) == len(data["words"]) > 0
         assert data["glance"] == _glances(data)  # the largest of each word's weights
         torch.testing.assert_close(result.glance, result.alphas.flatten(1).max(dim=1).values)
+        assert {"glance", "cells", "heads", "centres"} <= set(dir(result))
 
     figures = tmp_path / "figures"
     argv = ["caption", *images, "--checkpoint", str(tiny_checkpoint), "--json",
