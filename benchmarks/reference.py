@@ -35,7 +35,7 @@ from torch import nn
 
 from captioning.config import DecodeConfig, ModelConfig
 from captioning.decoding import Decoded, decode
-from captioning.models import Decoder, DecoderOutput
+from captioning.models import AttentionTrace, Decoder, DecoderOutput
 from captioning.models.attention import EXPECTATION, HardContext
 from captioning.vocab import Vocabulary
 
@@ -212,7 +212,7 @@ class ReferenceDecoder(nn.Module):
             betas.append(beta)
         return DecoderOutput(
             logits=torch.stack(logits, dim=1),  # (B, T, V)
-            alphas=torch.stack(alphas, dim=1),  # (B, T, L)
+            trace=AttentionTrace(torch.stack(alphas, dim=1)),  # (B, T, L)
             betas=torch.stack(betas, dim=1),  # (B, T)
         )
 
@@ -268,8 +268,8 @@ def _pack(captions: list[_Caption], width: int, cells: int, device: torch.device
     return Decoded(
         tokens=tokens,  # (B, width)
         lengths=torch.tensor([len(w) for w, _, _ in captions], device=device),
-        alphas=alphas,  # (B, width, L)
         scores=torch.tensor([s for _, _, s in captions], device=device),
+        trace=AttentionTrace(alphas),  # (B, width, L)
     )
 
 

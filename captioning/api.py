@@ -16,25 +16,22 @@ and caption through this module, on top of :mod:`captioning.inference`.
 
 from __future__ import annotations
 
-import io
-import sys
 import threading
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from matplotlib.figure import Figure
 from PIL import Image
 
 from captioning.config import Config
 from captioning.data.images import ImageLimits, as_rgb, load_image
-from captioning.errors import ConfigError, DataError
+from captioning.errors import DataError
 from captioning.inference import (
-    CaptionResult,
+    Caption,
+    Failed,
     ImageSource,
     caption_images,
     caption_inputs,
@@ -45,133 +42,10 @@ from captioning.models import Captioner
 from captioning.runtime import resolve_device
 from captioning.vocab import Vocabulary
 
+__all__ = ["Caption", "CaptionModel", "Failed", "ImageInput", "load"]
+
 # What ``CaptionModel.caption`` accepts as one image.
 ImageInput = str | Path | Image.Image | torch.Tensor | np.ndarray
-
-
-@dataclass
-class Caption:
-    """One captioned image: its words, and where the model looked for each.
-
-    Args:
-        caption: the words joined by spaces.
-        words: the caption's words (``<end>`` is no word of it).
-        alphas: the attention behind each word, ``(words, rows, cols)``, summing to one.
-        image: the RGB image as it was captioned (upright, its own size).
-        source: the file it came from, or ``"image 3"`` for the fourth in-memory input.
-        cells: hard attention: the flat index of the cell chosen for each word, else None.
-        heads: multi-head attention: each head's map behind each word, ``(words, H, rows,
-            cols)`` (``alphas`` is their mean), else None.
-        centres: local attention: the centre the model predicted for each word, ``(words,
-            2)`` as (row, column) in cells (cell ``(r, c)`` spans ``[r, r + 1) x [c, c + 1)``),
-            else None.
-    """
-
-    caption: str
-    words: list[str]
-    alphas: torch.Tensor  # (T, rows, cols)
-    image: Image.Image
-    source: str
-    cells: list[int] | None = None
-    heads: torch.Tensor | None = None  # (T, H, rows, cols)
-    centres: torch.Tensor | None = None  # (T, 2)
-
-    @property
-    def grid(self) -> tuple[int, int]:
-        """The attention grid, ``(rows, cols)``."""
-        return int(self.alphas.shape[1]), int(self.alphas.shape[2])
-
-    def plot(self, smooth: bool = True, columns: int = 5) -> Figure:
-        """A figure of the image and one heatmap per word (hard attention: the chosen cell
-        outlined; local attention: the centre crossed). Nothing is shown on screen or
-        written: a notebook displays it, and ``.savefig(path)`` writes it."""
-        from captioning.viz import attention_grid
-
-        _notebooks_show_figures()
-        return attention_grid(self.image, self.words, self.alphas, self.grid, columns=columns,
-                              title=self.caption, **self._marks(smooth))  # fmt: skip
-
-    def save(self, path: str | Path, smooth: bool = True) -> Path:
-        """Write :meth:`plot` as a PNG at ``path`` (parent folders are created)."""
-        from captioning.viz import attention_grid_figure
-
-        return attention_grid_figure(self.image, self.words, self.alphas, self.grid, path,
-                                     title=self.caption, **self._marks(smooth))  # fmt: skip
-
-    def save_gif(self, path: str | Path, smooth: bool = True) -> Path:
-        """Write an animated GIF at ``path``: one frame per word, its heatmap over the image."""
-        from captioning.viz import attention_gif
-
-        return attention_gif(self.image, self.words, self.alphas, self.grid, path,
-                             **self._marks(smooth))  # fmt: skip
-
-    def plot_heads(self, smooth: bool = True) -> Figure:
-        """A figure of each head's heatmap per word (one row per head, then their mean).
-
-        Raises:
-            ConfigError: the model has a single attention head."""
-        from captioning.viz import heads_grid
-
-        _notebooks_show_figures()
-        return heads_grid(self.image, self.words, self._heads(), self.grid, smooth, self.caption)
-
-    def save_heads(self, path: str | Path, smooth: bool = True) -> Path:
-        """Write :meth:`plot_heads` as a PNG at ``path`` (parent folders are created)."""
-        from captioning.viz import heads_figure
-
-        return heads_figure(self.image, self.words, self._heads(), self.grid, path, smooth,
-                            self.caption)  # fmt: skip
-
-    def _heads(self) -> torch.Tensor:
-        if self.heads is None:
-            raise ConfigError(SINGLE_HEAD)
-        return self.heads
-
-    def _marks(self, smooth: bool) -> dict[str, Any]:
-        return dict(smooth=smooth, chosen_cells=self.cells, centres=self.centres)
-
-    def to_dict(self, decimals: int = 4) -> dict[str, Any]:
-        """Plain JSON data: ``caption``, ``words``, ``attention`` (one rows x cols map per
-        word, rounded to ``decimals``; null where not finite), ``grid``, ``cells``, and
-        ``heads`` (H rows x cols maps per word) and ``centres`` ((row, column) per word),
-        each null for the models without them."""
-        return {
-            "caption": self.caption,
-            "words": list(self.words),
-            "attention": _json_numbers(self.alphas, decimals),
-            "grid": list(self.grid),
-            "cells": self.cells,
-            "heads": None if self.heads is None else _json_numbers(self.heads, decimals),
-            "centres": None if self.centres is None else _json_numbers(self.centres, decimals),
-        }
-
-    def _repr_png_(self) -> bytes:
-        """A notebook shows a caption as its figure."""
-        buffer = io.BytesIO()
-        figure = self.plot()
-        figure.savefig(buffer, format="png")
-        figure.clear()
-        return buffer.getvalue()
-
-
-# What asking a single-head model for its heads' figure says.
-SINGLE_HEAD = ("this model has a single attention head, so there is no per-head figure "
-               "(a multi-head model is trained with --set model.heads=H, H > 1)")  # fmt: skip
-
-
-def _json_numbers(values: torch.Tensor, decimals: int) -> list:
-    """Nested lists of ``values`` rounded to ``decimals``; a diverged model's NaN is no JSON
-    number: it becomes null."""
-    rounded = np.round(values.float().numpy().astype(np.float64), decimals)
-    return np.where(np.isfinite(rounded), rounded, None).tolist()
-
-
-@dataclass
-class Failed:
-    """An input that could not be captioned, and why (one line that names it)."""
-
-    source: str
-    error: str
 
 
 class CaptionModel:
@@ -274,7 +148,7 @@ class CaptionModel:
                 result = next(results, None)
             if result is None:
                 return
-            yield self._wrap(result)
+            yield result
 
     @property
     def input_size(self) -> int:
@@ -308,8 +182,8 @@ class CaptionModel:
             results = caption_inputs(inputs.to(self.device), names, self.model, self.vocab, cfg,
                                      encode_batch)  # fmt: skip
         for result, pixels in zip(results, inputs):
-            result.picture = Image.fromarray(pixels.permute(1, 2, 0).contiguous().numpy())
-        return [self._wrap(result) for result in results]
+            result.image = Image.fromarray(pixels.permute(1, 2, 0).contiguous().numpy())
+        return results
 
     def decoding(self, beam_size: int | None = None, hard_context: str | None = None) -> Config:
         """The config with these decoding settings (None keeps the checkpoint's;
@@ -320,25 +194,6 @@ class CaptionModel:
         if isinstance(item, str | Path):
             return str(item), partial(load_image, item, self.limits)
         return f"image {index}", partial(_to_picture, item, self.limits)
-
-    def _wrap(self, result: CaptionResult) -> Caption | Failed:
-        if result.error is not None:
-            return Failed(source=result.image, error=result.error)
-        rows, cols = self.grid_shape
-        words = len(result.words)
-        heads = None
-        if result.heads is not None:
-            heads = result.heads.reshape(words, -1, rows, cols)  # (T, H, rows, cols)
-        return Caption(
-            caption=result.caption,
-            words=result.words,
-            alphas=result.alphas.reshape(words, rows, cols),  # (T, rows, cols)
-            image=result.picture,
-            source=result.image,
-            cells=result.cells,
-            heads=heads,
-            centres=result.centres,  # (T, 2)
-        )
 
     def __repr__(self) -> str:
         kind = "hard" if self.hard_attention else "soft"
@@ -360,18 +215,6 @@ def load(checkpoint: str | Path, device: str | torch.device = "auto") -> Caption
     model, cfg, vocab = load_model(checkpoint, torch_device)
     return CaptionModel(model=model, config=cfg, vocab=vocab, device=torch_device,
                         checkpoint=str(checkpoint))  # fmt: skip
-
-
-def _notebooks_show_figures() -> None:
-    """In IPython, show a matplotlib figure as a PNG, as ``%matplotlib inline`` would: the
-    figure is built without pyplot, so no backend registers it."""
-    shell = getattr(sys.modules.get("IPython"), "get_ipython", lambda: None)()
-    if shell is None:
-        return
-    from IPython.core.pylabtools import print_figure
-
-    formatter = shell.display_formatter.formatters["image/png"]
-    formatter.for_type(Figure, lambda figure: print_figure(figure, "png"))
 
 
 def _is_many(images: Any) -> bool:

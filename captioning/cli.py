@@ -294,8 +294,7 @@ def cmd_caption(args: argparse.Namespace) -> int:
                 path = result.save_heads(out / f"{stem}_heads.png", not args.no_smooth)
                 record["heads_figure"] = str(path)
         if args.json:
-            data = result.to_dict()
-            record.update(heads=data["heads"], centres=data["centres"])
+            record.update(result.extras())
             print(json.dumps(record, ensure_ascii=escape), flush=True)
         else:
             print(f"{result.source}: {result.caption}", flush=True)
@@ -493,8 +492,8 @@ def _add_caption(p: argparse.ArgumentParser) -> None:
                    help="multi-head models: also a figure of each head's maps per word "
                    "(NAME_heads.png in --attention-dir)")  # fmt: skip
     p.add_argument("--json", action="store_true",
-                   help="one JSON object per line (with multi-head weights and local "
-                   "centres, null for other models)")  # fmt: skip
+                   help="one JSON object per line (with hard attention's cells, multi-head "
+                   "weights and local centres, null for other models)")  # fmt: skip
     p.set_defaults(func=cmd_caption)
 
 

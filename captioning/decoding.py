@@ -1,8 +1,8 @@
 """Caption generation: pure functions over :meth:`Decoder.step`.
 
 Every strategy takes grid features (B, L, D), decodes the whole batch at once, and returns a
-:class:`Decoded` with token ids, per-word attention maps and scores (and, from the models
-that have them, each word's chosen cell, heads' maps or local centre).
+:class:`Decoded` with token ids, scores and each word's attention record (its map, and
+whatever else the model's attention reports: see :mod:`captioning.models.trace`).
 """
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ from dataclasses import dataclass, fields
 import torch
 
 from captioning.config import DecodeConfig
-from captioning.models.attention import AttentionOutput, HardContext
+from captioning.models.attention import HardContext
 from captioning.models.decoder import Decoder
+from captioning.models.trace import AttentionTrace, TraceLayout
 from captioning.vocab import Vocabulary
 
 
@@ -24,41 +25,32 @@ class Decoded:
     Attributes:
         tokens: (B, T) word ids; ``<end>`` excluded, ``<pad>`` after the caption.
         lengths: (B,) number of words in each caption.
-        alphas: (B, T, L) the attention map that produced each word.
         scores: (B,) total log-probability of each caption (``<end>`` included).
-        cells: (B, T) the cell chosen at each word by a hard-attention model, else None.
-        heads: (B, T, H, L) each head's map at each word (multi-head attention; ``alphas``
-            is their mean), else None.
-        centres: (B, T, 2) local attention's predicted centre at each word (row, column, in
-            cells; cell centres are at index + 0.5), else None.
+        trace: (B, T, ...) the attention record of each word: ``alpha`` (B, T, L), the map
+            that produced it, and the fields the model's attention adds.
     """
 
     tokens: torch.Tensor
     lengths: torch.Tensor
-    alphas: torch.Tensor
     scores: torch.Tensor
-    cells: torch.Tensor | None = None
-    heads: torch.Tensor | None = None
-    centres: torch.Tensor | None = None
+    trace: AttentionTrace
+
+    @property
+    def alphas(self) -> torch.Tensor:
+        """(B, T, L) the attention map that produced each word."""
+        return self.trace.alpha
 
     def captions(self, vocab: Vocabulary) -> list[str]:
         return [vocab.decode(row[:n].tolist()) for row, n in zip(self.tokens, self.lengths)]
 
     def row(self, index: int) -> Decoded:
-        """Image ``index`` alone, on the CPU: tokens (T,), lengths (), alphas (T, L) in fp32,
-        scores (), cells (T,), heads (T, H, L) and centres (T, 2) in fp32, or None."""
-
-        def fp32(values: torch.Tensor | None) -> torch.Tensor | None:
-            return None if values is None else values[index].float().cpu()
-
+        """Image ``index`` alone, on the CPU: tokens (T,), lengths (), scores (), and its
+        trace (T, ...) with floating fields in fp32."""
         return Decoded(
             tokens=self.tokens[index].cpu(),
             lengths=self.lengths[index].cpu(),
-            alphas=fp32(self.alphas),
             scores=self.scores[index].cpu(),
-            cells=None if self.cells is None else self.cells[index].cpu(),
-            heads=fp32(self.heads),
-            centres=fp32(self.centres),
+            trace=self.trace[index].portable(),
         )
 
 
@@ -93,7 +85,7 @@ def _step_by_step(
     finished = torch.zeros(batch, dtype=torch.bool, device=features.device)
     lengths = torch.zeros(batch, dtype=torch.long, device=features.device)
     scores = torch.zeros(batch, device=features.device)
-    words, alphas, cells, heads, centres = [], [], [], [], []
+    words, traces = [], []
     hard = HardContext(mode=hard_context)
     for step in range(max_length):
         out = decoder.step(tokens, state, features, keys, hard)
@@ -104,13 +96,7 @@ def _step_by_step(
         ended = tokens == Vocabulary.end_id
         lengths += (~finished & ~ended).long()
         words.append(torch.where(finished | ended, Vocabulary.pad_id, tokens))
-        alphas.append(out.attention.alpha)
-        if out.attention.cell is not None:
-            cells.append(out.attention.cell)
-        if out.attention.heads is not None:
-            heads.append(out.attention.heads)
-        if out.attention.centre is not None:
-            centres.append(out.attention.centre)
+        traces.append(out.attention.trace)
         finished |= ended
         state = out.state
         if bool(finished.all()):
@@ -118,11 +104,8 @@ def _step_by_step(
     return Decoded(
         tokens=torch.stack(words, dim=1),  # (B, T)
         lengths=lengths,
-        alphas=torch.stack(alphas, dim=1),  # (B, T, L)
         scores=scores,
-        cells=torch.stack(cells, dim=1) if cells else None,
-        heads=torch.stack(heads, dim=1) if heads else None,  # (B, T, H, L)
-        centres=torch.stack(centres, dim=1) if centres else None,  # (B, T, 2)
+        trace=AttentionTrace.stack(traces, dim=1),  # (B, T, ...)
     )
 
 
@@ -189,61 +172,6 @@ def _length_penalty(length: torch.Tensor, alpha: float) -> torch.Tensor:
     return ((5.0 + length.float()) / 6.0) ** alpha
 
 
-@dataclass(frozen=True)
-class _WordRecord:
-    """What beam search keeps of each word besides its token: the attention map (L values)
-    and, from a model that has them, its heads' maps (H * L) and its local centre (2), side
-    by side in one vector of W values. The search then moves one tensor through parent
-    selection, finished captions and answers, whatever the model reports; a model with
-    neither keeps the plain map (W = L) and pays nothing.
-
-    Attributes:
-        cells: L.
-        heads: H, or 0 without multi-head weights.
-        centre: whether each word has a centre.
-    """
-
-    cells: int
-    heads: int = 0
-    centre: bool = False
-
-    @classmethod
-    def of(cls, attention: AttentionOutput) -> _WordRecord:
-        """The layout of what one step's ``attention`` reports."""
-        heads = 0 if attention.heads is None else attention.heads.shape[1]
-        return cls(attention.alpha.shape[1], heads, attention.centre is not None)
-
-    @property
-    def width(self) -> int:
-        """W, the values kept per word."""
-        return self.cells * (1 + self.heads) + (2 if self.centre else 0)
-
-    def pack(self, attention: AttentionOutput) -> torch.Tensor:
-        """One step's record of each row: (R, W)."""
-        if self.width == self.cells:
-            return attention.alpha  # (R, L)
-        parts = [attention.alpha]
-        if self.heads:
-            parts.append(attention.heads.flatten(1).to(attention.alpha.dtype))  # (R, H*L)
-        if self.centre:
-            parts.append(attention.centre.to(attention.alpha.dtype))  # (R, 2)
-        return torch.cat(parts, dim=1)  # (R, W)
-
-    def unpack(
-        self, maps: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """Records (B, T, W) → alphas (B, T, L), heads (B, T, H, L) or None, centres
-        (B, T, 2) or None."""
-        batch, steps, _ = maps.shape
-        alphas = maps[..., : self.cells]  # (B, T, L)
-        end = self.cells * (1 + self.heads)
-        heads = None
-        if self.heads:
-            heads = maps[..., self.cells : end].reshape(batch, steps, self.heads, self.cells)
-        centres = maps[..., end : end + 2] if self.centre else None  # (B, T, 2)
-        return alphas, heads, centres
-
-
 @dataclass
 class _Search:
     """Beam search state of the b images still searching, with n live beams each.
@@ -252,14 +180,12 @@ class _Search:
         image: (b,) their rows in the batch.
         scores: (b, n) log-probabilities of the live beams.
         words: (b, n, t) the live beams' words so far.
-        maps: (b, n, t, W) what each of those words records (see :class:`_WordRecord`):
-            its attention map (W = L), or the map and its extras side by side.
-        cells: (b, n, t) the cell chosen for each word (hard attention; else unused).
+        maps: (b, n, t, W) what each of those words records, its trace's fields side by side
+            (see :class:`~captioning.models.trace.TraceLayout`; W = L for a plain map).
         best: (b,) normalised score of the best finished caption, -inf while there is none.
         best_raw: (b,) its log-probability.
         best_words: (b, T) its words, ``<pad>`` after them.
         best_maps: (b, T, W) its words' records, ``<end>``'s included.
-        best_cells: (b, T) its chosen cells.
         best_length: (b,) its number of words.
     """
 
@@ -267,12 +193,10 @@ class _Search:
     scores: torch.Tensor
     words: torch.Tensor
     maps: torch.Tensor
-    cells: torch.Tensor
     best: torch.Tensor
     best_raw: torch.Tensor
     best_words: torch.Tensor
     best_maps: torch.Tensor
-    best_cells: torch.Tensor
     best_length: torch.Tensor
 
     @classmethod
@@ -288,12 +212,10 @@ class _Search:
             scores=full(batch, 1),
             words=full(batch, 1, 0, dtype=torch.long),
             maps=full(batch, 1, 0, width),
-            cells=full(batch, 1, 0, dtype=torch.long),
             best=full(batch, fill=float("-inf")),
             best_raw=full(batch),
             best_words=full(batch, max_length, fill=Vocabulary.pad_id, dtype=torch.long),
             best_maps=full(batch, max_length, width),
-            best_cells=full(batch, max_length, dtype=torch.long),
             best_length=full(batch, dtype=torch.long),
         )
 
@@ -310,11 +232,10 @@ class _Search:
         length: int,
         words: torch.Tensor,
         maps: torch.Tensor,
-        cells: torch.Tensor | None,
     ) -> None:
         """Make a caption the answer of the images in ``mask`` (b,): its log-probability
-        ``raw`` (b,), ``length`` words ``words`` (b, t), word records ``maps`` (b, t', W) and
-        chosen ``cells`` (b, t') (None without hard attention)."""
+        ``raw`` (b,), ``length`` words ``words`` (b, t) and word records ``maps``
+        (b, t', W)."""
         max_length = self.best_words.shape[1]
         self.best_raw = torch.where(mask, raw, self.best_raw)
         self.best_length = torch.where(
@@ -322,8 +243,6 @@ class _Search:
         )
         self.best_words = _keep(mask, _slots(words, max_length, Vocabulary.pad_id), self.best_words)
         self.best_maps = _keep(mask, _slots(maps, max_length, 0.0), self.best_maps)
-        if cells is not None:
-            self.best_cells = _keep(mask, _slots(cells, max_length, 0), self.best_cells)
 
     def finish(
         self,
@@ -331,12 +250,11 @@ class _Search:
         norm: torch.Tensor,
         step: int,
         step_map: torch.Tensor,
-        step_cell: torch.Tensor | None,
     ) -> None:
         """Keep, per image, the best of this step's candidates that end (scored by ``norm``
         (b, 2K), the length-normalised log-probability) if it beats its finished pool. The
-        caption is the words before ``<end>``; the maps (cells) include ``<end>``'s, from
-        ``step_map`` (b, n, W) and ``step_cell`` (b, n)."""
+        caption is the words before ``<end>``; its records include ``<end>``'s, from
+        ``step_map`` (b, n, W)."""
         norm = torch.where(top.ended, norm, float("-inf"))
         cand_score, cand_rank = norm.max(dim=1)  # (b,)
         better = cand_score > self.best
@@ -345,16 +263,12 @@ class _Search:
         rows = top.rows
         beam = top.beam[rows, cand_rank]  # (b,)
         self.best = torch.where(better, cand_score, self.best)
-        cells = None
-        if step_cell is not None:
-            cells = torch.cat([self.cells[rows, beam], step_cell[rows, beam, None]], dim=1)
         self.record(
             better,
             top.scores[rows, cand_rank],
             step,
             self.words[rows, beam],
             torch.cat([self.maps[rows, beam], step_map[rows, beam, None]], dim=1),
-            cells,
         )
 
     def advance(
@@ -362,7 +276,6 @@ class _Search:
         top: _Candidates,
         beam_size: int,
         step_map: torch.Tensor,
-        step_cell: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The best ``beam_size`` candidates that did not end become the live beams (a stable
         sort keeps score order). Returns their parent beams (b, K) and words (b*K,)."""
@@ -377,14 +290,9 @@ class _Search:
         self.maps = torch.cat(
             [self.maps.gather(1, parent[:, :, None, None].expand(-1, -1, steps, width)),
              parent_map.unsqueeze(2)], dim=2)  # fmt: skip
-        if step_cell is not None:
-            self.cells = torch.cat(
-                [self.cells.gather(1, by_parent), step_cell.gather(1, parent).unsqueeze(2)],
-                dim=2,
-            )
         return parent, tokens.view(-1)
 
-    def settle(self, out: Decoded) -> None:
+    def settle(self, out: _Answer) -> None:
         """Write these images' answers into ``out``: the best finished caption, or, for an
         image where none finished, its best live beam, unfinished."""
         unfinished = torch.isinf(self.best)  # (b,)
@@ -397,14 +305,22 @@ class _Search:
                 self.words.shape[2],
                 self.words[rows, beam],
                 self.maps[rows, beam],
-                self.cells[rows, beam] if out.cells is not None else None,
             )
         out.tokens[self.image] = self.best_words
         out.lengths[self.image] = self.best_length
-        out.alphas[self.image] = self.best_maps
+        out.maps[self.image] = self.best_maps
         out.scores[self.image] = self.best_raw
-        if out.cells is not None:
-            out.cells[self.image] = self.best_cells
+
+
+@dataclass
+class _Answer:
+    """What beam search's images settle into, in batch order: ``tokens`` (B, T), ``lengths``
+    (B,), their words' records ``maps`` (B, T, W) and ``scores`` (B,)."""
+
+    tokens: torch.Tensor
+    lengths: torch.Tensor
+    maps: torch.Tensor
+    scores: torch.Tensor
 
 
 @dataclass
@@ -472,9 +388,8 @@ def beam_search(
     Images whose search has stopped leave the batch together, so later steps run only the
     rows still searching. ``beam_size=1`` is greedy.
 
-    Returns the best caption per image with the attention map of each word (and its heads'
-    maps, local centre or chosen cell, for the models that have them) and its total
-    log-probability.
+    Returns the best caption per image with the attention record of each word (its map, and
+    what else the model's attention reports) and its total log-probability.
     """
     batch, device = features.shape[0], features.device
     # The grid and its keys stay one copy per image: the step scores the beams of an image
@@ -489,17 +404,16 @@ def beam_search(
     hard = HardContext(mode=hard_context)
     for step in range(max_length):
         out = decoder.step(tokens, state, features, keys, hard)
-        if step == 0:  # the first step shows what the model reports per word
-            record, search, answer = _begin(out.attention, batch, max_length, device)
+        if step == 0:  # the first step shows what the model records per word
+            layout, search, answer = _begin(out.attention.trace, batch, max_length, device)
         log_probs = torch.log_softmax(out.logits.float(), dim=1)  # (b*n, V)
         log_probs = _mask_logits(log_probs, step, min_length, suppress_unk)
         candidates = _Candidates.top(search, log_probs, beam_size)
         images, live = search.scores.shape
-        step_map = record.pack(out.attention).view(images, live, record.width)  # (b, n, W)
-        step_cell = None if answer.cells is None else out.attention.cell.view(images, live)
+        step_map = layout.pack(out.attention.trace).view(images, live, layout.width)  # (b, n, W)
         norm = candidates.scores / _length_penalty(torch.tensor(step + 1), length_penalty)
-        search.finish(candidates, norm, step, step_map, step_cell)
-        parent, tokens = search.advance(candidates, beam_size, step_map, step_cell)
+        search.finish(candidates, norm, step, step_map)
+        parent, tokens = search.advance(candidates, beam_size, step_map)
         state = out.state.select((candidates.rows[:, None] * live + parent).view(-1))  # (b*K)
 
         # An image is done when no active beam can still beat its best finished caption:
@@ -517,41 +431,34 @@ def beam_search(
             state = state.select(beam_rows.view(-1))
             tokens = tokens.index_select(0, beam_rows.view(-1))
     search.settle(answer)
-    return _trimmed(answer, record)
+    return _trimmed(answer, layout)
 
 
 def _begin(
-    attention: AttentionOutput, batch: int, max_length: int, device: torch.device
-) -> tuple[_WordRecord, _Search, Decoded]:
-    """What each word records (from the first step's ``attention``), the search with one
-    live beam per image, and the answer its images settle into: tokens (B, T), lengths
-    (B,), records (B, T, W) in ``alphas``, scores (B,), and cells (B, T) when the model
-    chooses them."""
-    record = _WordRecord.of(attention)
-    search = _Search.start(batch, record.width, max_length, device)
-    answer = Decoded(
+    first: AttentionTrace, batch: int, max_length: int, device: torch.device
+) -> tuple[TraceLayout, _Search, _Answer]:
+    """How each word's record lies in W values (from ``first``, the first step's trace),
+    the search with one live beam per image, and the answer its images settle into."""
+    layout = TraceLayout.of(first)
+    search = _Search.start(batch, layout.width, max_length, device)
+    answer = _Answer(
         tokens=search.best_words.clone(),  # (B, T)
         lengths=search.best_length.clone(),  # (B,)
-        alphas=search.best_maps.clone(),  # (B, T, W)
+        maps=search.best_maps.clone(),  # (B, T, W)
         scores=search.best_raw.clone(),  # (B,)
-        cells=None if attention.cell is None else search.best_cells.clone(),  # (B, T)
     )
-    return record, search, answer
+    return layout, search, answer
 
 
-def _trimmed(answer: Decoded, record: _WordRecord) -> Decoded:
+def _trimmed(answer: _Answer, layout: TraceLayout) -> Decoded:
     """The settled ``answer`` cut to its longest caption and that caption's ``<end>``, its
-    records split into alphas, heads and centres."""
+    records unpacked into the trace."""
     width = max(int(answer.lengths.max()) + 1, 1)
-    alphas, heads, centres = record.unpack(answer.alphas[:, :width])
     return Decoded(
         tokens=answer.tokens[:, :width],
         lengths=answer.lengths,
-        alphas=alphas,  # (B, T, L)
         scores=answer.scores,
-        cells=answer.cells[:, :width] if answer.cells is not None else None,
-        heads=heads,  # (B, T, H, L) or None
-        centres=centres,  # (B, T, 2) or None
+        trace=layout.unpack(answer.maps[:, :width]),  # (B, T, ...)
     )
 
 

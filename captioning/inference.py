@@ -7,11 +7,13 @@ it, so all of them decode under the same precision and the same decoding setting
 
 from __future__ import annotations
 
+import io
+import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from PIL import Image
@@ -25,10 +27,13 @@ from captioning.data.images import DEFAULT_LIMITS, ImageLimits, load_image
 from captioning.decoding import Decoded, decode
 from captioning.distributed import SINGLE, World
 from captioning.errors import CaptioningError, CheckpointError, DataError
-from captioning.models import Captioner, build_model
+from captioning.models import AttentionTrace, Captioner, build_model
 from captioning.progress import progress_bar
 from captioning.runtime import autocast
 from captioning.vocab import Vocabulary
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 
 def load_model(
@@ -106,42 +111,167 @@ def caption_batch(
 
 
 @dataclass
-class CaptionResult:
-    """The outcome for one image: a caption (with its attention) or an error message."""
+class Caption:
+    """One captioned image: its words, and where the model looked for each.
 
-    image: str
-    caption: str | None = None
-    words: list[str] | None = None
-    alphas: torch.Tensor | None = None  # (T, L), one map per word
-    cells: list[int] | None = None  # hard attention: the chosen cell per word
-    heads: torch.Tensor | None = None  # (T, H, L) multi-head attention: each head's maps
-    centres: torch.Tensor | None = None  # (T, 2) local attention: (row, column) in cells
-    figure: str | None = None
-    gif: str | None = None
-    error: str | None = None
-    picture: Image.Image | None = None  # the RGB image as captioned, when it was kept
+    Every field of the trace is also an attribute under its public name, the name the JSON
+    gives it: ``attention`` (or ``alphas``) the maps, and from the models that report them
+    ``cells`` (the cell hard attention chose for each word, a list), ``heads`` (T, H, rows,
+    cols) and ``centres`` (T, 2), None for the other models (see
+    :class:`~captioning.models.trace.AttentionTrace`).
+
+    Attributes:
+        caption: the words joined by spaces.
+        words: the caption's words (``<end>`` is no word of it).
+        trace: the attention record of each word, (T, ...) on the CPU in fp32: ``alpha``
+            (T, L), and whatever else the model's attention reports.
+        source: what the image was called: its path, or ``image N`` for an in-memory one.
+        grid: the attention grid, ``(rows, cols)``; None when unknown (maps stay flat).
+        image: the RGB image as it was captioned (upright, its own size), when it was kept.
+    """
+
+    caption: str
+    words: list[str]
+    trace: AttentionTrace
+    source: str
+    grid: tuple[int, int] | None = None
+    image: Image.Image | None = None
 
     @classmethod
-    def from_decoded(cls, image: str, decoded: Decoded, vocab: Vocabulary) -> CaptionResult:
-        """The result of one image from its single-image ``decoded`` (see
-        :meth:`Decoded.row`): the caption's words, each with the map that produced it.
-        ``<end>`` is no word of the caption, so its map is not shown."""
+    def from_decoded(
+        cls,
+        source: str,
+        decoded: Decoded,
+        vocab: Vocabulary,
+        grid: tuple[int, int] | None = None,
+    ) -> Caption:
+        """The caption of one image from its single-image ``decoded`` (see
+        :meth:`Decoded.row`): the caption's words, each with its record. ``<end>`` is no
+        word of the caption, so its record is not kept."""
         length = int(decoded.lengths)
         words = vocab.decode_tokens(decoded.tokens[:length].tolist())
-        cells = None if decoded.cells is None else decoded.cells[:length].tolist()
+        trace = decoded.trace[:length].portable()  # (T, ...)
+        return cls(caption=" ".join(words), words=words, trace=trace, source=source, grid=grid)
 
-        def per_word(values: torch.Tensor | None) -> torch.Tensor | None:
-            return None if values is None else values[:length].float().cpu()
+    @property
+    def alphas(self) -> torch.Tensor:
+        """The attention behind each word, ``(words, rows, cols)`` (``(words, L)`` without a
+        grid), each map summing to one."""
+        return self.trace.shown("attention", self.grid)
 
-        return cls(
-            image=image,
-            caption=" ".join(words),
-            words=words,
-            alphas=per_word(decoded.alphas),  # (T, L)
-            cells=cells,
-            heads=per_word(decoded.heads),  # (T, H, L)
-            centres=per_word(decoded.centres),  # (T, 2)
-        )
+    def __getattr__(self, name: str) -> Any:
+        trace = self.__dict__.get("trace")
+        if trace is not None and not name.startswith("_"):
+            try:
+                return trace.shown(name, self.grid)
+            except AttributeError:
+                pass
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __dir__(self) -> list[str]:
+        return sorted({*super().__dir__(), *self.trace.public_names()})
+
+    def plot(self, smooth: bool = True, columns: int = 5) -> Figure:
+        """A figure of the image and one heatmap per word (hard attention: the chosen cell
+        outlined; local attention: the centre crossed). Nothing is shown on screen or
+        written: a notebook displays it, and ``.savefig(path)`` writes it."""
+        from captioning.viz import trace_grid
+
+        _notebooks_show_figures()
+        return trace_grid(self._picture(), self.words, self.trace, self._grid(), smooth,
+                          columns, self.caption)  # fmt: skip
+
+    def save(self, path: str | Path, smooth: bool = True) -> Path:
+        """Write :meth:`plot` as a PNG at ``path`` (parent folders are created)."""
+        from captioning.viz import trace_figure
+
+        return trace_figure(self._picture(), self.words, self.trace, self._grid(), path,
+                            smooth, title=self.caption)  # fmt: skip
+
+    def save_gif(self, path: str | Path, smooth: bool = True) -> Path:
+        """Write an animated GIF at ``path``: one frame per word, its heatmap over the image."""
+        from captioning.viz import trace_gif
+
+        return trace_gif(self._picture(), self.words, self.trace, self._grid(), path, smooth)
+
+    def plot_heads(self, smooth: bool = True) -> Figure:
+        """A figure of each head's heatmap per word (one row per head, then their mean).
+
+        Raises:
+            ConfigError: the model has a single attention head."""
+        from captioning.viz import trace_heads_grid
+
+        _notebooks_show_figures()
+        return trace_heads_grid(self._picture(), self.words, self.trace, self._grid(), smooth,
+                                self.caption)  # fmt: skip
+
+    def save_heads(self, path: str | Path, smooth: bool = True) -> Path:
+        """Write :meth:`plot_heads` as a PNG at ``path`` (parent folders are created)."""
+        from captioning.viz import trace_heads_figure
+
+        return trace_heads_figure(self._picture(), self.words, self.trace, self._grid(), path,
+                                  smooth, self.caption)  # fmt: skip
+
+    def to_dict(self, decimals: int = 4) -> dict[str, Any]:
+        """Plain JSON data: ``caption``, ``words``, ``attention`` (one rows x cols map per
+        word), ``grid``, and the trace's other fields under their public names: ``cells``,
+        ``heads`` (H rows x cols maps per word), ``centres`` ((row, column) per word) and
+        any other, each null for the models without it. Numbers are rounded to
+        ``decimals``; a NaN is null."""
+        grid = self._grid()
+        (maps, values), *others = self.trace.to_json(grid, decimals).items()  # alpha's first
+        return {"caption": self.caption, "words": list(self.words), maps: values,
+                "grid": list(grid), **dict(others)}  # fmt: skip
+
+    def extras(self, decimals: int = 4) -> dict[str, Any]:
+        """The trace's fields but the maps, as :meth:`to_dict` writes them: ``cells``,
+        ``heads``, ``centres`` and any other, each null for the models without it."""
+        return self.trace.to_json(self._grid(), decimals, optional_only=True)
+
+    def _grid(self) -> tuple[int, int]:
+        if self.grid is None:
+            raise ValueError(f"{self.source}: the caption does not know its attention grid; "
+                             "pass grid=model.grid_shape to Caption.from_decoded")  # fmt: skip
+        return self.grid
+
+    def _picture(self) -> Image.Image:
+        if self.image is None:
+            raise ValueError(f"{self.source}: the caption kept no image to draw on; set "
+                             "its image (load_image(path)) first")  # fmt: skip
+        return self.image
+
+    def _repr_png_(self) -> bytes:
+        """A notebook shows a caption as its figure."""
+        buffer = io.BytesIO()
+        figure = self.plot()
+        figure.savefig(buffer, format="png")
+        figure.clear()
+        return buffer.getvalue()
+
+
+# The name training's epoch figures use for a caption.
+CaptionResult = Caption
+
+
+@dataclass
+class Failed:
+    """An input that could not be captioned, and why (one line that names it)."""
+
+    source: str
+    error: str
+
+
+def _notebooks_show_figures() -> None:
+    """In IPython, show a matplotlib figure as a PNG, as ``%matplotlib inline`` would: the
+    figure is built without pyplot, so no backend registers it."""
+    shell = getattr(sys.modules.get("IPython"), "get_ipython", lambda: None)()
+    if shell is None:
+        return
+    from IPython.core.pylabtools import print_figure
+    from matplotlib.figure import Figure
+
+    formatter = shell.display_formatter.formatters["image/png"]
+    formatter.for_type(Figure, lambda figure: print_figure(figure, "png"))
 
 
 def decode_dataset(
@@ -214,19 +344,19 @@ def caption_images(
     cfg: Config,
     device: torch.device,
     batch_size: int = 16,
-) -> Iterator[CaptionResult]:
+) -> Iterator[Caption | Failed]:
     """Caption every image of ``sources`` in order, ``batch_size`` at a time; one whose
-    loader raises :class:`DataError` yields an error result (and never stops the others).
-    Each result keeps the RGB image it was captioned from in ``picture``."""
+    loader raises :class:`DataError` yields a :class:`Failed` (and never stops the others).
+    Each caption keeps the RGB image it was captioned from in ``image``."""
     model.eval()
     pending: list[tuple[str, Image.Image, torch.Tensor]] = []
 
-    def flush() -> Iterator[CaptionResult]:
+    def flush() -> Iterator[Caption]:
         images = torch.stack([tensor for *_, tensor in pending]).to(device)  # (B, 3, S, S)
         names = [name for name, *_ in pending]
         for result, (_, picture, _) in zip(caption_inputs(images, names, model, vocab, cfg),
                                            pending):  # fmt: skip
-            result.picture = picture
+            result.image = picture
             yield result
         pending.clear()
 
@@ -235,7 +365,7 @@ def caption_images(
             picture = load()
         except DataError as exc:
             yield from flush() if pending else ()
-            yield CaptionResult(image=name, error=str(exc))
+            yield Failed(source=name, error=str(exc))
             continue
         pending.append((name, picture, model.encoder.transform(picture)))
         if len(pending) == batch_size:
@@ -251,7 +381,7 @@ def caption_inputs(
     vocab: Vocabulary,
     cfg: Config,
     encode_batch: int | None = None,
-) -> list[CaptionResult]:
+) -> list[Caption]:
     """Caption a batch of encoder inputs in one decoding (one batched beam search).
 
     Args:
@@ -265,7 +395,7 @@ def caption_inputs(
     """
     decoded = caption_batch(model, cfg.decode, cfg.runtime.precision, images=images,
                             encode_batch=encode_batch)  # fmt: skip
-    return [CaptionResult.from_decoded(name, decoded.row(row), vocab)
+    return [Caption.from_decoded(name, decoded.row(row), vocab, model.grid_shape)
             for row, name in enumerate(names)]  # fmt: skip
 
 
@@ -276,9 +406,9 @@ def caption_files(
     cfg: Config,
     device: torch.device,
     batch_size: int = 16,
-) -> Iterator[CaptionResult]:
-    """Caption every readable file in ``paths``, in order; unreadable ones yield an error
-    result (and never stop the others)."""
+) -> Iterator[Caption | Failed]:
+    """Caption every readable file in ``paths``, in order; unreadable ones yield a
+    :class:`Failed` (and never stop the others)."""
     limits = ImageLimits.from_config(cfg.data)
     sources = ((str(path), partial(load_image, path, limits)) for path in paths)
     return caption_images(sources, model, vocab, cfg, device, batch_size)
@@ -296,38 +426,24 @@ def figure_stem(path: str, used: set[str]) -> str:
 
 
 def draw_attention(
-    result: CaptionResult,
+    result: Caption,
     grid_shape: tuple[int, int],
     out_dir: str | Path,
     stem: str,
     smooth: bool = True,
     gif: bool = False,
     limits: ImageLimits = DEFAULT_LIMITS,
-) -> CaptionResult:
-    """Write the per-word attention grid (and optionally a GIF) of a captioned image, with
-    local attention's centres marked."""
-    from captioning.viz import attention_gif, attention_grid_figure
-
-    if not result.words:  # an empty caption has nothing to show
-        return result
-    image = result.picture if result.picture is not None else load_image(result.image, limits)
+) -> Path | None:
+    """Write the per-word attention figure ``STEM.png`` (and optionally ``STEM.gif``) of a
+    caption into ``out_dir``, as :meth:`Caption.save` draws it; the image is read from the
+    caption's ``source`` when it kept none. Returns the PNG's path, or None for an empty
+    caption (nothing to show)."""
+    if not result.words:
+        return None
+    image = result.image if result.image is not None else load_image(result.source, limits)
+    result = replace(result, grid=grid_shape, image=image)
     out_dir = Path(out_dir)
-    drawing = dict(smooth=smooth, chosen_cells=result.cells, centres=result.centres)
-    result.figure = str(
-        attention_grid_figure(
-            image,
-            result.words,
-            result.alphas,
-            grid_shape,
-            out_dir / f"{stem}.png",
-            title=result.caption,
-            **drawing,
-        )  # fmt: skip
-    )
+    figure = result.save(out_dir / f"{stem}.png", smooth)
     if gif:
-        result.gif = str(
-            attention_gif(
-                image, result.words, result.alphas, grid_shape, out_dir / f"{stem}.gif", **drawing
-            )
-        )
-    return result
+        result.save_gif(out_dir / f"{stem}.gif", smooth)
+    return figure

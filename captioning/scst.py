@@ -240,7 +240,8 @@ class SelfCriticalObjective:
         hard = EXPECTATION
         if self.hard:
             cells = torch.zeros_like(targets)  # (R, T+1); steps after the caption unused
-            cells[:, : sampled.cells.shape[1]] = sampled.cells
+            chosen = sampled.trace.cell  # (R, t): the cells the samples were drawn with
+            cells[:, : chosen.shape[1]] = chosen
             hard = HardContext(mode="sample", cells=cells)
         with autocast(self.device, self.precision):
             output = module(images, inputs, grid=grid, hard=hard, repeat=self.samples)

@@ -11,6 +11,9 @@ flattened row-major: cell ``(r, c)`` is index ``r * grid_w + c``. The grid shape
 argument, since it depends on the encoder and its input size. Local attention's centres come
 as (row, column) in cells, cell ``(r, c)`` spanning ``[r, r + 1) x [c, c + 1)``; they are
 drawn as a cross. A multi-head model's heads get a figure of their own, one row per head.
+The ``trace_*`` functions draw a caption's per-word record
+(:class:`~captioning.models.trace.AttentionTrace`) with whatever marks its fields call for;
+they are the one place that reads those fields for drawing.
 
 The default look is the paper's (Xu et al. 2015, figures 2 to 5): the photo itself, bright
 where the word's attention is high and dimmed elsewhere, the map upsampled smoothly from the
@@ -26,7 +29,7 @@ import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import matplotlib
 import numpy as np
@@ -41,9 +44,19 @@ from matplotlib.patches import Rectangle
 from matplotlib.transforms import Bbox, TransformedBbox
 from PIL import Image
 
+from captioning.errors import ConfigError
+
+if TYPE_CHECKING:
+    from captioning.models.trace import AttentionTrace
+
 __all__ = [
     "attention_gif",
     "attention_grid_figure",
+    "trace_figure",
+    "trace_gif",
+    "trace_grid",
+    "trace_heads_figure",
+    "trace_heads_grid",
     "centre_position",
     "dim_array",
     "smooth_grid",
@@ -898,3 +911,107 @@ def attention_gif(
         loop=0,
     )
     return path
+
+
+# --- a caption's trace ----------------------------------------------------------------------
+
+# What asking a single-head model for its heads' figure says.
+SINGLE_HEAD = ("this model has a single attention head, so there is no per-head figure "
+               "(a multi-head model is trained with --set model.heads=H, H > 1)")  # fmt: skip
+
+
+def _trace_marks(trace: AttentionTrace) -> dict[str, Any]:
+    """What a word's panel marks besides its map, from the fields ``trace`` (T, ...) holds:
+    hard attention's chosen cell (outlined) and local attention's centre (a cross)."""
+    return {
+        "chosen_cells": None if trace.cell is None else trace.cell.tolist(),
+        "centres": trace.centre,
+    }
+
+
+def trace_grid(
+    image: Image.Image,
+    words: Sequence[str],
+    trace: AttentionTrace,
+    grid_shape: tuple[int, int],
+    smooth: bool = True,
+    columns: int = 5,
+    title: str | None = None,
+    style: Style = "dim",
+) -> Figure:
+    """:func:`attention_grid` of a caption's per-word ``trace`` (T, ...): each word's map
+    ``trace.alpha`` (T, L), marked as the trace's other fields call for (hard attention's
+    chosen cell outlined, local attention's centre crossed). Other arguments as
+    :func:`attention_grid`."""
+    return attention_grid(image, words, trace.alpha, grid_shape, smooth=smooth,
+                          columns=columns, title=title, style=style,
+                          **_trace_marks(trace))  # fmt: skip
+
+
+def trace_figure(
+    image: Image.Image,
+    words: Sequence[str],
+    trace: AttentionTrace,
+    grid_shape: tuple[int, int],
+    path: str | Path,
+    smooth: bool = True,
+    columns: int = 5,
+    title: str | None = None,
+    style: Style = "dim",
+) -> Path:
+    """Write :func:`trace_grid` as a PNG at ``path`` (missing parent folders are created)
+    and return ``path``."""
+    fig = trace_grid(image, words, trace, grid_shape, smooth, columns, title, style)
+    return _save_png(fig, path)
+
+
+def trace_gif(
+    image: Image.Image,
+    words: Sequence[str],
+    trace: AttentionTrace,
+    grid_shape: tuple[int, int],
+    path: str | Path,
+    smooth: bool = True,
+    frame_ms: int = 800,
+    style: Style = "dim",
+) -> Path:
+    """:func:`attention_gif` of a caption's per-word ``trace``, marked as
+    :func:`trace_grid` marks it."""
+    return attention_gif(image, words, trace.alpha, grid_shape, path, smooth=smooth,
+                         frame_ms=frame_ms, style=style, **_trace_marks(trace))  # fmt: skip
+
+
+def trace_heads_grid(
+    image: Image.Image,
+    words: Sequence[str],
+    trace: AttentionTrace,
+    grid_shape: tuple[int, int],
+    smooth: bool = True,
+    title: str | None = None,
+    style: Style = "dim",
+) -> Figure:
+    """:func:`heads_grid` of a multi-head model's per-word ``trace``.
+
+    Raises:
+        ConfigError: the trace has no heads' maps (a single-head model)."""
+    if trace.heads is None:
+        raise ConfigError(SINGLE_HEAD)
+    return heads_grid(image, words, trace.heads, grid_shape, smooth, title, style)
+
+
+def trace_heads_figure(
+    image: Image.Image,
+    words: Sequence[str],
+    trace: AttentionTrace,
+    grid_shape: tuple[int, int],
+    path: str | Path,
+    smooth: bool = True,
+    title: str | None = None,
+    style: Style = "dim",
+) -> Path:
+    """Write :func:`trace_heads_grid` as a PNG at ``path`` and return ``path``.
+
+    Raises:
+        ConfigError: the trace has no heads' maps (a single-head model)."""
+    fig = trace_heads_grid(image, words, trace, grid_shape, smooth, title, style)
+    return _save_png(fig, path)

@@ -15,6 +15,7 @@ import captioning
 from captioning.cli import main
 from captioning.data.images import load_image
 from captioning.errors import ConfigError, DataError
+from captioning.models.trace import AttentionTrace
 
 
 @pytest.fixture(scope="module")
@@ -133,9 +134,10 @@ def test_a_notebook_shows_the_result_and_its_plot(model, images):
 
 
 def test_a_diverged_models_nan_is_null_in_json():
-    alphas = torch.full((1, 2, 2), 0.25)  # (T, rows, cols)
-    alphas[0, 1, 1] = float("nan")
-    result = captioning.Caption("red", ["red"], alphas, Image.new("RGB", (4, 4)), "x.png")
+    alphas = torch.full((1, 4), 0.25)  # (T, L)
+    alphas[0, 3] = float("nan")
+    result = captioning.Caption("red", ["red"], AttentionTrace(alphas), "x.png", grid=(2, 2),
+                                image=Image.new("RGB", (4, 4)))  # fmt: skip
     data = json.loads(json.dumps(result.to_dict(), allow_nan=False))
     assert data["attention"] == [[[0.25, 0.25], [0.25, None]]] and data["grid"] == [2, 2]
 

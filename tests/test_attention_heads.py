@@ -45,7 +45,7 @@ def test_heads_that_agree_give_one_heads_output(score, heads):
     many = multi(features, multi.project_keys(features), query)
     torch.testing.assert_close(many.context, one.context)
     torch.testing.assert_close(many.alpha, one.alpha)
-    torch.testing.assert_close(many.heads, one.alpha[:, None].expand(-1, heads, -1))
+    torch.testing.assert_close(many.trace.heads, one.alpha[:, None].expand(-1, heads, -1))
 
 
 @pytest.mark.parametrize("heads", [2, 4, 8])
@@ -91,7 +91,7 @@ def test_each_head_averages_its_own_channel_group():
     assert float(changed[[0, 1, 3]].max()) == 0.0
     for head in range(4):
         expected = torch.einsum(
-            "bl,bld->bd", after.heads[:, head], features[..., head * 8 : (head + 1) * 8]
+            "bl,bld->bd", after.trace.heads[:, head], features[..., head * 8 : (head + 1) * 8]
         )
         torch.testing.assert_close(after.context[:, head * 8 : (head + 1) * 8], expected)
 
@@ -170,7 +170,7 @@ def test_with_projected_values_each_head_reads_its_block_of_them():
         out = decoder.attention(values, decoder.prepare(features)[..., 24:], state.h)
     for head in range(2):
         block = values[..., head * 12 : (head + 1) * 12]
-        expected = torch.einsum("bl,bld->bd", out.heads[:, head], block)
+        expected = torch.einsum("bl,bld->bd", out.trace.heads[:, head], block)
         torch.testing.assert_close(out.context[:, head * 12 : (head + 1) * 12], expected)
     tokens = torch.randint(4, 11, (2, 6), generator=torch.Generator().manual_seed(2))
     tokens[:, 0] = 1

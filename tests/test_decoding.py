@@ -8,6 +8,7 @@ import torch
 from captioning.decoding import beam_search, greedy_decode, sample_decode
 from captioning.models.attention import AttentionOutput
 from captioning.models.decoder import DecoderState, StepOutput
+from captioning.models.trace import AttentionTrace
 
 from .test_models import batch, tiny_model
 
@@ -38,7 +39,9 @@ class ToyDecoder:
         logits = torch.stack([self.table.get(int(t), self.ending) for t in tokens])
         cells = features.shape[1]
         alpha = torch.full((tokens.shape[0], cells), 1.0 / cells)
-        return StepOutput(logits, state, AttentionOutput(features.mean(dim=1), alpha))
+        return StepOutput(
+            logits, state, AttentionOutput(features.mean(dim=1), AttentionTrace(alpha))
+        )
 
 
 # From <start>: "a" 0.6, "b" 0.4. After "a" nothing is likely; after "b", <end> is.
@@ -105,7 +108,7 @@ def test_beam_size_one_is_greedy(attention):
     assert torch.allclose(greedy.scores, beam.scores, atol=1e-5)
     assert torch.allclose(greedy.alphas, beam.alphas, atol=1e-6)
     if attention == "hard":
-        assert torch.equal(greedy.cells, beam.cells)
+        assert torch.equal(greedy.trace.cell, beam.trace.cell)
 
 
 @pytest.mark.parametrize(("beam_size", "variant"), [
@@ -131,16 +134,17 @@ def test_batch_gives_the_same_captions_as_one_image_at_a_time(beam_size, variant
         assert torch.equal(together.tokens[i, :n], alone.tokens[0, :n])
         assert torch.allclose(together.scores[i], alone.scores[0], atol=1e-5)
         assert torch.allclose(together.alphas[i, : n + 1], alone.alphas[0, : n + 1], atol=1e-5)
-        for extra in ("heads", "centres"):  # multi-head weights, local centres
-            if getattr(alone, extra) is None:
-                assert getattr(together, extra) is None
+        for extra in ("heads", "centre"):  # multi-head weights, local centres
+            if getattr(alone.trace, extra) is None:
+                assert getattr(together.trace, extra) is None
                 continue
-            assert torch.allclose(getattr(together, extra)[i, : n + 1],
-                                  getattr(alone, extra)[0, : n + 1], atol=1e-5)  # fmt: skip
+            assert torch.allclose(getattr(together.trace, extra)[i, : n + 1],
+                                  getattr(alone.trace, extra)[0, : n + 1], atol=1e-5)  # fmt: skip
     if "model.heads=2" in variant:
-        assert together.heads.shape == (6, together.tokens.shape[1], 2, together.alphas.shape[2])
+        shape = (6, together.tokens.shape[1], 2, together.alphas.shape[2])
+        assert together.trace.heads.shape == shape
     if "model.attention=local" in variant:
-        assert together.centres.shape == (6, together.tokens.shape[1], 2)
+        assert together.trace.centre.shape == (6, together.tokens.shape[1], 2)
 
 
 def replay(decoder, features, tokens):
@@ -180,7 +184,8 @@ def test_heads_and_centres_are_those_of_the_words_said(variant, beam_size):
         out = beam_search(model.decoder, features, beam_size=beam_size, max_length=10,
                           min_length=4)  # fmt: skip
     multi_head = "model.heads=2" in variant
-    assert (out.heads is not None) == multi_head and (out.centres is not None) != multi_head
+    heads, centres = out.trace.heads, out.trace.centre
+    assert (heads is not None) == multi_head and (centres is not None) != multi_head
     steps = 0
     for i in range(4):
         n = int(out.lengths[i])
@@ -191,14 +196,14 @@ def test_heads_and_centres_are_those_of_the_words_said(variant, beam_size):
                 break
             torch.testing.assert_close(out.alphas[i, t], attention.alpha[0])
             if multi_head:
-                torch.testing.assert_close(out.heads[i, t], attention.heads[0])  # (H, L)
-                torch.testing.assert_close(out.heads[i, t].mean(dim=0), out.alphas[i, t])
-                assert not torch.allclose(out.heads[i, t, 0], out.heads[i, t, 1])
+                torch.testing.assert_close(heads[i, t], attention.trace.heads[0])  # (H, L)
+                torch.testing.assert_close(heads[i, t].mean(dim=0), out.alphas[i, t])
+                assert not torch.allclose(heads[i, t, 0], heads[i, t, 1])
             else:
-                torch.testing.assert_close(out.centres[i, t], attention.centre[0])  # (2,)
+                torch.testing.assert_close(centres[i, t], attention.trace.centre[0])  # (2,)
     assert steps > 8  # the captions have words
     row = out.row(2)
-    extra = row.heads if multi_head else row.centres
+    extra = row.trace.heads if multi_head else row.trace.centre
     assert extra.device.type == "cpu" and extra.dtype == torch.float32
     assert extra.shape[0] == out.tokens.shape[1]
 
@@ -209,9 +214,9 @@ def test_a_plain_model_records_no_heads_or_centres():
         features = model.encoder(batch(size=2)[0])
     for out in (greedy_decode(model.decoder, features, max_length=5),
                 beam_search(model.decoder, features, beam_size=2, max_length=5)):  # fmt: skip
-        assert out.heads is None and out.centres is None
+        assert out.trace.heads is None and out.trace.centre is None
         assert out.alphas.shape[2] == features.shape[1]
-        assert out.row(0).heads is None and out.row(0).centres is None
+        assert out.row(0).trace.heads is None and out.row(0).trace.centre is None
 
 
 class CountdownDecoder(ToyDecoder):
@@ -236,7 +241,8 @@ class CountdownDecoder(ToyDecoder):
         alpha = torch.full((tokens.shape[0], cells), 1.0 / cells)
         new = DecoderState((said + 1)[:, None], state.c)
         return StepOutput(torch.log(probs / probs.sum(1, keepdim=True)), new,
-                          AttentionOutput(torch.zeros(tokens.shape[0], 3), alpha))  # fmt: skip
+                          AttentionOutput(torch.zeros(tokens.shape[0], 3),
+                                          AttentionTrace(alpha)))  # fmt: skip
 
 
 def test_images_that_are_done_leave_the_batch():

@@ -18,6 +18,7 @@ from captioning.metrics.grounding import (
     named_object,
     point_and_mass,
 )
+from captioning.models.trace import AttentionTrace
 from captioning.train import fit
 from captioning.vocab import Vocabulary
 
@@ -71,7 +72,9 @@ def test_grounding_scores_by_word_type():
     alphas[0, 0] = 1.0  # "a": not grounded
     alphas[1, 0] = 1.0  # "red": on the red circle (cell 0)
     alphas[2, 7] = 1.0  # "circle": on the blue square's cell
-    decoded = Decoded(torch.tensor([4, 5, 6]), torch.tensor(3), alphas, torch.tensor(0.0))
+    decoded = Decoded(
+        torch.tensor([4, 5, 6]), torch.tensor(3), torch.tensor(0.0), AttentionTrace(alphas)
+    )
     scores = grounding_scores([record], {7: decoded}, vocab, (2, 4))
     assert scores["grounded_words"] == 2
     assert scores["pointing_game"] == pytest.approx(0.5)
@@ -111,8 +114,8 @@ def test_centre_pointing_game_by_word_type():
         [1.5, 3.5],  # "circle": (35, 15) px, on the blue square, not the circle
         [1.0, 1.0],  # <end>
     ])  # fmt: skip
-    decoded = Decoded(torch.tensor([4, 5, 6, 0]), torch.tensor(3), alphas, torch.tensor(0.0),
-                      centres=centres)  # fmt: skip
+    decoded = Decoded(torch.tensor([4, 5, 6, 0]), torch.tensor(3), torch.tensor(0.0),
+                      AttentionTrace(alphas, centre=centres))  # fmt: skip
     scores = grounding_scores([record], {7: decoded}, vocab, (2, 4))
     assert scores["pointing_game"] == 1.0  # the peaks are all on the circle
     assert scores["centre_pointing_game"] == pytest.approx(0.5)
@@ -120,7 +123,7 @@ def test_centre_pointing_game_by_word_type():
     assert by_type["centre_pointing_game/color"] == 1.0
     assert by_type["centre_pointing_game/category"] == 0.0
     assert by_type["pointing_game/category"] == 1.0
-    decoded.centres[2] = torch.tensor([0.2, 0.9])  # (9, 2) px: now on the circle
+    decoded.trace.centre[2] = torch.tensor([0.2, 0.9])  # (9, 2) px: now on the circle
     assert grounding_scores([record], {7: decoded}, vocab, (2, 4))["centre_pointing_game"] == 1.0
 
 

@@ -25,7 +25,7 @@ def test_forward_is_the_gumbel_max_cell_exactly(temperature):
     out = attention(features, attention.project_keys(features), query, hard)
     gumbel = -torch.log(noise)
     cell = (torch.log(out.alpha) + gumbel).argmax(dim=1)
-    assert torch.equal(out.cell, cell)
+    assert torch.equal(out.trace.cell, cell)
     torch.testing.assert_close(out.context, features[torch.arange(3), cell], rtol=0, atol=1e-6)
     rows = torch.arange(3)
     torch.testing.assert_close(out.log_prob, torch.log(out.alpha[rows, cell]))
@@ -46,7 +46,7 @@ def test_backward_is_the_relaxed_softmax_gradient(temperature):
     (out.context * direction).sum().backward()
     straight = [p.grad.clone() for p in params]
 
-    one_hot = torch.nn.functional.one_hot(out.cell, 7).float()  # (B, L)
+    one_hot = torch.nn.functional.one_hot(out.trace.cell, 7).float()  # (B, L)
     torch.testing.assert_close(grid.grad, one_hot[:, :, None] * direction[:, None, :])
 
     for p in params:

@@ -17,12 +17,13 @@ from captioning.decoding import Decoded
 from captioning.errors import ConfigError
 from captioning.evaluate import evaluate_checkpoint
 from captioning.inference import (
-    CaptionResult,
+    Caption,
     caption_files,
     decode_dataset,
     load_model,
     with_decoding,
 )
+from captioning.models.trace import AttentionTrace
 from captioning.train import fit, validate
 from captioning.vocab import Vocabulary
 
@@ -79,20 +80,23 @@ def test_a_figure_shows_the_words_of_the_caption_and_not_end():
     decoded = Decoded(
         tokens=torch.tensor([4, 5, 0, 0]),
         lengths=torch.tensor(2),
-        alphas=alphas,
         scores=torch.tensor(-1.0),
-        cells=torch.tensor([3, 1, 0, 0]),
+        trace=AttentionTrace(alphas, cell=torch.tensor([3, 1, 0, 0])),
     )
-    result = CaptionResult.from_decoded("x.png", decoded, vocab)
+    result = Caption.from_decoded("x.png", decoded, vocab)
     assert result.caption == "red circle" and result.words == ["red", "circle"]
     assert torch.equal(result.alphas, alphas[:2]) and result.cells == [3, 1]
     assert result.heads is None and result.centres is None
     heads = torch.softmax(torch.randn(4, 2, 6), dim=2)  # (T, H, L)
     centres = torch.rand(4, 2) * 3  # (T, 2)
-    decoded.heads, decoded.centres = heads.double(), centres
-    result = CaptionResult.from_decoded("x.png", decoded, vocab)
-    assert result.heads.dtype == torch.float32 and torch.allclose(result.heads, heads[:2])
+    decoded.trace = AttentionTrace(alphas, heads=heads.double(), centre=centres)
+    result = Caption.from_decoded("x.png", decoded, vocab, grid=(2, 3))
+    assert result.alphas.shape == (2, 2, 3) and result.cells is None
+    assert result.heads.dtype == torch.float32
+    torch.testing.assert_close(result.heads, heads[:2].view(2, 2, 2, 3).float())
     assert torch.equal(result.centres, centres[:2])
+    with pytest.raises(AttributeError, match="'Caption' object has no attribute 'glance'"):
+        _ = result.glance
 
 
 def test_epoch_figures_follow_the_caption_rule(shapes, tmp_path, monkeypatch):
@@ -112,7 +116,8 @@ def test_epoch_figures_follow_the_caption_rule(shapes, tmp_path, monkeypatch):
     first = load_splits(cfg.data)["val"][0]
     (captioned,) = caption_files([first.path], model, vocab, cfg, torch.device("cpu"))
     assert captioned.words == result.words
-    torch.testing.assert_close(captioned.alphas, result.alphas)  # batch of 1 vs 6: rounding
+    # batch of 1 vs 6: rounding
+    torch.testing.assert_close(captioned.trace.alpha, result.trace.alpha)
 
 
 def test_with_decoding_turns_a_beam_size_into_a_strategy():

@@ -151,10 +151,10 @@ def test_hard_attention_samples_a_cell_and_reports_its_log_prob():
     query = torch.randn(6, 4)
     out = attention(features, keys, query, HardContext(mode="sample"))
     rows = torch.arange(6)
-    assert torch.equal(out.context, features[rows, out.cell])
-    assert torch.allclose(out.log_prob, out.alpha[rows, out.cell].log())
+    assert torch.equal(out.context, features[rows, out.trace.cell])
+    assert torch.allclose(out.log_prob, out.alpha[rows, out.trace.cell].log())
     argmax = attention(features, keys, query, HardContext(mode="argmax"))
-    assert torch.equal(argmax.cell, argmax.alpha.argmax(dim=1))
+    assert torch.equal(argmax.trace.cell, argmax.alpha.argmax(dim=1))
     expected = attention(features, keys, query, HardContext())
     assert expected.log_prob is None
     assert torch.allclose(expected.context, torch.einsum("bl,bld->bd", expected.alpha, features))
@@ -263,7 +263,8 @@ def test_padding_never_counts():
     alphas[0, -2:] = torch.softmax(torch.randn_like(alphas[0, -2:]) * 5, dim=-1)
     from dataclasses import replace
 
-    moved = caption_loss(replace(out, logits=logits, alphas=alphas), tokens[:, 1:], 0, 1.0)
+    moved_out = replace(out, logits=logits, trace=replace(out.trace, alpha=alphas))
+    moved = caption_loss(moved_out, tokens[:, 1:], 0, 1.0)
     assert torch.allclose(loss.total, moved.total)
     assert loss.tokens == int((tokens[:, 1:] != 0).sum())
 
@@ -562,17 +563,19 @@ def test_multi_head_attention(score):
     features = model.encode(images)
     query = torch.randn(3, 24)
     out = attention(features, model.decoder.prepare(features), query)
-    torch.testing.assert_close(out.heads[:, 0], out.heads[:, 1])  # they start as one head
+    heads = out.trace.heads  # (3, H, L)
+    torch.testing.assert_close(heads[:, 0], heads[:, 1])  # they start as one head
     with torch.no_grad():  # as training parts them
         for index, head in enumerate(attention.heads):
             for param in head.parameters():
                 param.add_(0.3 * index * torch.randn_like(param))
     keys = model.decoder.prepare(features)
     out = attention(features, keys, query)
-    assert out.heads.shape == (3, 4, features.shape[1])
-    torch.testing.assert_close(out.alpha, out.heads.mean(dim=1))
-    torch.testing.assert_close(out.heads.sum(dim=2), torch.ones(3, 4))
-    assert not torch.allclose(out.heads[:, 0], out.heads[:, 1])  # heads look differently
+    heads = out.trace.heads
+    assert heads.shape == (3, 4, features.shape[1])
+    torch.testing.assert_close(out.alpha, heads.mean(dim=1))
+    torch.testing.assert_close(heads.sum(dim=2), torch.ones(3, 4))
+    assert not torch.allclose(heads[:, 0], heads[:, 1])  # heads look differently
     twin = step_loop_twin(model, *settings)
     loop = twin(images, tokens)
     torch.testing.assert_close(model(images, tokens).logits, loop.logits, rtol=0, atol=1e-5)
@@ -597,22 +600,23 @@ def test_local_attention_is_a_gaussian_window_around_a_predicted_centre():
     features, query = torch.randn(2, 12, 8), torch.randn(2, 6)
     keys = attention.project_keys(features).detach()
     out = attention(features, keys, query)
-    assert out.centre.shape == (2, 2)
-    assert bool(((out.centre >= 0) & (out.centre <= torch.tensor([3.0, 4.0]))).all())
+    centre = out.trace.centre  # (2, 2)
+    assert centre.shape == (2, 2)
+    assert bool(((centre >= 0) & (centre <= torch.tensor([3.0, 4.0]))).all())
     rows, cols = torch.meshgrid(torch.arange(3.0), torch.arange(4.0), indexing="ij")
     cells = torch.stack([rows.flatten() + 0.5, cols.flatten() + 0.5], dim=1)  # (12, 2)
-    distance = (cells[None] - out.centre[:, None]).pow(2).sum(2)
+    distance = (cells[None] - centre[:, None]).pow(2).sum(2)
     expected = torch.softmax(attention.score(keys, query) - distance / (2 * 0.8**2), dim=1)
     torch.testing.assert_close(out.alpha, expected)
     target = 11  # the bottom-right cell, centre (2.5, 3.5)
-    before = float((out.centre.detach() - cells[target]).norm(dim=1).mean())
+    before = float((centre.detach() - cells[target]).norm(dim=1).mean())
     optimizer = torch.optim.Adam(attention.centre.parameters(), lr=0.05)
     for _ in range(30):
         optimizer.zero_grad()
         loss = -torch.log(attention(features, keys, query).alpha[:, target]).mean()
         loss.backward()
         optimizer.step()
-    after = attention(features, keys, query).centre.detach()
+    after = attention(features, keys, query).trace.centre.detach()
     assert float((after - cells[target]).norm(dim=1).mean()) < before / 2
     with pytest.raises(ConfigError, match="model.local_sigma must be more than 0"):
         load_config(None, ["model.attention=local", "model.local_sigma=0"])

@@ -381,10 +381,13 @@ def test_padding_contributes_no_reward_or_penalty(estimator):
                 return replace(
                     out,
                     logits=out.logits + padded[:, :, None] * torch.randn_like(out.logits) * 10,
-                    alphas=torch.where(
-                        padded[:, :, None],
-                        torch.softmax(torch.randn_like(out.alphas), -1),
-                        out.alphas,
+                    trace=replace(
+                        out.trace,
+                        alpha=torch.where(
+                            padded[:, :, None],
+                            torch.softmax(torch.randn_like(out.alphas), -1),
+                            out.alphas,
+                        ),
                     ),  # fmt: skip
                     log_probs=torch.where(
                         padded, torch.randn_like(out.log_probs), out.log_probs

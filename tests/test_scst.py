@@ -13,6 +13,7 @@ from captioning.decoding import Decoded, greedy_decode
 from captioning.metrics import tokenize_for_eval
 from captioning.models import build_model
 from captioning.models.attention import HardContext
+from captioning.models.trace import AttentionTrace
 from captioning.scst import CaptionReward, SelfCriticalObjective, leave_one_out, teacher_inputs
 from captioning.vocab import Vocabulary
 
@@ -54,7 +55,9 @@ def fixed(*captions: str) -> Decoded:
     for row, words in enumerate(ids):
         tokens[row, : len(words)] = torch.tensor(words)
     lengths = torch.tensor([len(i) for i in ids])
-    return Decoded(tokens, lengths, torch.zeros(len(ids), steps, 1), torch.zeros(len(ids)))
+    return Decoded(
+        tokens, lengths, torch.zeros(len(ids)), AttentionTrace(torch.zeros(len(ids), steps, 1))
+    )
 
 
 def test_reward_tokenises_as_evaluation(reward):
@@ -151,7 +154,7 @@ def test_the_replayed_log_probability_is_the_samples(reward, attention):
     hard = HardContext()
     if attention == "hard":
         cells = torch.zeros_like(inputs[:, 1:])
-        cells[:, : sampled.cells.shape[1]] = sampled.cells
+        cells[:, : sampled.trace.cell.shape[1]] = sampled.trace.cell
         hard = HardContext(mode="sample", cells=cells)
     with torch.no_grad():
         output = model(images, inputs, hard=hard, repeat=3)

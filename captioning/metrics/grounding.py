@@ -218,8 +218,8 @@ def grounding_scores(
     Args:
         records: images with object annotations (and ``width``/``height``).
         decoded: per image id, a single-image :class:`captioning.decoding.Decoded`
-            (``tokens`` (T,), ``lengths`` (), ``alphas`` (T, L), and ``centres`` (T, 2) for
-            local attention).
+            (``tokens`` (T,), ``lengths`` (), and its ``trace``: ``alpha`` (T, L), and
+            ``centre`` (T, 2) for local attention).
         vocab: the vocabulary of the tokens.
         grid_shape: the model's attention grid (rows, columns).
     Returns:
@@ -231,7 +231,7 @@ def grounding_scores(
     hits: dict[str, list[float]] = defaultdict(list)
     masses: dict[str, list[float]] = defaultdict(list)
     centre_hits: dict[str, list[float]] = defaultdict(list)
-    with_centres = any(getattr(d, "centres", None) is not None for d in decoded.values())
+    with_centres = any(d.trace.centre is not None for d in decoded.values())
     for record in records:
         result = decoded.get(record.image_id)
         if result is None or not record.objects:
@@ -251,7 +251,7 @@ def grounding_scores(
             for key in ("all", word_type):
                 hits[key].append(float(hit))
                 masses[key].append(mass)
-            centres = getattr(result, "centres", None)
+            centres = result.trace.centre  # (T, 2) or None
             if centres is not None:
                 inside = centre_in_box(
                     centres[t], obj.bbox, grid_shape, record.width, record.height

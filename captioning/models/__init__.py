@@ -12,9 +12,11 @@ from captioning.models.attention import (
 from captioning.models.captioner import Captioner, build_model, encoder_from_config
 from captioning.models.decoder import Decoder, DecoderOutput, DecoderState
 from captioning.models.encoder import Encoder, build_encoder
+from captioning.models.trace import AttentionTrace
 
 __all__ = [
     "AttentionOutput",
+    "AttentionTrace",
     "Captioner",
     "Decoder",
     "DecoderOutput",

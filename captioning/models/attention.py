@@ -11,9 +11,11 @@ its K beams, so the grid and its keys are never copied K times.
 
 Soft, hard and no attention share one interface: they take the grid, its keys, the queries
 and a :class:`HardContext` (how a hard-attention model forms its context; the others ignore
-it), and return an :class:`AttentionOutput` with the context vector, the weights ``alpha``
-and, for hard attention, the chosen cell and its log-probability. How a hard model is
-trained (estimator, baseline, mixing) lives in :mod:`captioning.hard_attention`.
+it), and return an :class:`AttentionOutput` with the context vector and the per-word
+record (:class:`~captioning.models.trace.AttentionTrace`: the weights ``alpha`` and what each
+kind adds: the chosen cell, the heads' weights, the predicted centre), and for hard
+attention the chosen cell's log-probability. How a hard model is trained (estimator,
+baseline, mixing) lives in :mod:`captioning.hard_attention`.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from torch import nn
 
 from captioning.config import check_heads
 from captioning.errors import ConfigError
+from captioning.models.trace import AttentionTrace
 
 # --------------------------------------------------------------------------- scores
 
@@ -306,23 +309,21 @@ class AttentionOutput:
 
     Attributes:
         context: (B, D) the context vector z_t (before the decoder's gate).
-        alpha: (B, L) the attention weights (a distribution over cells).
+        trace: what the attention reports about each row's word: ``alpha`` (B, L), and the
+            fields of its kind (see :class:`~captioning.models.trace.AttentionTrace`).
         log_prob: (B,) log alpha of the chosen cell for hard attention, else None.
-        cell: (B,) index of the chosen cell for hard attention, else None.
         sampled: (B,) bool, which rows used a sampled cell (hard attention), else None.
-        heads: (B, H, L) each head's weights for multi-head attention (``alpha`` is their
-            mean), else None.
-        centre: (B, 2) the predicted centre (row, column, in cells) of local attention,
-            else None.
     """
 
     context: torch.Tensor
-    alpha: torch.Tensor
+    trace: AttentionTrace
     log_prob: torch.Tensor | None = None
-    cell: torch.Tensor | None = None
     sampled: torch.Tensor | None = None
-    heads: torch.Tensor | None = None
-    centre: torch.Tensor | None = None
+
+    @property
+    def alpha(self) -> torch.Tensor:
+        """(B, L) the attention weights (a distribution over cells)."""
+        return self.trace.alpha
 
 
 class SoftAttention(nn.Module):
@@ -349,7 +350,7 @@ class SoftAttention(nn.Module):
         hard: HardContext = EXPECTATION,
     ) -> AttentionOutput:
         alpha = self.weights(keys, query)  # (B, L)
-        return AttentionOutput(context=expected_context(alpha, features), alpha=alpha)
+        return AttentionOutput(expected_context(alpha, features), AttentionTrace(alpha))
 
 
 def expected_context(alpha: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
@@ -378,7 +379,7 @@ class HardAttention(SoftAttention):
     ) -> AttentionOutput:
         alpha = self.weights(keys, query)  # (B, L)
         if hard.mode in ("expectation", "marginal"):
-            return AttentionOutput(context=expected_context(alpha, features), alpha=alpha)
+            return AttentionOutput(expected_context(alpha, features), AttentionTrace(alpha))
         cell, noise = hard.cells, hard.noise
         if hard.mode == "gumbel":
             if cell is not None:
@@ -404,7 +405,8 @@ class HardAttention(SoftAttention):
             context = torch.where(hard.use_expectation[:, None], expected, context)  # (B, D)
             sampled = ~hard.use_expectation
             log_prob = log_prob * sampled
-        return AttentionOutput(context, alpha, log_prob=log_prob, cell=cell, sampled=sampled)
+        trace = AttentionTrace(alpha, cell=cell)
+        return AttentionOutput(context, trace, log_prob=log_prob, sampled=sampled)
 
 
 def _straight_through(
@@ -442,7 +444,7 @@ class NoAttention(nn.Module):
         rows, cells = query.shape[0], features.shape[1]
         alpha = features.new_full((rows, cells), 1.0 / cells, dtype=torch.float32)
         context = keys.squeeze(1).repeat_interleave(groups(features, rows), dim=0)  # (B*G, D)
-        return AttentionOutput(context=context, alpha=alpha)
+        return AttentionOutput(context, AttentionTrace(alpha))
 
 
 class LocalAttention(SoftAttention):
@@ -493,7 +495,9 @@ class LocalAttention(SoftAttention):
         distance = (self.cells[None] - centre[:, None]).pow(2).sum(dim=2)  # (B, L)
         logits = self.score(keys, query).float() - distance / (2 * self.sigma**2)
         alpha = torch.softmax(logits, dim=1)  # (B, L)
-        return AttentionOutput(expected_context(alpha, features), alpha, centre=centre)
+        return AttentionOutput(
+            expected_context(alpha, features), AttentionTrace(alpha, centre=centre)
+        )
 
 
 class MultiHeadAttention(nn.Module):
@@ -545,7 +549,7 @@ class MultiHeadAttention(nn.Module):
         ]  # fmt: skip
         heads = torch.stack(alphas, dim=1)  # (B, H, L)
         context = head_contexts(heads, features)  # (B, D)
-        return AttentionOutput(context=context, alpha=heads.mean(dim=1), heads=heads)
+        return AttentionOutput(context, AttentionTrace(heads.mean(dim=1), heads=heads))
 
 
 def head_contexts(heads: torch.Tensor, features: torch.Tensor) -> torch.Tensor:

@@ -34,6 +34,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from captioning.models.attention import EXPECTATION, AttentionOutput, HardContext
+from captioning.models.trace import AttentionTrace
 
 # Cells per chunk of the exact marginal are chosen so that a chunk's (rows, steps, cells,
 # vocabulary) log-probabilities hold about this many elements (64 MB in fp32).
@@ -59,22 +60,26 @@ class DecoderOutput:
     Attributes:
         logits: (B, T, V) scores of the next word; None for the exact marginal, which
             gives ``target_log_probs`` instead.
-        alphas: (B, T, L) attention weights.
+        trace: (B, T, ...) what the attention reported about each word: ``alpha``
+            (B, T, L) and the fields of its kind.
         log_probs: (B, T) log p(s_t) of the chosen cells (hard attention), else None.
         sampled: (B, T) bool, steps whose context came from a sampled cell, else None.
-        cells: (B, T) chosen cells (hard attention), else None.
         betas: (B, T) mean gate value per step (1 when there is no gate).
         target_log_probs: (B, T) log p(y_t | y_<t, a), marginalised over the cells
             (HardContext mode ``marginal``), else None.
     """
 
     logits: torch.Tensor | None
-    alphas: torch.Tensor
+    trace: AttentionTrace
     log_probs: torch.Tensor | None = None
     sampled: torch.Tensor | None = None
-    cells: torch.Tensor | None = None
     betas: torch.Tensor | None = None
     target_log_probs: torch.Tensor | None = None
+
+    @property
+    def alphas(self) -> torch.Tensor:
+        """(B, T, L) the attention weights of each word."""
+        return self.trace.alpha
 
 
 @dataclass
@@ -368,30 +373,28 @@ class Decoder(nn.Module):
         """One step at a time, as decoding runs: the paper's wiring needs it (each h_t depends
         on the context before it); without the context in the LSTM it runs only when
         :attr:`parallel` is off."""
-        hiddens, contexts, alphas, betas = [], [], [], []
-        log_probs, sampled, cells = [], [], []
+        hiddens, contexts, traces, betas = [], [], [], []
+        log_probs, sampled = [], []
         for t in range(embedded.shape[1]):
             state, attended, context, beta = self._advance(
                 embedded[:, t], state, features, keys, hard.at(t)
             )
             hiddens.append(state.h)
             contexts.append(context)
-            alphas.append(attended.alpha)
+            traces.append(attended.trace)
             betas.append(beta)
             if attended.log_prob is not None:
                 log_probs.append(attended.log_prob)
                 sampled.append(attended.sampled)
-                cells.append(attended.cell)
         logits = self.output(
             embedded, torch.stack(hiddens, dim=1), torch.stack(contexts, dim=1)
         )  # (B, T, V)
         hard_rows = bool(log_probs)
         return DecoderOutput(
             logits=logits,
-            alphas=torch.stack(alphas, dim=1),  # (B, T, L)
+            trace=AttentionTrace.stack(traces, dim=1),  # (B, T, ...)
             log_probs=torch.stack(log_probs, dim=1) if hard_rows else None,  # (B, T)
             sampled=torch.stack(sampled, dim=1) if hard_rows else None,  # (B, T)
-            cells=torch.stack(cells, dim=1) if hard_rows else None,  # (B, T)
             betas=torch.stack(betas, dim=1),  # (B, T)
         )
 
@@ -419,17 +422,16 @@ class Decoder(nn.Module):
         queries = queries.reshape(batch * steps, -1)  # (B*T, H), image-major
         attended = self.attention(values, keys, queries, hard.flat(steps))
         context, beta = self._gate(queries, attended.context)  # (B*T, D), (B*T,)
-        alphas = attended.alpha.view(batch, steps, -1)  # (B, T, L)
+        trace = attended.trace.unflatten(0, (batch, steps))  # (B, T, ...)
 
         def per_step(values: torch.Tensor | None) -> torch.Tensor | None:
             return None if values is None else values.view(batch, steps)
 
         output = DecoderOutput(
             logits=None,
-            alphas=alphas,
+            trace=trace,
             log_probs=per_step(attended.log_prob),
             sampled=per_step(attended.sampled),
-            cells=per_step(attended.cell),
             betas=beta.view(batch, steps),
         )
         if hard.mode != "marginal":
@@ -439,7 +441,7 @@ class Decoder(nn.Module):
         if self.gate is not None:
             gate = torch.sigmoid(self.gate(queries)).view(batch, steps, -1)  # (B, T, 1|D)
         output.target_log_probs = self._marginal(
-            embedded, hiddens, gate, values, alphas, targets
+            embedded, hiddens, gate, values, trace.alpha, targets
         )  # (B, T)
         return output
 
