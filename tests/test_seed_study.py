@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -116,6 +117,7 @@ def test_a_seed_is_trained_once_then_adopted(study, tiny_shapes, tmp_path, monke
     assert 0 <= row["test_exact"] <= 1 and row["stalled"] == (row["test_exact"] < 0.5)
     assert 0 <= row["colour_probe"] <= 1 and 0 < row["probe_chance"] <= 0.5
     assert row["train_seconds"] > 0 and row["commit"] == row["evaluated_at"]
+    assert row["trained"] == f"trained at {row['commit'][:7]} by {row['command']}"
     assert row["train_command"].startswith("captioning train --quiet --config configs/")
     # the finished folder, adopted under another name: evaluated, never retrained
     monkeypatch.setattr(study, "fit", lambda *a, **k: pytest.fail("retrained a finished run"))
@@ -124,11 +126,24 @@ def test_a_seed_is_trained_once_then_adopted(study, tiny_shapes, tmp_path, monke
     assert study.main(["--out", str(tmp_path), "--variant", "old", "--seeds", "0", *adopt,
                        *common]) == 0  # fmt: skip
     first, second = json.loads(results.read_text())
-    assert second["variant"] == "old" and second["adopted"] and second["commit"] == "abc1234"
-    assert second["trained"].startswith("trained at abc1234 with warmup_steps=0")
+    # the study trained it: its record, not --trained-at, says where it comes from
+    assert second["variant"] == "old" and not second["adopted"]
+    assert second["commit"] == first["commit"] and second["trained"] == first["trained"]
     assert second["overrides"] == first["overrides"]  # read from the folder's config
     assert second["test_exact"] == first["test_exact"]
     assert second["colour_probe"] == first["colour_probe"]
+    # the study's own folder, evaluated again, keeps the commit it was trained at; a copy of
+    # it in --out is not the study's training and says so
+    assert study.main(["--out", str(out), "--variant", "tiny", "--seeds", "0", *sets,
+                       *common, "--trained-at", "0ld0ld0"]) == 0  # fmt: skip
+    assert json.loads(results.read_text())[0] == {**first, "command": first["command"]
+                                                  + " --trained-at 0ld0ld0"}  # fmt: skip
+    shutil.copytree(folder, tmp_path / "copies" / "copy-seed0", ignore=lambda *_: [study.RECORD])
+    assert study.main(["--out", str(tmp_path / "copies"), "--variant", "copy", "--seeds", "0",
+                       *common, "--trained-at", "0ld0ld0"]) == 0  # fmt: skip
+    third = json.loads(results.read_text())[2]
+    assert third["adopted"] and third["commit"] == "0ld0ld0"
+    assert third["trained"].startswith("trained at 0ld0ld0 with warmup_steps=0, adopted from")
 
 
 def test_user_errors_are_one_line(study, tiny_shapes, tmp_path, capsys) -> None:

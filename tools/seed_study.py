@@ -18,9 +18,10 @@ Each seed is one row of ``--results`` (default results/shapes_seeds.json): the v
 config and every setting the run has that the config does not (the ``--set`` list, and what
 the run folder's ``config.yaml`` shows), the seed, validation and test exact match, the
 pointing game by word type, the colour probe, ``stalled`` (test exact match below 0.5), the
-train seconds, the commit the run was **trained** at (``--trained-at`` for adopted folders;
-``evaluated_at`` is this checkout's), the commands and the machine. Rows merge by
-(variant, seed). ``python tools/tables.py`` renders them into docs/attention.md.
+train seconds, the commit the run was **trained** at (``--trained-at`` for a folder the study
+did not train: adopted, copied or linked; ``evaluated_at`` is this checkout's), the commands
+and the machine. Rows merge by (variant, seed). ``python tools/tables.py`` renders them into
+docs/attention.md.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ STALLED_BELOW = 0.5  # test exact match of a stalled run: ~0.05; of a healthy on
 PROBE_IMAGES = 400  # the first validation images whose objects the probe reads
 PROBE_FIT = 2 / 3  # the share of those objects (in image order) the probe is fit on
 PROBE_STEPS, PROBE_SEED = 500, 0
+RECORD = "seed_study.json"  # in a run folder the study trained: the commit and command
 # settings that say where and how fast a run ran, not what it learnt: left out of a row's
 # overrides (the seed and threads have their own fields)
 PLUMBING = ("train.seed", "train.threads", "train.quiet", "train.device", "data.root")
@@ -304,6 +306,7 @@ def study_seed(
             _overrides(config, requested, folder)
         logger.info("%s seed %d: training into %s", variant, seed, folder)
         fit(cfg, folder, resume=str(last_path) if last_path.is_file() else None)
+        (folder / RECORD).unlink(missing_ok=True)  # main() writes this invocation's
     best = load_checkpoint(best_path)
     run = load_config(folder / "config.yaml")
     if run.train.seed != seed:
@@ -343,7 +346,27 @@ def study_seed(
         "precision": run.train.precision,
         "train_threads": run.train.threads,
         "train_command": train_command(config, run, overrides),
-        "adopted": adopted,
+        "trained_now": not finished,
+    }
+
+
+def provenance(folder: Path, trained_at: str) -> dict[str, Any]:
+    """Where a run folder's run comes from: the commit it was trained at and how. A folder the
+    study trained holds its :data:`RECORD`; any other (``--adopt``, or one copied or linked
+    into ``--out``) is an adopted run, trained at ``trained_at`` as the command says."""
+    record = folder / RECORD
+    if record.is_file():
+        made = json.loads(record.read_text(encoding="utf-8"))
+        return {
+            "commit": made["commit"],
+            "trained": f"trained at {made['commit'][:7]} by {made['command']}",
+            "adopted": False,
+        }
+    warmup = load_config(folder / "config.yaml").train.warmup_steps
+    return {
+        "commit": trained_at,
+        "trained": f"trained at {trained_at} with warmup_steps={warmup}, adopted from {folder}",
+        "adopted": True,
     }
 
 
@@ -436,15 +459,10 @@ def main(argv: list[str] | None = None) -> int:
             row = study_seed(config=args.config, variant=args.variant, seed=seed,
                              requested=args.overrides, folder=folder, adopted=seed in adopted,
                              data_root=data_root, threads=args.threads)  # fmt: skip
-            if row["adopted"]:
-                warmup = load_config(folder / "config.yaml").train.warmup_steps
-                row["commit"] = args.trained_at
-                row["trained"] = (f"trained at {args.trained_at} with warmup_steps={warmup}, "
-                                  f"adopted from {folder}")  # fmt: skip
-            else:
-                row["commit"] = here
-                row["trained"] = f"trained at {here[:7]} by this command"
-            rows.append({**row, **context})
+            if row.pop("trained_now"):
+                record = {"commit": here, "command": context["command"]}
+                (folder / RECORD).write_text(json.dumps(record) + "\n", encoding="utf-8")
+            rows.append({**row, **provenance(folder, args.trained_at), **context})
             logger.info("%s seed %d: test exact %.3f, colour probe %.3f%s", args.variant, seed,
                         row["test_exact"], row["colour_probe"],
                         " (stalled)" if row["stalled"] else "")  # fmt: skip
