@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shlex
 import statistics
 import sys
 from collections.abc import Callable
@@ -358,12 +359,80 @@ def attention_family_sweep(rows: Rows) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _short(commit: str) -> str:
+    """A commit's first 7 characters, marked ``+dirty`` when the checkout had changes."""
+    return commit[:7] + ("+dirty" if commit.endswith("+dirty") else "")
+
+
+def _per_seed(rows: Rows, key: str) -> str:
+    """One score of each row, in the rows' order; a stalled run's in bold."""
+    return " / ".join(f"**{r[key]:.3f}**" if r["stalled"] else f"{r[key]:.3f}" for r in rows)
+
+
+def shapes_seeds(rows: Rows) -> str:
+    """The shapes recipe's seeds (``tools/seed_study.py``): one line per variant with its
+    settings, test exact match and colour probe per seed, how many seeds stalled and the mean
+    of the others, then where the runs come from and the command that re-runs each variant."""
+    head = ["variant", "settings", "seeds", "test exact per seed", "stalled",
+            "mean, not stalled", "colour probe per seed"]  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "| " + " | ".join(["---"] * len(head)) + " |"]
+    variants: dict[str, Rows] = {}
+    for row in rows:
+        variants.setdefault(row["variant"], []).append(row)
+    reruns = []
+    for variant, group in variants.items():
+        group = sorted(group, key=lambda r: r["seed"])
+        settings = sorted({o for r in group for o in r["overrides"]})
+        healthy = [r["test_exact"] for r in group if not r["stalled"]]
+        stalled = sum(r["stalled"] for r in group)
+        cells = [
+            variant,
+            ", ".join(f"`{o}`" for o in settings) or "(the config as it is)",
+            ", ".join(str(r["seed"]) for r in group),
+            _per_seed(group, "test_exact"),
+            f"{stalled} of {len(group)}",
+            _spread(healthy) if healthy else "–",
+            _per_seed(group, "colour_probe"),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+        words = ["python", "tools/seed_study.py", "--out", "runs/seeds", "--variant", variant]
+        if group[0]["config"] != "configs/shapes_soft.yaml":
+            words += ["--config", group[0]["config"]]
+        seeds = [r["seed"] for r in group]
+        if seeds != list(range(6)):
+            words += ["--seeds", ",".join(str(s) for s in seeds)]
+        words += [w for o in settings for w in ("--set", o)]
+        threads = {r.get("train_threads") for r in group}
+        if len(threads) == 1 and None not in threads:
+            words += ["--threads", str(threads.pop())]
+        reruns.append(f"{variant}: `{shlex.join(words)}`")
+    first = rows[0]
+    trained = ", ".join(sorted({_short(r["commit"]) for r in rows}))
+    evaluated = ", ".join(sorted({_short(r["evaluated_at"]) for r in rows}))
+    adopted = sum(r.get("adopted", False) for r in rows)
+    lines.append("")
+    lines.append(
+        f"{len(rows)} rows of `results/shapes_seeds.json` ({adopted} of them runs trained "
+        f"before the study and adopted into it; each row says how it was trained), trained at "
+        f"{trained}, evaluated at {evaluated}; {first['cores']} cores ({first['cpu']}), torch "
+        f"{first['torch']}. Test split, greedy decoding; bold: stalled (test exact match below "
+        f"0.5); the mean ± sd is over the seeds that did not stall. Colour probe: held-out "
+        f"accuracy of a logistic regression from the decoder's grid feature under each "
+        f"object's centre to its colour ({first['probe_objects']['held_out']} objects of the "
+        f"last third of 400 validation images; chance {first['probe_chance']:.3f})."
+    )
+    lines.append("")
+    lines.append("Each variant, trained afresh: " + "; ".join(reruns) + ".")
+    return "\n".join(lines) + "\n"
+
+
 TABLES: dict[str, Callable[[Rows], str]] = {
     "photos": photos,
     "photo_levers": photo_levers,
     "serve_latency": serve_latency,
     "attention_family": attention_family,
     "attention_family_sweep": attention_family_sweep,
+    "shapes_seeds": shapes_seeds,
 }
 # tables whose rows are in another table's file
 SOURCES = {"photo_levers": "photos", "attention_family_sweep": "attention_family"}
