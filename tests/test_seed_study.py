@@ -88,20 +88,21 @@ def test_seeds_and_overrides(study) -> None:
         with pytest.raises(study.StudyError, match="--seeds wants"):
             study.parse_seeds(bad)
     config = ROOT / "configs" / "shapes_soft.yaml"
-    settings = ["model.cnn_channels=[32,32,64,128]", "train.warmup_steps=100", "train.seed=4",
+    shipped = study.load_config(config).train.warmup_steps
+    other = shipped + 300  # differs from whatever the shipped config says
+    settings = ["model.cnn_channels=[32,32,64,128]", f"train.warmup_steps={other}", "train.seed=4",
                 "train.threads=1", "train.precision=bf16"]  # fmt: skip
     run = study.load_config(config, settings)
     # the folder's own differences join the --set list; seed, threads, precision do not
     assert study.overrides_of(config, [], run) == [
         "model.cnn_channels=[32,32,64,128]",
-        "train.warmup_steps=100",
+        f"train.warmup_steps={other}",
     ]
     # a --set that equals the config stays in the row: it is what the run was asked
-    shipped = study.load_config(config).train.warmup_steps
     assert study.overrides_of(config, [f"train.warmup_steps={shipped}"], None) == [
         f"train.warmup_steps={shipped}"
     ]
-    with pytest.raises(study.StudyError, match="train.warmup_steps=100 where --set asks 7"):
+    with pytest.raises(study.StudyError, match=f"train.warmup_steps={other} where --set asks 7"):
         study.overrides_of(config, ["train.warmup_steps=7"], run)
 
 
