@@ -1,9 +1,28 @@
+import importlib.util
 import json
 import logging
+import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 from PIL import Image
+
+ROOT = Path(__file__).resolve().parents[1]
+# a shapes model small enough to train a few steps in about a second
+TINY_SETTINGS = ["model.hidden_dim=32", "model.embed_dim=16", "model.attention_dim=16",
+                 "model.cnn_channels=[8,16]", "model.grid_layers=0", "train.batch_size=8",
+                 "train.epochs=1", "train.warmup_steps=0",
+                 "train.figure_every_epoch=false"]  # fmt: skip
+
+
+def load_tool(name: str) -> ModuleType:
+    """Import ``tools/NAME.py`` (a script, not a package module) under ``name``."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses of the tool resolve their module
+    spec.loader.exec_module(module)
+    return module
 
 
 def write_json(path: Path, data) -> Path:

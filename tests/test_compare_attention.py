@@ -3,35 +3,24 @@ tools/tables.py."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-# a model small enough to train a few steps in about a second
-TINY = ["model.hidden_dim=32", "model.embed_dim=16", "model.attention_dim=16",
-        "model.cnn_channels=[8, 16]", "model.grid_layers=0", "train.batch_size=8",
-        "train.epochs=1", "train.warmup_steps=0", "train.quiet=true",
-        "train.figure_every_epoch=false"]  # fmt: skip
+from tests.conftest import ROOT, TINY_SETTINGS, load_tool
 
-
-def _module(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+TINY = [*TINY_SETTINGS, "train.quiet=true"]
 
 
 @pytest.fixture(scope="module")
 def study():
-    return _module("compare_attention")
+    return load_tool("compare_attention")
 
 
 @pytest.fixture(scope="module")
 def tables():
-    return _module("tables")
+    return load_tool("tables")
 
 
 def test_the_study_sweeps_chooses_on_val_adds_seeds_merges_and_resumes(

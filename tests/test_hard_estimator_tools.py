@@ -2,10 +2,7 @@
 settings it needs from the shipped hard config, the rows say which settings differ, one seed
 prints no spread, and REINFORCE's variance is measured with the baseline it trains with."""
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -13,21 +10,13 @@ import torch
 from captioning.config import load_config
 from captioning.hard_attention import ESTIMATORS
 from captioning.models import build_model
+from tests.conftest import ROOT, load_tool
 
-ROOT = Path(__file__).resolve().parents[1]
 HARD = str(ROOT / "configs" / "shapes_hard.yaml")
 
 
-def _tool(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-compare = _tool("compare_estimators")
-variance = _tool("estimator_variance")
+compare = load_tool("compare_estimators")
+variance = load_tool("estimator_variance")
 
 
 def test_every_estimator_trains_the_shipped_config_with_the_same_soft_share():

@@ -3,7 +3,6 @@ tools/tables.py."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -11,28 +10,18 @@ from pathlib import Path
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-# a model small enough to train a few steps in about a second
-TINY = ["model.hidden_dim=32", "model.embed_dim=16", "model.attention_dim=16",
-        "model.cnn_channels=[8,16]", "model.grid_layers=0", "train.batch_size=8",
-        "train.epochs=1", "train.warmup_steps=0", "train.figure_every_epoch=false"]  # fmt: skip
-
-
-def _module(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.conftest import ROOT, load_tool
+from tests.conftest import TINY_SETTINGS as TINY
 
 
 @pytest.fixture(scope="module")
 def study():
-    return _module("seed_study")
+    return load_tool("seed_study")
 
 
 @pytest.fixture(scope="module")
 def tables():
-    return _module("tables")
+    return load_tool("tables")
 
 
 def _objects(colour_coded: bool, n: int = 600, dim: int = 32, classes: int = 6):

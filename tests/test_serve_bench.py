@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
 from benchmarks.serve_load import counts, speedups
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.conftest import load_tool
 
 
 def _row(max_batch: int, clients: int, rate: float) -> dict:
@@ -36,9 +34,7 @@ def test_the_summary_compares_batches_with_one_at_a_time():
 
 
 def test_the_table_shows_the_batch_limit_when_rows_have_one():
-    spec = importlib.util.spec_from_file_location("tables", ROOT / "tools" / "tables.py")
-    tables = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tables)
+    tables = load_tool("tables")
     table = tables.serve_latency([_row(16, 32, 70.0), _row(1, 32, 20.0)])
     assert table.splitlines()[:4] == [
         "| max batch | clients | requests | requests/s | p50 (ms) | p95 (ms) | p99 (ms) "
@@ -68,9 +64,7 @@ def test_rows_of_two_models_share_the_file_and_the_table(tmp_path: Path):
         ("photos", 10.0),  # this model's rows are replaced
         ("photos", 15.0),
     ]
-    spec = importlib.util.spec_from_file_location("tables", ROOT / "tools" / "tables.py")
-    tables = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tables)
+    tables = load_tool("tables")
     table = tables.serve_latency(rows)
     assert "| photos | 16 | 32 | 128 | 15.00 |" in table
     assert "batches against one image at a time: 1.50x at 32 clients" in table

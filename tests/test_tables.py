@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.conftest import load_tool
 
 
 def _tables():
-    spec = importlib.util.spec_from_file_location("tables", ROOT / "tools" / "tables.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_tool("tables")
 
 
 def test_every_generated_table_is_current() -> None:
