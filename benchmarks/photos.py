@@ -47,8 +47,6 @@ if __package__ in (None, ""):  # run as a script: the repository root holds the 
 import argparse
 import json
 import logging
-import os
-import platform
 import shlex
 import statistics
 import subprocess
@@ -57,6 +55,7 @@ from typing import Any
 
 import torch
 
+from benchmarks.provenance import add_study_options, git_commit, machine
 from captioning.config import Config, load_config
 from captioning.data import load_splits
 from captioning.errors import CaptioningError
@@ -82,41 +81,6 @@ NN_KS = (1, 3, 5, 10, 20, 40, 80)
 SCORES = ("CIDEr", "Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "ROUGE_L")
 SPLIT = {"val": 0.1, "test": 0.1, "seed": 0}
 RECIPE = "recipe"  # the variant name of rows trained with the config as it is
-
-
-def git_commit() -> str:
-    """The checkout's commit, with ``+dirty`` when tracked files differ from it."""
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return commit + ("+dirty" if dirty else "")
-
-
-def machine() -> dict[str, Any]:
-    """What the timings ran on."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-    }
 
 
 class Stages:
@@ -327,24 +291,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated training seeds")
     parser.add_argument("--config", default=str(ROOT / "configs" / "photos_mobilenet.yaml"))
-    parser.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="a config override for every model",
-    )
     parser.add_argument("--beam-size", type=int, default=3)
     parser.add_argument(
         "--variant",
         default=RECIPE,
         help="a name for rows trained with --set overrides (a lever tried against the recipe)",
     )
-    parser.add_argument(
-        "--machine-busy",
-        action="store_true",
-        help="other work runs beside this one: the rows' seconds are not the recipe's time",
-    )
+    add_study_options(parser, results=None, each="every model")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     models = [m for m in args.models.split(",") if m]
@@ -365,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     stages = Stages(args.out)
     try:
         weights, data = prepare(args.shared, args.out, stages)
-        overrides = [f"data.root={data}", f"model.weights={weights}", *args.set]
+        overrides = [f"data.root={data}", f"model.weights={weights}", *args.overrides]
         cfg = load_config(args.config, overrides)
         extract(cfg, stages)
         images = {split: len(records) for split, records in load_splits(cfg.data).items()}

@@ -46,7 +46,7 @@ from urllib.parse import urlsplit
 import torch
 
 import captioning
-from benchmarks.photos import git_commit, machine
+from benchmarks.provenance import git_commit, machine
 from captioning.data.images import load_image_bytes
 from captioning.serve.app import settings_for
 from captioning.serve.server import BackgroundServer

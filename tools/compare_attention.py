@@ -44,7 +44,7 @@ import logging
 import shlex
 from typing import Any
 
-from benchmarks.photos import git_commit, machine
+from benchmarks.provenance import add_study_options, git_commit, machine
 from captioning.checkpoint import load_checkpoint
 from captioning.config import load_config
 from captioning.errors import CaptioningError
@@ -220,26 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--seeds", default=SEEDS, help=f"seeds at the chosen rate, the first the sweep's ({SEEDS})"
     )
-    parser.add_argument("--threads", type=int, default=None, help="train.threads of every run")
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="a config override for every run",
-    )
-    parser.add_argument(
-        "--results",
-        type=Path,
-        default=ROOT / "results" / "attention_family.json",
-        help="the rows' file, merged into",
-    )
-    parser.add_argument(
-        "--machine-busy",
-        action="store_true",
-        help="other work runs beside this one: the rows' seconds are not timed alone",
-    )
+    add_study_options(parser, results=ROOT / "results" / "attention_family.json")
     parser.add_argument("--list", action="store_true", help="print the members and their changes")
     args = parser.parse_args(argv)
     if args.list:
@@ -250,8 +231,6 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown member {unknown[0]!r}; --list names them")
     lrs, seeds = numbers(args.lrs, float, "--lrs"), numbers(args.seeds, int, "--seeds")
-    if args.threads is not None and args.threads < 1:
-        parser.error(f"--threads must be at least 1, got {args.threads}")
     extra = [*args.overrides] + ([] if args.threads is None else [f"train.threads={args.threads}"])
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     context = {

@@ -42,7 +42,7 @@ from typing import Any
 import torch
 from PIL import Image
 
-from benchmarks.photos import git_commit, machine
+from benchmarks.provenance import add_study_options, git_commit, machine
 from captioning.api import load
 from captioning.checkpoint import load_checkpoint
 from captioning.config import Config, config_to_dict, load_config, parse_override
@@ -389,14 +389,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", default="0-5", help="seeds, e.g. 0-5 or 0,2,4 (0-5)")
     parser.add_argument("--config", default=CONFIG, help=f"the config ({CONFIG})")
     parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="a config override of every run of the variant",
-    )
-    parser.add_argument(
         "--adopt",
         action="append",
         default=[],
@@ -409,26 +401,15 @@ def main(argv: list[str] | None = None) -> int:
         metavar="COMMIT",
         help="the commit the adopted folders were trained at (recorded in their rows)",
     )
-    parser.add_argument("--threads", type=int, default=None, help="train.threads of every run")
     parser.add_argument(
         "--data-root", type=Path, default=None, help="the shapes data (default: the config's)"
     )
-    parser.add_argument(
-        "--results",
-        type=Path,
-        default=ROOT / "results" / "shapes_seeds.json",
-        help="the rows' file, merged into",
-    )
-    parser.add_argument(
-        "--machine-busy",
-        action="store_true",
-        help="other work runs beside this one: the rows' seconds are not timed alone",
+    add_study_options(
+        parser, results=ROOT / "results" / "shapes_seeds.json", each="every run of the variant"
     )
     args = parser.parse_args(argv)
     if not args.variant.replace("_", "").replace("-", "").isalnum():
         parser.error(f"--variant wants letters, digits, - and _, got {args.variant!r}")
-    if args.threads is not None and args.threads < 1:
-        parser.error(f"--threads must be at least 1, got {args.threads}")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         if not (ROOT / args.config).is_file():
