@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from captioning.cli import positive_int
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -54,16 +56,6 @@ def machine() -> dict[str, Any]:
     }
 
 
-def _threads(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, got {text!r}")
-    return value
-
-
 def add_study_options(
     parser: argparse.ArgumentParser, *, results: Path | None, each: str = "every run"
 ) -> None:
@@ -85,7 +77,9 @@ def add_study_options(
     )
     if results is None:
         return
-    parser.add_argument("--threads", type=_threads, default=None, help=f"train.threads of {each}")
+    parser.add_argument(
+        "--threads", type=positive_int, default=None, help=f"train.threads of {each}"
+    )
     parser.add_argument(
         "--results", type=Path, default=results, help=f"the rows' file, merged into ({results})"
     )

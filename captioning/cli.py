@@ -66,7 +66,7 @@ def _add_config_args(parser: argparse.ArgumentParser, required: bool = True) -> 
     )
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
@@ -79,7 +79,7 @@ def _positive_int(text: str) -> int:
 def _add_checkpoint_args(parser: argparse.ArgumentParser) -> None:
     """A checkpoint, where it runs, and how it decodes (see ``inference.with_decoding``)."""
     parser.add_argument("--checkpoint", required=True, help="a best.pt or last.pt file")
-    parser.add_argument("--beam-size", type=_positive_int, default=None,
+    parser.add_argument("--beam-size", type=positive_int, default=None,
                         help="beam search with this many beams (1 = greedy)")  # fmt: skip
     parser.add_argument("--hard-context", choices=["expectation", "argmax", "sample", "marginal"],
                         default=None,
@@ -417,10 +417,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = add_verb("shapes", help="write the synthetic shapes dataset (COCO format)")
     p.add_argument("--out", default="data/shapes", help="output folder (default data/shapes)")
     p.add_argument(
-        "--train", type=_positive_int, default=8000, help="training images (default 8000)"
+        "--train", type=positive_int, default=8000, help="training images (default 8000)"
     )
-    p.add_argument("--val", type=_positive_int, default=500, help="validation images (default 500)")
-    p.add_argument("--test", type=_positive_int, default=500, help="test images (default 500)")
+    p.add_argument("--val", type=positive_int, default=500, help="validation images (default 500)")
+    p.add_argument("--test", type=positive_int, default=500, help="test images (default 500)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--image-size", type=int, default=96, help="image side in pixels")
     p.add_argument(
@@ -454,7 +454,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(p)
     p.add_argument("--split", default="train", choices=["train", "val", "test"])
     p.add_argument(
-        "--batch-size", type=_positive_int, default=None, help="default: train.batch_size"
+        "--batch-size", type=positive_int, default=None, help="default: train.batch_size"
     )
     p.add_argument("--overwrite", action="store_true", help="replace an existing cache")
     p.set_defaults(func=cmd_extract_features)
@@ -464,7 +464,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", default="test", choices=["train", "val", "test"])
     p.add_argument("--out", default=None, help="folder for metrics.json and predictions.json")
     p.add_argument("--data-root", default=None, help="read the data from here instead")
-    p.add_argument("--max-images", type=_positive_int, default=None, help="score only the first N")
+    p.add_argument("--max-images", type=positive_int, default=None, help="score only the first N")
     p.add_argument("--spice", action="store_true", help="also SPICE (downloads its models)")
     p.set_defaults(func=cmd_evaluate)
 
@@ -507,13 +507,13 @@ def _add_serve(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow-host", action="append", default=[], metavar="NAME",
                    help="answer requests for this Host name too (repeat; '*' for any); "
                    "by default only --host's own (and loopback names)")  # fmt: skip
-    p.add_argument("--max-in-flight", type=_positive_int, default=32,
+    p.add_argument("--max-in-flight", type=positive_int, default=32,
                    help="caption requests worked on at once (default 32)")  # fmt: skip
     p.add_argument("--max-queue", type=int, default=256,
                    help="requests waiting for one; past it, 503 at once (default 256)")  # fmt: skip
     p.add_argument("--timeout", type=_positive_float, default=30.0,
                    help="seconds from a request's arrival to its answer (default 30)")  # fmt: skip
-    p.add_argument("--max-batch", type=_positive_int, default=16,
+    p.add_argument("--max-batch", type=positive_int, default=16,
                    help="the most images captioned together (default 16)")  # fmt: skip
     p.add_argument("--batch-wait-ms", type=float, default=5.0,
                    help="how long to gather concurrent requests (default 5)")  # fmt: skip
