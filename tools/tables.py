@@ -426,6 +426,91 @@ def shapes_seeds(rows: Rows) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _sweep_groups(rows: Rows) -> tuple[dict[str, Any] | None, dict[str, Rows]]:
+    """The sweep's nearest-neighbour row, and its other rows by job name, seeds in order."""
+    nn = next((r for r in rows if r["name"] == "nn"), None)
+    groups: dict[str, Rows] = {}
+    for row in sorted((r for r in rows if r["name"] != "nn"), key=lambda r: r["seed"]):
+        groups.setdefault(row["name"], []).append(row)
+    return nn, groups
+
+
+def _sweep_line(name: str, group: Rows, setting: str, nn: float | None) -> str:
+    test = [r["test_CIDEr_beam3"] for r in group]
+    each = ", ".join(f"{t:.3f} ({r['seed']})" for t, r in zip(test, group))
+    above = "–" if nn is None else f"{sum(t > nn for t in test)} of {len(test)}"
+    cells = [name, setting, _spread([r["val_best"] for r in group]), _spread(test), each, above]
+    return "| " + " | ".join(cells) + " |"
+
+
+def _sweep_note(rows: Rows, nn: dict[str, Any] | None) -> str:
+    commits = ", ".join(sorted({_short(r["commit"]) for r in rows}))
+    devices = ", ".join(sorted({r["device"] for r in rows}))
+    tokenizers = sorted({r["tokenizer"] for r in rows})
+    text = (
+        f"{len(rows)} rows of `results/photo_sweep.json`, commit {commits}, on {devices}; "
+        "test split of 293 photos, beam 3; seeds in brackets, ± the standard deviation "
+        "across seeds."
+    )
+    if nn is not None:
+        text += (
+            f" The nearest neighbour, on the same grids: test {nn['test_CIDEr_beam3']:.3f} at "
+            f"k = {nn['k']} (val {nn['val_CIDEr_by_k'][str(nn['k'])]:.3f})."
+        )
+    if tokenizers == ["python"]:
+        text += (
+            " Captions tokenized in Python (no Java on that machine), so scores differ "
+            "slightly from `results/photos.json`'s: compare rows within this table."
+        )
+    commands = sorted({r["command"] for r in rows})
+    return text + " Commands: " + "; ".join(f"`{c}`" for c in commands) + "."
+
+
+def photo_sweep(rows: Rows) -> str:
+    """Cross-entropy levers and self-critical training on the photo recipe
+    (``tools/photo_sweep.py``): per job, validation and test CIDEr-D over seeds, and on how
+    many seeds the test score beats the nearest neighbour of the same run."""
+    rows = [r for r in rows if not r["name"].startswith("family-")]
+    nn, groups = _sweep_groups(rows)
+    lines = [
+        "| run | settings (beyond the recipe) | val CIDEr-D | test CIDEr-D | each seed (test) "
+        "| above nn |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    order = sorted(groups, key=lambda n: (groups[n][0]["init"] is not None, n != "recipe", n))
+    for name in order:
+        group = groups[name]
+        changed = [o for o in group[0]["set"] if not o.startswith(_PLUMBING)]
+        setting = ", ".join(f"`{o}`" for o in changed) or "(the config as it is)"
+        if group[0]["init"]:
+            setting = f"from `{group[0]['init']}`: " + setting
+        lines.append(_sweep_line(name, group, setting, nn and nn["test_CIDEr_beam3"]))
+    return "\n".join([*lines, "", _sweep_note(rows, nn)]) + "\n"
+
+
+def photo_family(rows: Rows) -> str:
+    """The attention family on the photo recipe (``tools/photo_sweep.py`` with
+    ``tools/photo_sweeps/family.json``), the recipe's additive score (``recipe``) among them,
+    best test mean first."""
+    nn, groups = _sweep_groups(rows)
+    members = {n: g for n, g in groups.items() if n.startswith("family-") or n == "recipe"}
+    lines = [
+        "| member | settings | val CIDEr-D | test CIDEr-D | each seed (test) | above nn |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+
+    def mean_test(name: str) -> float:
+        return statistics.mean(r["test_CIDEr_beam3"] for r in members[name])
+
+    for name in sorted(members, key=lambda n: -mean_test(n)):
+        group = members[name]
+        setting = ", ".join(f"`{o}`" for o in group[0]["set"]) or "(additive, the recipe)"
+        label = "soft" if name == "recipe" else name.removeprefix("family-")
+        lines.append(_sweep_line(label, group, setting, nn and nn["test_CIDEr_beam3"]))
+    used = [r for n in members for r in members[n]] + ([nn] if nn else [])
+    return "\n".join([*lines, "", _sweep_note(used, nn)]) + "\n"
+
+
 TABLES: dict[str, Callable[[Rows], str]] = {
     "photos": photos,
     "photo_levers": photo_levers,
@@ -433,9 +518,15 @@ TABLES: dict[str, Callable[[Rows], str]] = {
     "attention_family": attention_family,
     "attention_family_sweep": attention_family_sweep,
     "shapes_seeds": shapes_seeds,
+    "photo_sweep": photo_sweep,
+    "photo_family": photo_family,
 }
 # tables whose rows are in another table's file
-SOURCES = {"photo_levers": "photos", "attention_family_sweep": "attention_family"}
+SOURCES = {
+    "photo_levers": "photos",
+    "attention_family_sweep": "attention_family",
+    "photo_family": "photo_sweep",
+}
 
 
 def load_rows(name: str, results: Path = ROOT / "results") -> Rows:
