@@ -35,13 +35,20 @@ the baseline removes.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: the repository root holds the benchmarks
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
 import argparse
 import json
+import shlex
 import time
-from pathlib import Path
 
 import torch
 
+from benchmarks.provenance import git_commit, machine
 from captioning.checkpoint import load_checkpoint
 from captioning.config import Config, replace_section
 from captioning.data import CaptionDataset, collate, load_splits
@@ -51,6 +58,9 @@ from captioning.inference import load_model
 from captioning.models import Captioner
 from captioning.models.attention import HardContext
 from captioning.vocab import Vocabulary
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "results" / "estimator_variance.json"
 
 UNBIASED = {"reinforce_weight": 1.0, "entropy_weight": 0.0, "doubly_stochastic_weight": 0.0,
             "semi_sampling_p": 1.0, "exact_soft_p": 0.0}  # fmt: skip
@@ -217,6 +227,8 @@ def main() -> None:
     parser.add_argument("--data-root", default=None, help="the data, if not the checkpoint's")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="runs/estimators")
+    parser.add_argument("--results", type=Path, default=RESULTS,
+                        help="the rows' file, replaced (a docs table)")  # fmt: skip
     args = parser.parse_args()
     torch.manual_seed(args.seed)
     try:
@@ -241,9 +253,15 @@ def main() -> None:
     reference["baseline_source"] = source
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
     (out / "estimators.json").write_text(
-        json.dumps({"settings": vars(args), "reference": reference, "rows": rows}, indent=2)
+        json.dumps({"settings": settings, "reference": reference, "rows": rows}, indent=2)
     )
+    context = {"settings": settings, "reference": reference, "commit": git_commit(),
+               "command": shlex.join(["python", "tools/estimator_variance.py", *sys.argv[1:]]),
+               **machine()}  # fmt: skip
+    args.results.parent.mkdir(parents=True, exist_ok=True)
+    args.results.write_text(json.dumps([{**row, **context} for row in rows], indent=1) + "\n")
     header = (f"{args.checkpoint}: {len(batch['tokens'])} captions, {args.repeats} estimates "
               f"each, K = {args.samples}, seed {args.seed}")  # fmt: skip
     (out / "estimators.md").write_text(markdown(reference, rows, header) + "\n")

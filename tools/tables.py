@@ -511,6 +511,36 @@ def photo_family(rows: Rows) -> str:
     return "\n".join([*lines, "", _sweep_note(used, nn)]) + "\n"
 
 
+def estimator_variance(rows: Rows) -> str:
+    """Each hard-attention estimator's cost, variance and error on one fixed batch
+    (``tools/estimator_variance.py``)."""
+    lines = [
+        "| estimator | s / estimate | variance | bias² vs ∇log p(y) | MSE vs ∇log p(y) | "
+        "MSE vs ∇E_q[r] | MSE × s |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        cells = [f"{r['seconds']:.3f}"] + [
+            f"{r[k]:.3g}"
+            for k in ("variance", "bias2_marginal", "mse_marginal", "mse_paper", "mse_x_seconds")
+        ]
+        lines.append(f"| {r['estimator']} | " + " | ".join(cells) + " |")
+    first, ref = rows[0], rows[0]["reference"]
+    settings = first["settings"]
+    lines += [
+        "",
+        f"{len(rows)} rows of `results/estimator_variance.json`, commit {_short(first['commit'])}, "
+        f"seed {settings['seed']}; {settings['batch']} captions, {settings['repeats']} estimates "
+        f"each, K = {settings['samples']}; {first['cores']} cores ({first['cpu']}). "
+        f"|∇log p(y | a)|² = {ref['marginal_gradient_norm'] ** 2:.3g}, "
+        f"|∇E_q[r]|² = {ref['paper_gradient_norm'] ** 2:.3g} (r = log p(y | s, a)), "
+        f"cosine {ref['cosine_marginal_paper']:.3f}; REINFORCE's moving-average baseline "
+        f"b = {ref['baseline']:.3g} ({ref['baseline_source']}). The checkpoint: "
+        f"`{first['trained_by']}`; the rows: `{first['command']}`.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
 TABLES: dict[str, Callable[[Rows], str]] = {
     "photos": photos,
     "photo_levers": photo_levers,
@@ -520,6 +550,7 @@ TABLES: dict[str, Callable[[Rows], str]] = {
     "shapes_seeds": shapes_seeds,
     "photo_sweep": photo_sweep,
     "photo_family": photo_family,
+    "estimator_variance": estimator_variance,
 }
 # tables whose rows are in another table's file
 SOURCES = {
