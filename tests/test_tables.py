@@ -106,3 +106,19 @@ def test_runs_beside_other_work_are_not_timed(tmp_path: Path) -> None:
         "| hard attention (exact marginal) | 1.100 | 1.100 (1) | 0.600 | 0.300 | 0.500 | - |" in out
     )
     assert "not timed: soft seed 1, hard seed 1." in out
+
+
+def test_the_shapes_recipe_rows_are_the_shipped_config() -> None:
+    """The seed-study variant that docs/shapes.md shows as the recipe sets nothing the shipped
+    config does not already say."""
+    from captioning.config import config_to_dict, load_config
+
+    tables = _tables()
+    rows = [r for r in tables.load_rows("shapes_seeds") if r["variant"] == tables.SHAPES_RECIPE]
+    assert len(rows) >= 3
+    shipped = config_to_dict(load_config(ROOT / "configs" / "shapes_soft.yaml"))
+    for row in rows:
+        for override in row["overrides"]:
+            key, value = override.split("=", 1)
+            section, name = key.split(".")
+            assert str(shipped[section][name]) == value, override
