@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import load_tool
+from tests.conftest import ROOT, load_tool
 
 
 def _tables():
