@@ -327,6 +327,33 @@ def _family_note(rows: Rows) -> str:
     return note + f". Written by {commands}."
 
 
+def multi_head(rows: Rows) -> str:
+    """One head against H = 2, 4, 8 seed by seed, each at its chosen rate of the family study
+    (``tools/compare_attention.py``): test exact match and the pointing game by word type."""
+    lines = [
+        "| heads | lr | seed | exact | pointing colour / size / shape |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    members = _members(rows)
+    for heads, member in ((1, "soft"), (2, "multi-head-2"), (4, "multi-head-4"),
+                          (8, "multi-head-8")):  # fmt: skip
+        group = members.get(member, [])
+        lr = _chosen_lr(group)
+        if lr is None:
+            continue
+        for r in sorted((r for r in group if r["lr"] == lr and "test" in r),
+                        key=lambda r: r["seed"]):  # fmt: skip
+            t = r["test"]
+            exact = f"**{t['exact']:.3f}**" if t["exact"] < 0.5 else f"{t['exact']:.3f}"
+            pointing = " / ".join(
+                _score(t[k]) for k in ("pointing_color", "pointing_size", "pointing_shape")
+            )
+            lines.append(f"| {heads} | {lr:g} | {r['seed']} | {exact} | {pointing} |")
+    lines += ["", "Rows of `results/attention_family.json`, the family study below; bold: stalled "
+              "(below 0.5)."]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
 def attention_family_sweep(rows: Rows) -> str:
     """The attention family's learning-rate sweep: validation exact match of each member at
     each rate (the sweep's seed), the chosen rate in bold."""
@@ -584,6 +611,7 @@ TABLES: dict[str, Callable[[Rows], str]] = {
     "serve_latency": serve_latency,
     "attention_family": attention_family,
     "attention_family_sweep": attention_family_sweep,
+    "multi_head": multi_head,
     "shapes_seeds": shapes_seeds,
     "shapes_recipe": shapes_recipe,
     "photo_sweep": photo_sweep,
@@ -594,6 +622,7 @@ TABLES: dict[str, Callable[[Rows], str]] = {
 SOURCES = {
     "photo_levers": "photos",
     "attention_family_sweep": "attention_family",
+    "multi_head": "attention_family",
     "photo_family": "photo_sweep",
     "shapes_recipe": "shapes_seeds",
 }
