@@ -25,30 +25,31 @@ the wall time of training).
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: the repository root holds the benchmarks
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
 import argparse
 import json
 import logging
-import statistics
-from pathlib import Path
+import shlex
 from typing import Any
 
+from benchmarks.provenance import add_study_options, git_commit, machine
 from captioning.checkpoint import load_checkpoint
 from captioning.config import Config, load_config
 from captioning.errors import CaptioningError
 from captioning.evaluate import evaluate_checkpoint
 from captioning.hard_attention import ESTIMATORS, MULTI_SAMPLE
 from captioning.train import fit
+from tools.tables import ESTIMATOR_COLUMNS, hard_estimators
 
-COLUMNS = {
-    "exact_match": "exact",
-    "Bleu_4": "BLEU-4",
-    "CIDEr": "CIDEr-D",
-    "pointing_game/color": "pointing colour",
-    "pointing_game/size": "pointing size",
-    "pointing_game/category": "pointing shape",
-}
+COLUMNS = ESTIMATOR_COLUMNS  # the test scores each row keeps
 
 
+RESULTS = Path(__file__).resolve().parent.parent / "results" / "hard_estimators.json"
 # the keys through which the tool sets each estimator's share of expected-context minibatches
 MIXING = ("train.exact_soft_p", "train.semi_sampling_p")
 # the estimators with a score-function term, scaled by lambda_r (train.reinforce_weight)
@@ -96,6 +97,18 @@ def settings_of(cfg: Config) -> dict[str, Any]:
     }
 
 
+def merge(path: Path, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows of ``path`` with ``rows``, which replace any of the same estimator, seed and
+    decode mode."""
+
+    def key(row: dict[str, Any]) -> tuple[str, int, str]:
+        return row["estimator"], row["seed"], row["decode"]
+
+    new = {key(r) for r in rows}
+    earlier = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else []
+    return [r for r in earlier if key(r) not in new] + rows
+
+
 def train_and_evaluate(cfg: Config, out: Path) -> list[dict[str, Any]]:
     estimator, seed = cfg.train.hard_estimator, cfg.train.seed
     run_dir = out / estimator / f"seed{seed}"
@@ -134,43 +147,6 @@ def train_and_evaluate(cfg: Config, out: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def spread(values: list[float | None], digits: int = 3) -> str:
-    """The mean ± the standard deviation over seeds; one seed's value alone."""
-    values = [v for v in values if v is not None]
-    if not values:
-        return "–"
-    if len(values) == 1:
-        return f"{values[0]:.{digits}f}"
-    return f"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"
-
-
-def setting(value: Any) -> str:
-    return "–" if value is None else f"{value:g}"
-
-
-def summary(rows: list[dict]) -> str:
-    """The markdown table: one row per (estimator, decode mode), its settings and seeds."""
-    header = ("| estimator | decode | seeds | soft minibatches | λ_r | entropy | K | "
-              + " | ".join(COLUMNS.values()) + " | train time |")  # fmt: skip
-    lines = [header, "|" + " --- |" * (len(COLUMNS) + 8)]
-    groups: dict[tuple[str, str], list[dict]] = {}
-    for row in rows:
-        groups.setdefault((row["estimator"], row["decode"]), []).append(row)
-    for (estimator, mode), group in groups.items():
-        first = group[0]
-        share = f"{first['soft_share']:g}"
-        if first.get("soft_share_per") == "sample":
-            share += " (per caption)"
-        settings = [share, *(setting(first[key]) for key in
-                             ("reinforce_weight", "entropy_weight", "hard_samples"))]  # fmt: skip
-        cells = [spread([r.get(key) for r in group]) for key in COLUMNS]
-        seeds = ",".join(str(r["seed"]) for r in group)
-        minutes = spread([r["train_seconds"] / 60 for r in group], digits=1)
-        lines.append(f"| {estimator} | {mode} | {seeds} | " + " | ".join(settings + cells)
-                     + f" | {minutes} min |")  # fmt: skip
-    return "\n".join(lines)
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="configs/shapes_hard.yaml")
@@ -180,7 +156,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--soft-share", type=float, default=None,
                         help="the share of every estimator's minibatches trained with the "
                         "expected context (default: the config's)")  # fmt: skip
-    parser.add_argument("--set", dest="overrides", action="append", default=[])
+    add_study_options(parser, results=RESULTS)
     args = parser.parse_args(argv)
     if args.soft_share is not None and not 0.0 <= args.soft_share < 1.0:
         parser.error(f"--soft-share must be in [0, 1), got {args.soft_share}")
@@ -193,17 +169,28 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     out = Path(args.out)
     try:  # every run's config is checked before the first run starts
-        configs = [estimator_config(args.config, estimator, seed, args.overrides,
+        threads = [] if args.threads is None else [f"train.threads={args.threads}"]
+        configs = [estimator_config(args.config, estimator, seed, [*args.overrides, *threads],
                                     args.soft_share)
                    for seed in args.seeds for estimator in args.estimators]  # fmt: skip
     except CaptioningError as exc:
         raise SystemExit(f"error: {exc}") from None
+    context = {"commit": git_commit(), "timed_alone": not args.machine_busy,
+               "command": shlex.join(["python", "tools/compare_estimators.py",
+                                      *(sys.argv[1:] if argv is None else argv)]),
+               **machine()}  # fmt: skip
+    if args.threads is not None:  # what the runs used, not this process's start
+        context["threads"] = args.threads
     rows: list[dict] = []
     for cfg in configs:
-        rows += train_and_evaluate(cfg, out)
+        rows += [{**row, **context} for row in train_and_evaluate(cfg, out)]
         (out / "results.json").write_text(json.dumps(rows, indent=2))
-        (out / "results.md").write_text(summary(rows) + "\n")
-    print(summary(rows))
+        (out / "results.md").write_text(hard_estimators(rows))
+        args.results.parent.mkdir(parents=True, exist_ok=True)
+        merged = merge(args.results, rows)
+        args.results.write_text(json.dumps(merged, indent=1) + "\n", encoding="utf-8")
+    print(hard_estimators(rows))
+    print(f"wrote {args.results}; python tools/tables.py renders it")
 
 
 if __name__ == "__main__":

@@ -605,6 +605,63 @@ def estimator_variance(rows: Rows) -> str:
     return "\n".join(lines) + "\n"
 
 
+# the test scores of tools/compare_estimators.py's rows and their column names
+ESTIMATOR_COLUMNS = {
+    "exact_match": "exact",
+    "Bleu_4": "BLEU-4",
+    "CIDEr": "CIDEr-D",
+    "pointing_game/color": "pointing colour",
+    "pointing_game/size": "pointing size",
+    "pointing_game/category": "pointing shape",
+}
+
+
+def _setting(value: Any) -> str:
+    return "–" if value is None else f"{value:g}"
+
+
+def _spread_of(values: list[float | None], digits: int = 3) -> str:
+    """The mean ± the standard deviation over seeds; one seed's value alone; – for none."""
+    present = [v for v in values if v is not None]
+    if not present:
+        return "–"
+    if len(present) == 1:
+        return f"{present[0]:.{digits}f}"
+    return f"{statistics.mean(present):.{digits}f} ± {statistics.stdev(present):.{digits}f}"
+
+
+def hard_estimators(rows: Rows) -> str:
+    """Hard attention trained by each estimator (``tools/compare_estimators.py``): one line
+    per (estimator, decode mode) with the settings that differ between estimators, the seeds,
+    the test scores (mean ± sd over seeds) and the training time."""
+    header = ("| estimator | decode | seeds | soft minibatches | λ_r | entropy | K | "
+              + " | ".join(ESTIMATOR_COLUMNS.values()) + " | train time |")  # fmt: skip
+    lines = [header, "|" + " --- |" * (len(ESTIMATOR_COLUMNS) + 8)]
+    groups: dict[tuple[str, str], Rows] = {}
+    for row in rows:
+        groups.setdefault((row["estimator"], row["decode"]), []).append(row)
+    for (estimator, mode), group in groups.items():
+        first = group[0]
+        share = f"{first['soft_share']:g}"
+        if first.get("soft_share_per") == "sample":
+            share += " (per caption)"
+        settings = [share, *(_setting(first[key]) for key in
+                             ("reinforce_weight", "entropy_weight", "hard_samples"))]  # fmt: skip
+        cells = [_spread_of([r.get(key) for r in group]) for key in ESTIMATOR_COLUMNS]
+        seeds = ",".join(str(r["seed"]) for r in group)
+        minutes = _spread_of([r["train_seconds"] / 60 for r in group], digits=1)
+        lines.append(f"| {estimator} | {mode} | {seeds} | " + " | ".join(settings + cells)
+                     + f" | {minutes} min |")  # fmt: skip
+    made = [r for r in rows if "commit" in r]
+    if made:
+        commits = ", ".join(sorted({_short(r["commit"]) for r in made}))
+        commands = "; ".join(f"`{c}`" for c in sorted({r["command"] for r in made}))
+        lines += ["", f"{len(rows)} rows of `results/hard_estimators.json`, commit {commits}; "
+                  f"{made[0]['cores']} cores ({made[0]['cpu']}); test split, METEOR skipped; "
+                  f"± the standard deviation over the seeds. Written by {commands}."]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
 TABLES: dict[str, Callable[[Rows], str]] = {
     "photos": photos,
     "photo_levers": photo_levers,
@@ -612,6 +669,7 @@ TABLES: dict[str, Callable[[Rows], str]] = {
     "attention_family": attention_family,
     "attention_family_sweep": attention_family_sweep,
     "multi_head": multi_head,
+    "hard_estimators": hard_estimators,
     "shapes_seeds": shapes_seeds,
     "shapes_recipe": shapes_recipe,
     "photo_sweep": photo_sweep,
