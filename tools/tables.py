@@ -649,16 +649,19 @@ def hard_estimators(rows: Rows) -> str:
                              ("reinforce_weight", "entropy_weight", "hard_samples"))]  # fmt: skip
         cells = [_spread_of([r.get(key) for r in group]) for key in ESTIMATOR_COLUMNS]
         seeds = ",".join(str(r["seed"]) for r in group)
-        minutes = _spread_of([r["train_seconds"] / 60 for r in group], digits=1)
+        # rows trained beside other work (--machine-busy) are not timed
+        timed = [r["train_seconds"] / 60 for r in group if r.get("timed_alone", True)]
+        minutes = f"{_spread_of(timed, digits=1)} min" if timed else "–"
         lines.append(f"| {estimator} | {mode} | {seeds} | " + " | ".join(settings + cells)
-                     + f" | {minutes} min |")  # fmt: skip
+                     + f" | {minutes} |")  # fmt: skip
     made = [r for r in rows if "commit" in r]
     if made:
         commits = ", ".join(sorted({_short(r["commit"]) for r in made}))
         commands = "; ".join(f"`{c}`" for c in sorted({r["command"] for r in made}))
         lines += ["", f"{len(rows)} rows of `results/hard_estimators.json`, commit {commits}; "
                   f"{made[0]['cores']} cores ({made[0]['cpu']}); test split, METEOR skipped; "
-                  f"± the standard deviation over the seeds. Written by {commands}."]  # fmt: skip
+                  f"± the standard deviation over the seeds; train time only from runs with "
+                  f"nothing else on the machine. Written by {commands}."]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
