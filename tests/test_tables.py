@@ -122,3 +122,15 @@ def test_the_shapes_recipe_rows_are_the_shipped_config() -> None:
             key, value = override.split("=", 1)
             section, name = key.split(".")
             assert str(shipped[section][name]) == value, override
+
+
+def test_the_hard_recipe_rows_are_at_the_shipped_rate() -> None:
+    """docs/hard-attention.md shows the family study's hard rows at HARD_LR as the shipped
+    config: that rate is the config's, for the decoder and the encoder."""
+    from captioning.config import load_config
+
+    tables = _tables()
+    cfg = load_config(ROOT / "configs" / "shapes_hard.yaml")
+    assert cfg.train.lr == cfg.train.encoder_lr == tables.HARD_LR
+    rows = tables.load_rows("attention_family")
+    assert len([r for r in rows if r["member"] == "hard" and r["lr"] == tables.HARD_LR]) == 3

@@ -456,6 +456,8 @@ def shapes_seeds(rows: Rows) -> str:
 # the variant of results/shapes_seeds.json that is configs/shapes_soft.yaml as shipped (its
 # override restates the config's own warm-up; tests/test_tables.py holds the two equal)
 SHAPES_RECIPE = "warmup_100"
+# configs/shapes_hard.yaml's learning rate (tests/test_tables.py holds the two equal)
+HARD_LR = 0.004
 
 
 def shapes_recipe(rows: Rows) -> str:
@@ -630,7 +632,7 @@ def _spread_of(values: list[float | None], digits: int = 3) -> str:
     return f"{statistics.mean(present):.{digits}f} ± {statistics.stdev(present):.{digits}f}"
 
 
-def hard_estimators(rows: Rows) -> str:
+def hard_estimators(rows: Rows, source: str = "hard_estimators") -> str:
     """Hard attention trained by each estimator (``tools/compare_estimators.py``): one line
     per (estimator, decode mode) with the settings that differ between estimators, the seeds,
     the test scores (mean ± sd over seeds) and the training time."""
@@ -658,10 +660,44 @@ def hard_estimators(rows: Rows) -> str:
     if made:
         commits = ", ".join(sorted({_short(r["commit"]) for r in made}))
         commands = "; ".join(f"`{c}`" for c in sorted({r["command"] for r in made}))
-        lines += ["", f"{len(rows)} rows of `results/hard_estimators.json`, commit {commits}; "
+        lines += ["", f"{len(rows)} rows of `results/{source}.json`, commit {commits}; "
                   f"{made[0]['cores']} cores ({made[0]['cpu']}); test split, METEOR skipped; "
                   f"± the standard deviation over the seeds; train time only from runs with "
                   f"nothing else on the machine. Written by {commands}."]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def hard_estimators_paper_wiring(rows: Rows) -> str:
+    """:func:`hard_estimators` of the paper's wiring (context into the LSTM, scalar gate)."""
+    return hard_estimators(rows, "hard_estimators_paper_wiring")
+
+
+def hard_recipe(rows: Rows) -> str:
+    """``configs/shapes_hard.yaml`` seed by seed: the family study's hard-attention rows at
+    the config's own learning rate (``HARD_LR``), decoded with the expected context."""
+    group = sorted(
+        (r for r in rows if r["member"] == "hard" and r["lr"] == HARD_LR and "test" in r),
+        key=lambda r: r["seed"],
+    )
+    lines = [
+        "| seed | exact | 3 objects | BLEU-4 | CIDEr-D | pointing (colour / size / shape) |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in group:
+        t = r["test_by_hard_context"]["expectation"]
+        pointing = " / ".join(
+            _score(t[k]) for k in ("pointing_color", "pointing_size", "pointing_shape")
+        )
+        cells = [str(r["seed"]), _score(t["exact"]), _score(t["exact_3_objects"]),
+                 _score(t["Bleu_4"]), f"{t['CIDEr']:.2f}", pointing]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    first = group[0]
+    lines += [
+        "",
+        f"{len(group)} rows of `results/attention_family.json` (member hard at lr {HARD_LR:g}, "
+        f"the config's), commit {_short(first['commit'])}; {first['cores']} cores "
+        f"({first['cpu']}), {first['precision']}, one thread; test split, expectation decoding.",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -673,6 +709,8 @@ TABLES: dict[str, Callable[[Rows], str]] = {
     "attention_family_sweep": attention_family_sweep,
     "multi_head": multi_head,
     "hard_estimators": hard_estimators,
+    "hard_estimators_paper_wiring": hard_estimators_paper_wiring,
+    "hard_recipe": hard_recipe,
     "shapes_seeds": shapes_seeds,
     "shapes_recipe": shapes_recipe,
     "photo_sweep": photo_sweep,
@@ -686,6 +724,7 @@ SOURCES = {
     "multi_head": "attention_family",
     "photo_family": "photo_sweep",
     "shapes_recipe": "shapes_seeds",
+    "hard_recipe": "attention_family",
 }
 
 
