@@ -672,6 +672,11 @@ def hard_estimators_paper_wiring(rows: Rows) -> str:
     return hard_estimators(rows, "hard_estimators_paper_wiring")
 
 
+def hard_authors(rows: Rows) -> str:
+    """:func:`hard_estimators` of the authors' recipe (REINFORCE, the paper's wiring)."""
+    return hard_estimators(rows, "hard_authors")
+
+
 def hard_recipe(rows: Rows) -> str:
     """``configs/shapes_hard.yaml`` seed by seed: the family study's hard-attention rows at
     the config's own learning rate (``HARD_LR``), decoded with the expected context."""
@@ -711,6 +716,7 @@ TABLES: dict[str, Callable[[Rows], str]] = {
     "hard_estimators": hard_estimators,
     "hard_estimators_paper_wiring": hard_estimators_paper_wiring,
     "hard_recipe": hard_recipe,
+    "hard_authors": hard_authors,
     "shapes_seeds": shapes_seeds,
     "shapes_recipe": shapes_recipe,
     "photo_sweep": photo_sweep,
