@@ -289,9 +289,16 @@ def test_ctrl_c_during_a_checkpoint_write_finishes_the_write_then_stops(
         real_save(obj, handle)
 
     monkeypatch.setattr(checkpoint.torch, "save", interrupted_save)
+    # a process started in the background by a non-interactive shell inherits SIGINT ignored;
+    # give this one Python's own Ctrl-C handler, as a terminal would
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     run = tmp_path / "run"
     argv = ["train", "--config", CONFIG, "--set", f"data.root={shapes}", "--out", str(run)]
-    assert main(argv) == 130
+    try:
+        code = main(argv)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert code == 130
     assert capsys.readouterr().err.strip().splitlines()[-1] == "interrupted"
     assert load_checkpoint(run / "last.pt")["epoch"] == 1  # whole, and the run stopped
     assert not list(run.glob(".*.tmp"))
