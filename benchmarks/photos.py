@@ -55,7 +55,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.provenance import add_study_options, git_commit, machine
+from benchmarks.provenance import add_study_options, git_commit, machine, merge_rows, read_rows
 from captioning.config import Config, load_config
 from captioning.data import load_splits
 from captioning.errors import CaptioningError
@@ -236,12 +236,9 @@ def merge(path: Path, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     from another invocation) with ``rows``, which replace any earlier row of the same
     variant, model and seed; ordered by variant (the recipe first), model, then seed."""
 
-    def key(r: dict[str, Any]) -> tuple[str, str, int | None]:
-        return r.get("variant", RECIPE), r["model"], r["seed"]
-
-    new = {key(r) for r in rows}
-    earlier = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else []
-    kept = [r for r in earlier if key(r) not in new] + rows
+    kept = merge_rows(
+        read_rows(path), rows, lambda r: (r.get("variant", RECIPE), r["model"], r["seed"])
+    )
     return sorted(
         kept,
         key=lambda r: (

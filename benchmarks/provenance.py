@@ -8,15 +8,17 @@ every study the same ``--set``, ``--threads``, ``--results`` and ``--machine-bus
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import subprocess
+from collections.abc import Callable, Hashable
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from captioning.cli import positive_int
+from captioning.cli import add_set_option, positive_int
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -56,20 +58,29 @@ def machine() -> dict[str, Any]:
     }
 
 
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    """The rows of the results file ``path``; none if it is absent."""
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else []
+
+
+def merge_rows(
+    earlier: list[dict[str, Any]],
+    rows: list[dict[str, Any]],
+    key: Callable[[dict[str, Any]], Hashable],
+) -> list[dict[str, Any]]:
+    """``earlier`` rows less those that ``rows`` replace (the same ``key``), followed by
+    ``rows``: a study runs in pieces and re-runs a row without losing the others."""
+    new = {key(r) for r in rows}
+    return [r for r in earlier if key(r) not in new] + rows
+
+
 def add_study_options(
     parser: argparse.ArgumentParser, *, results: Path | None, each: str = "every run"
 ) -> None:
     """``--set KEY=VALUE`` (repeatable, into ``overrides``) and ``--machine-busy``; with a
     default ``results`` file, also ``--threads`` (``train.threads`` of each run) and
     ``--results`` (the rows' file, merged into)."""
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help=f"a config override of {each} (repeatable)",
-    )
+    add_set_option(parser, f"a config override of {each} (repeatable)")
     parser.add_argument(
         "--machine-busy",
         action="store_true",

@@ -56,13 +56,13 @@ def _utf8_output() -> None:
 
 def _add_config_args(parser: argparse.ArgumentParser, required: bool = True) -> None:
     parser.add_argument("--config", required=required, help="YAML config file (see configs/)")
+    add_set_option(parser, "override one config key, e.g. --set train.epochs=3 (repeatable)")
+
+
+def add_set_option(parser: argparse.ArgumentParser, help: str) -> None:
+    """``--set KEY=VALUE``, repeatable, into ``overrides`` (for the CLI and the study tools)."""
     parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override one config key, e.g. --set train.epochs=3 (repeatable)",
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help=help
     )
 
 

@@ -44,7 +44,7 @@ import logging
 import shlex
 from typing import Any
 
-from benchmarks.provenance import add_study_options, git_commit, machine
+from benchmarks.provenance import add_study_options, git_commit, machine, merge_rows, read_rows
 from captioning.checkpoint import load_checkpoint
 from captioning.config import load_config
 from captioning.errors import CaptioningError
@@ -183,12 +183,7 @@ def merge(path: Path, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The rows already in ``path`` with ``rows``, which replace any earlier row of the same
     member, learning rate and seed; ordered by member (as in RUNS), rate, then seed."""
 
-    def key(r: dict[str, Any]) -> tuple[str, float, int]:
-        return r["member"], r["lr"], r["seed"]
-
-    new = {key(r) for r in rows}
-    earlier = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else []
-    kept = [r for r in earlier if key(r) not in new] + rows
+    kept = merge_rows(read_rows(path), rows, lambda r: (r["member"], r["lr"], r["seed"]))
     order = list(RUNS)
     return sorted(kept, key=lambda r: (order.index(r["member"]), r["lr"], r["seed"]))
 

@@ -37,7 +37,7 @@ import logging
 import shlex
 from typing import Any
 
-from benchmarks.provenance import add_study_options, git_commit, machine
+from benchmarks.provenance import add_study_options, git_commit, machine, merge_rows, read_rows
 from captioning.checkpoint import load_checkpoint
 from captioning.config import Config, load_config
 from captioning.errors import CaptioningError
@@ -101,12 +101,7 @@ def merge(path: Path, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The rows of ``path`` with ``rows``, which replace any of the same estimator, seed and
     decode mode."""
 
-    def key(row: dict[str, Any]) -> tuple[str, int, str]:
-        return row["estimator"], row["seed"], row["decode"]
-
-    new = {key(r) for r in rows}
-    earlier = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else []
-    return [r for r in earlier if key(r) not in new] + rows
+    return merge_rows(read_rows(path), rows, lambda r: (r["estimator"], r["seed"], r["decode"]))
 
 
 def train_and_evaluate(cfg: Config, out: Path) -> list[dict[str, Any]]:

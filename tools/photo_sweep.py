@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.provenance import git_commit, machine
+from benchmarks.provenance import git_commit, machine, merge_rows, read_rows
 from captioning.config import load_config
 from captioning.errors import CaptioningError
 from captioning.metrics import java_available
@@ -160,9 +160,7 @@ def nearest_neighbour_row(args: argparse.Namespace) -> dict[str, Any]:
 def merge(path: Path, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Earlier rows of ``path`` with ``rows``, a new row replacing one of the same name and
     seed."""
-    new = {(r["name"], r["seed"]) for r in rows}
-    earlier = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else []
-    return [r for r in earlier if (r["name"], r["seed"]) not in new] + rows
+    return merge_rows(read_rows(path), rows, lambda r: (r["name"], r["seed"]))
 
 
 def device_name() -> str:

@@ -42,7 +42,7 @@ from typing import Any
 import torch
 from PIL import Image
 
-from benchmarks.provenance import add_study_options, git_commit, machine
+from benchmarks.provenance import add_study_options, git_commit, machine, merge_rows, read_rows
 from captioning.api import load
 from captioning.checkpoint import load_checkpoint
 from captioning.config import Config, config_to_dict, load_config, parse_override
@@ -373,9 +373,8 @@ def provenance(folder: Path, trained_at: str) -> dict[str, Any]:
 def merge(path: Path, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The rows in ``path`` with ``rows``, which replace any earlier row of the same variant
     and seed; variants in the order they first came, seeds in order."""
-    earlier = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else []
-    new = {(r["variant"], r["seed"]) for r in rows}
-    kept = [r for r in earlier if (r["variant"], r["seed"]) not in new] + rows
+    earlier = read_rows(path)
+    kept = merge_rows(earlier, rows, lambda r: (r["variant"], r["seed"]))
     order = list(dict.fromkeys(r["variant"] for r in [*earlier, *rows]))
     return sorted(kept, key=lambda r: (order.index(r["variant"]), r["seed"]))
 

@@ -34,11 +34,15 @@ _BLOCK = re.compile(r"(<!-- table: (\w+) -->\n)(.*?)(<!-- end table -->)", re.S)
 Rows = list[dict[str, Any]]
 
 
-def _spread(values: list[float]) -> str:
-    """Mean, and the standard deviation where there are several values."""
-    if len(values) == 1:
-        return f"{values[0]:.3f}"
-    return f"{statistics.mean(values):.3f} ± {statistics.stdev(values):.3f}"
+def _spread(values: list[float | None], digits: int = 3) -> str:
+    """Mean, and the standard deviation where there are several values; missing values
+    (None) are left out, and none at all is –."""
+    present = [v for v in values if v is not None]
+    if not present:
+        return "–"
+    if len(present) == 1:
+        return f"{present[0]:.{digits}f}"
+    return f"{statistics.mean(present):.{digits}f} ± {statistics.stdev(present):.{digits}f}"
 
 
 RECIPE = "recipe"  # benchmarks/photos.py's variant name of the config as it is
@@ -308,9 +312,7 @@ def attention_family(rows: Rows) -> str:
 def _family_note(rows: Rows) -> str:
     """Where the attention family's rows come from: commits, machine, precision, commands."""
     first = rows[0]
-    # a row from a checkout with changes not yet committed says so
-    commits = ", ".join(sorted({r["commit"][:7] + ("+dirty" if r["commit"].endswith("+dirty")
-                                                  else "") for r in rows}))  # fmt: skip
+    commits = ", ".join(sorted({_short(r["commit"]) for r in rows}))
     precisions = ", ".join(sorted({r["precision"] for r in rows if "precision" in r}))
     commands = "; ".join(f"`{c}`" for c in sorted({r["command"] for r in rows}))
     note = (
@@ -622,16 +624,6 @@ def _setting(value: Any) -> str:
     return "–" if value is None else f"{value:g}"
 
 
-def _spread_of(values: list[float | None], digits: int = 3) -> str:
-    """The mean ± the standard deviation over seeds; one seed's value alone; – for none."""
-    present = [v for v in values if v is not None]
-    if not present:
-        return "–"
-    if len(present) == 1:
-        return f"{present[0]:.{digits}f}"
-    return f"{statistics.mean(present):.{digits}f} ± {statistics.stdev(present):.{digits}f}"
-
-
 def hard_estimators(rows: Rows, source: str = "hard_estimators") -> str:
     """Hard attention trained by each estimator (``tools/compare_estimators.py``): one line
     per (estimator, decode mode) with the settings that differ between estimators, the seeds,
@@ -649,11 +641,11 @@ def hard_estimators(rows: Rows, source: str = "hard_estimators") -> str:
             share += " (per caption)"
         settings = [share, *(_setting(first[key]) for key in
                              ("reinforce_weight", "entropy_weight", "hard_samples"))]  # fmt: skip
-        cells = [_spread_of([r.get(key) for r in group]) for key in ESTIMATOR_COLUMNS]
+        cells = [_spread([r.get(key) for r in group]) for key in ESTIMATOR_COLUMNS]
         seeds = ",".join(str(r["seed"]) for r in group)
         # rows trained beside other work (--machine-busy) are not timed
         timed = [r["train_seconds"] / 60 for r in group if r.get("timed_alone", True)]
-        minutes = f"{_spread_of(timed, digits=1)} min" if timed else "–"
+        minutes = f"{_spread(timed, digits=1)} min" if timed else "–"
         lines.append(f"| {estimator} | {mode} | {seeds} | " + " | ".join(settings + cells)
                      + f" | {minutes} |")  # fmt: skip
     made = [r for r in rows if "commit" in r]
