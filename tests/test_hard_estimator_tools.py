@@ -2,7 +2,9 @@
 settings it needs from the shipped hard config, the rows say which settings differ, one seed
 prints no spread, and REINFORCE's variance is measured with the baseline it trains with."""
 
+import json
 import math
+import sys
 
 import pytest
 import torch
@@ -127,3 +129,39 @@ def test_reinforce_is_measured_with_its_moving_average_baseline():
     with_baseline = by_name["reinforce (its moving-average baseline)"]["variance"]
     assert math.isfinite(plain) and with_baseline < plain / 5, (plain, with_baseline)
     assert by_name["exact"]["variance"] == 0 and by_name["exact"]["mse_marginal"] < 1e-8
+
+
+def test_rows_merge_by_estimator_seed_and_decode_mode(tmp_path):
+    """A re-run replaces only its own (estimator, seed, decode) rows of the results file."""
+    results = tmp_path / "rows.json"
+    first = [row("exact", 0, 0.2), {**row("exact", 0, 0.3), "decode": "argmax"},
+             row("vimco", 0, 0.1)]  # fmt: skip
+    results.write_text(json.dumps(first))
+    again = [row("exact", 0, 0.25)]
+    merged = compare.merge(results, again)
+    assert [(r["estimator"], r["decode"], r["exact_match"]) for r in merged] == [
+        ("exact", "argmax", 0.3), ("vimco", "expectation", 0.1), ("exact", "expectation", 0.25)
+    ]  # fmt: skip
+    assert compare.merge(tmp_path / "absent.json", again) == again
+
+
+def test_the_variance_tool_writes_its_rows_with_where_they_came_from(
+    tiny_shapes, tmp_path, monkeypatch
+):
+    from tests.conftest import _tiny_run
+
+    checkpoint = _tiny_run(tiny_shapes, tmp_path / "run", "model.attention=hard",
+                           "model.context_to_lstm=false", "train.hard_estimator=exact")  # fmt: skip
+    results = tmp_path / "variance.json"
+    monkeypatch.setattr(sys, "argv", ["estimator_variance.py", "--checkpoint", str(checkpoint),
+                                      "--batch", "4", "--repeats", "2", "--samples", "2",
+                                      "--baseline-batches", "1", "--out", str(tmp_path / "out"),
+                                      "--results", str(results)])  # fmt: skip
+    variance.main()
+    rows = json.loads(results.read_text())
+    assert {r["estimator"] for r in rows} >= {"exact", "reinforce_loo", "vimco"}
+    for r in rows:
+        assert r["command"].startswith("python tools/estimator_variance.py --checkpoint")
+        assert r["commit"] and r["cores"] >= 1 and r["settings"]["repeats"] == 2
+        assert r["reference"]["baseline_source"]
+    assert next(r for r in rows if r["estimator"] == "exact")["variance"] == 0
