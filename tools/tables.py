@@ -494,6 +494,57 @@ def shapes_recipe(rows: Rows) -> str:
     return "\n".join(lines) + "\n"
 
 
+_SCST_NAMES = {
+    "xe": "cross-entropy (7 epochs)",
+    "scst_loo": "+ SCST, `loo` baseline (1 epoch)",
+    "scst_greedy": "+ SCST, `greedy` baseline (1 epoch)",
+    "xe_control": "+ cross-entropy (1 epoch, the control)",
+}
+
+
+def scst_shapes(rows: Rows) -> str:
+    """Self-critical training on the varied shapes captions (``tools/scst_study.py``): per
+    variant the test CIDEr-D of each seed, its mean, its ratio to the cross-entropy model it
+    started from (the mean of the seeds' ratios), and the other scores and caption statistics
+    as means over the seeds."""
+    by_seed = {(r["variant"], r["seed"]): r for r in rows}
+    seeds = sorted({r["seed"] for r in rows})
+    head = ["model", "test CIDEr-D per seed", "mean", "× cross-entropy", "BLEU-4", "METEOR",
+            "exact match", "mean length", "ends in a / and / of / the"]  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "| " + " | ".join(["---"] * len(head)) + " |"]
+    for variant, name in _SCST_NAMES.items():
+        group = [by_seed[(variant, s)] for s in seeds if (variant, s) in by_seed]
+        if not group:
+            continue
+        ratios = [r["CIDEr"] / by_seed[("xe", r["seed"])]["CIDEr"] for r in group
+                  if ("xe", r["seed"]) in by_seed]  # fmt: skip
+        cells = [
+            name,
+            " / ".join(f"{r['CIDEr']:.3f}" for r in group),
+            _spread([r["CIDEr"] for r in group]),
+            _spread(ratios),
+            *(_spread([r.get(k) for r in group]) for k in ("Bleu_4", "METEOR", "exact_match")),
+            _spread([r["mean_length"] for r in group], 2),
+            _spread([r["dangling"] for r in group]),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    first = rows[0]
+    where = first["machine"]
+    commits = ", ".join(sorted({_short(r["commit"]) for r in rows}))
+    timed = "timed alone" if all(r["timed_alone"] for r in rows) else "not timed alone"
+    lines += [
+        "",
+        f"{len(rows)} rows of `results/scst_shapes.json`: seeds "
+        f"{', '.join(str(s) for s in seeds)}, commit {commits}, {where['cores']} cores "
+        f"({where['cpu']}), {where['threads']} thread(s), torch {where['torch']} ({timed}). "
+        f"Test split ({first['test_images']} images), beam {first['beam_size']}; the seeds "
+        "are in the order of the seeds list, and each ± is the standard deviation across "
+        "seeds. Every seed: `python tools/scst_study.py --data data/shapes_varied --out "
+        "runs/scst_study`; each row holds its `captioning train` command.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def _sweep_groups(rows: Rows) -> tuple[dict[str, Any] | None, dict[str, Rows]]:
     """The sweep's nearest-neighbour row, and its other rows by job name, seeds in order."""
     nn = next((r for r in rows if r["name"] == "nn"), None)
@@ -714,6 +765,7 @@ TABLES: dict[str, Callable[[Rows], str]] = {
     "photo_sweep": photo_sweep,
     "photo_family": photo_family,
     "estimator_variance": estimator_variance,
+    "scst_shapes": scst_shapes,
 }
 # tables whose rows are in another table's file
 SOURCES = {
