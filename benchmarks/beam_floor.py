@@ -49,10 +49,12 @@ import json
 import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from benchmarks.bench import _decode, _set_up, coco_size, random_batch
+from benchmarks.provenance import record_rows
 from benchmarks.reference import DECODERS
 from captioning.config import replace_section
 from captioning.models import Decoder, build_attention
@@ -166,6 +168,16 @@ def build_parser() -> argparse.ArgumentParser:
         default=3,
         help="with --ours: rounds of floor and ours (medians reported)",
     )
+    parser.add_argument(
+        "--machine-busy",
+        action="store_true",
+        help="other work ran beside this one: the rows say they were not timed alone",
+    )
+    parser.add_argument(
+        "--results",
+        type=Path,
+        help="also merge the medians into this results file as one row (results/speed.json)",
+    )
     return parser
 
 
@@ -238,8 +250,14 @@ def main(argv: list[str] | None = None) -> int:
     if "fused" in parts:
         print(f"whole score, compiled (fused):   {parts['fused']:.3g} s")
         floors["compiled"] = [r[0]["compiled"] for r in rounds]
+    row: dict[str, Any] = {
+        "kind": "floor", "task": task, "beam_size": k, "images": b,
+        "max_length": args.max_length, "rounds": len(rounds), "repeats": args.repeats,
+        "gflop": round(floor.gflop, 1), "parts": parts, "reference_seconds": reference,
+    }  # fmt: skip
     for name, values in floors.items():
         value = statistics.median(values)
+        row[f"floor_{name}"] = value
         line = f"floor, {name} (each word's parts in turn): {value:.3g} s"
         if reference is not None:
             line += f"; at most {reference / value:.1f}x the reference's {reference:.2f} s"
@@ -254,9 +272,15 @@ def main(argv: list[str] | None = None) -> int:
             seconds = statistics.median(r[1][name] for r in rounds)
             line += (f"; ours {seconds:.3g} s, {statistics.median(ratios):.2f}x the floor "
                      f"(rounds: {', '.join(f'{x:.2f}' for x in ratios)})")  # fmt: skip
+            row[f"ours_{name}"], row[f"ratios_{name}"] = seconds, ratios
         print(line)
     if reference is not None:
         print(f"20x the reference needs {reference / 20:.3g} s")
+    if args.results is not None:
+        record_rows(args.results, [row], lambda r: (r["kind"], r.get("task")),
+                    script="benchmarks/beam_floor.py", argv=argv,
+                    timed_alone=not args.machine_busy)  # fmt: skip
+        print(f"merged the row into {args.results}")
     return 0
 
 

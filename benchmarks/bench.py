@@ -61,6 +61,7 @@ import torch
 
 from benchmarks.cider_speed import bench_cider, format_cider
 from benchmarks.memory import PeakMemory, environment
+from benchmarks.provenance import record_rows
 from benchmarks.reference import (
     DECODERS,
     ReferenceDecoder,
@@ -741,6 +742,22 @@ def format_markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+TIMING_KEY = ("size", "device", "precision", "compiled", "task", "impl")
+
+
+def record_timings(
+    path: Path, results: dict[str, Any], argv: Sequence[str] | None, *, timed_alone: bool
+) -> None:
+    """Merge every measurement of ``results`` into the results file ``path``: one row each
+    (``kind`` ``bench``), which replaces an earlier row of the same size, device, precision,
+    compilation, task and implementation; the checks' verdict goes with each row."""
+    rows = [{"kind": "bench", **m, "threads": results["environment"]["threads"],
+             "checks_passed": results["passed"]} for m in results["measurements"]]  # fmt: skip
+    argv = None if argv is None else list(argv)
+    record_rows(path, rows, lambda r: (r["kind"], *(r.get(k) for k in TIMING_KEY)),
+                script="benchmarks/bench.py", argv=argv, timed_alone=timed_alone)  # fmt: skip
+
+
 def _write(results: dict[str, Any], out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2) + "\n")
@@ -816,6 +833,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.add_argument(
+        "--machine-busy",
+        action="store_true",
+        help="other work ran beside this one: the rows say they were not timed alone",
+    )
+    p.add_argument(
+        "--results",
+        type=Path,
+        help="also merge every timing into this results file, one row each (results/speed.json)",
+    )
+    p.add_argument(
         "--out",
         default="runs/bench/bench.json",
         help="JSON results; the Markdown table goes beside it (.md)",
@@ -849,7 +876,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     try:
-        options = options_from_args(build_parser().parse_args(argv))
+        args = build_parser().parse_args(argv)
+        options = options_from_args(args)
         results = run_benchmark(options)
     except CaptioningError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -859,6 +887,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     print(format_markdown(results))
     print(f"wrote {options.out} and {Path(options.out).with_suffix('.md')}")
+    if args.results is not None:
+        record_timings(args.results, results, argv, timed_alone=not args.machine_busy)
+        print(f"merged {len(results['measurements'])} rows into {args.results}")
     if not results["passed"]:
         print("error: ours and the reference disagree (see the checks table)", file=sys.stderr)
         return 1

@@ -44,6 +44,7 @@ from typing import Any
 
 import torch
 
+from benchmarks.provenance import record_rows
 from captioning.config import load_config
 from captioning.errors import CaptioningError
 from captioning.inference import decode_dataset
@@ -266,6 +267,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (default 2)")
     parser.add_argument("--out", help="also write the numbers as JSON here")
+    parser.add_argument(
+        "--machine-busy",
+        action="store_true",
+        help="other work ran beside this one: the rows say they were not timed alone",
+    )
+    parser.add_argument(
+        "--results",
+        type=Path,
+        help="also merge the numbers into this results file as one row (results/speed.json)",
+    )
     args = parser.parse_args(argv)
     if args.steps < 1:
         parser.error("--steps must be at least 1")
@@ -280,6 +291,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    if args.results is not None:
+        row = {"kind": "profile", **{k: v for k, v in result.items() if k != "ops"}}
+        key = ("kind", "config", "overrides", "step_loop", "channels_last", "compiled")
+        record_rows(args.results, [row], lambda r: tuple(str(r.get(k)) for k in key),
+                    script="benchmarks/profile_epoch.py", argv=argv,
+                    timed_alone=not args.machine_busy)  # fmt: skip
+        print(f"merged the row into {args.results}")
     return 0
 
 

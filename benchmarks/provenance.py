@@ -11,7 +11,9 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import subprocess
+import sys
 from collections.abc import Callable, Hashable
 from pathlib import Path
 from typing import Any
@@ -72,6 +74,30 @@ def merge_rows(
     ``rows``: a study runs in pieces and re-runs a row without losing the others."""
     new = {key(r) for r in rows}
     return [r for r in earlier if key(r) not in new] + rows
+
+
+def command(script: str, argv: list[str] | None) -> str:
+    """The command line that ran ``script`` (a path from the repository root) with ``argv``
+    (None: this process's arguments)."""
+    return shlex.join(["python", script, *(sys.argv[1:] if argv is None else argv)])
+
+
+def record_rows(
+    path: Path,
+    rows: list[dict[str, Any]],
+    key: Callable[[dict[str, Any]], Hashable],
+    *,
+    script: str,
+    argv: list[str] | None,
+    timed_alone: bool = True,
+) -> None:
+    """Merge ``rows`` into the results file ``path`` (see :func:`merge_rows`), each stamped
+    with the command, the commit, the machine and whether it was timed alone."""
+    stamp = {"command": command(script, argv), "commit": git_commit(), "machine": machine(),
+             "timed_alone": timed_alone}  # fmt: skip
+    merged = merge_rows(read_rows(path), [{**row, **stamp} for row in rows], key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(merged, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def add_study_options(

@@ -27,6 +27,7 @@ from captioning.decoding import beam_search, greedy_decode
 from captioning.losses import caption_loss
 from captioning.models import build_model
 from captioning.vocab import Vocabulary
+from tests.conftest import load_tool
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TINY = [
@@ -362,10 +363,27 @@ def test_quick_run_writes_every_measurement(tmp_path, monkeypatch, capsys):
         raise RuntimeError("no compiler in this test")
 
     monkeypatch.setattr(torch, "compile", no_compiler)
-    out = tmp_path / "bench.json"
+    out, speed = tmp_path / "bench.json", tmp_path / "speed.json"
+    speed.write_text(json.dumps([{"kind": "floor", "task": "beam5"}]))  # kept by the merge
     argv = ["--sizes", "tiny", "--quick", "--device", "cpu", "--compile", "--quiet"]
-    assert bench.main([*argv, "--out", str(out)]) == 0
+    assert bench.main([*argv, "--out", str(out), "--results", str(speed)]) == 0
     results = json.loads(out.read_text())
+    rows = json.loads(speed.read_text())
+    assert rows[0] == {"kind": "floor", "task": "beam5"}
+    assert len(rows) == 1 + len(results["measurements"])
+    assert [r["median_s"] for r in rows[1:]] == [m["median_s"] for m in results["measurements"]]
+    assert all(r["kind"] == "bench" and r["checks_passed"] and r["timed_alone"]
+               and r["commit"] and "--results" in r["command"] for r in rows[1:])  # fmt: skip
+    # a re-run replaces its rows (same size, device, precision, compilation, task, impl)
+    rerun = [*argv, "--precisions", "fp32", "--skip-cider", "--machine-busy"]
+    assert bench.main([*rerun, "--out", str(tmp_path / "b2.json"), "--results", str(speed)]) == 0
+    again = json.loads(speed.read_text())
+    assert len(again) == len(rows)
+    fp32 = [r for r in again if r.get("precision") == "fp32"]
+    assert fp32 and not any(r["timed_alone"] for r in fp32)
+    assert all(r["timed_alone"] for r in again if r.get("precision") == "bf16")
+    table = load_tool("tables").speed_bench(again)
+    assert "| tiny | cpu | fp32 | beam5 |" in table and "a machine doing other work" in table
     assert {"environment", "settings", "sizes", "checks", "measurements", "speedups"} <= set(
         results
     )
@@ -520,11 +538,18 @@ def test_beam_floor_bounds_the_speed_up_from_a_bench_file(tmp_path, capsys):
     assert "ours" not in out  # the file has no time of ours for greedy
 
     # --ours times our greedy decoding right after each round of the floor
+    speed = tmp_path / "speed.json"
     assert beam_floor.main([*args[2:], "--beam-size", "1", "--no-compile", "--ours",
-                            "--rounds", "2"]) == 0  # fmt: skip
+                            "--rounds", "2", "--results", str(speed)]) == 0  # fmt: skip
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("floor, eager"))
     rounds = [float(x) for x in line.split("(rounds: ")[1].rstrip(")").split(", ")]
     assert len(rounds) == 2 and min(rounds) > 0
+    (row,) = json.loads(speed.read_text())  # the row holds what was printed
+    assert row["kind"] == "floor" and row["task"] == "greedy" and row["rounds"] == 2
+    assert [f"{r:.2f}" for r in row["ratios_eager"]] == [f"{r:.2f}" for r in rounds]
+    assert f"{row['floor_eager']:.3g} s" in line and "floor_compiled" not in row
+    table = load_tool("tables").speed_floor([row])
+    assert "| greedy, eager |" in table and f"**{row['floor_eager']:.3g} s**" in table
     with pytest.raises(SystemExit):  # no such decoder among ours
         beam_floor.main([*args[2:], "--beam-size", "4", "--ours"])
     assert "--ours times greedy, beam3, beam5" in capsys.readouterr().err
@@ -545,10 +570,17 @@ def test_profile_epoch_splits_the_step_into_phases(tmp_path, capsys):
     generate_shapes(tmp_path / "shapes", num_train=16, num_val=4, num_test=4, image_size=48)
     config = str(Path(__file__).resolve().parent.parent / "configs" / "test_tiny.yaml")
     out = tmp_path / "profile.json"
+    speed = tmp_path / "speed.json"
     code = profile_epoch.main(["--config", config, "--set", f"data.root={tmp_path / 'shapes'}",
-                               "--steps", "3", "--out", str(out)])  # fmt: skip
+                               "--steps", "3", "--out", str(out), "--results", str(speed),
+                               "--machine-busy"])  # fmt: skip
     assert code == 0
     result = json.loads(out.read_text())
+    (row,) = json.loads(speed.read_text())
+    assert row["kind"] == "profile" and row["phases"] == result["phases"]
+    assert row["timed_alone"] is False
+    table = load_tool("tables").speed_profile([row])
+    assert f"**{result['step_seconds'] * 1e3:.0f}**" in table and "a machine doing other" in table
     phases = result["phases"]
     assert list(phases) == list(profile_epoch.PHASES)
     assert all(seconds > 0 for seconds in phases.values()), phases

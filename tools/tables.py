@@ -749,6 +749,180 @@ def hard_recipe(rows: Rows) -> str:
     return "\n".join(lines) + "\n"
 
 
+# --- the speed page (results/speed.json: rows of benchmarks/time_to_quality.py, bench.py,
+# beam_floor.py and profile_epoch.py, told apart by ``kind``)
+
+
+def _kind(rows: Rows, kind: str) -> Rows:
+    return [r for r in rows if r.get("kind") == kind]
+
+
+def _provenance(rows: Rows, what: str) -> str:
+    """One line: where the rows came from (commits, machine, whether timed alone, commands)."""
+    where = rows[0]["machine"]
+    commits = ", ".join(sorted({_short(r["commit"]) for r in rows}))
+    alone = "an otherwise idle machine" if all(r["timed_alone"] for r in rows) else (
+        "a machine doing other work too")  # fmt: skip
+    commands = "; ".join(f"`{c}`" for c in sorted({r["command"] for r in rows}))
+    return (f"{len(rows)} {what} rows of `results/speed.json`, commit {commits}, on "
+            f"{alone}: {where['cores']} cores ({where['cpu']}), torch {where['torch']}. "
+            f"Made by {commands}.")  # fmt: skip
+
+
+def speed_quality(rows: Rows) -> str:
+    """Time to quality (``benchmarks/time_to_quality.py``): each run's wall seconds and test
+    scores against its targets."""
+    rows = _kind(rows, "quality")
+    head = ["run", "target", "seconds", "test exact", "3 objects",
+            "pointing: colour / size / shape", ""]  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "| " + " | ".join(["---"] * len(head)) + " |"]
+    for r in rows:
+        t = r["target"]
+        target = f"≤ {t['seconds']:.0f} s; exact ≥ {t['exact']:.2f}"
+        if "three_objects" in t:
+            target += f", 3 objects ≥ {t['three_objects']:.2f}"
+        if "pointing" in t:
+            target += f", pointing ≥ {t['pointing']:.2f}"
+        pointing = r["pointing"] if r["recipe"] != "quickstart" else {}
+        cells = [
+            f"`{r['run_command']}`" if r["recipe"] == "quickstart" else r["name"],
+            target,
+            f"**{r['seconds']:.0f}**",
+            f"{r['exact']:.3f}",
+            _score(r.get("three_objects")),
+            " / ".join(_score(v) for v in pointing.values()) or "–",
+            "met" if r["met"] else "**not met**",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        _provenance(rows, "time-to-quality") + " Each training run: "
+        "`captioning train --config configs/shapes_RECIPE.yaml --set train.seed=S`, its "
+        "seconds from start to exit, then its `best.pt` on the test split (greedy).",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _seconds(value: float | None) -> str:
+    if value is None:
+        return "–"
+    return f"{value:.3g} s"
+
+
+def speed_bench(rows: Rows) -> str:
+    """Ours against the reference (``benchmarks/bench.py``): per size, device, precision and
+    task the median seconds of the reference, of ours and of ours compiled, and the ratios."""
+    rows = _kind(rows, "bench")
+    groups: dict[tuple, dict[tuple, dict[str, Any]]] = {}
+    for r in rows:
+        group = groups.setdefault((r["size"], r["device"], r["precision"], r["task"]), {})
+        group[(r["impl"], r["compiled"])] = r
+    head = ["size", "device", "precision", "task", "reference", "ours", "speed-up",
+            "ours, compiled", "speed-up"]  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "| " + " | ".join(["---"] * len(head)) + " |"]
+    for (size, device, precision, task), group in groups.items():
+        reference = (group.get(("reference", False)) or {}).get("median_s")
+        cells = [size, device, precision, task.replace("_", " "), _seconds(reference)]
+        for compiled in (False, True):
+            ours = (group.get(("ours", compiled)) or {}).get("median_s")
+            ratio = f"{reference / ours:.1f}×" if reference and ours else "–"
+            cells += [_seconds(ours), ratio]
+        lines.append("| " + " | ".join(cells) + " |")
+    passed = all(r["checks_passed"] for r in rows)
+    lines += [
+        "",
+        _provenance(rows, "timing")
+        + (
+            " Ours and the reference agreed in every check of the run."
+            if passed
+            else " **Ours and the reference disagreed in a check.**"
+        ),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def speed_floor(rows: Rows) -> str:
+    """The beam-search floor (``benchmarks/beam_floor.py``): its parts, the floor, ours, and
+    the median ratio of ours to the floor over the rounds, per task, eager and compiled."""
+    rows = sorted(_kind(rows, "floor"), key=lambda r: -r["beam_size"])
+    columns = [(r, mode) for r in rows for mode in ("eager", "compiled")
+               if r.get(f"floor_{mode}") is not None]  # fmt: skip
+    names = [f"{'greedy' if r['beam_size'] == 1 else 'beam k=' + str(r['beam_size'])}, {mode}"
+             for r, mode in columns]  # fmt: skip
+    lines = ["| | " + " | ".join(names) + " |", "| --- |" + " --- |" * len(columns)]
+
+    def line(label: str, cell: Callable[[dict[str, Any], str], str]) -> None:
+        lines.append(f"| {label} | " + " | ".join(cell(r, m) for r, m in columns) + " |")
+
+    def parts(r: dict[str, Any], mode: str) -> str:
+        p = r["parts"]
+        if mode == "compiled":
+            return f"fused: {p['fused']:.2g} s"
+        return f"{p['add']:.2g} + {p['tanh']:.2g} + {p['projection']:.2g} s"
+
+    def ratio(r: dict[str, Any], mode: str) -> str:
+        ratios = r.get(f"ratios_{mode}")
+        if not ratios:
+            return "–"
+        return (f"**{statistics.median(ratios):.2f}×** (rounds {min(ratios):.2f}-"
+                f"{max(ratios):.2f}×)")  # fmt: skip
+
+    line("dense layers", lambda r, m: f"{r['parts']['dense']:.3g} s ({r['gflop']:.0f} GFLOP)"
+         if m == "eager" else "")  # fmt: skip
+    line("score: add + tanh + projection alone", parts)
+    line(
+        "score, the three passes in sequence",
+        lambda r, m: f"{r['parts']['sequence']:.3g} s" if m == "eager" else "",
+    )
+    line("word choice", lambda r, m: f"{r['parts']['choice']:.2g} s" if m == "eager" else "")
+    line("**floor** (each word's parts in turn)", lambda r, m: f"**{r[f'floor_{m}']:.3g} s**")
+    line("ours", lambda r, m: _seconds(r.get(f"ours_{m}")))
+    line("ours / floor, median of the rounds", ratio)
+    line("reference (`bench.py`)", lambda r, m: _seconds(r.get("reference_seconds")))
+
+    def allowed(r: dict[str, Any], mode: str) -> str:
+        reference = r.get("reference_seconds")
+        return f"{reference / r[f'floor_{mode}']:.1f}×" if reference else "–"
+
+    line("most speed-up the floor allows", allowed)
+    lines += ["", _provenance(rows, "floor") + f" {rows[0]['images']} images, "
+              f"{rows[0]['max_length']} words, COCO size; each round times the floor, then "
+              f"ours right after it."]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def speed_profile(rows: Rows) -> str:
+    """Where a training step's time goes (``benchmarks/profile_epoch.py``): the median
+    milliseconds of each phase per step, one column per measured configuration."""
+    rows = _kind(rows, "profile")
+
+    def label(r: dict[str, Any]) -> str:
+        words = [Path(r["config"]).stem, *r["overrides"]]
+        words.append("word loop" if r["step_loop"] else "all words at once")
+        words.append("channels-last" if r["channels_last"] else "NCHW")
+        return ", ".join(words)
+
+    lines = ["| phase (ms per step) | " + " | ".join(label(r) for r in rows) + " |",
+             "| --- |" + " --- |" * len(rows)]  # fmt: skip
+    phases = list(dict.fromkeys(name for r in rows for name in r["phases"]))
+    for name in phases:
+        cells = [f"{r['phases'][name] * 1e3:.0f}" if name in r["phases"] else "–" for r in rows]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines.append("| **step** | " + " | ".join(f"**{r['step_seconds'] * 1e3:.0f}**" for r in rows)
+                 + " |")  # fmt: skip
+    lines.append("| validation (decode + score), per epoch | " + " | ".join(
+        f"{(r['validation_decode_seconds'] + r['validation_score_seconds']):.1f} s" for r in rows)
+        + " |")  # fmt: skip
+    lines.append("| **epoch** | " + " | ".join(f"**{r['epoch_seconds']:.1f} s**" for r in rows)
+                 + " |")  # fmt: skip
+    lines += [
+        "",
+        _provenance(rows, "profile") + f" Medians of each run's timed steps; "
+        f"{rows[0]['steps_per_epoch']} steps per epoch, batch {rows[0]['batch_size']}.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
 TABLES: dict[str, Callable[[Rows], str]] = {
     "photos": photos,
     "photo_levers": photo_levers,
@@ -766,6 +940,10 @@ TABLES: dict[str, Callable[[Rows], str]] = {
     "photo_family": photo_family,
     "estimator_variance": estimator_variance,
     "scst_shapes": scst_shapes,
+    "speed_quality": speed_quality,
+    "speed_bench": speed_bench,
+    "speed_floor": speed_floor,
+    "speed_profile": speed_profile,
 }
 # tables whose rows are in another table's file
 SOURCES = {
@@ -775,6 +953,10 @@ SOURCES = {
     "photo_family": "photo_sweep",
     "shapes_recipe": "shapes_seeds",
     "hard_recipe": "attention_family",
+    "speed_quality": "speed",
+    "speed_bench": "speed",
+    "speed_floor": "speed",
+    "speed_profile": "speed",
 }
 
 
