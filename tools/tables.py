@@ -537,10 +537,11 @@ def scst_shapes(rows: Rows) -> str:
         f"{len(rows)} rows of `results/scst_shapes.json`: seeds "
         f"{', '.join(str(s) for s in seeds)}, commit {commits}, {where['cores']} cores "
         f"({where['cpu']}), {where['threads']} thread(s), torch {where['torch']} ({timed}). "
-        f"Test split ({first['test_images']} images), beam {first['beam_size']}; the seeds "
-        "are in the order of the seeds list, and each ± is the standard deviation across "
-        "seeds. Every seed: `python tools/scst_study.py --data data/shapes_varied --out "
-        "runs/scst_study`; each row holds its `captioning train` command.",
+        f"Test split ({first['test_images']} images), beam {first['beam_size']}; per seed in "
+        f"the order {' / '.join(str(s) for s in seeds)}; mean ± the standard deviation across "
+        "seeds; × cross-entropy is the mean over seeds of the ratio to that seed's "
+        "cross-entropy model. Made by `python tools/scst_study.py --data data/shapes_varied "
+        "--out runs/scst_study`; each row holds its `captioning train` command.",
     ]
     return "\n".join(lines) + "\n"
 
