@@ -795,11 +795,11 @@ def speed_quality(rows: Rows) -> str:
             "met" if r["met"] else "**not met**",
         ]
         lines.append("| " + " | ".join(cells) + " |")
+    runs = "; ".join(f"`{r['run_command']}`" for r in rows if r["recipe"] != "quickstart")
     lines += [
         "",
-        _provenance(rows, "time-to-quality") + " Each training run: "
-        "`captioning train --config configs/shapes_RECIPE.yaml --set train.seed=S`, its "
-        "seconds from start to exit, then its `best.pt` on the test split (greedy).",
+        _provenance(rows, "time-to-quality") + f" The training runs: {runs}; each timed from "
+        "start to exit, then its `best.pt` scored on the test split (greedy).",
     ]
     return "\n".join(lines) + "\n"
 
