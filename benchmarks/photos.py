@@ -34,6 +34,16 @@ took when it ran.
 and marks their rows with the name: the recipe's levers (a setting tried against the shipped
 config) live in the same file as the recipe (variant ``recipe``), and the table of levers in
 docs/photos.md is made from them.
+
+``--then CONFIG`` (with ``--variant``) adds a second training stage, as self-critical
+training follows cross-entropy: each model's ``best.pt`` starts a run of CONFIG
+(``captioning train --init``) with the data, weights, model and seed of the first and the
+``--then-set`` overrides, and that run's ``best.pt`` is the one scored. The row's train
+seconds are both stages', so its recipe seconds are the whole two-stage recipe's::
+
+    python benchmarks/photos.py --shared ../shared --out runs/photos --models soft \
+        --variant budget --set model.dropout=0.3 --set train.epochs=12 \
+        --then configs/photos_scst.yaml --then-set train.epochs=4 --then-set train.lr=3e-4
 """
 
 from __future__ import annotations
@@ -189,22 +199,23 @@ def train_and_evaluate(
     out: Path,
     beam_size: int,
     variant: str = RECIPE,
+    then: tuple[str, list[str]] | None = None,
 ) -> dict[str, Any]:
-    """Train one model and seed (reused when its run finished before) and score its
-    ``best.pt`` on the test split."""
+    """Train one model and seed (reused when its run finished before), then the second stage
+    ``then`` (a config and its overrides) from its ``best.pt`` where given, and score the last
+    stage's ``best.pt`` on the test split."""
     settings = [*overrides, *MODEL_OVERRIDES[model], f"train.seed={seed}"]
-    cfg = load_config(cfg_path, settings)
     runs = out / "runs" if variant == RECIPE else out / "runs" / variant
     run_dir = runs / f"{model}-seed{seed}"
-    summary_path = run_dir / "summary.json"
-    if summary_path.is_file():
-        summary = json.loads(summary_path.read_text())
-    else:
-        summary = fit(cfg, run_dir)
-        summary = {
-            k: summary[k] for k in ("best_score", "best_epoch", "epochs", "steps", "seconds")
-        }
-        summary_path.write_text(json.dumps(summary, indent=1) + "\n")
+    summary = _trained(load_config(cfg_path, settings), run_dir)
+    first = None
+    if then is not None:
+        first, first_dir = summary, run_dir
+        run_dir = runs / f"{model}-seed{seed}-then"
+        data = [o for o in overrides if o.startswith(("data.root=", "model.weights="))]
+        then_settings = [*data, *MODEL_OVERRIDES[model], f"train.seed={seed}", *then[1]]
+        summary = _trained(load_config(then[0], then_settings), run_dir, first_dir / "best.pt")
+        summary = {**summary, "seconds": first["seconds"] + summary["seconds"]}
     started = time.perf_counter()
     metrics = evaluate_checkpoint(
         run_dir / "best.pt",
@@ -214,7 +225,7 @@ def train_and_evaluate(
         progress=False,
         out_dir=run_dir / "test",
     )
-    return {
+    row = {
         "variant": variant,
         "model": model,
         "seed": seed,
@@ -229,6 +240,24 @@ def train_and_evaluate(
         # paths inside OUT as OUT/..., so that rows from different machines compare
         "overrides": [o.replace(str(out), "OUT") for o in settings],
     }
+    if then is not None and first is not None:
+        row["then"] = {"config": Path(then[0]).as_posix(), "overrides": then[1],
+                       "first_val_CIDEr": first["best_score"],
+                       "first_best_epoch": first["best_epoch"],
+                       "first_seconds": round(first["seconds"], 2)}  # fmt: skip
+    return row
+
+
+def _trained(cfg: Config, run_dir: Path, init: Path | None = None) -> dict[str, Any]:
+    """The summary of the run ``cfg`` in ``run_dir`` (from ``init``'s weights where given),
+    trained now unless an earlier invocation finished it."""
+    summary_path = run_dir / "summary.json"
+    if summary_path.is_file():
+        return json.loads(summary_path.read_text())
+    result = fit(cfg, run_dir, init=None if init is None else str(init))
+    summary = {k: result[k] for k in ("best_score", "best_epoch", "epochs", "steps", "seconds")}
+    summary_path.write_text(json.dumps(summary, indent=1) + "\n")
+    return summary
 
 
 def merge(path: Path, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -294,6 +323,13 @@ def main(argv: list[str] | None = None) -> int:
         default=RECIPE,
         help="a name for rows trained with --set overrides (a lever tried against the recipe)",
     )
+    parser.add_argument(
+        "--then",
+        metavar="CONFIG",
+        help="a second stage: train CONFIG from each model's best.pt (needs --variant)",
+    )
+    parser.add_argument("--then-set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a config override of the second stage (repeatable)")  # fmt: skip
     add_study_options(parser, results=None, each="every model")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -305,6 +341,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--variant must be a plain name (letters, digits, _), got {args.variant!r}")
     if args.variant != RECIPE and "nn" in models:
         parser.error("--variant trains decoders; leave nn out of --models")
+    if args.then_set and args.then is None:
+        parser.error("--then-set overrides the second stage: name its config with --then")
+    if args.then is not None and args.variant == RECIPE:
+        parser.error("--then makes another recipe: name its rows with --variant")
+    then = None if args.then is None else (args.then, args.then_set)
     try:
         seeds = [int(s) for s in args.seeds.split(",") if s]
     except ValueError:
@@ -334,6 +375,7 @@ def main(argv: list[str] | None = None) -> int:
                         args.out,
                         args.beam_size,
                         variant=args.variant,
+                        then=then,
                     )
                 )
     except CaptioningError as exc:

@@ -109,3 +109,6 @@ def test_the_tables_count_the_seeds_above_the_nearest_neighbour(tables) -> None:
     assert family[2].startswith("| soft | (additive, the recipe) |")  # mean 1.175 first
     assert family[3].startswith("| heads | `model.heads=2` |")
     assert "test 1.200 at k = 40 (val 1.100)" in family[-1]
+    assert "rows of `results/photo_sweep.json`" in table[-1]
+    budget = tables.photo_budget(rows).splitlines()
+    assert budget[:-1] == table[:-1] and "rows of `results/photo_budget.json`" in budget[-1]

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import photos
+from tests.conftest import ROOT, TINY_SETTINGS
 
 
 def _row(model: str, seed: int | None, cider: float, variant: str | None = None) -> dict:
@@ -43,3 +44,37 @@ def test_bad_variants_are_refused(argv, message, tmp_path: Path, capsys) -> None
         photos.main(["--shared", str(tmp_path), "--out", str(tmp_path / "out"), *argv])
     assert exc.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_then_needs_a_variant_and_then_set_needs_then(tmp_path: Path, capsys) -> None:
+    base = ["--shared", str(tmp_path), "--out", str(tmp_path / "out"), "--models", "soft"]
+    for argv, message in [
+        (["--then", "configs/photos_scst.yaml"], "name its rows with --variant"),
+        (["--variant", "b", "--then-set", "train.lr=1e-4"], "name its config with --then"),
+    ]:
+        with pytest.raises(SystemExit) as exc:
+            photos.main([*base, *argv])
+        assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.slow  # two tiny trainings and an evaluation
+def test_a_second_stage_starts_from_the_first_and_its_seconds_count(
+    tiny_shapes: Path, tmp_path: Path
+) -> None:
+    from captioning.checkpoint import load_checkpoint
+
+    config = str(ROOT / "configs" / "test_tiny.yaml")
+    overrides = [f"data.root={tiny_shapes}", *TINY_SETTINGS]
+    second = [*TINY_SETTINGS, "train.objective=scst", "train.scst_samples=2", "train.lr=1e-4"]
+    row = photos.train_and_evaluate(config, overrides, "soft", 0, tmp_path, 1, variant="two",
+                                    then=(config, second))  # fmt: skip
+    first = tmp_path / "runs" / "two" / "soft-seed0"
+    last = tmp_path / "runs" / "two" / "soft-seed0-then"
+    assert load_checkpoint(last / "best.pt")["config"]["train"]["objective"] == "scst"
+    assert load_checkpoint(first / "best.pt")["config"]["train"]["objective"] == "xe"
+    stage = row["then"]
+    assert stage["overrides"] == second and stage["first_seconds"] > 0
+    first_seconds = json.loads((first / "summary.json").read_text())["seconds"]
+    last_seconds = json.loads((last / "summary.json").read_text())["seconds"]
+    assert row["train_seconds"] == pytest.approx(first_seconds + last_seconds, abs=0.01)
+    assert 0 <= row["CIDEr"] and row["steps"] > 0

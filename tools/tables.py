@@ -563,12 +563,12 @@ def _sweep_line(name: str, group: Rows, setting: str, nn: float | None) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
-def _sweep_note(rows: Rows, nn: dict[str, Any] | None) -> str:
+def _sweep_note(rows: Rows, nn: dict[str, Any] | None, source: str = "photo_sweep") -> str:
     commits = ", ".join(sorted({_short(r["commit"]) for r in rows}))
     devices = ", ".join(sorted({r["device"] for r in rows}))
     tokenizers = sorted({r["tokenizer"] for r in rows})
     text = (
-        f"{len(rows)} rows of `results/photo_sweep.json`, commit {commits}, on {devices}; "
+        f"{len(rows)} rows of `results/{source}.json`, commit {commits}, on {devices}; "
         "test split of 293 photos, beam 3; seeds in brackets, ± the standard deviation "
         "across seeds."
     )
@@ -586,7 +586,7 @@ def _sweep_note(rows: Rows, nn: dict[str, Any] | None) -> str:
     return text + " Commands: " + "; ".join(f"`{c}`" for c in commands) + "."
 
 
-def photo_sweep(rows: Rows) -> str:
+def photo_sweep(rows: Rows, source: str = "photo_sweep") -> str:
     """Cross-entropy levers and self-critical training on the photo recipe
     (``tools/photo_sweep.py``): per job, validation and test CIDEr-D over seeds, and on how
     many seeds the test score beats the nearest neighbour of the same run."""
@@ -605,7 +605,13 @@ def photo_sweep(rows: Rows) -> str:
         if group[0]["init"]:
             setting = f"from `{group[0]['init']}`: " + setting
         lines.append(_sweep_line(name, group, setting, nn and nn["test_CIDEr_beam3"]))
-    return "\n".join([*lines, "", _sweep_note(rows, nn)]) + "\n"
+    return "\n".join([*lines, "", _sweep_note(rows, nn, source)]) + "\n"
+
+
+def photo_budget(rows: Rows) -> str:
+    """The photo recipe cut to the 10-minute budget on a 2-core CPU
+    (``tools/photo_sweeps/budget.json``), in the form of :func:`photo_sweep`."""
+    return photo_sweep(rows, "photo_budget")
 
 
 def photo_family(rows: Rows) -> str:
@@ -939,6 +945,7 @@ TABLES: dict[str, Callable[[Rows], str]] = {
     "shapes_recipe": shapes_recipe,
     "photo_sweep": photo_sweep,
     "photo_family": photo_family,
+    "photo_budget": photo_budget,
     "estimator_variance": estimator_variance,
     "scst_shapes": scst_shapes,
     "speed_quality": speed_quality,
