@@ -95,6 +95,29 @@ def test_levers_table_sets_each_variant_against_the_recipe(tmp_path: Path) -> No
     assert "| soft attention | 1.150 ± 0.071 | 1.200 (0), 1.100 (1) |" in recipe
 
 
+def test_two_stage_rows_are_timed_whole_and_left_out_of_the_levers(tmp_path: Path) -> None:
+    tables = _tables()
+    nn = _row("nn", None, 1.25)
+    nn["val_CIDEr_by_k"] = {"10": 1.15}
+    staged = _row("soft", 0, 1.3)
+    staged.update(variant="budget", val_CIDEr=1.2, train_seconds=400.0, evaluate_seconds=9.0,
+                  config="configs/photos_mobilenet.yaml",
+                  recipe_seconds=520.0, prepare_seconds=4.0, extract_seconds=107.0,
+                  overrides=["data.root=OUT/data", "model.dropout=0.3", "train.seed=0"],
+                  then={"config": "configs/photos_scst.yaml", "overrides": ["train.epochs=4"],
+                        "first_val_CIDEr": 1.1, "first_best_epoch": 12,
+                        "first_seconds": 180.0})  # fmt: skip
+    recipe = {**_row("soft", 0, 1.2), "val_CIDEr": 1.1, "overrides": ["train.seed=0"]}
+    (tmp_path / "photos.json").write_text(json.dumps([nn, recipe, staged]))
+    timed = tables.render("<!-- table: photo_budget_timed -->\n<!-- end table -->\n", tmp_path)
+    assert (
+        "| budget | 0 | `photos_mobilenet.yaml` `model.dropout=0.3` | `photos_scst.yaml` "
+        "`train.epochs=4` | 111 | 180 | 220 | 9 | **520** | 1.300 | yes |"
+    ) in timed
+    levers = tables.render("<!-- table: photo_levers -->\n<!-- end table -->\n", tmp_path)
+    assert "budget" not in levers
+
+
 def test_runs_beside_other_work_are_not_timed(tmp_path: Path) -> None:
     rows = [_row("soft", 0, 1.2), _row("soft", 1, 1.3), _row("hard", 1, 1.1)]
     rows[1]["timed_alone"] = False

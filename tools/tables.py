@@ -114,7 +114,7 @@ _PLUMBING = (
 def photo_levers(rows: Rows) -> str:
     """The photo recipe's soft-attention model against the same model with one setting
     changed (``benchmarks/photos.py --variant``): validation and test CIDEr-D by seed."""
-    soft = [r for r in rows if r["model"] == "soft"]
+    soft = [r for r in rows if r["model"] == "soft" and "then" not in r]  # one stage only
     lines = [
         "| variant | setting changed | seeds | val CIDEr-D | test CIDEr-D | each seed (test) |",
         "| --- | --- | --- | --- | --- | --- |",
@@ -147,6 +147,43 @@ def photo_levers(rows: Rows) -> str:
         + "; ".join(f"`{c}`" for c in commands)
         + "."
     )
+    return "\n".join(lines) + "\n"
+
+
+def photo_budget_timed(rows: Rows) -> str:
+    """Two-stage photo recipes timed whole (``benchmarks/photos.py --then``): per row the
+    stages' settings, the seconds of each part of the recipe, and the test CIDEr-D against
+    the nearest neighbour's of the same file."""
+    staged = sorted((r for r in rows if "then" in r), key=lambda r: (_variant(r), r["seed"]))
+    nn = next((r["CIDEr"] for r in rows if r["model"] == "nn"), None)
+    head = ["variant", "seed", "first stage", "second stage", "prepare + extract s",
+            "first stage s", "second stage s", "evaluate s", "**recipe s**", "test CIDEr-D",
+            "above nn"]  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "| " + " | ".join(["---"] * len(head)) + " |"]
+    for r in staged:
+        then = r["then"]
+        first = [o for o in r["overrides"] if not o.startswith(_PLUMBING)]
+        second = [o for o in then["overrides"] if not o.startswith(_PLUMBING)]
+        before = (r.get("prepare_seconds") or 0) + (r.get("extract_seconds") or 0)
+        cells = [
+            _variant(r), str(r["seed"]),
+            f"`{Path(r['config']).name}` " + ", ".join(f"`{o}`" for o in first),
+            f"`{Path(then['config']).name}` " + ", ".join(f"`{o}`" for o in second),
+            f"{before:.0f}", f"{then['first_seconds']:.0f}",
+            f"{r['train_seconds'] - then['first_seconds']:.0f}",
+            f"{r['evaluate_seconds']:.0f}", f"**{r['recipe_seconds']:.0f}**",
+            f"{r['CIDEr']:.3f}", "–" if nn is None else ("yes" if r["CIDEr"] > nn else "no"),
+        ]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    if not staged:
+        lines.append("| (no two-stage rows yet) |" + " |" * (len(head) - 1))
+    first = staged[0] if staged else {}
+    lines += ["", f"Rows of `results/photos.json` with a second stage; nearest neighbour "
+              f"{'–' if nn is None else f'{nn:.3f}'} on test. The prepare and extract seconds "
+              "are the file's (measured once, reused by later invocations). "
+              + (f"{first['cores']} cores ({first['cpu']}), "
+                 f"{'timed alone' if first.get('timed_alone') else 'not timed alone'}; "
+                 f"command: `{first['command']}`." if first else "")]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -933,6 +970,7 @@ def speed_profile(rows: Rows) -> str:
 TABLES: dict[str, Callable[[Rows], str]] = {
     "photos": photos,
     "photo_levers": photo_levers,
+    "photo_budget_timed": photo_budget_timed,
     "serve_latency": serve_latency,
     "attention_family": attention_family,
     "attention_family_sweep": attention_family_sweep,
@@ -956,6 +994,7 @@ TABLES: dict[str, Callable[[Rows], str]] = {
 # tables whose rows are in another table's file
 SOURCES = {
     "photo_levers": "photos",
+    "photo_budget_timed": "photos",
     "attention_family_sweep": "attention_family",
     "multi_head": "attention_family",
     "photo_family": "photo_sweep",
