@@ -54,7 +54,7 @@ from typing import Any
 import torch
 
 from benchmarks.bench import _decode, _set_up, coco_size, random_batch
-from benchmarks.provenance import record_rows
+from benchmarks.provenance import add_result_options, record_rows
 from benchmarks.reference import DECODERS
 from captioning.config import replace_section
 from captioning.models import Decoder, build_attention
@@ -168,16 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=3,
         help="with --ours: rounds of floor and ours (medians reported)",
     )
-    parser.add_argument(
-        "--machine-busy",
-        action="store_true",
-        help="other work ran beside this one: the rows say they were not timed alone",
-    )
-    parser.add_argument(
-        "--results",
-        type=Path,
-        help="also merge the medians into this results file as one row (results/speed.json)",
-    )
+    add_result_options(parser, "the medians, as one row")
     return parser
 
 

@@ -61,7 +61,7 @@ import torch
 
 from benchmarks.cider_speed import bench_cider, format_cider
 from benchmarks.memory import PeakMemory, environment
-from benchmarks.provenance import record_rows
+from benchmarks.provenance import add_result_options, record_rows
 from benchmarks.reference import (
     DECODERS,
     ReferenceDecoder,
@@ -832,16 +832,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="training images of the CIDEr-D comparison (default 8000, as shapes)",
     )
     p.add_argument("--quiet", action="store_true", help="no progress lines")
-    p.add_argument(
-        "--machine-busy",
-        action="store_true",
-        help="other work ran beside this one: the rows say they were not timed alone",
-    )
-    p.add_argument(
-        "--results",
-        type=Path,
-        help="also merge every timing into this results file, one row each (results/speed.json)",
-    )
+    add_result_options(p, "every timing, one row each")
     p.add_argument(
         "--out",
         default="runs/bench/bench.json",

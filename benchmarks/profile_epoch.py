@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.provenance import record_rows
+from benchmarks.provenance import add_result_options, record_rows
 from captioning.config import load_config
 from captioning.errors import CaptioningError
 from captioning.inference import decode_dataset
@@ -267,16 +267,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (default 2)")
     parser.add_argument("--out", help="also write the numbers as JSON here")
-    parser.add_argument(
-        "--machine-busy",
-        action="store_true",
-        help="other work ran beside this one: the rows say they were not timed alone",
-    )
-    parser.add_argument(
-        "--results",
-        type=Path,
-        help="also merge the numbers into this results file as one row (results/speed.json)",
-    )
+    add_result_options(parser, "the numbers, as one row")
     args = parser.parse_args(argv)
     if args.steps < 1:
         parser.error("--steps must be at least 1")

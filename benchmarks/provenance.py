@@ -95,9 +95,30 @@ def record_rows(
     with the command, the commit, the machine and whether it was timed alone."""
     stamp = {"command": command(script, argv), "commit": git_commit(), "machine": machine(),
              "timed_alone": timed_alone}  # fmt: skip
-    merged = merge_rows(read_rows(path), [{**row, **stamp} for row in rows], key)
+    write_rows(path, [{**row, **stamp} for row in rows], key)
+
+
+def write_rows(
+    path: Path, rows: list[dict[str, Any]], key: Callable[[dict[str, Any]], Hashable]
+) -> None:
+    """Merge ``rows`` into the results file ``path`` as they are (see :func:`merge_rows`)."""
+    merged = merge_rows(read_rows(path), rows, key)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(merged, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def add_result_options(parser: argparse.ArgumentParser, what: str) -> None:
+    """A benchmark's ``--results FILE`` (merge ``what`` into it) and ``--machine-busy``."""
+    parser.add_argument(
+        "--machine-busy",
+        action="store_true",
+        help="other work ran beside this one: the rows say they were not timed alone",
+    )
+    parser.add_argument(
+        "--results",
+        type=Path,
+        help=f"also merge {what} into this results file (results/speed.json)",
+    )
 
 
 def add_study_options(

@@ -34,7 +34,7 @@ import subprocess
 import time
 from typing import Any
 
-from benchmarks.provenance import record_rows
+from benchmarks.provenance import add_result_options, record_rows
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_RUNS = "soft:0,soft:1,hard:0,hard:1,quickstart"
@@ -133,12 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="the runs' folder")
     parser.add_argument("--runs", default=DEFAULT_RUNS, help=f"default {DEFAULT_RUNS}")
-    parser.add_argument(
-        "--machine-busy",
-        action="store_true",
-        help="other work ran beside this one: the rows say they were not timed alone",
-    )
-    parser.add_argument("--results", type=Path, help="merge the rows into this results file")
+    add_result_options(parser, "the rows")
     args = parser.parse_args(argv)
     try:
         runs = parse_runs(args.runs)

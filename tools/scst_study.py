@@ -32,7 +32,7 @@ import shlex
 import time
 from typing import Any
 
-from benchmarks.provenance import add_study_options, git_commit, machine, merge_rows, read_rows
+from benchmarks.provenance import add_study_options, git_commit, machine, write_rows
 from captioning.config import load_config
 from captioning.errors import CaptioningError
 
@@ -172,10 +172,7 @@ def main(argv: list[str] | None = None) -> int:
                 row = run_variant(args, variant, seed)
                 row.update(commit=commit, machine=where, timed_alone=not args.machine_busy)
                 rows.append(row)
-                merged = merge_rows(read_rows(args.results), [row],
-                                    lambda r: (r["variant"], r["seed"]))  # fmt: skip
-                args.results.parent.mkdir(parents=True, exist_ok=True)
-                args.results.write_text(json.dumps(merged, indent=1, ensure_ascii=False) + "\n")
+                write_rows(args.results, [row], lambda r: (r["variant"], r["seed"]))
                 print(f"{variant} seed {seed}: test CIDEr-D {row['CIDEr']:.3f}", flush=True)
     except CaptioningError as exc:
         print(f"error: {exc}", file=sys.stderr)
