@@ -32,7 +32,8 @@ implementation that computes the same numbers. Greedy decoding is the same work 
 beam (``--beam-size 1``). Given a ``bench.json``, it prints the largest speed-up over that
 run's reference that the floor allows, and our times in that run against the floor;
 ``--ours`` times our decoding itself, right after each of ``--rounds`` rounds of the floor,
-since this machine's speed drifts.
+since this machine's speed drifts. ``--results FILE`` merges the medians, the rounds' ratios
+and the reference's time into a results file as one row (``results/speed.json``).
 """
 
 from __future__ import annotations

@@ -34,7 +34,9 @@ Beside them, ``cider``: the CIDEr-D reward of one self-critical batch (64 images
 against an 8000-image training corpus), :class:`captioning.metrics.cider.CiderD` against
 pycocoevalcap's scorer called per batch (see :mod:`benchmarks.cider_speed`).
 
-Writes the JSON file and a Markdown table beside it, and prints the table.
+Writes the JSON file and a Markdown table beside it, and prints the table. ``--results FILE``
+also merges every measurement into a committed results file (``results/speed.json``), one
+row each with the command, commit and machine (``--machine-busy``: not timed alone).
 """
 
 from __future__ import annotations

@@ -24,7 +24,8 @@ AOTAutograd the backward): phases are not split then (hooks would break the grap
 steps' compilation is timed apart (``compile_warmup_seconds``: the warm-up steps, each
 caption length a new shape until the compiler marks it dynamic) and the loss of one batch is
 compared with the eager model's (``compiled_loss_difference``). Prints a Markdown table;
-``--out`` also writes the numbers as JSON.
+``--out`` also writes the numbers as JSON, and ``--results FILE`` merges them into a results
+file as one row (``results/speed.json``).
 """
 
 from __future__ import annotations

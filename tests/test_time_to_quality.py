@@ -47,3 +47,41 @@ def test_the_table_shows_seconds_scores_and_verdicts() -> None:
     assert "**150**" in soft and "0.984" in soft and "0.996 / 0.990 / 0.980" in soft
     assert soft.endswith("| met |") and hard.endswith("| **not met** |")
     assert "2 time-to-quality rows" in table  # the floor row is another table's
+
+
+def test_rows_are_merged_by_name_and_a_failed_run_exits_1(tmp_path, monkeypatch, capsys) -> None:
+    import json
+
+    made = []
+
+    def fake_run(recipe, seed, out, python):
+        made.append((recipe, seed))
+        return _row(recipe, 60 + len(made), 0.98, 0.95, 0.99)
+
+    monkeypatch.setattr(ttq, "run_one", fake_run)
+    results = tmp_path / "speed.json"
+    argv = ["--out", str(tmp_path / "runs"), "--runs", "soft:0,hard:0", "--results", str(results)]
+    assert ttq.main([*argv, "--machine-busy"]) == 0
+    rows = json.loads(results.read_text())
+    assert made == [("soft", 0), ("hard", 0)] and len(rows) == 2
+    assert all(r["timed_alone"] is False and "--machine-busy" in r["command"] for r in rows)
+    assert ttq.main([*argv[:3], "soft:0", *argv[4:]]) == 0  # seed 0 again: replaced
+    rows = json.loads(results.read_text())
+    assert [r["name"] for r in rows] == ["hard seed 0", "soft seed 0"] and rows[1]["timed_alone"]
+
+    def failing(recipe, seed, out, python):
+        raise ttq.Failed("captioning train exited with 1; see log")
+
+    monkeypatch.setattr(ttq, "run_one", failing)
+    assert ttq.main(argv) == 1
+    assert capsys.readouterr().err.strip() == "error: captioning train exited with 1; see log"
+
+
+def test_a_failed_command_names_itself_and_its_log(tmp_path) -> None:
+    import sys
+
+    log = tmp_path / "run.log"
+    assert ttq._timed([sys.executable, "-c", "print('ok')"], log) > 0
+    assert log.read_text().strip() == "ok"
+    with pytest.raises(ttq.Failed, match=f"exited with 3; see {log}"):
+        ttq._timed([sys.executable, "-c", "import sys; print('bad'); sys.exit(3)"], log)
