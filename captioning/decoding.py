@@ -76,11 +76,17 @@ def _step_by_step(
     min_length: int,
     suppress_unk: bool,
     hard_context: str,
+    samples: int = 1,
 ) -> Decoded:
-    """Greedy or sampled decoding: ``choose(log_probs (B, V)) -> ids (B,)``."""
-    batch = features.shape[0]
+    """Greedy or sampled decoding: ``choose(log_probs (B, V)) -> ids (B,)``; with
+    ``samples`` > 1, that many captions per image (B*samples rows, image-major), the grid
+    projected once per image."""
     keys = decoder.prepare(features)  # (B, L, K)
     state = decoder.init_state(features)
+    if samples > 1:
+        image = torch.arange(features.shape[0], device=features.device)
+        state = state.select(image.repeat_interleave(samples))  # (B*samples, H) each
+    batch = state.h.shape[0]
     tokens = torch.full((batch,), Vocabulary.start_id, device=features.device)
     finished = torch.zeros(batch, dtype=torch.bool, device=features.device)
     lengths = torch.zeros(batch, dtype=torch.long, device=features.device)
@@ -139,8 +145,10 @@ def sample_decode(
     top_k: int = 0,
     hard_context: str = "expectation",
     generator: torch.Generator | None = None,
+    samples: int = 1,
 ) -> Decoded:
-    """Words drawn from the softmax at ``temperature``, optionally from the ``top_k`` only."""
+    """Words drawn from the softmax at ``temperature``, optionally from the ``top_k`` only;
+    ``samples`` captions per image (rows image-major)."""
 
     def choose(log_probs: torch.Tensor) -> torch.Tensor:
         scaled = log_probs / max(temperature, 1e-6)
@@ -151,7 +159,7 @@ def sample_decode(
         return torch.multinomial(probs, 1, generator=generator).squeeze(1)
 
     return _step_by_step(
-        decoder, features, choose, max_length, min_length, suppress_unk, hard_context
+        decoder, features, choose, max_length, min_length, suppress_unk, hard_context, samples
     )
 
 

@@ -203,7 +203,8 @@ class SelfCriticalObjective:
             features = model.encode(images, grid)  # (B, L, D)
             sampled = sample_decode(
                 model.decoder,
-                features.repeat_interleave(self.samples, dim=0),  # (B*K, L, D)
+                features,
+                samples=self.samples,  # B*K rows
                 max_length=self.max_length,
                 min_length=decode.min_length,
                 suppress_unk=decode.suppress_unk,

@@ -275,3 +275,26 @@ def test_sampling_is_seeded_and_top_k_restricts():
     assert set(top1.tolist()) == {A}
     cold = sample_decode(decoder, features, temperature=0.05).tokens[:, 0]
     assert (cold == A).float().mean() > 0.95
+
+
+@pytest.mark.parametrize("attention", ["soft", "hard"])
+def test_several_samples_per_image_equal_sampling_a_repeated_grid(attention):
+    """``samples=K`` draws K captions per image against one copy of the grid: with the same
+    generator, the very captions, scores and maps drawn from the grid repeated K times."""
+    model = tiny_model(f"model.attention={attention}").eval()
+    images, _ = batch(size=3)
+    with torch.no_grad():
+        features = model.encode(images)
+        runs = []
+        for grid, samples in ((features, 4), (features.repeat_interleave(4, dim=0), 1)):
+            torch.manual_seed(5)
+            runs.append(sample_decode(model.decoder, grid, max_length=6, samples=samples,
+                                      hard_context="sample" if attention == "hard"
+                                      else "expectation"))  # fmt: skip
+    grouped, repeated = runs
+    assert grouped.tokens.shape[0] == 12
+    assert torch.equal(grouped.tokens, repeated.tokens)
+    assert torch.equal(grouped.lengths, repeated.lengths)
+    torch.testing.assert_close(grouped.scores, repeated.scores, rtol=0, atol=1e-5)
+    torch.testing.assert_close(grouped.trace.alpha, repeated.trace.alpha, rtol=0, atol=1e-5)
+    assert len(set(map(tuple, grouped.tokens[:4].tolist()))) > 1  # four different draws

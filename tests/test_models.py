@@ -360,6 +360,47 @@ def test_all_words_at_once_equal_the_step_loop(kind, gate):
             torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("kind", ["soft", "hard", "none", "marginal"])
+@pytest.mark.parametrize("context_to_lstm", [False, True])
+def test_several_captions_per_image_equal_a_repeated_grid(kind, context_to_lstm):
+    """Teacher forcing G captions per image against one copy of the grid (how self-critical
+    training scores its samples) gives the logits, log-probabilities and gradients of the
+    same captions against the grid repeated G times."""
+    if kind == "marginal" and context_to_lstm:
+        pytest.skip("the exact marginal needs the context outside the LSTM")
+    for name in SCORES:
+        torch.manual_seed(0)
+        attention = attention_module.build_attention(
+            "hard" if kind == "marginal" else kind, name, 6, 8, 5, cells=7
+        )
+        decoder = Decoder(11, 6, attention, embed_dim=4, hidden_dim=8, gate="scalar",
+                          context_to_lstm=context_to_lstm, dropout=0.0)  # fmt: skip
+        features = torch.randn(2, 7, 6)
+        tokens = torch.randint(1, 11, (2 * 3, 5))  # three captions per image
+        targets = torch.randint(1, 11, (2 * 3, 5))
+        hard = {"hard": HardContext(mode="sample", cells=torch.randint(0, 7, (6, 5))),
+                "marginal": HardContext(mode="marginal")}.get(kind, HardContext())  # fmt: skip
+        params = list(decoder.parameters())
+        results = []
+        for grid in (features, features.repeat_interleave(3, dim=0)):
+            out = decoder(grid, tokens, hard, targets if kind == "marginal" else None)
+            value = out.target_log_probs if kind == "marginal" else out.logits
+            loss = (value**2).sum() + (out.log_probs.sum() if out.log_probs is not None else 0)
+            grads = torch.autograd.grad(loss, params, allow_unused=True)
+            results.append((value, out.alphas, grads))
+        (grouped, grouped_alphas, grouped_grads), (repeated, repeated_alphas, repeated_grads) = (
+            results
+        )
+        assert grouped.shape[0] == 6
+        torch.testing.assert_close(grouped, repeated, rtol=0, atol=1e-5)
+        torch.testing.assert_close(grouped_alphas, repeated_alphas, rtol=0, atol=1e-5)
+        for a, b in zip(grouped_grads, repeated_grads):
+            if a is None or b is None:
+                assert a is None and b is None
+            else:  # gradients sum over rows in another order: float32 rounding
+                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
 def test_all_words_at_once_train_to_the_same_weights_as_the_step_loop():
     """Five SGD steps of the whole model (encoder included, dropout off) with all words at
     once end at the weights the step loop reaches, to float32 rounding. (Not Adam: it turns

@@ -75,13 +75,12 @@ class Captioner(nn.Module):
         """Teacher forcing on a batch: ``tokens`` (B, T) are whole captions
         (``<start> … <end> <pad>…``); the outputs predict ``tokens[:, 1:]``. With a cached
         backbone ``grid`` (B, L, D), ``images`` may be None. ``repeat`` > 1 decodes every
-        caption that many times (rows image-major: B*repeat), encoding each image once;
-        ``tokens`` may then also hold B*repeat rows, one caption per decoded row."""
+        caption that many times (rows image-major: B*repeat), encoding each image and
+        projecting its grid once; ``tokens`` may then also hold B*repeat rows, one caption
+        per decoded row."""
         features = self.encode(images, grid)  # (B, L, D)
-        if repeat > 1:
-            features = features.repeat_interleave(repeat, dim=0)  # (B*repeat, L, D)
-            if tokens.shape[0] != features.shape[0]:
-                tokens = tokens.repeat_interleave(repeat, dim=0)  # (B*repeat, T)
+        if repeat > 1 and tokens.shape[0] != features.shape[0] * repeat:
+            tokens = tokens.repeat_interleave(repeat, dim=0)  # (B*repeat, T)
         targets = tokens[:, 1:] if hard.mode == "marginal" else None
         return self.decoder(features, tokens[:, :-1], hard, targets)
 

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from captioning.models.attention import EXPECTATION, AttentionOutput, HardContext
+from captioning.models.attention import EXPECTATION, AttentionOutput, HardContext, groups
 from captioning.models.trace import AttentionTrace
 
 # Cells per chunk of the exact marginal are chosen so that a chunk's (rows, steps, cells,
@@ -344,13 +344,22 @@ class Decoder(nn.Module):
     ) -> DecoderOutput:
         """Teacher forcing: ``features`` (B, L, D) and input ``tokens`` (B, T) (``<start>``
         first, last word dropped) → outputs for the T next words. ``hard`` may carry (B, T)
-        cells or (B, T, L) noise. The ``marginal`` mode needs the ``targets`` (B, T)."""
+        cells or (B, T, L) noise. The ``marginal`` mode needs the ``targets`` (B, T).
+
+        ``tokens`` may also hold G captions per image (B*G rows, image-major, as sampled
+        captions come): the grid is then projected once per image and each caption's
+        queries are scored against its image's keys, never against a copy of them; every
+        other tensor above counts B*G rows."""
         self._check_marginal(hard)
         if hard.mode == "marginal" and targets is None:
             raise ValueError("the exact marginal needs the target words")
         keys = self.prepare(features)  # (B, L, K), once per batch
         state = self.init_state(features)
-        embedded = self.embedding(tokens)  # (B, T, E)
+        captions = groups(features, tokens.shape[0])  # G captions per image
+        if captions > 1:
+            image = torch.arange(features.shape[0], device=features.device)
+            state = state.select(image.repeat_interleave(captions))  # (B*G, H) each
+        embedded = self.embedding(tokens)  # (B*G, T, E)
         if self.context_to_lstm or not (self.parallel or hard.mode == "marginal"):
             return self._forward_by_step(features, keys, state, embedded, hard)
         return self._forward_parallel(features, keys, state, embedded, hard, targets)
@@ -440,8 +449,9 @@ class Decoder(nn.Module):
         gate = None
         if self.gate is not None:
             gate = torch.sigmoid(self.gate(queries)).view(batch, steps, -1)  # (B, T, 1|D)
+        rows = values.repeat_interleave(groups(values, batch), dim=0)  # (B, L, D)
         output.target_log_probs = self._marginal(
-            embedded, hiddens, gate, values, trace.alpha, targets
+            embedded, hiddens, gate, rows, trace.alpha, targets
         )  # (B, T)
         return output
 
