@@ -39,11 +39,13 @@ docs/photos.md is made from them.
 training follows cross-entropy: each model's ``best.pt`` starts a run of CONFIG
 (``captioning train --init``) with the data, weights, model and seed of the first and the
 ``--then-set`` overrides, and that run's ``best.pt`` is the one scored. The row's train
-seconds are both stages', so its recipe seconds are the whole two-stage recipe's::
+seconds are both stages', so its recipe seconds are the whole two-stage recipe's. The
+shipped two-stage recipe (docs/photos.md, "The 10-minute recipe"; its rows are variant
+``budget_bf16_10``, which the photos table shows beside the cross-entropy models)::
 
     python benchmarks/photos.py --shared ../shared --out runs/photos --models soft \
-        --variant budget --set model.dropout=0.3 --set train.epochs=12 \
-        --then configs/photos_scst.yaml --then-set train.epochs=4 --then-set train.lr=3e-4
+        --variant budget_bf16_10 --set model.dropout=0.3 --set train.epochs=12 \
+        --set train.precision=bf16 --then configs/photos_scst.yaml --then-set train.precision=bf16
 """
 
 from __future__ import annotations

@@ -19,7 +19,8 @@ one file holds several models). Nothing leaves the machine: the server and the c
 on the loopback address.
 
 Each row also carries the model's own cost per image outside the server (``encode_ms`` for
-the encoder alone at 1, 2 and the largest ``--max-batch`` images at once, ``caption_ms`` for
+the encoder alone at 1, 2, 4, 8 and the largest ``--max-batch`` images at once, in the run's
+precision as captioning runs it (the row's ``precision``), ``caption_ms`` for
 encoder and beam search at 1 and the largest): whatever the server does, its requests/s
 cannot pass 1000 / (the encoder's cheapest ms per image + ``prepare_ms``, the cost of turning
 an upload into the model's input) on one core's worth of work per image.
@@ -48,6 +49,7 @@ import torch
 import captioning
 from benchmarks.provenance import git_commit, machine
 from captioning.data.images import load_image_bytes
+from captioning.runtime import autocast, resolve_precision
 from captioning.serve.app import settings_for
 from captioning.serve.server import BackgroundServer
 
@@ -181,19 +183,23 @@ def model_cost(
         prepare.append(time.perf_counter() - started)
     cost: dict[str, float] = {"prepare_ms": round(1000 * statistics.median(prepare), 1)}
     encode_batch = 2 if model.device.type == "cpu" else None
+    precision = model.config.runtime.precision
     for batch in sorted({1, 2, 4, 8, largest}):
         inputs = torch.stack([images[i % len(images)] for i in range(batch)])
         times = []
-        with torch.no_grad():
-            model.model.encoder(inputs)  # warm-up
+        # the encoder as captioning runs it: Captioner.encode, in the run's precision
+        with torch.no_grad(), autocast(model.device, precision):
+            for _ in range(2):  # warm-up: the first calls of a shape build its kernels
+                model.model.encode(inputs)
             for _ in range(repeats):
                 started = time.perf_counter()
-                model.model.encoder(inputs)
+                model.model.encode(inputs)
                 times.append((time.perf_counter() - started) / batch)
         cost[f"model_encode_ms_batch{batch}"] = round(1000 * statistics.median(times), 1)
         if batch not in (1, largest):
             continue
-        model.caption_inputs(inputs, beam_size=beam_size, encode_batch=encode_batch)
+        for _ in range(2):
+            model.caption_inputs(inputs, beam_size=beam_size, encode_batch=encode_batch)
         times = []
         for _ in range(repeats):
             started = time.perf_counter()
@@ -270,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
         "checkpoint": str(args.checkpoint),
         "images": len(files),
         "beam_size": args.beam_size,
+        "precision": resolve_precision(model.config.runtime.precision, model.device),
         "commit": git_commit(),
         "command": " ".join(["benchmarks/serve_load.py", *(argv or sys.argv[1:])]),
         **machine(),

@@ -71,3 +71,5 @@ def test_rows_of_two_models_share_the_file_and_the_table(tmp_path: Path):
     assert "the encoder alone 23.0 / 22.6 at batch 1 / 16 ms per image" in table
     assert "encoder and beam search 41.0 / 30.2 at batch 1 / 16" in table
     assert "so at most 44 requests/s whatever the server does" in table
+    rows[-1]["precision"] = rows[-2]["precision"] = "bf16"  # the photos rows
+    assert "the encoder alone in bf16 23.0 / 22.6 at batch 1 / 16" in tables.serve_latency(rows)

@@ -116,6 +116,14 @@ def test_two_stage_rows_are_timed_whole_and_left_out_of_the_levers(tmp_path: Pat
     ) in timed
     levers = tables.render("<!-- table: photo_levers -->\n<!-- end table -->\n", tmp_path)
     assert "budget" not in levers
+    main = tables.render("<!-- table: photos -->\n<!-- end table -->\n", tmp_path)
+    assert "self-critical" not in main  # a two-stage row of another variant
+    staged["variant"] = tables.RECIPE_SCST  # the shipped two-stage recipe's rows
+    (tmp_path / "photos.json").write_text(json.dumps([nn, recipe, staged]))
+    main = tables.render("<!-- table: photos -->\n<!-- end table -->\n", tmp_path)
+    assert "| soft attention | 1.200 | 1.200 (0) |" in main
+    assert "| soft attention, then self-critical training | 1.300 | 1.300 (0) |" in main
+    assert "| 520 |" in main
 
 
 def test_runs_beside_other_work_are_not_timed(tmp_path: Path) -> None:
