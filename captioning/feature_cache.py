@@ -164,7 +164,9 @@ def extract_features(
     folder = cache_folder(cfg, encoder)
     if FeatureCache.exists(folder, split) and not overwrite:
         raise DataError(f"{folder / split}.npy already exists; pass --overwrite to redo it")
+    fingerprint = encoder_fingerprint(encoder)  # of the weights as training builds them
     encoder = encoder.to(device).eval()
+    encoder.fold_batch_norms()  # the same grid, one pass per convolution
 
     splits = load_splits(cfg.data)
     if not splits.get(split):
@@ -198,7 +200,7 @@ def extract_features(
         "weights": cfg.model.weights,
         "image_size": cfg.model.image_size,
         "grid": list(encoder.grid_shape),
-        "fingerprint": encoder_fingerprint(encoder),
+        "fingerprint": fingerprint,
     }
     # The index is written last: a cache without it is never read.
     tmp = folder / f"{split}.json.tmp"

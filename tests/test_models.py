@@ -683,3 +683,35 @@ def test_channels_last_encoder_gives_the_same_grid_and_gradients():
     assert len(grads[0]) == len(grads[1]) > 0
     for a, b in zip(*grads):
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["mobilenet_v2", "resnet18"])
+def test_folded_batch_norms_give_the_same_grid(name):
+    """Folding each BatchNorm into the convolution before it (for inference) leaves the
+    grid as it was, with BatchNorm statistics far from the identity; MobileNetV2 loses every
+    BatchNorm, and an encoder in training mode refuses."""
+    torch.manual_seed(0)
+    encoder = build_encoder(name, weights=None, image_size=64)
+    with torch.no_grad():
+        for module in encoder.modules():
+            if isinstance(module, nn.BatchNorm2d):
+                module.running_mean.uniform_(-0.5, 0.5)
+                module.running_var.uniform_(0.5, 2.0)
+                module.weight.uniform_(0.5, 1.5)
+                module.bias.uniform_(-0.2, 0.2)
+    with pytest.raises(RuntimeError, match="eval mode"):
+        encoder.train().fold_batch_norms()
+    encoder.eval()
+    images = torch.randint(0, 256, (2, 3, 64, 64), dtype=torch.uint8)
+    with torch.no_grad():
+        before = encoder(images)
+    norms = sum(isinstance(m, nn.BatchNorm2d) for m in encoder.modules())
+    folded = encoder.fold_batch_norms()
+    left = sum(isinstance(m, nn.BatchNorm2d) for m in encoder.modules())
+    assert folded == norms - left > 0
+    if name == "mobilenet_v2":
+        assert left == 0
+    with torch.no_grad():
+        after = encoder(images)
+    assert after.abs().max() > 0.1
+    torch.testing.assert_close(after, before, rtol=1e-4, atol=1e-4)

@@ -19,6 +19,7 @@ import torch
 import torchvision
 from PIL import Image
 from torch import nn
+from torch.nn.utils.fusion import fuse_conv_bn_eval
 
 from captioning.errors import ConfigError
 
@@ -255,6 +256,24 @@ class Encoder(nn.Module):
         resized = image.resize((self.image_size, self.image_size), Image.BICUBIC)
         return torch.from_numpy(np.asarray(resized, dtype=np.uint8).copy()).permute(2, 0, 1)
 
+    def fold_batch_norms(self) -> int:
+        """Fold every BatchNorm that directly follows a convolution in a frozen stage into
+        that convolution's weights, for inference: an eval-mode BatchNorm is an affine map per
+        channel, so the folded convolution computes the same grid (to float rounding) in one
+        pass instead of two (a MobileNetV2 at 320 px spends about a third of its CPU time in
+        its BatchNorms). Only in eval mode; the folded encoder has other parameter names and
+        must not be trained or saved. Returns how many were folded."""
+        if self.training:
+            raise RuntimeError("fold BatchNorms only into an encoder in eval mode")
+        folded = 0
+        for stage in list(self.stages)[: self.frozen_stages]:
+            for module in [stage, *stage.modules()]:
+                if isinstance(module, nn.Sequential):
+                    folded += _fold_in_sequence(module)
+        if folded and self.channels_last:
+            self.stages.to(memory_format=torch.channels_last)  # the folded weights too
+        return folded
+
     @property
     def frozen(self) -> bool:
         """True when no backbone weight trains (``fine_tune: none``): its grid can be cached."""
@@ -285,6 +304,26 @@ class Encoder(nn.Module):
             x = stage(x)
         x = self.pool(x)  # (B, D, h, w)
         return x.flatten(2).transpose(1, 2).contiguous()  # (B, L, D)
+
+
+def _fold_in_sequence(sequence: nn.Sequential) -> int:
+    """Replace each (Conv2d, BatchNorm2d) pair of consecutive children by the folded
+    convolution and an identity; the number of pairs folded."""
+    children = list(sequence.named_children())
+    folded = 0
+    for (name, conv), (norm_name, norm) in zip(children, children[1:]):
+        if (
+            isinstance(conv, nn.Conv2d)
+            and type(norm) is nn.BatchNorm2d
+            and norm.track_running_stats
+            and norm.running_mean is not None
+        ):
+            fused = fuse_conv_bn_eval(conv, norm)
+            fused.requires_grad_(False)
+            setattr(sequence, name, fused)
+            setattr(sequence, norm_name, nn.Identity())
+            folded += 1
+    return folded
 
 
 def read_weights(path: str | Path, name: str | None = None) -> Any:

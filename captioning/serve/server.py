@@ -22,7 +22,11 @@ def listen(host: str, port: int) -> socket.socket:
     """A socket listening on ``host:port``; a one-line error when it cannot be had."""
     try:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
+        # IPPROTO_TCP named, not left 0: asyncio turns Nagle's algorithm off only on sockets
+        # that say they are TCP. With it on, an answer's body waits for the client's delayed
+        # acknowledgement of its headers: 40 ms added to every request on Linux.
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # inherited by connections
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
         sock.listen(1024)  # a burst of clients waits to be accepted, not refused
