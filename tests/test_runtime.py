@@ -59,3 +59,16 @@ def test_resolve_device_errors_are_one_line():
     if not torch.cuda.is_available():
         with pytest.raises(CaptioningError, match="CUDA is not available"):
             resolve_device("cuda:7")
+
+
+def test_in_passing_thread_returns_and_raises_on_the_caller():
+    import threading
+
+    from captioning.runtime import in_passing_thread
+
+    caller = threading.get_ident()
+    ran_on = in_passing_thread(threading.get_ident)
+    assert ran_on != caller
+    assert in_passing_thread(lambda a, b=0: a + b, 2, b=3) == 5
+    with pytest.raises(ValueError, match="bad"):
+        in_passing_thread(int, "bad")

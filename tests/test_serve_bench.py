@@ -73,3 +73,20 @@ def test_rows_of_two_models_share_the_file_and_the_table(tmp_path: Path):
     assert "so at most 44 requests/s whatever the server does" in table
     rows[-1]["precision"] = rows[-2]["precision"] = "bf16"  # the photos rows
     assert "the encoder alone in bf16 23.0 / 22.6 at batch 1 / 16" in tables.serve_latency(rows)
+    for row in rows[-2:]:  # with the upload's and the answer's own cost
+        row.update(prepare_ms=1.5, answer_ms=1.0)
+    table = tables.serve_latency(rows)
+    assert "preparing an upload 1.5 ms and its answer's JSON 1.0 ms" in table
+    assert "so at most 40 requests/s whatever the server does" in table  # 1000 / 25.1
+    assert "at most 31 with the whole captioning at batch 16" in table  # 1000 / 32.7
+
+
+def test_ceilings_add_the_upload_and_the_answer_to_the_model():
+    from benchmarks.serve_load import ceilings
+
+    cost = {"prepare_ms": 1.5, "answer_ms": 1.0, "model_encode_ms_best": 2.5,
+            "model_caption_ms_batch16": 7.5}  # fmt: skip
+    assert ceilings(cost, 16, 40.0) == {"batching_ceiling": 5.0, "model_ceiling": 2.5}
+    assert ceilings({"prepare_ms": 5.0, "model_encode_ms_best": 5.0}, 16, 10.0) == {
+        "batching_ceiling": 10.0
+    }

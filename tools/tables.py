@@ -258,9 +258,18 @@ def _model_cost(row: dict[str, Any]) -> list[str]:
     notes = [f"the encoder alone{precision} {listing(encode)} ms per image"]
     if caption:
         notes.append(f"encoder and beam search {listing(caption)}")
+    fixed = row.get("prepare_ms", 0.0) + row.get("answer_ms", 0.0)
+    if "answer_ms" in row:
+        notes.append(f"preparing an upload {row['prepare_ms']:.1f} ms and its answer's JSON "
+                     f"{row['answer_ms']:.1f} ms")  # fmt: skip
     notes.append(
-        f"so at most {1000 / min(encode.values()):.0f} requests/s whatever the server does"
+        f"so at most {1000 / (min(encode.values()) + fixed):.0f} requests/s whatever the "
+        "server does"
     )
+    if "answer_ms" in row and caption:
+        largest = max(caption)
+        notes.append(f"at most {1000 / (caption[largest] + fixed):.0f} with the whole "
+                     f"captioning at batch {largest}")  # fmt: skip
     return notes
 
 

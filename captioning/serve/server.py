@@ -14,6 +14,7 @@ import uvicorn
 
 from captioning.api import CaptionModel, load
 from captioning.errors import CaptioningError
+from captioning.runtime import in_passing_thread
 from captioning.serve.app import ServeSettings, create_app, settings_for
 from captioning.serve.origins import HostAllowList
 
@@ -96,7 +97,7 @@ def serve(
             raise CaptioningError(f"{option} must be a finite number {least}, got {value:g}")
     with listen(host, port) as sock:  # first: a taken port is known before the model loads
         give_back_large_blocks()
-        model = load(checkpoint, device)
+        model = in_passing_thread(load, checkpoint, device)  # the batcher's team is the only one
         hosts = HostAllowList.for_address(host, allow_hosts)
         settings = settings_for(model, max_upload_mb, hosts=hosts, max_in_flight=max_in_flight,
                                 max_queue=max_queue, timeout=timeout, max_batch=max_batch,
