@@ -92,3 +92,22 @@ def test_ceilings_add_the_upload_and_the_answer_to_the_model():
     assert ceilings({"prepare_ms": 5.0, "model_encode_ms_best": 5.0}, 16, 10.0) == {
         "batching_ceiling": 10.0
     }
+
+
+def test_model_cost_times_every_part_and_the_ceilings_follow(tiny_checkpoint, tiny_shapes):
+    import captioning
+    from benchmarks.serve_load import ceilings, model_cost
+    from captioning.runtime import in_passing_thread
+
+    model = in_passing_thread(captioning.load, tiny_checkpoint, device="cpu")
+    files = sorted((tiny_shapes / "images").rglob("*.png"))[:6]
+    cost = model_cost(model, files, largest=2, beam_size=2, repeats=2)
+    assert set(cost) == {
+        "prepare_ms", "answer_ms", "model_encode_ms_best", "model_caption_ms_best",
+        *(f"model_encode_ms_batch{b}" for b in (1, 2, 4, 8)),
+        *(f"model_caption_ms_batch{b}" for b in (1, 2, 4, 8)),
+    }  # fmt: skip
+    assert all(value >= 0 for value in cost.values())
+    assert cost["model_caption_ms_best"] == min(cost[f"model_caption_ms_batch{b}"]
+                                                for b in (2, 4, 8))  # fmt: skip
+    assert set(ceilings(cost, 2, rate=10.0)) == {"batching_ceiling", "model_ceiling"}
