@@ -242,7 +242,7 @@ def train_and_evaluate(
         # paths inside OUT as OUT/..., so that rows from different machines compare
         "overrides": [o.replace(str(out), "OUT") for o in settings],
     }
-    if then is not None and first is not None:
+    if first is not None:
         row["then"] = {"config": Path(then[0]).as_posix(), "overrides": then[1],
                        "first_val_CIDEr": first["best_score"],
                        "first_best_epoch": first["best_epoch"],

@@ -41,6 +41,8 @@ import statistics
 import threading
 import time
 import uuid
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -191,39 +193,38 @@ def model_cost(
     cost: dict[str, float] = {"prepare_ms": round(1000 * statistics.median(prepare), 1)}
     encode_batch = 2 if model.device.type == "cpu" else None
     precision = model.config.runtime.precision
-    for batch in sorted({1, 2, 4, 8, largest}):
-        inputs = torch.stack([images[i % len(images)] for i in range(batch)])
-        times = []
-        # the encoder as captioning runs it: Captioner.encode, in the run's precision
-        with torch.no_grad(), autocast(model.device, precision):
-            for _ in range(2):  # warm-up: the first calls of a shape build its kernels
-                model.model.encode(inputs)
-            for _ in range(repeats):
-                started = time.perf_counter()
-                model.model.encode(inputs)
-                times.append((time.perf_counter() - started) / batch)
-        cost[f"model_encode_ms_batch{batch}"] = round(1000 * statistics.median(times), 1)
-    captioning: dict[int, float] = {}  # ms per image by batch size
-    for batch in (1, largest, 2 * largest, 4 * largest):
-        inputs = torch.stack([images[i % len(images)] for i in range(batch)])
-        for _ in range(2):
-            model.caption_inputs(inputs, beam_size=beam_size, encode_batch=encode_batch)
+
+    def median_ms(work: Callable[[], object], per: int = 1, warmup: int = 2) -> float:
+        """The median ms of ``work`` over ``repeats`` calls, per item of ``per``, after
+        ``warmup`` calls (the first calls of a shape build its kernels)."""
+        for _ in range(warmup):
+            work()
         times = []
         for _ in range(repeats):
             started = time.perf_counter()
-            model.caption_inputs(inputs, beam_size=beam_size, encode_batch=encode_batch)
-            times.append((time.perf_counter() - started) / batch)
-        captioning[batch] = round(1000 * statistics.median(times), 1)
-        cost[f"model_caption_ms_batch{batch}"] = captioning[batch]
+            work()
+            times.append((time.perf_counter() - started) / per)
+        return round(1000 * statistics.median(times), 1)
+
+    def batch_of(size: int) -> torch.Tensor:
+        return torch.stack([images[i % len(images)] for i in range(size)])
+
+    for batch in sorted({1, 2, 4, 8, largest}):
+        inputs = batch_of(batch)
+        # the encoder as captioning runs it: Captioner.encode, in the run's precision
+        with torch.no_grad(), autocast(model.device, precision):
+            cost[f"model_encode_ms_batch{batch}"] = median_ms(
+                partial(model.model.encode, inputs), per=batch
+            )
+    captioning: dict[int, float] = {}  # ms per image by batch size
+    for batch in (1, largest, 2 * largest, 4 * largest):
+        work = partial(model.caption_inputs, batch_of(batch), beam_size=beam_size,
+                       encode_batch=encode_batch)  # fmt: skip
+        captioning[batch] = cost[f"model_caption_ms_batch{batch}"] = median_ms(work, per=batch)
     cost["model_encode_ms_best"] = min(v for k, v in cost.items() if k.startswith("model_encode"))
     cost["model_caption_ms_best"] = min(v for b, v in captioning.items() if b > 1)
-    caption = model.caption_inputs(images[0][None], beam_size=beam_size)[0]
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        json.dumps(caption.to_dict())
-        times.append(time.perf_counter() - started)
-    cost["answer_ms"] = round(1000 * statistics.median(times), 1)
+    answer = model.caption_inputs(images[0][None], beam_size=beam_size)[0].to_dict
+    cost["answer_ms"] = median_ms(lambda: json.dumps(answer()), warmup=0)
     return cost
 
 

@@ -82,10 +82,7 @@ def _step_by_step(
     ``samples`` > 1, that many captions per image (B*samples rows, image-major), the grid
     projected once per image."""
     keys = decoder.prepare(features)  # (B, L, K)
-    state = decoder.init_state(features)
-    if samples > 1:
-        image = torch.arange(features.shape[0], device=features.device)
-        state = state.select(image.repeat_interleave(samples))  # (B*samples, H) each
+    state = decoder.init_state(features, samples)  # (B*samples, H) each
     batch = state.h.shape[0]
     tokens = torch.full((batch,), Vocabulary.start_id, device=features.device)
     finished = torch.zeros(batch, dtype=torch.bool, device=features.device)

@@ -30,8 +30,8 @@ class ToyDecoder:
     def prepare(self, features):
         return features
 
-    def init_state(self, features):
-        zeros = torch.zeros(features.shape[0], 1)
+    def init_state(self, features, per_image=1):
+        zeros = torch.zeros(features.shape[0] * per_image, 1)
         return DecoderState(zeros, zeros)
 
     def step(self, tokens, state, features, keys, hard=None):

@@ -160,12 +160,17 @@ class Decoder(nn.Module):
 
     # ------------------------------------------------------------------ pieces
 
-    def init_state(self, features: torch.Tensor) -> DecoderState:
-        """h_0, c_0 from the mean grid feature. ``features`` (B, L, D)."""
+    def init_state(self, features: torch.Tensor, per_image: int = 1) -> DecoderState:
+        """h_0, c_0 from the mean grid feature. ``features`` (B, L, D); with ``per_image``
+        G > 1, G rows per image (B*G, image-major), one for each caption decoded from it."""
         mean = features.mean(dim=1)  # (B, D)
-        return DecoderState(
+        state = DecoderState(
             self.init_activation(self.init_h(mean)), self.init_activation(self.init_c(mean))
         )
+        if per_image == 1:
+            return state
+        image = torch.arange(features.shape[0], device=features.device)
+        return state.select(image.repeat_interleave(per_image))  # (B*G, H) each
 
     def prepare(self, features: torch.Tensor) -> torch.Tensor:
         """The attention keys, computed once per batch: (B, L, D) → (B, L, K). With
@@ -354,11 +359,7 @@ class Decoder(nn.Module):
         if hard.mode == "marginal" and targets is None:
             raise ValueError("the exact marginal needs the target words")
         keys = self.prepare(features)  # (B, L, K), once per batch
-        state = self.init_state(features)
-        captions = groups(features, tokens.shape[0])  # G captions per image
-        if captions > 1:
-            image = torch.arange(features.shape[0], device=features.device)
-            state = state.select(image.repeat_interleave(captions))  # (B*G, H) each
+        state = self.init_state(features, groups(features, tokens.shape[0]))  # (B*G, H) each
         embedded = self.embedding(tokens)  # (B*G, T, E)
         if self.context_to_lstm or not (self.parallel or hard.mode == "marginal"):
             return self._forward_by_step(features, keys, state, embedded, hard)
@@ -449,7 +450,7 @@ class Decoder(nn.Module):
         gate = None
         if self.gate is not None:
             gate = torch.sigmoid(self.gate(queries)).view(batch, steps, -1)  # (B, T, 1|D)
-        rows = values.repeat_interleave(groups(values, batch), dim=0)  # (B, L, D)
+        rows = values.repeat_interleave(groups(values, batch), dim=0)  # (B*G, L, D): per row
         output.target_log_probs = self._marginal(
             embedded, hiddens, gate, rows, trace.alpha, targets
         )  # (B, T)

@@ -267,7 +267,7 @@ class Encoder(nn.Module):
             raise RuntimeError("fold BatchNorms only into an encoder in eval mode")
         folded = 0
         for stage in list(self.stages)[: self.frozen_stages]:
-            for module in [stage, *stage.modules()]:
+            for module in stage.modules():  # the stage itself first
                 if isinstance(module, nn.Sequential):
                     folded += _fold_in_sequence(module)
         if folded and self.channels_last:
