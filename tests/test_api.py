@@ -224,3 +224,27 @@ def test_per_head_on_a_single_head_model_is_one_line(local, images, tmp_path, ca
         assert code == 2 and len(err) == 1 and err[0].startswith("error: --per-head")
         assert message in err[0], err
         assert not captured.out and not list(tmp_path.iterdir())
+
+
+def test_load_folds_a_frozen_encoders_batch_norms(tiny_shapes, tmp_path):
+    """``captioning.load`` only captions, so a frozen encoder's BatchNorms are folded into
+    its convolutions; the grid, and so the caption, are those of the network as trained."""
+    from torch import nn
+
+    from captioning.inference import caption_batch, load_model
+    from tests.conftest import _tiny_run
+
+    checkpoint = _tiny_run(tiny_shapes, tmp_path / "frozen", "model.fine_tune=none")
+    model = captioning.load(checkpoint, device="cpu")
+    trained, cfg, _ = load_model(checkpoint)
+    assert any(isinstance(m, nn.BatchNorm2d) for m in trained.encoder.modules())
+    assert not any(isinstance(m, nn.BatchNorm2d) for m in model.model.encoder.modules())
+    image = next((tiny_shapes / "images").rglob("*.png"))
+    inputs = model.prepare(load_image(image))[None]
+    with torch.no_grad():
+        folded = model.model.encode(inputs)
+        unfolded = trained.encode(inputs)
+    torch.testing.assert_close(folded, unfolded, rtol=1e-4, atol=1e-4)
+    ours = caption_batch(model.model, cfg.decode, "fp32", images=inputs)
+    theirs = caption_batch(trained, cfg.decode, "fp32", images=inputs)
+    assert torch.equal(ours.tokens, theirs.tokens)

@@ -15,7 +15,13 @@ from captioning.data.build import load_splits
 from captioning.data.images import load_image
 from captioning.data.shapes import generate_shapes
 from captioning.errors import DataError
-from captioning.feature_cache import FeatureCache, cache_folder, extract_features, find_cache
+from captioning.feature_cache import (
+    FeatureCache,
+    cache_folder,
+    encoder_fingerprint,
+    extract_features,
+    find_cache,
+)
 from captioning.models import encoder_from_config
 from captioning.runtime import seed_everything
 from captioning.train import fit
@@ -56,6 +62,8 @@ def test_cache_holds_the_backbone_grid_in_float16(shapes):
         expected = encoder.backbone(encoder.transform(load_image(record.path))[None])[0]
     got = cache.grid(record.image_id).float()  # (L, D)
     assert record.image_id in meta["image_ids"]
+    # extraction folds the BatchNorms, but records the weights as training builds them
+    assert meta["fingerprint"] == encoder_fingerprint(encoder)
     # float16 keeps 11 significant bits: relative error below 2^-11 of each value
     assert torch.allclose(got, expected, rtol=2**-10, atol=1e-4)
 
