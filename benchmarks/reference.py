@@ -279,7 +279,7 @@ def reference_greedy(
     features: torch.Tensor,
     max_length: int = 20,
     min_length: int = 1,
-    suppress_unk: bool = False,
+    suppress_unk: bool = True,
 ) -> Decoded:
     """Greedy decoding one image at a time, with the result semantics of
     :func:`captioning.decoding.greedy_decode`.
@@ -376,7 +376,7 @@ def reference_beam_search(
     max_length: int = 20,
     min_length: int = 1,
     length_penalty: float = 0.0,
-    suppress_unk: bool = False,
+    suppress_unk: bool = True,
 ) -> Decoded:
     """Beam search one image at a time, with the result semantics of
     :func:`captioning.decoding.beam_search` (same candidates, same rule for which endings

@@ -199,6 +199,39 @@ def cmd_prepare_folder(args: argparse.Namespace) -> int:
     return 0
 
 
+def _print_flickr(summary, captions: str, config: str) -> None:  # noqa: ANN001
+    import shlex
+
+    counts = ", ".join(f"{s} {n} ({summary.captions[s]} captions)"
+                       for s, n in summary.images.items())  # fmt: skip
+    print(f"wrote {summary.out_dir}: images {counts}")
+    print(f"read {captions}: {len(summary.skipped)} rows skipped, "
+          f"{len(summary.uncaptioned)} images without a caption, "
+          f"{len(summary.split_problems)} split-file problems (each listed in "
+          f"{summary.report})")  # fmt: skip
+    print("train on it with")
+    print(f"  captioning train --config {config} "
+          f"--set {shlex.quote('data.root=' + summary.out_dir)}")  # fmt: skip
+
+
+def cmd_prepare_flickr8k(args: argparse.Namespace) -> int:
+    from captioning.prepare.flickr import FLICKR8K_TOKENS, prepare_flickr8k
+
+    summary = prepare_flickr8k(args.images, args.text, args.out, progress=not args.quiet)
+    _print_flickr(summary, f"{args.text}/{FLICKR8K_TOKENS}", "configs/flickr8k_mobilenet.yaml")
+    return 0
+
+
+def cmd_prepare_flickr30k(args: argparse.Namespace) -> int:
+    from captioning.prepare.flickr import prepare_flickr
+
+    splits = {"train": args.train, "val": args.val, "test": args.test}
+    summary = prepare_flickr(args.images, args.captions, splits, args.out,
+                             progress=not args.quiet, verb="flickr30k")  # fmt: skip
+    _print_flickr(summary, args.captions, "configs/flickr8k_mobilenet.yaml")
+    return 0
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from captioning.config import load_config
     from captioning.train import fit
@@ -403,6 +436,22 @@ def _add_prepare(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--test", type=_fraction, default=0.1, help="share of images (default 0.1)")
     p.add_argument("--seed", type=int, default=0, help="seed of the split (default 0)")
     p.set_defaults(func=cmd_prepare_folder)
+    p = add("flickr8k", help="Flickr8k as downloaded, with its official split")
+    p.add_argument("--images", required=True, metavar="DIR",
+                   help="the unpacked image archive, Flicker8k_Dataset")  # fmt: skip
+    p.add_argument("--text", required=True, metavar="DIR",
+                   help="the unpacked text release, Flickr8k_text")  # fmt: skip
+    p.add_argument("--out", required=True, help="new dataset folder")
+    p.set_defaults(func=cmd_prepare_flickr8k)
+    p = add("flickr30k", help="Flickr30k's token file with split files of image names")
+    p.add_argument("--images", required=True, metavar="DIR", help="flickr30k-images")
+    p.add_argument("--captions", required=True, metavar="FILE",
+                   help="results_20130124.token or results.csv")  # fmt: skip
+    for split in ("train", "val", "test"):
+        p.add_argument(f"--{split}", required=True, metavar="FILE",
+                       help=f"the {split} split: image names or ids, one a line")  # fmt: skip
+    p.add_argument("--out", required=True, help="new dataset folder")
+    p.set_defaults(func=cmd_prepare_flickr30k)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -435,7 +484,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(p)
     p.set_defaults(func=cmd_check_data)
 
-    _add_prepare(add_verb("prepare", help="download COCO, or make a dataset of your photos"))
+    _add_prepare(
+        add_verb(
+            "prepare", help="download COCO, read Flickr8k/30k, or make a dataset of your photos"
+        )
+    )
 
     p = add_verb("train", help="train a captioning model")
     _add_config_args(p)

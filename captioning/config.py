@@ -188,7 +188,10 @@ class DecodeConfig:
     max_length: int = 20
     min_length: int = 1
     length_penalty: float = 0.0  # GNMT alpha; 0 turns it off
-    suppress_unk: bool = False
+    # <unk> stands for every word the vocabulary left out: a caption that says it tells the
+    # reader nothing, so decoding never chooses it; true allows it (for studies of the
+    # vocabulary)
+    allow_unk: bool = False
     temperature: float = 1.0
     top_k: int = 0
     # how a hard-attention model forms its context when decoding: the expected context (as
@@ -322,10 +325,22 @@ RENAMED_KEYS = {
 }
 
 
+# Keys that were replaced by another of different meaning: old dotted name → what to use.
+# Files and overrides that use one get an error that says so; checkpoints written before lose
+# the key on load (and take the new key's default).
+RETIRED_KEYS = {
+    "decode.suppress_unk": "decode.allow_unk (false by default: <unk> is never chosen)",
+}
+
+
 def rename_legacy_keys(values: dict[str, Any]) -> dict[str, Any]:
-    """A copy of a nested config dict with every renamed key under its new name (for configs
-    stored in old checkpoints)."""
+    """A copy of a nested config dict with every renamed key under its new name and every
+    retired key left out (for configs stored in old checkpoints)."""
     out = {k: dict(v) if isinstance(v, dict) else v for k, v in values.items()}
+    for old in RETIRED_KEYS:
+        section, key = old.split(".")
+        if isinstance(out.get(section), dict):
+            out[section].pop(key, None)
     for old, new in RENAMED_KEYS.items():
         old_section, old_key = old.split(".")
         new_section, new_key = new.split(".")
@@ -340,6 +355,8 @@ def _unknown_key(key: str, valid: list[str], prefix: str) -> ConfigError:
     full = f"{prefix}{key}"
     if full in RENAMED_KEYS:
         return ConfigError(f"config key {full} was renamed to {RENAMED_KEYS[full]}; use that name")
+    if full in RETIRED_KEYS:
+        return ConfigError(f"config key {full} was replaced by {RETIRED_KEYS[full]}; use that")
     if not prefix:  # a bare `epochs=3` most likely meant a key inside a section
         valid = valid + [
             f"{section.name}.{f.name}"
@@ -637,9 +654,43 @@ def _deep_update(base: dict[str, Any], updates: dict[str, Any]) -> None:
             base[key] = value
 
 
-def read_yaml(path: str | Path) -> dict[str, Any]:
-    """Read a YAML config file into a dict, with one-line errors."""
+BASE_KEY = "base"
+# How deep a chain of bases may go (a recipe's stage rarely has more than two above it).
+MAX_BASE_DEPTH = 16
+
+
+def read_yaml(path: str | Path, _chain: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """Read a YAML config file into a dict, with one-line errors.
+
+    A file may name the config it extends with a top-level ``base: FILE`` (a path relative
+    to the file itself): the base is read first (with its own base, and so on) and the
+    file's sections are merged over it key by key, so a second stage or a variant holds only
+    what differs from its base. A chain that comes back to a file is an error.
+    """
     path = Path(path)
+    values = _read_one_yaml(path)
+    base = values.pop(BASE_KEY, None)
+    if base is None:
+        return values
+    if not isinstance(base, str) or not base.strip():
+        raise ConfigError(f"config file {path}: {BASE_KEY} must be the path of a config file, "
+                          f"got {quote(base)}")  # fmt: skip
+    base_path = (path.parent / base).resolve()
+    chain = (*_chain, path.resolve())
+    if base_path in chain:
+        loop = " -> ".join(str(p) for p in (*chain, base_path))
+        raise ConfigError(f"config file {path}: its bases come back to {base_path} ({loop})")
+    if len(chain) > MAX_BASE_DEPTH:
+        raise ConfigError(f"config file {path}: more than {MAX_BASE_DEPTH} bases above it")
+    if not base_path.is_file():
+        raise ConfigError(f"config file {path}: its {BASE_KEY} {base} ({base_path}) does not exist")
+    merged = read_yaml(base_path, chain)
+    _deep_update(merged, values)
+    return merged
+
+
+def _read_one_yaml(path: Path) -> dict[str, Any]:
+    """One YAML config file as a dict (its ``base`` key unresolved)."""
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
     try:
@@ -656,6 +707,8 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"config file {path} must hold a mapping of sections")
     _check_size(values, f"config file {path}")
     for section, body in list(values.items()):
+        if section == BASE_KEY:
+            continue
         if body is None:  # "train:" with nothing under it
             values[section] = {}
         elif not isinstance(body, dict):

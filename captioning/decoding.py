@@ -117,7 +117,7 @@ def greedy_decode(
     features: torch.Tensor,
     max_length: int = 20,
     min_length: int = 1,
-    suppress_unk: bool = False,
+    suppress_unk: bool = True,
     hard_context: str = "expectation",
 ) -> Decoded:
     """The most likely word at every step."""
@@ -137,7 +137,7 @@ def sample_decode(
     features: torch.Tensor,
     max_length: int = 20,
     min_length: int = 1,
-    suppress_unk: bool = False,
+    suppress_unk: bool = True,
     temperature: float = 1.0,
     top_k: int = 0,
     hard_context: str = "expectation",
@@ -380,7 +380,7 @@ def beam_search(
     max_length: int = 20,
     min_length: int = 1,
     length_penalty: float = 0.0,
-    suppress_unk: bool = False,
+    suppress_unk: bool = True,
     hard_context: str = "expectation",
 ) -> Decoded:
     """Beam search over all images and beams at once, in one (B * K) batch.
@@ -472,7 +472,7 @@ def decode(decoder: Decoder, features: torch.Tensor, cfg: DecodeConfig) -> Decod
     common = dict(
         max_length=cfg.max_length,
         min_length=cfg.min_length,
-        suppress_unk=cfg.suppress_unk,
+        suppress_unk=not cfg.allow_unk,
         hard_context=cfg.hard_context,
     )
     if cfg.strategy == "greedy":

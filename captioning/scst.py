@@ -207,7 +207,7 @@ class SelfCriticalObjective:
                 samples=self.samples,  # B*K rows
                 max_length=self.max_length,
                 min_length=decode.min_length,
-                suppress_unk=decode.suppress_unk,
+                suppress_unk=not decode.allow_unk,
                 temperature=self.cfg.train.scst_temperature,
                 hard_context="sample" if self.hard else "expectation",
             )
@@ -218,7 +218,7 @@ class SelfCriticalObjective:
                     features,
                     max_length=self.max_length,
                     min_length=decode.min_length,
-                    suppress_unk=decode.suppress_unk,
+                    suppress_unk=not decode.allow_unk,
                     hard_context=decode.hard_context,
                 )
         return sampled, greedy
@@ -249,7 +249,7 @@ class SelfCriticalObjective:
         logits = output.logits.float()  # (R, T+1, V)
         banned = torch.zeros(logits.shape[1:], dtype=torch.bool, device=logits.device)
         banned[:, [Vocabulary.pad_id, Vocabulary.start_id]] = True  # (T+1, V)
-        if decode.suppress_unk:
+        if not decode.allow_unk:
             banned[:, Vocabulary.unk_id] = True
         banned[: decode.min_length, Vocabulary.end_id] = True
         logits = logits.masked_fill(banned, float("-inf"))

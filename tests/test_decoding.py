@@ -87,12 +87,13 @@ def test_min_length_and_unk_suppression():
     decoder = ToyDecoder({1: {END: 0.8, 3: 0.15, A: 0.05}, A: {END: 1.0}, 3: {END: 1.0}})
     features = torch.zeros(1, 4, 3)
     assert greedy_decode(decoder, features, min_length=0).lengths.item() == 0
-    out = greedy_decode(decoder, features, min_length=1)
+    # <unk> is never chosen unless a study allows it
+    assert greedy_decode(decoder, features, min_length=1).tokens[0, 0].item() == A
+    assert beam_search(decoder, features, beam_size=2, min_length=1).tokens[0, 0].item() == A
+    out = greedy_decode(decoder, features, min_length=1, suppress_unk=False)
     assert out.tokens[0, 0].item() == 3  # <unk>
-    out = greedy_decode(decoder, features, min_length=1, suppress_unk=True)
-    assert out.tokens[0, 0].item() == A
-    out = beam_search(decoder, features, beam_size=2, min_length=1, suppress_unk=True)
-    assert out.tokens[0, 0].item() == A
+    out = beam_search(decoder, features, beam_size=2, min_length=1, suppress_unk=False)
+    assert out.tokens[0, 0].item() == 3
 
 
 @pytest.mark.parametrize("attention", ["soft", "hard", "none"])

@@ -10,7 +10,7 @@ import torch
 import captioning.train as train_module
 from captioning.checkpoint import FORMAT_VERSION, load_checkpoint
 from captioning.cli import main
-from captioning.config import load_config
+from captioning.config import load_config, replace_section
 from captioning.data import CaptionDataset, load_splits
 from captioning.data.shapes import generate_shapes
 from captioning.decoding import Decoded
@@ -139,12 +139,18 @@ def test_a_version_1_checkpoint_loads_and_decodes_as_before(shapes, tmp_path):
     assert isinstance(payload["rng"], list) and len(payload["rng"]) == 1
     model, cfg, vocab = load_model(DATA / "checkpoint_v1.pt")
     assert cfg.decode.hard_context == "argmax" and cfg.model.attention == "hard"
+    assert not cfg.decode.allow_unk  # its decode.suppress_unk=false is retired on load
     test = load_splits(load_config(CONFIG, [f"data.root={shapes}"]).data)["test"]
-    captions, _ = decode_dataset(
-        model, CaptionDataset(test, vocab, model.encoder.transform), cfg, torch.device("cpu")
-    )
+    dataset = CaptionDataset(test, vocab, model.encoder.transform)
+    cpu = torch.device("cpu")
     before = json.loads((DATA / "checkpoint_v1_captions.json").read_text())
+    # that code let decoding choose <unk>; with it allowed, the captions are the same
+    allowed = replace_section(cfg, "decode", allow_unk=True)
+    captions, _ = decode_dataset(model, dataset, allowed, cpu)
     assert {str(k): v for k, v in captions.items()} == before
+    captions, _ = decode_dataset(model, dataset, cfg, cpu)
+    assert not any("<unk>" in c for c in captions.values())
+    assert any("<unk>" in c for c in before.values())
     # and a run resumes from it
     resume_cfg = load_config(CONFIG, [
         f"data.root={shapes}", "model.attention=hard", "model.gate=none", "train.epochs=2",

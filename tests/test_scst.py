@@ -165,9 +165,10 @@ def test_the_replayed_log_probability_is_the_samples(reward, attention):
     assert int(mask.sum()) == int(sampled.lengths.sum() + (sampled.lengths < 20).sum())
     total, objective_mask = objective.sample_log_probs(model, images, None, sampled)
     assert torch.equal(objective_mask.bool(), mask)
-    # the sampler's distribution: <pad> and <start> never drawn, <end> not at the first word
+    # the sampler's distribution: <pad>, <start> and <unk> never drawn, <end> not at the
+    # first word
     logits = output.logits.clone()
-    logits[:, :, [Vocabulary.pad_id, Vocabulary.start_id]] = float("-inf")
+    logits[:, :, [Vocabulary.pad_id, Vocabulary.start_id, Vocabulary.unk_id]] = float("-inf")
     logits[:, 0, Vocabulary.end_id] = float("-inf")
     drawn = torch.log_softmax(logits, dim=2).gather(2, targets.unsqueeze(2)).squeeze(2)
     expected = torch.where(mask, drawn, 0.0).sum(dim=1)

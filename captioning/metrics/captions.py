@@ -12,6 +12,7 @@ import contextlib
 import functools
 import io
 import logging
+import math
 import os
 import re
 import shutil
@@ -21,7 +22,7 @@ import unicodedata
 from collections.abc import Hashable, Mapping, Sequence
 from typing import TypeVar
 
-from pycocoevalcap.bleu.bleu import Bleu
+from pycocoevalcap.bleu.bleu_scorer import BleuScorer
 from pycocoevalcap.cider.cider import Cider
 from pycocoevalcap.meteor.meteor import Meteor
 from pycocoevalcap.rouge.rouge import Rouge
@@ -36,6 +37,9 @@ logger = logging.getLogger("captioning")
 K = TypeVar("K", bound=Hashable)
 
 METRIC_NAMES = ("Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "METEOR", "ROUGE_L", "CIDEr")
+# BLEU as Xu et al. (2015, section 5.2) report it, without the brevity penalty, and the
+# penalty itself: the standard Bleu_n is Bleu_n_no_bp * Bleu_brevity_penalty.
+BLEU_NO_BP_NAMES = ("Bleu_1_no_bp", "Bleu_2_no_bp", "Bleu_3_no_bp", "Bleu_4_no_bp")
 
 _JAVA_CHECK_TIMEOUT_S = 30.0
 # PTBTokenizer feeds Java one caption per line and pairs the output lines back up by position, so
@@ -214,6 +218,28 @@ def _spice(gts: dict[int, list[str]], res: dict[int, list[str]]) -> float:
     return float(score)
 
 
+def _bleu(
+    gts: dict[int, list[str]], res: dict[int, list[str]]
+) -> tuple[list[float], dict[str, float]]:
+    """Corpus BLEU-1..4 exactly as pycocoevalcap's ``Bleu(4)`` computes it (the reference
+    length closest to each caption's), and the same without the brevity penalty.
+
+    The penalty is ``exp(1 - r / c)`` for a corpus of ``c`` caption words against an
+    effective reference length ``r`` when ``c < r``, else 1; the same factor scales all
+    four orders, so dividing it out gives the BLEU of Xu et al. (2015, section 5.2).
+    """
+    scorer = BleuScorer(n=4)
+    for image_id in gts:
+        scorer += (res[image_id][0], gts[image_id])
+    bleu, _ = scorer.compute_score(option="closest", verbose=0)
+    testlen, reflen = scorer._testlen, scorer._reflen  # of the call above (no public getter)
+    ratio = (testlen + 1e-15) / (reflen + 1e-9)  # pycocoevalcap's guards
+    penalty = math.exp(1 - 1 / ratio) if ratio < 1 else 1.0
+    brevity = {name: float(b) / penalty for name, b in zip(BLEU_NO_BP_NAMES, bleu)}
+    brevity.update(Bleu_brevity_penalty=penalty, Bleu_length_ratio=ratio)
+    return [float(b) for b in bleu], brevity
+
+
 def caption_metrics(
     predictions: Mapping[int, str],
     references: Mapping[int, Sequence[str]],
@@ -239,7 +265,10 @@ def caption_metrics(
 
     Returns:
         ``{"Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "METEOR", "ROUGE_L", "CIDEr"}`` (plus ``"SPICE"``
-        when asked) as floats; ``METEOR`` is ``None`` when it could not be computed.
+        when asked) as floats; ``METEOR`` is ``None`` when it could not be computed. Beside
+        them, BLEU-1..4 without the brevity penalty (:data:`BLEU_NO_BP_NAMES`, the form
+        Xu et al. 2015 report), the penalty (``Bleu_brevity_penalty``) and the corpus's
+        caption-to-reference length ratio (``Bleu_length_ratio``).
 
     Raises:
         CaptioningError: no predictions, a predicted image without references, a failing Java
@@ -266,13 +295,14 @@ def caption_metrics(
             res = tokenize_for_eval(res_raw)
         # SPICE first: it is the likeliest to fail, and should do so before the slow scorers.
         spice_score = _spice(gts, res) if spice else None
-        bleu, _ = Bleu(4).compute_score(gts, res)
+        bleu, brevity = _bleu(gts, res)
         meteor_score = _meteor(gts, res) if use_java and meteor else None
         rouge, _ = Rouge().compute_score(gts, res)
         cider, _ = Cider().compute_score(gts, res)
 
     scores: dict[str, float | None] = {f"Bleu_{n + 1}": float(b) for n, b in enumerate(bleu)}
     scores["METEOR"] = meteor_score
+    scores.update(brevity)
     scores["ROUGE_L"] = float(rouge)
     scores["CIDEr"] = float(cider)
     if spice:

@@ -31,7 +31,7 @@ import random
 import re
 import shutil
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from captioning.data.images import check_images
@@ -89,6 +89,8 @@ class FolderSummary:
         format: the format the caption file was read as.
         uncaptioned: image files in the folder (paths inside it) that no caption names.
         report: the file that lists every skipped row and every uncaptioned image.
+        split_problems: with published split files, each of their names that is not a
+            usable image and each usable image in none of them, in words.
     """
 
     out_dir: str
@@ -98,6 +100,7 @@ class FolderSummary:
     format: str
     uncaptioned: list[str]
     report: str
+    split_problems: list[str] = field(default_factory=list)
 
 
 def _digits_key(name: str) -> str:
@@ -253,11 +256,13 @@ def _write_report(
     images: Path,
     match: FolderMatch,
     kept: str,
+    split_notes: list[str] | None = None,
+    verb: str = "folder",
 ) -> None:
     problems = sorted(table.problems)
     uncaptioned = _uncaptioned_lines(match)
     lines = [
-        "captioning prepare folder",
+        f"captioning prepare {verb}",
         f"images:   {images}",
         f"captions: {captions} (read as {table.describe()})",
         f"kept:     {kept}",
@@ -268,8 +273,114 @@ def _write_report(
         f"{len(uncaptioned)} image files without a caption (not used):",
         *(f"  {name}" for name in uncaptioned),
     ]
+    if split_notes is not None:
+        lines += ["", f"{len(split_notes)} split-file problems (images not used):",
+                  *(f"  {note}" for note in split_notes)]  # fmt: skip
     report.parent.mkdir(parents=True, exist_ok=True)
     report.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+@dataclass
+class FixedSplits:
+    """The images of each split as published: one file per split, one image name a line.
+
+    Args:
+        files: ``train``, ``val`` and ``test`` -> the split file.
+        verb: the ``captioning prepare`` verb that reads them (named in the report).
+    """
+
+    files: dict[str, Path]
+    verb: str = "flickr"
+
+    def __post_init__(self) -> None:
+        self.files = {split: Path(self.files[split]) for split in SPLITS}
+        for split, path in self.files.items():
+            if not path.is_file():
+                raise DataError(f"{path}: {split} split file not found")
+
+    def describe(self) -> str:
+        return ", ".join(str(self.files[s]) for s in SPLITS)
+
+    def read(self) -> dict[str, list[tuple[int, str]]]:
+        """Each split's ``(line number, name)`` pairs, blank lines left out."""
+        listed: dict[str, list[tuple[int, str]]] = {}
+        for split, path in self.files.items():
+            try:
+                text = path.read_text(encoding="utf-8-sig")
+            except UnicodeDecodeError as exc:
+                raise DataError(f"{path}: split file is not UTF-8 text") from exc
+            listed[split] = [(number, line.strip())
+                             for number, line in enumerate(text.splitlines(), start=1)
+                             if line.strip()]  # fmt: skip
+        return listed
+
+    def assign(
+        self, usable: list[str], table: CaptionTable
+    ) -> tuple[dict[str, list[str]], list[str]]:
+        """The usable images of each split and, in words, every problem: a listed name that
+        is not a usable image (no caption, or its image missing or unreadable), a name
+        listed twice, and a usable image that no split file lists.
+
+        A listed name without an image suffix (an image id) stands for ``NAME.jpg``.
+        """
+        usable_set = set(usable)
+        splits: dict[str, list[str]] = {split: [] for split in SPLITS}
+        placed: dict[str, str] = {}
+        notes = []
+        for split, entries in self.read().items():
+            path = self.files[split]
+            for number, listed in entries:
+                name = listed if Path(listed).suffix.lower() in IMAGE_SUFFIXES else listed + ".jpg"
+                where = f"{path}:{number}: {listed}"
+                if name in placed:
+                    notes.append(f"{where}: already listed in {placed[name]}; kept there")
+                elif name in usable_set:
+                    placed[name] = f"{self.files[split].name} ({split})"
+                    splits[split].append(name)
+                elif name in table.captions:
+                    notes.append(f"{where}: its image is missing or unreadable (see the rows "
+                                 f"skipped); not used")  # fmt: skip
+                else:
+                    notes.append(f"{where}: no caption names it; not used")
+        for name in sorted(usable_set - set(placed)):
+            notes.append(f"{name}: captioned, but no split file lists it; not used")
+        return {split: sorted(names) for split, names in splits.items()}, notes
+
+
+def _log_split_notes(notes: list[str], report: Path) -> None:
+    for note in notes[:LOGGED]:
+        logger.warning("%s", note)
+    if len(notes) > LOGGED:
+        logger.warning("... and %d more split-file problems (each listed in %s)",
+                       len(notes) - LOGGED, report)  # fmt: skip
+
+
+def _write_splits(
+    out: Path,
+    images: Path,
+    table: CaptionTable,
+    splits: dict[str, list[str]],
+    infos: dict[str, dict[str, object]],
+) -> None:
+    """Each split's images placed under ``out/images/SPLIT`` and its captions file, with
+    image ids numbered over the sorted names of all splits."""
+    used = sorted(name for split in SPLITS for name in splits[split])
+    ids = {name: number for number, name in enumerate(used, start=1)}
+    next_caption = 1
+    for split in SPLITS:
+        entries, annotations = [], []
+        for name in splits[split]:
+            _place(images / name, out / "images" / split / name)
+            entries.append({"id": ids[name], "file_name": name})
+            for text in table.captions[name]:
+                annotations.append({"id": next_caption, "image_id": ids[name], "caption": text})
+                next_caption += 1
+        path = out / "annotations" / f"captions_{split}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        dataset = {"info": infos[split], "licenses": [], "images": entries,
+                   "annotations": annotations}  # fmt: skip
+        # the captions as written (readable in an editor), not as \u escapes
+        path.write_text(json.dumps(dataset, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def prepare_folder(
@@ -281,6 +392,7 @@ def prepare_folder(
     seed: int = 0,
     progress: bool = True,
     format: str = "auto",
+    fixed_splits: FixedSplits | None = None,
 ) -> FolderSummary:
     """Write a COCO-style dataset (see the module docstring) from an image folder and a
     caption file.
@@ -296,6 +408,10 @@ def prepare_folder(
         progress: a bar on a terminal while the images are checked.
         format: ``"auto"`` to tell the caption format from the content, or one of
             :data:`captioning.prepare.formats.FORMATS`.
+        fixed_splits: the images of each split as published (Flickr's split files) instead
+            of a seeded split; ``val``, ``test`` and ``seed`` are then unused, and every
+            name of a split file that is not a usable image, or usable image in no split
+            file, is reported.
 
     Raises:
         DataError: the inputs cannot be read, ``out`` already holds files, or no usable
@@ -317,26 +433,34 @@ def prepare_folder(
         raise DataError(f"{captions}: no row names a readable image with a caption "
                         f"({len(table.problems)} rows skipped, each listed in "
                         f"{report})")  # fmt: skip
-    splits = split_images(usable, val, test, seed)
-    ids = {name: number for number, name in enumerate(sorted(usable), start=1)}
-    next_caption = 1
-    for split in SPLITS:
-        entries, annotations = [], []
-        for name in splits[split]:
-            _place(images / name, out / "images" / split / name)
-            entries.append({"id": ids[name], "file_name": name})
-            for text in table.captions[name]:
-                annotations.append({"id": next_caption, "image_id": ids[name], "caption": text})
-                next_caption += 1
-        path = out / "annotations" / f"captions_{split}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        info = {"description": f"prepared from {captions}", "split": split, "seed": seed}
-        dataset = {"info": info, "licenses": [], "images": entries, "annotations": annotations}
-        # the captions as written (readable in an editor), not as \u escapes
-        path.write_text(json.dumps(dataset, ensure_ascii=False) + "\n", encoding="utf-8")
+    split_notes = None
+    if fixed_splits is None:
+        splits = split_images(usable, val, test, seed)
+    else:
+        splits, split_notes = fixed_splits.assign(usable, table)
+        _log_split_notes(split_notes, report)
+        if not splits["train"] or not splits["val"]:
+            _write_report(report, table, captions, images, match, "nothing", split_notes,
+                          fixed_splits.verb)  # fmt: skip
+            raise DataError(f"{fixed_splits.describe()}: no usable image in the "
+                            f"{'train' if not splits['train'] else 'val'} split "
+                            f"(each problem listed in {report})")  # fmt: skip
+    how = {s: {"seed": seed} if fixed_splits is None else
+           {"split_file": fixed_splits.files[s].name} for s in SPLITS}  # fmt: skip
+    infos = {s: {"description": f"prepared from {captions}", "split": s, **how[s]} for s in SPLITS}
+    _write_splits(out, images, table, splits, infos)
     counts = {s: sum(len(table.captions[n]) for n in splits[s]) for s in SPLITS}
     kept = ", ".join(f"{s} {len(splits[s])} images ({counts[s]} captions)" for s in SPLITS)
-    _write_report(report, table, captions, images, match, kept)
+    _write_report(
+        report,
+        table,
+        captions,
+        images,
+        match,
+        kept,
+        split_notes,
+        "folder" if fixed_splits is None else fixed_splits.verb,
+    )
     return FolderSummary(
         out_dir=str(out),
         images={s: len(splits[s]) for s in SPLITS},
@@ -345,4 +469,5 @@ def prepare_folder(
         format=table.format,
         uncaptioned=match.uncaptioned,
         report=str(report),
+        split_problems=split_notes or [],
     )
