@@ -65,11 +65,6 @@ FIRST_STAGE = {"scst": "soft"}  # a model trained from another's best.pt of the 
 BEAMS = {"soft": (1, 3, 5)}  # other models: (3,)
 NN_KS = (1, 3, 5, 10, 20, 40, 80)
 RECIPE = "recipe"
-# Xu et al. (2015), Table 1, Flickr8k: BLEU-1..4 (without the brevity penalty) and METEOR.
-PAPER = {
-    "soft": {"Bleu_1": 67.0, "Bleu_2": 44.8, "Bleu_3": 29.9, "Bleu_4": 19.5, "METEOR": 18.93},
-    "hard": {"Bleu_1": 67.0, "Bleu_2": 45.7, "Bleu_3": 31.4, "Bleu_4": 21.3, "METEOR": 20.30},
-}
 
 
 def prepare(shared: Path, out: Path) -> dict[str, float]:
@@ -134,9 +129,17 @@ def _host() -> dict[str, Any]:
 # --------------------------------------------------------------------------- one run
 
 
-def run_dir(out: Path, variant: str, model: str, seed: int) -> Path:
-    runs = out / "runs" if variant == RECIPE else out / "runs" / variant
-    return runs / f"{model}-seed{seed}"
+KINDS = ("cpu", "gpu")  # run folders by the device that trained them
+
+
+def device_kind() -> str:
+    return "gpu" if torch.cuda.is_available() else "cpu"
+
+
+def run_dir(out: Path, variant: str, model: str, seed: int, kind: str | None = None) -> Path:
+    """``OUT/runs/KIND[/VARIANT]/MODEL-seedS``: runs of one device kind side by side."""
+    runs = out / "runs" / (kind or device_kind())
+    return (runs if variant == RECIPE else runs / variant) / f"{model}-seed{seed}"
 
 
 def job_settings(out: Path, model: str, seed: int, overrides: list[str]) -> list[str]:
@@ -177,6 +180,8 @@ def run_job(spec: dict[str, Any]) -> dict[str, Any]:
         **_host(),
         "threads": torch.get_num_threads(),
         "timed_alone": spec["timed_alone"],
+        "commit": spec["commit"],
+        "command": spec["command"],
         "stages": _stages(Path(spec["out"])),
         "history": summary["history"],
     }
@@ -226,6 +231,8 @@ def train_all(args: argparse.Namespace, models: list[str], seeds: list[int]) -> 
             "run_dir": str(folder),
             "out": str(args.out),
             "timed_alone": not args.machine_busy and args.jobs == 1,
+            "commit": args.commit,
+            "command": args.command,
         }  # fmt: skip
 
     waves = [[m for m in models if m in CONFIGS and m not in FIRST_STAGE],
@@ -318,7 +325,7 @@ def rows_of_run(out: Path, folder: Path, refs: dict[int, list[str]]) -> list[dic
         found = json.loads((folder / f"test_beam{beam}" / "predictions.json").read_text())
         predictions = {p["image_id"]: p["caption"] for p in found}
         before = (stages.get("prepare") or 0) + (stages.get("extract") or 0)
-        first = _first_stage_seconds(out, job)
+        first = _first_stage_seconds(folder, job)
         rows.append({
             **{k: job[k] for k in ("variant", "model", "seed")},
             "beam_size": int(beam),
@@ -331,16 +338,18 @@ def rows_of_run(out: Path, folder: Path, refs: dict[int, list[str]]) -> list[dic
             "config": job["config"],
             "overrides": [portable(o, out) for o in job["settings"]],
             **{k: job[k] for k in ("precision", "device", "cpu", "threads", "timed_alone")},
+            "commit": job["commit"],
+            "command": job["command"],
         })  # fmt: skip
     return rows
 
 
-def _first_stage_seconds(out: Path, job: dict[str, Any]) -> float:
+def _first_stage_seconds(folder: Path, job: dict[str, Any]) -> float:
     """The training seconds of the run a second stage started from (0 for a first stage)."""
     first = FIRST_STAGE.get(job["model"])
     if first is None:
         return 0.0
-    done = run_dir(out, job["variant"], first, job["seed"]) / "job.json"
+    done = folder.parent / f"{first}-seed{job['seed']}" / "job.json"
     return json.loads(done.read_text())["train_seconds"]
 
 
@@ -369,59 +378,18 @@ def collect(args: argparse.Namespace, models: list[str], seeds: list[int]) -> li
                          "timed_alone": not args.machine_busy})  # fmt: skip
             continue
         for seed in seeds:
-            folder = run_dir(args.out, args.variant, model, seed)
-            if (folder / "job.json").is_file():
+            folders = [run_dir(args.out, args.variant, model, seed, kind) for kind in KINDS]
+            done = [folder for folder in folders if (folder / "job.json").is_file()]
+            for folder in done:
                 rows.extend(rows_of_run(args.out, folder, refs))
-            else:
-                logger.warning("%s seed %d has no finished run in %s; no row", model, seed, folder)
+            if not done:
+                logger.warning("%s seed %d has no finished run in %s; no row", model, seed,
+                               " or ".join(str(f) for f in folders))  # fmt: skip
     return rows
 
 
-# --------------------------------------------------------------------------- the table
-
-
 def _key(row: dict[str, Any]) -> tuple:
-    return (row["variant"], row["model"], row["seed"], row["beam_size"])
-
-
-def table(rows: list[dict[str, Any]], variant: str = RECIPE) -> str:
-    """The paper's rows beside ours: per model and beam, the mean of the seeds and each
-    seed's CIDEr-D."""
-    lines = [
-        "| model | beam | seeds | BLEU-1 | BLEU-2 | BLEU-3 | BLEU-4 | METEOR | BLEU-4 no BP | "
-        "ROUGE-L | CIDEr-D | CIDEr-D each seed | recipe s |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    for name, paper in PAPER.items():
-        bleu = " | ".join(f"{paper[f'Bleu_{n}']:.1f}" for n in range(1, 5))
-        lines.append(f"| paper: {name} (Xu et al. 2015) | | | {bleu} | {paper['METEOR']:.2f} | "
-                     f"{paper['Bleu_4']:.1f} | | | | |")  # fmt: skip
-    groups: dict[tuple, list[dict[str, Any]]] = {}
-    for row in rows:
-        if row["variant"] == variant:
-            groups.setdefault((row["model"], row["beam_size"]), []).append(row)
-    order = {m: i for i, m in enumerate(MODELS)}
-    for (model, beam), group in sorted(
-        groups.items(), key=lambda g: (order[g[0][0]], g[0][1] or 0)
-    ):
-
-        def mean(key: str, scale: float = 100.0, group=group) -> str:  # noqa: ANN001
-            values = [r[key] for r in group if r.get(key) is not None]
-            return f"{scale * statistics.mean(values):.2f}" if values else "-"
-
-        each = ", ".join(
-            f"{100 * r['CIDEr']:.1f}" for r in sorted(group, key=lambda r: r["seed"] or 0)
-        )
-        seconds = ", ".join(
-            f"{r['seconds']['recipe']:.0f}" for r in group if "recipe" in r["seconds"]
-        )
-        lines.append(
-            f"| {model} | {beam or '-'} | {len(group)} | "
-            + " | ".join(mean(f"Bleu_{n}") for n in range(1, 5))
-            + f" | {mean('METEOR')} | {mean('Bleu_4_no_bp')} | {mean('ROUGE_L')} | {mean('CIDEr')} "
-            f"| {each} | {seconds or '-'} |"
-        )
-    return "\n".join(lines)
+    return (row["variant"], row["model"], row["seed"], row["beam_size"], row["device"])
 
 
 # --------------------------------------------------------------------------- main
@@ -473,7 +441,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--variant must be a plain name (letters, digits, _), got {args.variant!r}")
     if args.variant != RECIPE and "nn" in models:
         parser.error("--variant trains decoders; leave nn out of --models")
-    commit = args.commit or git_commit()
+    args.commit = args.commit or git_commit()  # the code that trains, recorded with each run
+    command = shlex.join(["python", "-m", "benchmarks.flickr8k",
+                          *(sys.argv[1:] if argv is None else argv)])  # fmt: skip
+    args.command = portable(command, args.out, args.shared)
     args.out.mkdir(parents=True, exist_ok=True)
     try:
         prepare(args.shared, args.out)
@@ -485,11 +456,9 @@ def main(argv: list[str] | None = None) -> int:
     except CaptioningError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    command = shlex.join(["python", "-m", "benchmarks.flickr8k",
-                          *(sys.argv[1:] if argv is None else argv)])  # fmt: skip
     for row in rows:
-        row["commit"] = commit
-        row["command"] = portable(portable(command, args.out, args.shared), args.out)
+        row.setdefault("commit", args.commit)
+        row.setdefault("command", args.command)
         row["torch"] = torch.__version__
     path = args.out / "results.json"
     kept = merge_rows(read_rows(path), rows, _key)
@@ -498,7 +467,12 @@ def main(argv: list[str] | None = None) -> int:
         merged = merge_rows(read_rows(args.results), rows, _key)
         args.results.parent.mkdir(parents=True, exist_ok=True)
         args.results.write_text(json.dumps(merged, indent=1) + "\n")
-    print(table(kept, args.variant))
+    for row in rows:
+        print(
+            f"{row['model']} seed {row['seed']} beam {row['beam_size']} ({row['device']}): "
+            f"BLEU-4 {100 * row['Bleu_4']:.2f} (no BP {100 * row['Bleu_4_no_bp']:.2f}), "
+            f"METEOR {100 * (row['METEOR'] or 0):.2f}, CIDEr-D {100 * row['CIDEr']:.2f}"
+        )
     print(f"wrote {path}" + (f" and {args.results}" if args.results else ""))
     return 0
 

@@ -1,3 +1,4 @@
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -5,6 +6,7 @@ import yaml
 
 from captioning.config import (
     Config,
+    ModelConfig,
     config_from_dict,
     config_to_dict,
     load_config,
@@ -209,3 +211,75 @@ def test_an_image_size_too_small_for_the_encoder_is_a_config_error():
     cfg = load_config(CONFIGS / "test_tiny.yaml", ["model.image_size=2"])
     with pytest.raises(ConfigError, match="model.image_size=2 is too small for this encoder"):
         build_model(cfg.model, 10)
+
+
+def test_a_config_extends_the_base_it_names(tmp_path):
+    (tmp_path / "bases").mkdir()
+    (tmp_path / "bases" / "root.yaml").write_text(
+        "model:\n  encoder: small_cnn\n  hidden_dim: 64\n  dropout: 0.2\ntrain:\n  lr: 1e-3\n"
+    )
+    (tmp_path / "bases" / "middle.yaml").write_text(
+        "base: root.yaml\nmodel:\n  hidden_dim: 96\ndecode:\n  beam_size: 5\n"
+    )
+    (tmp_path / "stage.yaml").write_text("base: bases/middle.yaml\ntrain:\n  epochs: 3\n")
+    cfg = load_config(tmp_path / "stage.yaml", ["model.dropout=0.4"])
+    # the file's own keys win over its base's, which win over theirs; overrides win last
+    assert cfg.model.encoder == "small_cnn" and cfg.model.hidden_dim == 96
+    assert cfg.train.lr == 1e-3 and cfg.train.epochs == 3 and cfg.decode.beam_size == 5
+    assert cfg.model.dropout == 0.4
+    # a key of the base that the file does not name keeps the base's value, not the default
+    assert cfg.model.embed_dim == ModelConfig().embed_dim
+
+
+@pytest.mark.parametrize(
+    "files, message",
+    [
+        ({"a.yaml": "base: b.yaml\n", "b.yaml": "base: a.yaml\n"}, "its bases come back to"),
+        ({"a.yaml": "base: a.yaml\n"}, "its bases come back to"),
+        ({"a.yaml": "base: missing.yaml\n"}, "its base missing.yaml .* does not exist"),
+        ({"a.yaml": "base: [x.yaml]\n"}, "base must be the path of a config file"),
+        ({"a.yaml": "base: b.yaml\n", "b.yaml": "model:\n  hiden_dim: 3\n"},
+         "unknown config key model.hiden_dim"),
+    ],
+)  # fmt: skip
+def test_a_broken_base_is_one_line_that_names_it(tmp_path, files, message):
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    with pytest.raises(ConfigError, match=message) as caught:
+        load_config(tmp_path / "a.yaml")
+    assert "\n" not in str(caught.value)
+
+
+def test_each_second_stage_keeps_its_first_stages_model():
+    """--init refuses another architecture: a stage that extends its first stage must
+    resolve to the same model section, and its data to the same data."""
+    from pathlib import Path
+
+    configs = Path(__file__).parent.parent / "configs"
+    pairs = [("photos_scst", "photos_xe"), ("flickr8k_scst", "flickr8k_mobilenet"),
+             ("flickr8k_hard_exact", "flickr8k_hard")]  # fmt: skip
+    for stage, first in pairs:
+        a, b = load_config(configs / f"{stage}.yaml"), load_config(configs / f"{first}.yaml")
+        assert a.model == b.model and a.data == b.data, stage
+    soft, hard = (load_config(configs / f"flickr8k_{n}.yaml") for n in ("mobilenet", "hard"))
+    assert hard.model.attention == "hard" and soft.model.attention == "soft"
+    assert dataclasses.replace(hard.model, attention="soft") == soft.model
+    # no shipped recipe repeats its base: every key it sets changes the base's value
+    for path in configs.glob("*.yaml"):
+        own = yaml.safe_load(path.read_text())
+        if "base" not in own:
+            continue
+        base = config_to_dict(load_config(path.parent / own.pop("base")))
+        resolved = config_to_dict(load_config(path))
+        for section, keys in own.items():
+            for key in keys:
+                assert resolved[section][key] != base[section][key], (
+                    f"{path.name} repeats its base's {section}.{key}"
+                )
+
+
+def test_the_retired_suppress_unk_key_names_its_replacement(tmp_path):
+    with pytest.raises(ConfigError, match="replaced by decode.allow_unk"):
+        load_config(None, ["decode.suppress_unk=true"])
+    assert not load_config(None).decode.allow_unk
+    assert load_config(None, ["decode.allow_unk=true"]).decode.allow_unk

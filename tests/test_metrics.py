@@ -311,3 +311,33 @@ def test_spice_failure_is_a_one_line_error(monkeypatch):
     with pytest.raises(CaptioningError, match="SPICE failed") as info:
         caption_metrics(PREDICTIONS, REFERENCES, spice=True)
     assert "\n" not in str(info.value)
+
+
+def test_bleu_without_the_brevity_penalty_is_the_papers_form():
+    """Xu et al. (2015) report BLEU without the brevity penalty: the same clipped n-gram
+    precisions, with exp(1 - r/c) divided out when the captions are shorter than the
+    references, and nothing changed when they are not."""
+    refs = {1: ["a dog runs across the green grass", "a brown dog is running on a lawn"],
+            2: ["a man rides a bike down a steep hill", "a person rides a bicycle"]}  # fmt: skip
+    short = {1: "a dog runs", 2: "a man rides a bike"}
+    scores = caption_metrics(short, refs, meteor=False)
+    tokens_refs, tokens_res = tokenize_for_eval(refs), tokenize_for_eval(
+        {k: [v] for k, v in short.items()})  # fmt: skip
+    pycoco, _ = Bleu(4).compute_score(tokens_refs, tokens_res, verbose=0)
+    assert [scores[f"Bleu_{n}"] for n in range(1, 5)] == pytest.approx(pycoco)
+    # 3 + 5 caption words against the closest reference lengths 7 and 5
+    assert scores["Bleu_length_ratio"] == pytest.approx(8 / 12)
+    assert scores["Bleu_brevity_penalty"] == pytest.approx(math.exp(1 - 12 / 8))
+    # unigram precision: every word of both captions is in a reference
+    assert scores["Bleu_1_no_bp"] == pytest.approx(1.0)
+    for n in range(1, 5):
+        assert scores[f"Bleu_{n}_no_bp"] * scores["Bleu_brevity_penalty"] == pytest.approx(
+            scores[f"Bleu_{n}"]
+        )
+    long = {
+        1: "a brown dog runs across the green grass of a big lawn",
+        2: "a person rides a bicycle",
+    }
+    scores = caption_metrics(long, refs, meteor=False)
+    assert scores["Bleu_brevity_penalty"] == 1.0
+    assert all(scores[f"Bleu_{n}_no_bp"] == scores[f"Bleu_{n}"] for n in range(1, 5))

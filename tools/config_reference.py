@@ -185,10 +185,11 @@ def render(
         renamed: old dotted key -> new one, as ``config.RENAMED_KEYS``.
         source: the path of the file the reference is made from, for its first lines.
     """
+    retired: dict[str, str] = {}
     if config is None:
         from captioning import config as module
 
-        config, renamed = module.Config, module.RENAMED_KEYS
+        config, renamed, retired = module.Config, module.RENAMED_KEYS, module.RETIRED_KEYS
         ranges = {key: module._describe_range(*limits) for key, limits in module._RANGES.items()}
     ranges, renamed = ranges or {}, renamed or {}
     link = "../" + source
@@ -196,8 +197,9 @@ def render(
         "# Configuration reference\n",
         f"Generated from [`{source}`]({link}) by `python tools/config_reference.py`; a "
         "test checks that it is current, so edit the comments in the source, not this page.\n",
-        "A config file holds only what differs from these defaults, `--set section.key=value` "
-        "overrides one key on top, and an unknown key or a value of the wrong type or out of "
+        "A config file holds only what differs from these defaults, or from the config it "
+        "extends (a top-level `base: FILE`, relative to the file; bases may have bases), "
+        "`--set section.key=value` overrides one key on top, and an unknown key or a value of the wrong type or out of "
         "its range is refused in one line that names the key. A key whose value is `null` is "
         "not range-checked.\n",
     ]
@@ -209,6 +211,14 @@ def render(
             "the new one; checkpoints written before the change are upgraded when read.\n\n"
             "| old | new |\n| --- | --- |\n"
             + "".join(f"| `{old}` | `{new}` |\n" for old, new in renamed.items())
+        )
+    if retired:
+        parts.append(
+            "## Retired keys\n\nKeys replaced by another of a different meaning: a config file "
+            "or `--set` that uses one is refused with what to use; checkpoints written before "
+            "lose the key when read, and take the new key's default.\n\n"
+            "| old | use |\n| --- | --- |\n"
+            + "".join(f"| `{old}` | {_cell(use)} |\n" for old, use in retired.items())
         )
     return "\n".join(parts)
 

@@ -989,6 +989,114 @@ def speed_profile(rows: Rows) -> str:
     return "\n".join(lines) + "\n"
 
 
+# Xu et al. (2015), Table 1, Flickr8k: BLEU-1..4 (without the brevity penalty) and METEOR.
+PAPER_FLICKR8K = {
+    "soft": (67.0, 44.8, 29.9, 19.5, 18.93),
+    "hard": (67.0, 45.7, 31.4, 21.3, 20.30),
+}
+FLICKR8K_MODELS = ("nn", "none", "soft", "hard", "hard_exact", "scst")
+FLICKR8K_SCORES = ("Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "METEOR", "Bleu_4_no_bp",
+                   "ROUGE_L", "CIDEr")  # fmt: skip
+
+
+def _device(row: dict[str, Any]) -> str:
+    return "GPU" if "NVIDIA" in row["device"] else "CPU"
+
+
+def _flickr8k_lines(rows: Rows) -> list[str]:
+    """One line per model, beam size and device: the mean of the seeds in percent, and each
+    seed's CIDEr-D."""
+    groups: dict[tuple, Rows] = {}
+    for row in rows:
+        groups.setdefault((row["model"], row["beam_size"], _device(row)), []).append(row)
+    order = {m: i for i, m in enumerate(FLICKR8K_MODELS)}
+    lines = []
+    for (model, beam, device), group in sorted(
+        groups.items(), key=lambda g: (order[g[0][0]], g[0][2], g[0][1] or 0)
+    ):
+        group = sorted(group, key=lambda r: r["seed"] or 0)
+        means = [_mean([r.get(k) for r in group]) for k in FLICKR8K_SCORES]
+        each = ", ".join(f"{100 * r['CIDEr']:.1f}"
+                         + ("" if r["seed"] is None else f" ({r['seed']})")
+                         for r in group)  # fmt: skip
+        cells = " | ".join("–" if m is None else f"{100 * m:.2f}" for m in means)
+        lines.append(f"| {model} | {beam or '–'} | {device} | {len(group)} | {cells} | {each} |")
+    return lines
+
+
+def _flickr8k_note(rows: Rows) -> str:
+    devices = sorted({f"{r['device']} ({r['threads']} threads)" for r in rows})
+    commits = sorted({_short(r["commit"]) for r in rows})
+    precisions = sorted({r["precision"] for r in rows})
+    return (f"Test split, 1,000 images; scores in percent, the mean of the seeds. "
+            f"Trained on {'; '.join(devices)}, precision {', '.join(precisions)}; "
+            f"commits {', '.join(commits)}; `results/flickr8k.json` holds every row with its "
+            f"command.")  # fmt: skip
+
+
+def flickr8k(rows: Rows) -> str:
+    """Show, Attend and Tell's Flickr8k rows beside ours (``benchmarks/flickr8k.py``): the
+    recipe's models at beam 3 and the nearest neighbour, the mean of the seeds."""
+    head = ["| model | beam | trained on | seeds | BLEU-1 | BLEU-2 | BLEU-3 | BLEU-4 | METEOR "
+            "| BLEU-4 without BP | ROUGE-L | CIDEr-D | CIDEr-D of each seed |",
+            "|" + " --- |" * 13]  # fmt: skip
+    for name, (b1, b2, b3, b4, meteor) in PAPER_FLICKR8K.items():
+        head.append(f"| **paper: {name}** (Xu et al. 2015) | | | | {b1:.1f} | {b2:.1f} | "
+                    f"{b3:.1f} | {b4:.1f} | {meteor:.2f} | {b4:.1f} | | | |")  # fmt: skip
+    recipe = [r for r in rows if r["variant"] == "recipe" and r["beam_size"] in (None, 3)]
+    return "\n".join([*head, *_flickr8k_lines(recipe), "", _flickr8k_note(recipe)]) + "\n"
+
+
+def flickr8k_beams(rows: Rows) -> str:
+    """The soft model of the Flickr8k recipe decoded with 1, 3 and 5 beams."""
+    head = ["| model | beam | trained on | seeds | BLEU-1 | BLEU-2 | BLEU-3 | BLEU-4 | METEOR "
+            "| BLEU-4 without BP | ROUGE-L | CIDEr-D | CIDEr-D of each seed |",
+            "|" + " --- |" * 13]  # fmt: skip
+    soft = [r for r in rows if r["variant"] == "recipe" and r["model"] == "soft"]
+    return "\n".join([*head, *_flickr8k_lines(soft), "", _flickr8k_note(soft)]) + "\n"
+
+
+def flickr8k_levers(rows: Rows) -> str:
+    """The Flickr8k soft model against the same model with one setting changed (rows of a
+    ``--variant``), beam 3, the seeds' mean in percent."""
+    lines = ["| variant | settings | trained on | seeds | BLEU-4 | METEOR | CIDEr-D | validation "
+             "CIDEr-D | CIDEr-D of each seed |", "|" + " --- |" * 9]  # fmt: skip
+    groups: dict[tuple, Rows] = {}
+    for row in rows:
+        if row["model"] == "soft" and row["beam_size"] == 3:
+            groups.setdefault((row["variant"], _device(row)), []).append(row)
+    for (variant, device), group in sorted(
+        groups.items(), key=lambda g: (g[0][0] != "recipe", g[0])
+    ):
+        group = sorted(group, key=lambda r: r["seed"])
+        settings = [o for o in group[0]["overrides"] if not o.startswith(_PLUMBING)]
+        scores = [_mean([r[k] for r in group]) for k in ("Bleu_4", "METEOR", "CIDEr")]
+        val = _mean([r["best_val_CIDEr"] for r in group])
+        each = ", ".join(f"{100 * r['CIDEr']:.1f} ({r['seed']})" for r in group)
+        lines.append(f"| {variant} | {', '.join(f'`{o}`' for o in settings) or 'the recipe'} | "
+                     f"{device} | {len(group)} | " + " | ".join(f"{100 * v:.2f}" for v in scores)
+                     + f" | {100 * val:.2f} | {each} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def flickr8k_time(rows: Rows) -> str:
+    """The Flickr8k recipe's seconds per stage, per run, with the device and whether the run
+    had the machine to itself."""
+    lines = ["| model | seed | trained on | threads | timed alone | prepare s | extract s | "
+             "train s | evaluate s | whole recipe s |", "|" + " --- |" * 10]  # fmt: skip
+    for row in rows:
+        if row["variant"] != "recipe" or row["beam_size"] not in (None, 3):
+            continue
+        t = row["seconds"]
+        train = (t.get("first_stage") or 0) + t["train"]
+        lines.append(f"| {row['model']} | {row['seed'] if row['seed'] is not None else '–'} | "
+                     f"{row['device']} | {row['threads']} | "
+                     f"{'yes' if row['timed_alone'] else 'no'} "
+                     f"| {t['prepare']:.0f} | {t['extract']:.0f} | {train:.0f} | "
+                     f"{t.get('evaluate', 0):.0f} | {t.get('recipe', 0):.0f} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
 TABLES: dict[str, Callable[[Rows], str]] = {
     "photos": photos,
     "photo_levers": photo_levers,
@@ -1012,6 +1120,10 @@ TABLES: dict[str, Callable[[Rows], str]] = {
     "speed_bench": speed_bench,
     "speed_floor": speed_floor,
     "speed_profile": speed_profile,
+    "flickr8k": flickr8k,
+    "flickr8k_beams": flickr8k_beams,
+    "flickr8k_levers": flickr8k_levers,
+    "flickr8k_time": flickr8k_time,
 }
 # tables whose rows are in another table's file
 SOURCES = {
@@ -1026,6 +1138,9 @@ SOURCES = {
     "speed_bench": "speed",
     "speed_floor": "speed",
     "speed_profile": "speed",
+    "flickr8k_beams": "flickr8k",
+    "flickr8k_levers": "flickr8k",
+    "flickr8k_time": "flickr8k",
 }
 
 

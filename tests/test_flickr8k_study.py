@@ -1,0 +1,106 @@
+"""benchmarks/flickr8k.py: rows scored from a finished run's folder with the paper's BLEU
+beside the standard one, portable commands, the table beside the paper's rows, and the
+options a user can get wrong."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks import flickr8k
+from captioning.metrics import caption_metrics
+from tests.conftest import load_tool
+
+REFS = {
+    1: ["a dog runs across the grass", "a brown dog is running on a lawn"],
+    2: ["a man rides a bike down a hill", "a person on a bicycle"],
+    3: ["two children play in the water", "kids splash in a pool"],
+}
+
+
+def finished_run(out: Path, model: str, seed: int, captions: dict[int, str], kind="gpu") -> Path:
+    folder = flickr8k.run_dir(out, flickr8k.RECIPE, model, seed, kind)
+    (folder / "test_beam3").mkdir(parents=True)
+    predictions = [{"image_id": i, "caption": c} for i, c in captions.items()]
+    (folder / "test_beam3" / "predictions.json").write_text(json.dumps(predictions))
+    job = {"model": model, "seed": seed, "variant": "recipe", "config": "configs/x.yaml",
+           "settings": [f"data.root={out / 'data'}", f"model.weights={out}/w.pt"],
+           "best_val_CIDEr": 0.4, "best_epoch": 3, "epochs": 4, "steps": 80,
+           "train_seconds": 100.0, "evaluate_seconds": {"3": 5.0}, "precision": "bf16",
+           "device": "NVIDIA H100", "cpu": "Xeon", "threads": 1, "timed_alone": False,
+           "stages": {"prepare": 10.0, "extract": 40.0}, "history": [], "commit": "abc",
+           "command": "python -m benchmarks.flickr8k --out OUT"}  # fmt: skip
+    (folder / "job.json").write_text(json.dumps(job))
+    return folder
+
+
+def test_a_run_is_scored_as_the_paper_and_as_coco(tmp_path):
+    captions = {1: "a dog runs on the grass", 2: "a man rides a bike", 3: "kids play"}
+    folder = finished_run(tmp_path, "soft", 0, captions)
+    [row] = flickr8k.rows_of_run(tmp_path, folder, REFS)
+    expected = caption_metrics(captions, REFS)
+    for name in ("Bleu_1", "Bleu_4", "METEOR", "ROUGE_L", "CIDEr"):
+        assert row[name] == pytest.approx(expected[name])
+    # short captions: the brevity penalty lowers BLEU, and the paper's form divides it out
+    assert row["Bleu_brevity_penalty"] < 1
+    for n in range(1, 5):
+        assert row[f"Bleu_{n}_no_bp"] * row["Bleu_brevity_penalty"] == pytest.approx(
+            row[f"Bleu_{n}"]
+        )
+    assert row["distinct_captions"] == 3 and row["unk_captions"] == 0
+    assert row["seconds"] == {"prepare": 10.0, "extract": 40.0, "first_stage": 0.0,
+                              "train": 100.0, "evaluate": 5.0, "recipe": 155.0}  # fmt: skip
+    assert row["overrides"] == ["data.root=OUT/data", "model.weights=OUT/w.pt"]
+    assert row["device"] == "NVIDIA H100" and row["precision"] == "bf16"
+
+
+def test_a_second_stage_counts_its_first_stages_seconds(tmp_path):
+    finished_run(tmp_path, "soft", 1, {1: "a dog", 2: "a man", 3: "kids"})
+    folder = finished_run(tmp_path, "scst", 1, {1: "a dog runs", 2: "a man", 3: "kids"})
+    [row] = flickr8k.rows_of_run(tmp_path, folder, REFS)
+    assert row["seconds"]["first_stage"] == 100.0 and row["seconds"]["recipe"] == 255.0
+
+
+def test_commands_name_no_machine_path(tmp_path):
+    out, shared = tmp_path / "out", tmp_path / "shared"
+    command = f"python -m benchmarks.flickr8k --shared {shared} --out {out} --set x={out}/y"
+    assert flickr8k.portable(command, out, shared) == (
+        "python -m benchmarks.flickr8k --shared SHARED --out OUT --set x=OUT/y"
+    )
+
+
+def test_the_table_puts_the_papers_rows_beside_ours():
+    tables = load_tool("tables")
+    rows = [{"variant": "recipe", "model": "soft", "seed": s, "beam_size": 3, "device": "Xeon",
+             "threads": 2, "precision": "bf16", "commit": "abcdef0123",
+             "Bleu_1": 0.6, "Bleu_2": 0.4, "Bleu_3": 0.27, "Bleu_4": b, "METEOR": 0.19,
+             "Bleu_4_no_bp": b, "ROUGE_L": 0.45, "CIDEr": c}
+            for s, b, c in ((0, 0.18, 0.45), (1, 0.19, 0.47))]  # fmt: skip
+    text = tables.flickr8k(rows)
+    assert "| **paper: soft** (Xu et al. 2015) | | | | 67.0 | 44.8 | 29.9 | 19.5 | 18.93 |" in text
+    line = "| soft | 3 | CPU | 2 | 60.00 | 40.00 | 27.00 | 18.50 | 19.00 | 18.50 | 45.00 | 46.00 |"
+    assert line + " 45.0 (0), 47.0 (1) |" in text
+    assert "Xeon (2 threads), precision bf16; commits abcdef0" in text
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--models", "soft,wat"], "unknown model 'wat'"),
+        (["--seeds", "0,x"], "must be comma-separated integers"),
+        (["--variant", "a b", "--models", "soft"], "--variant must be a plain name"),
+        (["--variant", "wide"], "leave nn out of --models"),
+    ],
+)
+def test_options_a_user_can_get_wrong(tmp_path, capsys, argv, message):
+    with pytest.raises(SystemExit) as stopped:
+        flickr8k.main(["--shared", str(tmp_path), "--out", str(tmp_path / "o"), *argv])
+    assert stopped.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_missing_shared_folder_is_one_line(tmp_path, capsys):
+    code = flickr8k.main(["--shared", str(tmp_path / "nowhere"), "--out", str(tmp_path / "o")])
+    assert code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--shared must name the shared folder" in err
