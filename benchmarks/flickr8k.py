@@ -24,7 +24,8 @@ training, ``configs/flickr8k_scst.yaml``, from the ``soft`` run of the same seed
 Training runs as ``--jobs`` processes side by side (on one GPU, or one at a time on a CPU so
 that the times are a user's). A finished run (its ``job.json``) is reused, and keeps the
 seconds and the machine it ran on, so runs made on another machine (``--no-score`` there,
-the run folders copied back) are scored here like any other. ``--results FILE`` merges the
+the run folders copied back into ``OUT/runs/gpu`` or ``OUT/runs/cpu``) are scored here like
+any other (``--no-train`` scores what is there and trains nothing). ``--results FILE`` merges the
 rows into a results file; nothing is written to ``results/`` without it. ``--variant NAME``
 marks rows trained with ``--set`` overrides (a lever tried against the recipe).
 """
@@ -315,8 +316,12 @@ def nearest_neighbour(out: Path, overrides: list[str]) -> dict[str, Any]:
             "predictions": test, "seconds": round(seconds, 2)}  # fmt: skip
 
 
-def rows_of_run(out: Path, folder: Path, refs: dict[int, list[str]]) -> list[dict[str, Any]]:
-    """One row per decoded beam size of the finished run in ``folder``."""
+def rows_of_run(
+    out: Path, folder: Path, refs: dict[int, list[str]], cuts: tuple[int, ...] = ()
+) -> list[dict[str, Any]]:
+    """One row per decoded beam size of the finished run in ``folder``; with ``cuts``, also
+    one per cut of its beam-3 captions to their first N words (variant ``cutN``, scored
+    only), which shows what BLEU without the brevity penalty rewards."""
     job = json.loads((folder / "job.json").read_text())
     stages = job.pop("stages")
     job.pop("history", None)
@@ -341,6 +346,10 @@ def rows_of_run(out: Path, folder: Path, refs: dict[int, list[str]]) -> list[dic
             "commit": job["commit"],
             "command": job["command"],
         })  # fmt: skip
+        if beam == "3":
+            for words in cuts:
+                cut = {i: " ".join(c.split()[:words]) for i, c in predictions.items()}
+                rows.append({**rows[-1], **score(cut, refs), "variant": f"cut{words}"})
     return rows
 
 
@@ -381,7 +390,8 @@ def collect(args: argparse.Namespace, models: list[str], seeds: list[int]) -> li
             folders = [run_dir(args.out, args.variant, model, seed, kind) for kind in KINDS]
             done = [folder for folder in folders if (folder / "job.json").is_file()]
             for folder in done:
-                rows.extend(rows_of_run(args.out, folder, refs))
+                cuts = tuple(args.cut) if model == "soft" and args.variant == RECIPE else ()
+                rows.extend(rows_of_run(args.out, folder, refs, cuts))
             if not done:
                 logger.warning("%s seed %d has no finished run in %s; no row", model, seed,
                                " or ".join(str(f) for f in folders))  # fmt: skip
@@ -393,6 +403,13 @@ def _key(row: dict[str, Any]) -> tuple:
 
 
 # --------------------------------------------------------------------------- main
+
+
+def parse_cuts(text: str) -> list[int]:
+    cuts = parse_seeds(text)
+    if min(cuts) < 1:
+        raise argparse.ArgumentTypeError(f"must be word counts of at least 1, got {text!r}")
+    return cuts
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -426,7 +443,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="a name for rows trained with --set overrides")  # fmt: skip
     parser.add_argument("--no-score", action="store_true",
                         help="train and decode only; score later")  # fmt: skip
+    parser.add_argument("--no-train", action="store_true",
+                        help="score the finished runs only; train none")  # fmt: skip
     parser.add_argument("--results", type=Path, help="merge the rows into this results file")
+    parser.add_argument("--cut", type=parse_cuts, default=[],
+                        help="also score the soft model's beam-3 captions cut to their first N "
+                             "words, for each N of this comma-separated list")  # fmt: skip
     parser.add_argument("--commit", help="the commit to record (where the copy has no .git)")
     parser.add_argument("--machine-busy", action="store_true",
                         help="other work runs beside: the seconds are not timed alone")  # fmt: skip
@@ -439,6 +461,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown model {unknown[0]!r}; choose from {', '.join(MODELS)}")
     if not args.variant.isidentifier():
         parser.error(f"--variant must be a plain name (letters, digits, _), got {args.variant!r}")
+    if args.no_train and args.no_score:
+        parser.error("--no-train --no-score would do nothing")
     if args.variant != RECIPE and "nn" in models:
         parser.error("--variant trains decoders; leave nn out of --models")
     args.commit = args.commit or git_commit()  # the code that trains, recorded with each run
@@ -449,7 +473,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         prepare(args.shared, args.out)
         extract(args.out, job_settings(args.out, "soft", 0, args.overrides))
-        train_all(args, models, args.seeds)
+        if not args.no_train:
+            train_all(args, models, args.seeds)
         if args.no_score:
             return 0
         rows = collect(args, models, args.seeds)

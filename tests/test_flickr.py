@@ -94,15 +94,19 @@ def test_flickr30k_split_files_may_list_ids_and_the_pipe_format_is_read(tmp_path
 
 def test_a_split_left_empty_or_a_missing_file_is_one_line(tmp_path, capsys):
     images, text = release(tmp_path)
+    (text / "Flickr_8k.testImages.txt").rename(tmp_path / "test.txt")
+    code = main(["--quiet", "prepare", "flickr8k", "--images", str(images), "--text", str(text),
+                 "--out", str(tmp_path / "out")])  # fmt: skip
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and [line for line in lines if line.startswith("error: ")] == lines[-1:]
+    assert (
+        "Flickr_8k.testImages.txt: not found; --text must be the unpacked Flickr8k_text"
+        in (lines[-1])
+    )
+    (tmp_path / "test.txt").rename(text / "Flickr_8k.testImages.txt")
     (text / "Flickr_8k.devImages.txt").write_text("9_x.jpg\n")
     with pytest.raises(DataError, match="no usable image in the val split"):
-        prepare_flickr8k(images, text, tmp_path / "out", progress=False)
-    (text / "Flickr_8k.testImages.txt").unlink()
-    code = main(["--quiet", "prepare", "flickr8k", "--images", str(images), "--text", str(text),
-                 "--out", str(tmp_path / "out2")])  # fmt: skip
-    err = capsys.readouterr().err.strip()
-    assert code == 2 and len(err.splitlines()) == 1
-    assert "Flickr_8k.testImages.txt: not found; --text must be the unpacked Flickr8k_text" in err
+        prepare_flickr8k(images, text, tmp_path / "out2", progress=False)
 
 
 def test_the_cli_prints_what_it_wrote_and_the_next_command(tmp_path, capsys):

@@ -104,3 +104,14 @@ def test_a_missing_shared_folder_is_one_line(tmp_path, capsys):
     assert code == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--shared must name the shared folder" in err
+
+
+def test_the_committed_rows_name_no_machine_path():
+    path = Path(__file__).resolve().parents[1] / "results" / "flickr8k.json"
+    if not path.is_file():
+        pytest.skip("results/flickr8k.json is not there yet")
+    rows = json.loads(path.read_text())
+    for row in rows:
+        text = json.dumps({k: row[k] for k in ("command", "overrides", "config")})
+        assert "/" + "tmp" not in text and "/home" not in text and "/work" not in text, text
+        assert row["commit"] and row["device"] and row["precision"] and row["threads"]

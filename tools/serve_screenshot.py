@@ -33,10 +33,13 @@ def main() -> int:
     parser.add_argument("--image", default=None, help="default: the first example image")
     parser.add_argument("--word", type=int, default=2, help="which word to hover (from 0)")
     parser.add_argument("--out", default="docs/serve.png")
+    parser.add_argument("--examples", nargs="+", metavar="IMAGE",
+                        help="the example images the page offers (default: the "
+                             "checkpoint's test images)")  # fmt: skip
     args = parser.parse_args()
 
     model = captioning.load(args.checkpoint, device="cpu")
-    settings = settings_for(model, max_upload_mb=10)
+    settings = settings_for(model, max_upload_mb=10, examples=args.examples)
     image = args.image or (settings.examples[0] if settings.examples else None)
     if image is None:
         print("error: no --image given and the checkpoint's test images are not on disk")

@@ -451,16 +451,8 @@ def prepare_folder(
     _write_splits(out, images, table, splits, infos)
     counts = {s: sum(len(table.captions[n]) for n in splits[s]) for s in SPLITS}
     kept = ", ".join(f"{s} {len(splits[s])} images ({counts[s]} captions)" for s in SPLITS)
-    _write_report(
-        report,
-        table,
-        captions,
-        images,
-        match,
-        kept,
-        split_notes,
-        "folder" if fixed_splits is None else fixed_splits.verb,
-    )
+    verb = "folder" if fixed_splits is None else fixed_splits.verb
+    _write_report(report, table, captions, images, match, kept, split_notes, verb)
     return FolderSummary(
         out_dir=str(out),
         images={s: len(splits[s]) for s in SPLITS},
