@@ -171,7 +171,8 @@ def run_job(spec: dict[str, Any]) -> dict[str, Any]:
     saved = yaml_config(folder / "train" / "config.yaml")
     job = {
         **{k: spec[k] for k in ("model", "seed", "variant", "config", "settings")},
-        "best_val_CIDEr": summary["best_score"],
+        "select_metric": summary["select_metric"],
+        "best_val": summary["best_score"],
         "best_epoch": summary["best_epoch"],
         "epochs": summary["epochs"],
         "steps": summary["steps"],
@@ -251,8 +252,9 @@ def train_all(args: argparse.Namespace, models: list[str], seeds: list[int]) -> 
         specs = [spec(m, s) for m in wave for s in seeds]
         with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
             for job in pool.map(launch, specs):
-                logger.info("%s seed %d: trained in %.0f s (val CIDEr-D %.3f)", job["model"],
-                            job["seed"], job["train_seconds"], job["best_val_CIDEr"])  # fmt: skip
+                logger.info("%s seed %d: trained in %.0f s (best validation %s %.3f)",
+                            job["model"], job["seed"], job["train_seconds"],
+                            job["select_metric"], job["best_val"])  # fmt: skip
 
 
 # --------------------------------------------------------------------------- scoring
@@ -335,7 +337,7 @@ def rows_of_run(
             **{k: job[k] for k in ("variant", "model", "seed")},
             "beam_size": int(beam),
             **score(predictions, refs),
-            **{k: job[k] for k in ("best_val_CIDEr", "best_epoch", "epochs", "steps")},
+            **{k: job[k] for k in ("select_metric", "best_val", "best_epoch", "epochs", "steps")},
             "seconds": {"prepare": stages.get("prepare"), "extract": stages.get("extract"),
                         "first_stage": first, "train": job["train_seconds"],
                         "evaluate": seconds,
@@ -381,7 +383,10 @@ def collect(args: argparse.Namespace, models: list[str], seeds: list[int]) -> li
             rows.append({"variant": RECIPE, "model": "nn", "seed": None, "beam_size": None,
                          **score(nn["predictions"], refs), **extra,
                          "seconds": {"prepare": stages.get("prepare"),
-                                     "extract": stages.get("extract"), "train": nn["seconds"]},
+                                     "extract": stages.get("extract"), "train": nn["seconds"],
+                                     "recipe": round((stages.get("prepare") or 0)
+                                                     + (stages.get("extract") or 0)
+                                                     + nn["seconds"], 1)},
                          "config": CONFIGS["soft"][0], "overrides": [],
                          "precision": "fp32", **_host(),
                          "timed_alone": not args.machine_busy})  # fmt: skip

@@ -25,7 +25,7 @@ def finished_run(out: Path, model: str, seed: int, captions: dict[int, str], kin
     (folder / "test_beam3" / "predictions.json").write_text(json.dumps(predictions))
     job = {"model": model, "seed": seed, "variant": "recipe", "config": "configs/x.yaml",
            "settings": [f"data.root={out / 'data'}", f"model.weights={out}/w.pt"],
-           "best_val_CIDEr": 0.4, "best_epoch": 3, "epochs": 4, "steps": 80,
+           "select_metric": "CIDEr", "best_val": 0.4, "best_epoch": 3, "epochs": 4, "steps": 80,
            "train_seconds": 100.0, "evaluate_seconds": {"3": 5.0}, "precision": "bf16",
            "device": "NVIDIA H100", "cpu": "Xeon", "threads": 1, "timed_alone": False,
            "stages": {"prepare": 10.0, "extract": 40.0}, "history": [], "commit": "abc",
@@ -77,7 +77,10 @@ def test_the_table_puts_the_papers_rows_beside_ours():
              "Bleu_4_no_bp": b, "ROUGE_L": 0.45, "CIDEr": c}
             for s, b, c in ((0, 0.18, 0.45), (1, 0.19, 0.47))]  # fmt: skip
     text = tables.flickr8k(rows)
-    assert "| **paper: soft** (Xu et al. 2015) | | | | 67.0 | 44.8 | 29.9 | 19.5 | 18.93 |" in text
+    paper = (
+        "| **paper: soft** (Xu et al. 2015; BLEU without BP) | | | | 67.0 | 44.8 | 29.9 | 19.5 |"
+    )
+    assert paper + " 18.93 |" in text
     line = "| soft | 3 | CPU | 2 | 60.00 | 40.00 | 27.00 | 18.50 | 19.00 | 18.50 | 45.00 | 46.00 |"
     assert line + " 45.0 (0), 47.0 (1) |" in text
     assert "Xeon (2 threads), precision bf16; commits abcdef0" in text

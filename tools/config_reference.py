@@ -199,9 +199,9 @@ def render(
         "test checks that it is current, so edit the comments in the source, not this page.\n",
         "A config file holds only what differs from these defaults, or from the config it "
         "extends (a top-level `base: FILE`, relative to the file; bases may have bases), "
-        "`--set section.key=value` overrides one key on top, and an unknown key or a value of the wrong type or out of "
-        "its range is refused in one line that names the key. A key whose value is `null` is "
-        "not range-checked.\n",
+        "`--set section.key=value` overrides one key on top, and an unknown key or a value "
+        "of the wrong type or out of its range is refused in one line that names the key. "
+        "A key whose value is `null` is not range-checked.\n",
     ]
     for section in dataclasses.fields(config):
         parts.append(section_table(section.name, section.default_factory().__class__, ranges))

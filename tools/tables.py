@@ -1041,8 +1041,9 @@ def flickr8k(rows: Rows) -> str:
             "| BLEU-4 without BP | ROUGE-L | CIDEr-D | CIDEr-D of each seed |",
             "|" + " --- |" * 13]  # fmt: skip
     for name, (b1, b2, b3, b4, meteor) in PAPER_FLICKR8K.items():
-        head.append(f"| **paper: {name}** (Xu et al. 2015) | | | | {b1:.1f} | {b2:.1f} | "
-                    f"{b3:.1f} | {b4:.1f} | {meteor:.2f} | {b4:.1f} | | | |")  # fmt: skip
+        bleu = " | ".join(f"{b:.1f}" for b in (b1, b2, b3, b4))
+        head.append(f"| **paper: {name}** (Xu et al. 2015; BLEU without BP) | | | | {bleu} | "
+                    f"{meteor:.2f} | {b4:.1f} | | | |")  # fmt: skip
     recipe = [r for r in rows if r["variant"] == "recipe" and r["beam_size"] in (None, 3)]
     return "\n".join([*head, *_flickr8k_lines(recipe), "", _flickr8k_note(recipe)]) + "\n"
 
@@ -1059,7 +1060,7 @@ def flickr8k_beams(rows: Rows) -> str:
 def flickr8k_brevity(rows: Rows) -> str:
     """What BLEU without the brevity penalty rewards: the soft model's beam-3 test captions
     as decoded and cut to their first N words (variants ``cutN``), scored both ways."""
-    lines = ["| captions | seeds | words per caption | length ratio | brevity penalty | BLEU-1 "
+    lines = ["| captions | runs | words per caption | length ratio | brevity penalty | BLEU-1 "
              "| BLEU-1 without BP | BLEU-4 | BLEU-4 without BP | METEOR | CIDEr-D |",
              "|" + " --- |" * 11]  # fmt: skip
     groups: dict[str, Rows] = {}
@@ -1067,8 +1068,7 @@ def flickr8k_brevity(rows: Rows) -> str:
         cut = row["variant"].startswith("cut")
         if row["model"] == "soft" and row["beam_size"] == 3 and (cut or row["variant"] == "recipe"):
             groups.setdefault(row["variant"], []).append(row)
-    order = sorted(groups, key=lambda v: -1 if v == "recipe" else int(v[3:]))
-    for variant in order[::-1]:
+    for variant in sorted(groups, key=lambda v: -1000 if v == "recipe" else -int(v[3:])):
         group = groups[variant]
         name = "as decoded" if variant == "recipe" else f"first {variant[3:]} words"
         cells = [f"{_mean([r['mean_words'] for r in group]):.1f}",
@@ -1084,8 +1084,9 @@ def flickr8k_brevity(rows: Rows) -> str:
 def flickr8k_levers(rows: Rows) -> str:
     """The Flickr8k soft model against the same model with one setting changed (rows of a
     ``--variant``), beam 3, the seeds' mean in percent."""
-    lines = ["| variant | settings | trained on | seeds | BLEU-4 | METEOR | CIDEr-D | validation "
-             "CIDEr-D | CIDEr-D of each seed |", "|" + " --- |" * 9]  # fmt: skip
+    lines = ["| variant | settings | trained on | seeds | BLEU-4 | METEOR | CIDEr-D | best "
+             "validation score (selected on) | CIDEr-D of each seed |",
+             "|" + " --- |" * 9]  # fmt: skip
     groups: dict[tuple, Rows] = {}
     for row in rows:
         trained = not row["variant"].startswith("cut")  # cut captions are only scored
@@ -1097,11 +1098,11 @@ def flickr8k_levers(rows: Rows) -> str:
         group = sorted(group, key=lambda r: r["seed"])
         settings = [o for o in group[0]["overrides"] if not o.startswith(_PLUMBING)]
         scores = [_mean([r[k] for r in group]) for k in ("Bleu_4", "METEOR", "CIDEr")]
-        val = _mean([r["best_val_CIDEr"] for r in group])
+        val = _mean([r["best_val"] for r in group])
         each = ", ".join(f"{100 * r['CIDEr']:.1f} ({r['seed']})" for r in group)
         lines.append(f"| {variant} | {', '.join(f'`{o}`' for o in settings) or 'the recipe'} | "
                      f"{device} | {len(group)} | " + " | ".join(f"{100 * v:.2f}" for v in scores)
-                     + f" | {100 * val:.2f} | {each} |")  # fmt: skip
+                     + f" | {100 * val:.2f} ({group[0]['select_metric']}) | {each} |")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
