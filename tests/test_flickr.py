@@ -120,6 +120,7 @@ def test_the_cli_prints_what_it_wrote_and_the_next_command(tmp_path, capsys):
     assert "captioning train --config configs/flickr8k_mobilenet.yaml --set" in out
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not FLICKR8K.is_dir(), reason="../shared/data/flickr8k is absent")
 def test_the_real_flickr8k_release_gives_the_official_split(tmp_path):
     summary = prepare_flickr8k(FLICKR8K / "Flicker8k_Dataset", FLICKR8K / "Flickr8k_text",
