@@ -1111,6 +1111,8 @@ def flickr8k_time(rows: Rows) -> str:
     had the machine to itself."""
     lines = ["| model | seed | trained on | threads | timed alone | prepare s | extract s | "
              "train s | evaluate s | whole recipe s |", "|" + " --- |" * 10]  # fmt: skip
+    order = {m: n for n, m in enumerate(FLICKR8K_MODELS)}
+    rows = sorted(rows, key=lambda r: (order[r["model"]], _device(r), r["seed"] or 0))
     for row in rows:
         if row["variant"] != "recipe" or row["beam_size"] not in (None, 3):
             continue
