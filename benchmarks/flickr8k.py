@@ -64,7 +64,6 @@ CONFIGS = {
 MODELS = ("nn", *CONFIGS)
 FIRST_STAGE = {"scst": "soft"}  # a model trained from another's best.pt of the same seed
 BEAMS = {"soft": (1, 3, 5)}  # other models: (3,)
-NN_KS = (1, 3, 5, 10, 20, 40, 80)
 RECIPE = "recipe"
 
 
@@ -282,37 +281,11 @@ def score(predictions: dict[int, str], refs: dict[int, list[str]]) -> dict[str, 
 
 def nearest_neighbour(out: Path, overrides: list[str]) -> dict[str, Any]:
     """The consensus nearest neighbour: ``k`` chosen on the dev split's CIDEr-D, test scored."""
-    from captioning.data import load_splits
-    from captioning.feature_cache import FeatureCache, cache_folder
-    from captioning.metrics import caption_metrics, tokenize_for_eval
-    from captioning.models import encoder_from_config
-    from captioning.nearest import NearestNeighbourCaptioner, pool_grids
+    from benchmarks.photos import consensus_predictions
 
     started = time.perf_counter()
     cfg = load_config(ROOT / CONFIGS["soft"][0], job_settings(out, "soft", 0, overrides))
-    splits = load_splits(cfg.data)
-    folder = cache_folder(cfg, encoder_from_config(cfg.model))
-
-    def pooled(split: str) -> torch.Tensor:
-        cache = FeatureCache(folder, split)
-        return pool_grids(torch.stack([cache.grid(r.image_id) for r in splits[split]]))
-
-    train = splits["train"]
-    tokens = tokenize_for_eval({r.image_id: list(r.captions) for r in train})
-    model = NearestNeighbourCaptioner(
-        pooled("train"), [[c.split() for c in tokens[r.image_id]] for r in train]
-    )
-
-    def predictions(split: str, k: int) -> dict[int, str]:
-        captions = model.caption(pooled(split), k)
-        return {r.image_id: " ".join(c) for r, c in zip(splits[split], captions)}
-
-    val_refs = {r.image_id: list(r.captions) for r in splits["val"]}
-    ks = [k for k in NN_KS if k <= len(train)]
-    val_cider = {k: caption_metrics(predictions("val", k), val_refs, meteor=False)["CIDEr"]
-                 for k in ks}  # fmt: skip
-    best_k = max(ks, key=lambda k: (val_cider[k], -k))
-    test = predictions("test", best_k)
+    best_k, val_cider, test = consensus_predictions(cfg)
     seconds = time.perf_counter() - started
     return {"k": best_k, "val_CIDEr_by_k": {str(k): round(v, 4) for k, v in val_cider.items()},
             "predictions": test, "seconds": round(seconds, 2)}  # fmt: skip
@@ -327,12 +300,12 @@ def rows_of_run(
     job = json.loads((folder / "job.json").read_text())
     stages = job.pop("stages")
     job.pop("history", None)
+    before = (stages.get("prepare") or 0) + (stages.get("extract") or 0)
+    first = _first_stage_seconds(folder, job)
     rows = []
     for beam, seconds in job.pop("evaluate_seconds").items():
         found = json.loads((folder / f"test_beam{beam}" / "predictions.json").read_text())
         predictions = {p["image_id"]: p["caption"] for p in found}
-        before = (stages.get("prepare") or 0) + (stages.get("extract") or 0)
-        first = _first_stage_seconds(folder, job)
         rows.append({
             **{k: job[k] for k in ("variant", "model", "seed")},
             "beam_size": int(beam),

@@ -156,9 +156,12 @@ def extract(cfg: Config, stages: Stages) -> None:
         stages.record("extract", time.perf_counter() - started)
 
 
-def nearest_neighbour(cfg: Config) -> dict[str, Any]:
-    """The consensus nearest-neighbour baseline: ``k`` chosen on val, scored on test."""
-    started = time.perf_counter()
+def consensus_predictions(
+    cfg: Config, ks: tuple[int, ...] = NN_KS
+) -> tuple[int, dict[int, float], dict[int, str]]:
+    """The consensus nearest neighbour on the cached grids of ``cfg``: the ``k`` of ``ks``
+    (those up to the training images' count) with the best validation CIDEr-D, the
+    validation CIDEr-D of each, and the test captions at that ``k``."""
     splits = load_splits(cfg.data)
     folder = cache_folder(cfg, encoder_from_config(cfg.model))
 
@@ -172,16 +175,24 @@ def nearest_neighbour(cfg: Config) -> dict[str, Any]:
         pooled("train"), [[c.split() for c in tokens[r.image_id]] for r in train]
     )
 
-    def scores(split: str, k: int) -> dict[str, float]:
-        records = splits[split]
+    def predictions(split: str, k: int) -> dict[int, str]:
         captions = model.caption(pooled(split), k)
-        predictions = {r.image_id: " ".join(c) for r, c in zip(records, captions)}
-        references = {r.image_id: list(r.captions) for r in records}
-        return caption_metrics(predictions, references, meteor=False)
+        return {r.image_id: " ".join(c) for r, c in zip(splits[split], captions)}
 
-    val_cider = {k: scores("val", k)["CIDEr"] for k in NN_KS}
-    best_k = max(NN_KS, key=lambda k: (val_cider[k], -k))
-    test = scores("test", best_k)
+    val_refs = {r.image_id: list(r.captions) for r in splits["val"]}
+    ks = tuple(k for k in ks if k <= len(train))
+    val_cider = {k: caption_metrics(predictions("val", k), val_refs, meteor=False)["CIDEr"]
+                 for k in ks}  # fmt: skip
+    best_k = max(ks, key=lambda k: (val_cider[k], -k))
+    return best_k, val_cider, predictions("test", best_k)
+
+
+def nearest_neighbour(cfg: Config) -> dict[str, Any]:
+    """The consensus nearest-neighbour baseline: ``k`` chosen on val, scored on test."""
+    started = time.perf_counter()
+    best_k, val_cider, predictions = consensus_predictions(cfg)
+    references = {r.image_id: list(r.captions) for r in load_splits(cfg.data)["test"]}
+    test = caption_metrics(predictions, references, meteor=False)
     return {
         "variant": RECIPE,
         "model": "nn",

@@ -165,3 +165,11 @@ def test_the_hard_recipe_rows_are_at_the_shipped_rate() -> None:
     assert cfg.train.lr == cfg.train.encoder_lr == tables.HARD_LR
     rows = tables.load_rows("attention_family")
     assert len([r for r in rows if r["member"] == "hard" and r["lr"] == tables.HARD_LR]) == 3
+
+
+def test_no_committed_row_names_a_machine_path():
+    """Rows are re-runnable elsewhere: paths are OUT/, SHARED/ or inside the checkout."""
+    for path in sorted((ROOT / "results").glob("*.json")):
+        text = path.read_text(encoding="utf-8")
+        for prefix in ("/" + "tmp/", "/" + "work/", "/" + "home/", "/" + "root/"):
+            assert prefix not in text, f"{path.name} names {prefix}..."
