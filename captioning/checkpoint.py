@@ -31,7 +31,9 @@ from captioning.errors import CheckpointError, Terminated
 #    state per process (version 1: one dict, and every rank's in ``rng_ranks`` under DDP).
 # 3: the training objective's state under ``objective`` (version 2: the hard-attention
 #    baseline under ``baseline``).
-FORMAT_VERSION = 3
+# 4: the small CNN's blocks are residual unless ``model.cnn_residual`` is false (version 3:
+#    always plain, so its configs get ``cnn_residual: false``).
+FORMAT_VERSION = 4
 REQUIRED_KEYS = ("format_version", "model", "config", "vocab", "epoch", "step")
 _PLAIN = (str, int, float, bool, type(None), torch.Tensor)
 
@@ -170,7 +172,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     version = payload.get("format_version")
     if version is None:
         raise CheckpointError(f"{path}: not a captioning checkpoint (no format_version)")
-    upgrades = {1: _upgrade_from_version_1, 2: _upgrade_from_version_2}
+    upgrades = {1: _upgrade_from_version_1, 2: _upgrade_from_version_2, 3: _upgrade_from_version_3}
     while version in upgrades:
         payload = upgrades[version](payload)
         version = payload["format_version"]
@@ -224,6 +226,16 @@ def _upgrade_from_version_2(payload: dict[str, Any]) -> dict[str, Any]:
     baseline = payload.pop("baseline", None)
     payload["objective"] = {"baseline": baseline} if isinstance(baseline, dict) else {}
     payload["format_version"] = 3
+    return payload
+
+
+def _upgrade_from_version_3(payload: dict[str, Any]) -> dict[str, Any]:
+    """A version-3 checkpoint in the version-4 schema: its small CNN had plain blocks."""
+    payload = dict(payload)
+    config = payload.get("config")
+    if isinstance(config, dict) and isinstance(config.get("model"), dict):
+        payload["config"] = {**config, "model": {"cnn_residual": False, **config["model"]}}
+    payload["format_version"] = 4
     return payload
 
 

@@ -80,6 +80,9 @@ class ModelConfig:
     fine_tune: str = "none"  # none | all | last_N (the last N stages)
     positional: Literal["none", "learned", "sinusoidal"] = "none"
     cnn_channels: list[int] = field(default_factory=lambda: [32, 64, 128, 128])
+    # the small CNN's blocks with an identity path: plain blocks lose the colours on some
+    # seeds (docs/attention.md); false rebuilds the plain blocks of older checkpoints
+    cnn_residual: bool = True
     # Self-attention over the grid: N pre-norm Transformer encoder layers over the L cells,
     # after the position codes (and after the feature cache), so a cell can carry its
     # relations to the others ("left of", "the middle one") to the decoder.

@@ -29,17 +29,44 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
+class ResidualBlock(nn.Module):
+    """``relu(bn(conv3x3(x)) + shortcut(x))``, then optional 2x2 max pooling: a plain block
+    with an identity path (He et al., 2016), through a 1x1 conv-BN where the channel count
+    changes (their option B)."""
+
+    def __init__(self, c_in: int, c_out: int, pool: bool) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(c_in, c_out, 3, padding=1, bias=False)
+        self.norm = nn.BatchNorm2d(c_out)
+        self.shortcut: nn.Module = nn.Identity()
+        if c_in != c_out:
+            self.shortcut = nn.Sequential(
+                nn.Conv2d(c_in, c_out, 1, bias=False), nn.BatchNorm2d(c_out)
+            )
+        self.pool = nn.MaxPool2d(2) if pool else nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.pool(torch.relu(self.norm(self.conv(x)) + self.shortcut(x)))
+
+
 class SmallCNN(nn.Module):
     """A small CNN trained from scratch, for the shapes data and CPU work.
 
     A 5x5 stride-2 stem, then 3x3 conv-BN-ReLU blocks, each but the last followed by 2x2 max
     pooling. With ``channels=[32, 64, 128, 128]`` a 96 px image gives a 12x12x128 grid.
 
+    The blocks are residual by default. Plain blocks lose the objects' colours on some random
+    starts: in the first 200 steps the deep blocks overwrite them while the stem still holds
+    them (a linear probe reads them at 1.0 from the stem and at chance from the grid), and the
+    colour words never learn where to look. An identity path keeps them (docs/attention.md).
+
     Args:
         channels: output channels of the stem and of each block.
+        residual: residual blocks (True) or plain conv-BN-ReLU blocks (checkpoints from
+            before residual blocks existed).
     """
 
-    def __init__(self, channels: list[int]) -> None:
+    def __init__(self, channels: list[int], residual: bool = True) -> None:
         super().__init__()
         if not channels:
             raise ConfigError("model.cnn_channels needs at least one entry")
@@ -51,12 +78,16 @@ class SmallCNN(nn.Module):
             )
         ]
         for i, (c_in, c_out) in enumerate(zip(channels[:-1], channels[1:])):
+            pool = i < len(channels) - 2
+            if residual:
+                stages.append(ResidualBlock(c_in, c_out, pool))
+                continue
             layers: list[nn.Module] = [
                 nn.Conv2d(c_in, c_out, 3, padding=1, bias=False),
                 nn.BatchNorm2d(c_out),
                 nn.ReLU(inplace=True),
             ]
-            if i < len(channels) - 2:
+            if pool:
                 layers.append(nn.MaxPool2d(2))
             stages.append(nn.Sequential(*layers))
         self.stages = nn.Sequential(*stages)
@@ -372,6 +403,7 @@ def build_encoder(
     positional: str = "none",
     fine_tune: str = "none",
     cnn_channels: list[int] | None = None,
+    cnn_residual: bool = True,
     channels_last: bool = True,
 ) -> Encoder:
     """An :class:`Encoder` by backbone name (``small_cnn``, ``vgg19``, ``resnet101``, ...);
@@ -380,7 +412,7 @@ def build_encoder(
         if weights and weights.lower() != "none":
             if not Path(weights).is_file():
                 raise ConfigError(f"model.weights file {weights} does not exist")
-        cnn = SmallCNN(cnn_channels or [32, 64, 128, 128])
+        cnn = SmallCNN(cnn_channels or [32, 64, 128, 128], residual=cnn_residual)
         if weights and weights.lower() != "none":
             _load_small_cnn_weights(cnn, weights)
         stages, channels = list(cnn.stages), cnn.out_channels
