@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -141,11 +142,17 @@ def _skip_or_stop(run: Run, what: str) -> None:
 
 
 def train_one_epoch(
-    run: Run, module: nn.Module, loader: DataLoader, device: torch.device, writer: Any = None
+    run: Run,
+    module: nn.Module,
+    loader: DataLoader,
+    device: torch.device,
+    writer: Any = None,
+    on_step: Callable[[Run], None] | None = None,
 ) -> dict[str, float]:
     """One pass over the training data; returns the epoch's mean loss terms (averaged over
     the processes when there are several). ``module`` is ``run.model`` or its DDP wrapper,
-    which averages the gradients over the processes during ``backward``."""
+    which averages the gradients over the processes during ``backward``; ``on_step`` sees
+    the run before each step (a study's probe of the weights as training goes)."""
     module.train()
     totals: dict[str, float] = {}
     counts: dict[str, int] = {}
@@ -161,6 +168,8 @@ def train_one_epoch(
     for batch in bar:
         if batch is None:
             continue
+        if on_step is not None:
+            on_step(run)
         result = train_step(run, module, batch, device)
         if result is None:
             continue
@@ -499,7 +508,11 @@ def _sync_batchnorm(model: Captioner, device: torch.device) -> Captioner:
 
 
 def fit(
-    cfg: Config, out_dir: str | Path, resume: str | None = None, init: str | None = None
+    cfg: Config,
+    out_dir: str | Path,
+    resume: str | None = None,
+    init: str | None = None,
+    on_step: Callable[[Run], None] | None = None,
 ) -> dict[str, Any]:
     """Train a model as ``cfg`` says; write ``config.yaml``, checkpoints, TensorBoard events
     and per-epoch attention figures into ``out_dir``. Returns a summary dict.
@@ -528,7 +541,7 @@ def fit(
                         cfg.train.batch_size)  # fmt: skip
         with sigterm_raises(), claim_run_dir(out_dir, resume, world):
             setup = set_up(cfg, resume, world, device, init)
-            _train(setup, out_dir, device)
+            _train(setup, out_dir, device, on_step)
     finally:
         close_world(world)
     progress = setup.run.progress
@@ -553,7 +566,9 @@ def _validates(cfg: Config, epoch: int) -> bool:
     return epoch % cfg.train.val_every == 0 or epoch >= cfg.train.epochs
 
 
-def _train(setup: Setup, out_dir: Path, device: torch.device) -> None:
+def _train(
+    setup: Setup, out_dir: Path, device: torch.device, on_step: Callable[[Run], None] | None
+) -> None:
     """The epoch loop, until ``train.epochs`` or early stopping."""
     run, cfg = setup.run, setup.run.cfg
     writer = None
@@ -571,7 +586,7 @@ def _train(setup: Setup, out_dir: Path, device: torch.device) -> None:
                 break
             epoch_start, first_step = time.time(), run.progress.step
             setup.sampler.set_epoch(run.progress.epoch)
-            train_terms = train_one_epoch(run, setup.module, setup.loader, device, writer)
+            train_terms = train_one_epoch(run, setup.module, setup.loader, device, writer, on_step)
             timing = EpochTiming(run.progress.step - first_step, time.time() - epoch_start)
             scores, details = None, {}
             if _validates(cfg, run.progress.epoch + 1):

@@ -385,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, required=True, help="where the run folders go")
     parser.add_argument("--variant", required=True, help="the rows' name for these settings")
-    parser.add_argument("--seeds", default="0-5", help="seeds, e.g. 0-5 or 0,2,4 (0-5)")
+    parser.add_argument("--seeds", default="0-9", help="seeds, e.g. 0-9 or 0,2,4 (0-9)")
     parser.add_argument("--config", default=CONFIG, help=f"the config ({CONFIG})")
     parser.add_argument(
         "--adopt",

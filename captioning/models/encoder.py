@@ -48,6 +48,15 @@ class ResidualBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.pool(torch.relu(self.norm(self.conv(x)) + self.shortcut(x)))
 
+    def fold_batch_norm(self) -> int:
+        """Fold the eval-mode BatchNorm after the 3x3 conv into it (see
+        :meth:`Encoder.fold_batch_norms`; the shortcut's is a Sequential and folded there)."""
+        if type(self.norm) is not nn.BatchNorm2d or self.norm.running_mean is None:
+            return 0
+        self.conv = fuse_conv_bn_eval(self.conv, self.norm).requires_grad_(False)
+        self.norm = nn.Identity()
+        return 1
+
 
 class SmallCNN(nn.Module):
     """A small CNN trained from scratch, for the shapes data and CPU work.
@@ -301,6 +310,8 @@ class Encoder(nn.Module):
             for module in stage.modules():  # the stage itself first
                 if isinstance(module, nn.Sequential):
                     folded += _fold_in_sequence(module)
+                elif isinstance(module, ResidualBlock):
+                    folded += module.fold_batch_norm()
         if folded and self.channels_last:
             self.stages.to(memory_format=torch.channels_last)  # the folded weights too
         return folded

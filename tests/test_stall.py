@@ -1,0 +1,56 @@
+"""The stall the residual small CNN removes, reproduced (slow: 200 steps on the full shapes data,
+twice). Seed 3 of ``configs/shapes_soft.yaml`` with plain blocks loses the objects' colours from
+its grid within 200 steps while its stem keeps them; with residual blocks the grid keeps them
+(docs/attention.md, "Runs that stalled")."""
+
+import pytest
+
+from captioning.config import load_config
+from captioning.data.shapes import generate_shapes
+from captioning.train import fit
+
+from .conftest import load_tool
+from .test_train import CONFIG
+
+SHAPES_SOFT = CONFIG.replace("test_tiny.yaml", "shapes_soft.yaml")
+STALLING_SEED, STEPS = 3, 200
+
+
+class _Enough(Exception):
+    """Raised from the step hook to end a run early."""
+
+
+@pytest.fixture(scope="module")
+def shapes(tmp_path_factory):
+    root = tmp_path_factory.mktemp("shapes_full")
+    generate_shapes(root, num_train=8000, num_val=500, num_test=500, seed=0)
+    return root
+
+
+def _probes_at(root, tmp_path, residual: bool) -> dict[str, float]:
+    cfg = load_config(SHAPES_SOFT, [
+        f"data.root={root}", "train.quiet=true", f"train.seed={STALLING_SEED}",
+        f"model.cnn_residual={str(residual).lower()}", "train.figure_every_epoch=false",
+    ])  # fmt: skip
+    trace = load_tool("colour_trace")
+    probe_set = trace.ProbeSet(root, images=150)
+    seen = {}
+
+    def probe(run):
+        if run.progress.step == STEPS:
+            seen.update(trace.stage_probes(run.model, probe_set))
+            raise _Enough
+
+    with pytest.raises(_Enough):
+        fit(cfg, tmp_path / f"residual_{residual}", on_step=probe)
+    return seen
+
+
+@pytest.mark.slow
+def test_plain_blocks_lose_the_colours_that_residual_blocks_keep(shapes, tmp_path):
+    plain = _probes_at(shapes, tmp_path, residual=False)
+    residual = _probes_at(shapes, tmp_path, residual=True)
+    # the stem reads the colours either way; the plain grid has lost most of them
+    assert plain["stage0"] >= 0.95 and residual["stage0"] >= 0.95
+    assert plain["grid"] <= 0.7, plain
+    assert residual["grid"] >= 0.95, residual
