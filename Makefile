@@ -17,8 +17,9 @@ $(STAMP): pyproject.toml | $(BIN)/python
 demo: $(STAMP)
 	$(BIN)/captioning quickstart --out runs/quickstart
 
+# The default suite on every core (pytest-xdist; each worker's torch runs one thread).
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -rs -m slow

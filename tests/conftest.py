@@ -1,6 +1,7 @@
 import importlib.util
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -9,6 +10,12 @@ import pytest
 from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[1]
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # `make test` runs one worker per core: a worker's torch threads would only contend
+    import torch
+
+    torch.set_num_threads(1)
 # a shapes model small enough to train a few steps in about a second
 TINY_SETTINGS = ["model.hidden_dim=32", "model.embed_dim=16", "model.attention_dim=16",
                  "model.cnn_channels=[8,16]", "model.grid_layers=0", "train.batch_size=8",

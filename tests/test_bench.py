@@ -481,6 +481,7 @@ def test_a_failed_reference_check_exits_1(tmp_path, monkeypatch, capsys):
     assert json.loads(out.read_text())["passed"] is False
 
 
+@pytest.mark.slow  # a whole pipeline (make test-slow)
 def test_the_scripts_run_from_the_repository_root():
     def run(*args):
         return subprocess.run(

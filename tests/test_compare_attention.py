@@ -23,6 +23,7 @@ def tables():
     return load_tool("tables")
 
 
+@pytest.mark.slow  # a whole pipeline (make test-slow)
 def test_the_study_sweeps_chooses_on_val_adds_seeds_merges_and_resumes(
     study, tiny_shapes, tmp_path, monkeypatch
 ):

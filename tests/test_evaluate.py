@@ -155,6 +155,7 @@ def test_evaluate_reports_the_centre_pointing_game_of_a_local_model(tiny_local_c
     assert metrics["centre_pointing_game"] == pytest.approx(sum(hits) / len(hits))
 
 
+@pytest.mark.slow  # a whole pipeline (make test-slow)
 def test_evaluate_matches_pycocoevalcap_on_the_predictions_file(trained, tmp_path):
     from pycocoevalcap.eval import COCOEvalCap
     from pycocotools.coco import COCO

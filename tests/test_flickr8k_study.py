@@ -34,6 +34,7 @@ def finished_run(out: Path, model: str, seed: int, captions: dict[int, str], kin
     return folder
 
 
+@pytest.mark.slow  # a whole pipeline (make test-slow)
 def test_a_run_is_scored_as_the_paper_and_as_coco(tmp_path):
     captions = {1: "a dog runs on the grass", 2: "a man rides a bike", 3: "kids play"}
     folder = finished_run(tmp_path, "soft", 0, captions)
@@ -54,6 +55,7 @@ def test_a_run_is_scored_as_the_paper_and_as_coco(tmp_path):
     assert row["device"] == "NVIDIA H100" and row["precision"] == "bf16"
 
 
+@pytest.mark.slow  # a whole pipeline (make test-slow)
 def test_a_second_stage_counts_its_first_stages_seconds(tmp_path):
     finished_run(tmp_path, "soft", 1, {1: "a dog", 2: "a man", 3: "kids"})
     folder = finished_run(tmp_path, "scst", 1, {1: "a dog runs", 2: "a man", 3: "kids"})

@@ -11,7 +11,10 @@ from captioning.metrics.captions import java_available
 TINY = str(Path(__file__).resolve().parent.parent / "configs" / "test_tiny.yaml")
 
 
-@pytest.mark.parametrize("meteor", [False, True])
+@pytest.mark.parametrize(
+    "meteor",
+    [False, pytest.param(True, marks=pytest.mark.slow)],  # METEOR: a Java run
+)
 def test_quickstart_trains_evaluates_and_draws(tiny_shapes, tmp_path, capsys, meteor):
     if meteor and not java_available():
         pytest.skip("METEOR needs java")

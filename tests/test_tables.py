@@ -173,3 +173,16 @@ def test_no_committed_row_names_a_machine_path():
         text = path.read_text(encoding="utf-8")
         for prefix in ("/" + "tmp/", "/" + "work/", "/" + "home/", "/" + "root/"):
             assert prefix not in text, f"{path.name} names {prefix}..."
+
+
+def test_a_seed_is_at_target_only_when_every_score_is():
+    tables = _tables()
+    target = tables.SHAPES_TARGETS["configs/shapes_soft.yaml"]
+    row = {"test_exact": 0.96, "test_exact_by_objects": {"3": 0.92},
+           "pointing": {"color": 0.95, "size": 0.91, "shape": 0.99}}  # fmt: skip
+    assert tables._at_target(row, target)
+    assert not tables._at_target({**row, "test_exact": 0.949}, target)
+    assert not tables._at_target({**row, "test_exact_by_objects": {"3": 0.89}}, target)
+    assert not tables._at_target({**row, "pointing": {**row["pointing"], "size": 0.5}}, target)
+    local = tables.SHAPES_TARGETS["configs/shapes_local.yaml"]  # exact match alone
+    assert tables._at_target({**row, "test_exact": 0.91, "pointing": {}}, local)

@@ -74,6 +74,7 @@ def vietnamese_run(tmp_path_factory):
     return root, run / "best.pt", image, caption
 
 
+@pytest.mark.slow  # a whole pipeline (make test-slow)
 def test_caption_json_is_readable_utf8_under_an_ascii_locale(vietnamese_run):
     # LANG=C with Python's UTF-8 mode off makes stdout ASCII: printing "ộ" would crash.
     _, checkpoint, image, caption = vietnamese_run
