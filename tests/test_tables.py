@@ -134,7 +134,8 @@ def test_runs_beside_other_work_are_not_timed(tmp_path: Path) -> None:
     out = _tables().render("<!-- table: photos -->\n<!-- end table -->\n", tmp_path)
     assert "| 0.500 ± 0.000 | 300 |" in out  # soft: seed 0's seconds only
     assert (
-        "| hard attention (exact marginal) | 1.100 | 1.100 (1) | 0.600 | 0.300 | 0.500 | - |" in out
+        "| hard attention (exact marginal) | 1.100 | 1.100 (1) | – | 0.600 | 0.300 | 0.500 | - |"
+        in out  # no nearest-neighbour row here: nothing to count seeds against
     )
     assert "not timed: soft seed 1, hard seed 1." in out
 
@@ -186,3 +187,12 @@ def test_a_seed_is_at_target_only_when_every_score_is():
     assert not tables._at_target({**row, "pointing": {**row["pointing"], "size": 0.5}}, target)
     local = tables.SHAPES_TARGETS["configs/shapes_local.yaml"]  # exact match alone
     assert tables._at_target({**row, "test_exact": 0.91, "pointing": {}}, local)
+
+
+def test_the_photos_table_counts_the_seeds_that_beat_the_nearest_neighbour(tmp_path: Path):
+    rows = [_row("nn", None, 1.25), _row("soft", 0, 1.2), _row("soft", 1, 1.3),
+            _row("soft", 2, 1.26)]  # fmt: skip
+    (tmp_path / "photos.json").write_text(json.dumps(rows))
+    out = _tables().render("<!-- table: photos -->\n<!-- end table -->\n", tmp_path)
+    assert "| 1.200 (0), 1.300 (1), 1.260 (2) | 2 of 3 |" in out
+    assert "| k = 10 (deterministic) | – |" in out

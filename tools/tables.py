@@ -73,9 +73,11 @@ def photos(rows: Rows) -> str:
         return row["model"] + ("+scst" if _variant(row) == RECIPE_SCST else "")
 
     lines = [
-        "| model | test CIDEr-D | each seed | BLEU-1 | BLEU-4 | ROUGE-L | recipe (s) |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| model | test CIDEr-D | each seed | seeds above nn | BLEU-1 | BLEU-4 | ROUGE-L "
+        "| recipe (s) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
+    nn = [r["CIDEr"] for r in rows if r["model"] == "nn"]
     for model in sorted({model_of(r) for r in rows}, key=order.index):
         group = sorted((r for r in rows if model_of(r) == model), key=lambda r: r["seed"] or 0)
         if model == "nn":
@@ -86,7 +88,12 @@ def photos(rows: Rows) -> str:
         seconds = [r["recipe_seconds"] for r in group if r.get("timed_alone", True)]
         recipe = "-" if not seconds else f"{min(seconds):.0f}"
         recipe += f"-{max(seconds):.0f}" if len(seconds) > 1 else ""
-        cells = [names[model], _spread([r["CIDEr"] for r in group]), each]
+        above = (
+            "–"
+            if model == "nn" or not nn
+            else (f"{sum(r['CIDEr'] > nn[0] for r in group)} of {len(group)}")
+        )
+        cells = [names[model], _spread([r["CIDEr"] for r in group]), each, above]
         cells += [_spread([r[key] for r in group]) for key in ("Bleu_1", "Bleu_4", "ROUGE_L")]
         cells.append(recipe)
         lines.append("| " + " | ".join(cells) + " |")
@@ -1086,9 +1093,9 @@ def _device(row: dict[str, Any]) -> str:
     return "GPU" if "NVIDIA" in row["device"] else "CPU"
 
 
-def _flickr8k_lines(rows: Rows) -> list[str]:
-    """One line per model, beam size and device: the mean of the seeds in percent, and each
-    seed's CIDEr-D."""
+def _flickr8k_lines(rows: Rows, nn_cider: float | None) -> list[str]:
+    """One line per model, beam size and device: the mean of the seeds in percent, each
+    seed's CIDEr-D, and how many seeds score above the nearest neighbour's CIDEr-D."""
     groups: dict[tuple, Rows] = {}
     for row in rows:
         groups.setdefault((row["model"], row["beam_size"], _device(row)), []).append(row)
@@ -1102,9 +1109,24 @@ def _flickr8k_lines(rows: Rows) -> list[str]:
         each = ", ".join(f"{100 * r['CIDEr']:.1f}"
                          + ("" if r["seed"] is None else f" ({r['seed']})")
                          for r in group)  # fmt: skip
+        above = "–"
+        if model != "nn" and nn_cider is not None:
+            above = f"{sum(r['CIDEr'] > nn_cider for r in group)} of {len(group)}"
         cells = " | ".join("–" if m is None else f"{100 * m:.2f}" for m in means)
-        lines.append(f"| {model} | {beam or '–'} | {device} | {len(group)} | {cells} | {each} |")
+        lines.append(f"| {model} | {beam or '–'} | {device} | {len(group)} | {cells} | {each} "
+                     f"| {above} |")  # fmt: skip
     return lines
+
+
+def _nn_cider(rows: Rows) -> float | None:
+    """The nearest neighbour's test CIDEr-D among ``rows`` (it has no seed)."""
+    found = [r["CIDEr"] for r in rows if r["model"] == "nn" and r["variant"] == "recipe"]
+    return found[0] if found else None
+
+
+FLICKR8K_HEAD = ("| model | beam | trained on | seeds | BLEU-1 | BLEU-2 | BLEU-3 | BLEU-4 | "
+                 "METEOR | BLEU-4 without BP | ROUGE-L | CIDEr-D | CIDEr-D of each seed | "
+                 "seeds above nn in CIDEr-D |")  # fmt: skip
 
 
 def _flickr8k_note(rows: Rows) -> str:
@@ -1120,24 +1142,22 @@ def _flickr8k_note(rows: Rows) -> str:
 def flickr8k(rows: Rows) -> str:
     """Show, Attend and Tell's Flickr8k rows beside ours (``benchmarks/flickr8k.py``): the
     recipe's models at beam 3 and the nearest neighbour, the mean of the seeds."""
-    head = ["| model | beam | trained on | seeds | BLEU-1 | BLEU-2 | BLEU-3 | BLEU-4 | METEOR "
-            "| BLEU-4 without BP | ROUGE-L | CIDEr-D | CIDEr-D of each seed |",
-            "|" + " --- |" * 13]  # fmt: skip
+    head = [FLICKR8K_HEAD, "|" + " --- |" * 14]
     for name, (b1, b2, b3, b4, meteor) in PAPER_FLICKR8K.items():
         bleu = " | ".join(f"{b:.1f}" for b in (b1, b2, b3, b4))
         head.append(f"| **paper: {name}** (Xu et al. 2015; BLEU without BP) | | | | {bleu} | "
-                    f"{meteor:.2f} | {b4:.1f} | | | |")  # fmt: skip
+                    f"{meteor:.2f} | {b4:.1f} | | | | |")  # fmt: skip
     recipe = [r for r in rows if r["variant"] == "recipe" and r["beam_size"] in (None, 3)]
-    return "\n".join([*head, *_flickr8k_lines(recipe), "", _flickr8k_note(recipe)]) + "\n"
+    lines = _flickr8k_lines(recipe, _nn_cider(rows))
+    return "\n".join([*head, *lines, "", _flickr8k_note(recipe)]) + "\n"
 
 
 def flickr8k_beams(rows: Rows) -> str:
     """The soft model of the Flickr8k recipe decoded with 1, 3 and 5 beams."""
-    head = ["| model | beam | trained on | seeds | BLEU-1 | BLEU-2 | BLEU-3 | BLEU-4 | METEOR "
-            "| BLEU-4 without BP | ROUGE-L | CIDEr-D | CIDEr-D of each seed |",
-            "|" + " --- |" * 13]  # fmt: skip
+    head = [FLICKR8K_HEAD, "|" + " --- |" * 14]
     soft = [r for r in rows if r["variant"] == "recipe" and r["model"] == "soft"]
-    return "\n".join([*head, *_flickr8k_lines(soft), "", _flickr8k_note(soft)]) + "\n"
+    lines = _flickr8k_lines(soft, _nn_cider(rows))
+    return "\n".join([*head, *lines, "", _flickr8k_note(soft)]) + "\n"
 
 
 def flickr8k_brevity(rows: Rows) -> str:
