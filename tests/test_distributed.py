@@ -113,8 +113,15 @@ def test_two_processes_match_one_with_the_global_batch(shapes, tmp_path, variant
             continue
         if not weights.is_floating_point():
             continue
-        moved = (weights - start["model"][name]).norm()
-        gap = (weights - two["model"][name]).norm()
+        theirs, before = two["model"][name], start["model"][name]
+        if name.endswith("self_attn.in_proj_bias"):
+            # Its middle third is the keys' bias, which adds the same amount to every key's
+            # score for a query: the same case as above. The queries' and values' count.
+            third = len(weights) // 3
+            keep = torch.cat([torch.arange(third), torch.arange(2 * third, 3 * third)])
+            weights, theirs, before = weights[keep], theirs[keep], before[keep]
+        moved = (weights - before).norm()
+        gap = (weights - theirs).norm()
         assert gap <= 1e-3 * moved + 1e-7, (name, float(gap), float(moved))
     # rank 0 writes every process's RNG state, so a resumed run continues exactly
     assert len(two["rng"]) == 2 and len(one["rng"]) == 1
