@@ -638,8 +638,9 @@ def colour_trace(rows: Rows) -> str:
               f"({settings}), at {commits}. Held-out accuracy of the colour probe (chance "
               f"0.167) before each step, on the objects of 300 validation images, from the "
               f"feature under each object's centre; each run stops after its last probe (the "
-              f"seed study's rows are the whole runs). Re-run: `{first['command']}` (one "
-              f"variant per command)."]  # fmt: skip
+              f"seed study's rows are the whole runs). Re-run: "
+              + "; ".join(f"`{c}`" for c in dict.fromkeys(r["command"] for r in rows))
+              + "."]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
