@@ -24,14 +24,13 @@ if __package__ in (None, ""):  # run as a script: the repository root holds benc
 import argparse
 import json
 import logging
-import shlex
 from collections import defaultdict
 from typing import Any
 
 import torch
 from PIL import Image
 
-from benchmarks.provenance import add_study_options, git_commit, machine, merge_rows, read_rows
+from benchmarks.provenance import add_study_options, command, git_commit, machine, write_rows
 from captioning.config import load_config, parse_override
 from captioning.errors import CaptioningError
 from captioning.models import Captioner
@@ -174,19 +173,16 @@ def main(argv: list[str] | None = None) -> int:
         if args.threads is not None:
             torch.set_num_threads(args.threads)
         probe_set = ProbeSet(args.data_root)
-        words = argv if argv is not None else sys.argv[1:]
         context = {"config": CONFIG, "commit": git_commit(), **machine(),
-                   "command": shlex.join(["python", "tools/colour_trace.py", *words])}  # fmt: skip
+                   "timed_alone": not args.machine_busy,
+                   "command": command("tools/colour_trace.py", argv)}  # fmt: skip
         for seed in seeds:
             rows = trace_seed(variant=args.variant, seed=seed, requested=args.overrides,
                               folder=args.out / f"{args.variant}-seed{seed}",
                               data_root=args.data_root, steps=steps, threads=args.threads,
                               probe_set=probe_set)  # fmt: skip
             rows = [{**row, **context} for row in rows]
-            merged = merge_rows(read_rows(args.results), rows,
-                                lambda r: (r["variant"], r["seed"], r["step"]))  # fmt: skip
-            args.results.parent.mkdir(parents=True, exist_ok=True)
-            args.results.write_text(json.dumps(merged, indent=1) + "\n", encoding="utf-8")
+            write_rows(args.results, rows, lambda r: (r["variant"], r["seed"], r["step"]))
     except CaptioningError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -1,0 +1,35 @@
+"""tools/colour_trace.py's arguments, and the step hook of ``fit`` it probes through."""
+
+import pytest
+
+from captioning.data.shapes import generate_shapes
+from captioning.train import fit
+
+from .conftest import load_tool
+from .test_train import tiny
+
+
+@pytest.fixture(scope="module")
+def shapes(tmp_path_factory):
+    root = tmp_path_factory.mktemp("shapes")
+    generate_shapes(root, num_train=24, num_val=6, num_test=6, seed=0, image_size=48)
+    return root
+
+
+def test_fit_calls_on_step_before_every_step(shapes, tmp_path):
+    seen = []
+    summary = fit(tiny(shapes), out_dir=tmp_path / "run", on_step=lambda run: seen.append(
+        (run.progress.step, run.model.training)))  # fmt: skip
+    assert [step for step, _ in seen] == list(range(summary["steps"]))
+    assert all(training for _, training in seen)
+
+
+def test_bad_arguments_are_one_line_errors(tmp_path, capsys):
+    trace = load_tool("colour_trace")
+    common = ["--out", str(tmp_path / "out"), "--variant", "v"]
+    assert trace.main([*common, "--data-root", str(tmp_path / "none")]) == 2
+    assert "no shapes data under" in capsys.readouterr().err
+    assert trace.main([*common, "--steps", "0,fifty"]) == 2
+    assert "--steps wants steps such as 0,50,100" in capsys.readouterr().err
+    assert trace.main([*common, "--set", "train.seed=4"]) == 2
+    assert "the trace sets this itself" in capsys.readouterr().err
