@@ -9,19 +9,26 @@ is bounded:
 - each has ``timeout`` seconds from its arrival to its answer;
 - its upload is parsed as it arrives (a file part past 1 MB goes to a temporary file), then
   decoded and reduced to the model's input size in the thread pool, with the pixels being
-  decoded at once bounded by the largest image taken (:class:`~.limits.PixelBudget`), so
-  that a request waiting for the model holds a small tensor;
+  decoded at once bounded by the largest image taken (:class:`~.limits.PixelBudget`; a
+  progressive JPEG counts its whole-image buffers, :mod:`~.jpeg`), so that a request
+  waiting for the model holds a small tensor;
 - concurrent requests are captioned together in one batched decoding
-  (:class:`~.batching.Batcher`), and one whose client has gone is dropped before its batch.
+  (:class:`~.batching.Batcher`), and one whose client has gone is dropped before its batch;
+- its slot is taken until its work has ended: a decoding runs to its end before the
+  request is answered, and a batch that has started holds its requests' slots until it
+  ends, even when they were answered 503 at their deadline or their clients have gone.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import asynccontextmanager
+from concurrent.futures import Future
+from contextlib import AbstractContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from importlib import resources
@@ -41,16 +48,18 @@ from starlette.responses import FileResponse, HTMLResponse, JSONResponse, Respon
 from starlette.routing import Route
 
 from captioning.api import Caption, CaptionModel
-from captioning.data.images import load_image_bytes
+from captioning.data.images import ImageLimits, load_image_bytes
 from captioning.errors import CaptioningError
 from captioning.serve.batching import Batcher
-from captioning.serve.limits import Admission, Busy, PixelBudget
+from captioning.serve.jpeg import whole_image_jpeg
+from captioning.serve.limits import Admission, Busy, PixelBudget, Slot, demo_image_limits
 from captioning.serve.origins import (
-    NOSNIFF,
     GuardMiddleware,
     HostAllowList,
-    checked_example,
     example_images,
+    guarded,
+    page_policy,
+    still_example,
 )
 
 logger = logging.getLogger("captioning")
@@ -61,6 +70,10 @@ HARD_CONTEXTS = ("expectation", "argmax", "sample", "marginal")
 _DRAIN_LIMIT = 64 * 2**20
 # What a 503 tells the client to wait before it tries again, in seconds.
 RETRY_AFTER = 1
+# What the pixel budget counts a pixel as: Pillow holds an RGB picture in 4 bytes a pixel.
+_BYTES_PER_PIXEL = 4
+# beam_size as the form sends it: a few ASCII digits.
+_WHOLE_NUMBER = re.compile(r"[0-9]{1,4}")
 T = TypeVar("T")
 
 
@@ -92,6 +105,8 @@ class ServeSettings:
         batch_wait: seconds the model waits for more images once one has come, while other
             requests are on their way.
         hosts: the ``Host`` headers answered (others get 421).
+        max_progressive_pixels: the largest JPEG taken that is decoded through whole-image
+            buffers (progressive, :mod:`~.jpeg`): 16M pixels hold 96 MB of them in colour.
     """
 
     max_upload_bytes: int = 10 * 2**20
@@ -103,6 +118,7 @@ class ServeSettings:
     max_batch: int = 16
     batch_wait: float = 0.005
     hosts: HostAllowList = field(default_factory=HostAllowList)
+    max_progressive_pixels: int = 16_000_000
 
 
 def create_app(model: CaptionModel, settings: ServeSettings | None = None) -> Starlette:
@@ -110,10 +126,12 @@ def create_app(model: CaptionModel, settings: ServeSettings | None = None) -> St
     ``batcher`` (with its stats) and the ``admission``."""
     settings = settings or ServeSettings()
     page = resources.files("captioning.serve").joinpath("page.html").read_text("utf-8")
+    policy = {"Content-Security-Policy": page_policy(page)}
     captioning = CaptionEndpoint(model, settings)
+    pinned = [os.path.realpath(path) for path in settings.examples]  # where each led at start
 
     async def index(request: Request) -> Response:
-        return HTMLResponse(page)
+        return HTMLResponse(page, headers=policy)
 
     async def info(request: Request) -> Response:
         return JSONResponse(model_info(model, settings))
@@ -122,7 +140,7 @@ def create_app(model: CaptionModel, settings: ServeSettings | None = None) -> St
         index = request.path_params["index"]
         if index >= len(settings.examples):
             raise BadRequest(404, f"no example {index}: there are {len(settings.examples)}")
-        found = checked_example(settings.examples[index], ())
+        found = still_example(settings.examples[index], pinned[index])
         if found is None:
             raise BadRequest(404, f"example {index} is no longer an image on disk")
         return FileResponse(found.path, media_type=found.media_type)
@@ -158,24 +176,25 @@ class CaptionEndpoint:
     def __init__(self, model: CaptionModel, settings: ServeSettings) -> None:
         self.model = model
         self.settings = settings
+        self.limits = demo_image_limits(model)
         self.admission = Admission(in_flight=settings.max_in_flight, queue=settings.max_queue)
         self.batcher = Batcher(model, max_batch=settings.max_batch, wait=settings.batch_wait)
-        self.budget = PixelBudget(model.limits.max_pixels)
+        self.budget = PixelBudget(self.limits.max_pixels)
 
     async def answer(self, request: Request) -> Response:
         """The caption of the uploaded image, within the limits (else 503)."""
         timeout = self.settings.timeout
         deadline = time.monotonic() + timeout
-        async with self.admission.slot(timeout):
+        async with self.admission.slot(timeout) as slot:
             try:
                 with anyio.fail_after(max(deadline - time.monotonic(), 0.0)):
-                    result = await self.caption_upload(request, deadline)
+                    result = await self.caption_upload(request, slot, deadline)
             except TimeoutError:
                 raise Busy(f"the server could not answer within {timeout:g} s (--timeout); "
                            "try again in a moment") from None  # fmt: skip
         return JSONResponse(result.to_dict())
 
-    async def caption_upload(self, request: Request, deadline: float) -> Caption:
+    async def caption_upload(self, request: Request, slot: Slot, deadline: float) -> Caption:
         """Read the form, decode the image in the thread pool, caption it in a batch."""
         with self.batcher.coming() as submit:
             form = await read_form(request, self.settings.max_upload_bytes)
@@ -186,49 +205,77 @@ class CaptionEndpoint:
                                      "'image'")  # fmt: skip
                 decoding = decoding_fields(form, self.model, self.settings)
                 key = (decoding.get("beam_size"), decoding.get("hard_context"))
+                reserve = partial(self.budget.reserve, deadline=deadline)
                 prepare = partial(prepare_upload, self.model, upload.file, upload_name(upload),
-                                  self.budget, deadline)  # fmt: skip
-
-                async def prepared_caption() -> Caption:
-                    inputs = await run_in_threadpool(prepare)  # (3, S, S)
-                    return await asyncio.wrap_future(submit(inputs, key))
-
-                return await unless_gone(request.receive, prepared_caption())
+                                  self.limits, reserve,
+                                  self.settings.max_progressive_pixels)  # fmt: skip
+                # Runs to its end, past the deadline too (the budget's wait stops there): the
+                # file it reads is closed only after, and the slot stays taken meanwhile.
+                inputs = await run_in_threadpool(prepare)  # (3, S, S)
+                captioned = submit(inputs, key)
+                slot.hold_until(captioned)  # a batch that has started runs to its end
+                return await unless_gone(request.receive, captioned)
             finally:
                 with anyio.CancelScope(shield=True):  # past the deadline too: no temp file left
                     await form.close()
 
 
 def prepare_upload(
-    model: CaptionModel, file: BinaryIO, name: str, budget: PixelBudget, deadline: float
+    model: CaptionModel,
+    file: BinaryIO,
+    name: str,
+    limits: ImageLimits,
+    reserve: Callable[[int], AbstractContextManager],
+    max_progressive_pixels: int,
 ) -> torch.Tensor:
-    """An upload as the model's input, uint8 (3, S, S): decoded within ``budget`` and reduced
-    on the way (see :func:`~captioning.data.images.load_image_bytes`)."""
-    reserve = partial(budget.reserve, deadline=deadline)
-    picture = load_image_bytes(file, name, model.limits, reduce_to=model.input_size,
-                               reserve=reserve)  # fmt: skip
+    """An upload as the model's input, uint8 (3, S, S): decoded within the pixels
+    ``reserve`` grants (see :func:`~captioning.data.images.load_image_bytes`), a JPEG's
+    whole-image buffers counted in them, and reduced on the way.
+
+    Raises:
+        BadRequest: a JPEG decoded through whole-image buffers (progressive) declares more
+            than ``max_progressive_pixels``.
+    """
+    whole = whole_image_jpeg(file)
+    buffers = 0
+    if whole is not None:
+        if whole.pixels > max_progressive_pixels:
+            raise BadRequest(400, f"{name}: a progressive JPEG is decoded whole, and this one "
+                             f"is {whole.width} x {whole.height} = {whole.pixels:,} pixels, "
+                             f"more than the {max_progressive_pixels:,} the demo decodes "
+                             "that way; resize it or save it as a baseline JPEG")  # fmt: skip
+        buffers = -(-whole.buffer_bytes // _BYTES_PER_PIXEL)
+
+    def reserve_with_buffers(pixels: int) -> AbstractContextManager:
+        return reserve(pixels + buffers)
+
+    picture = load_image_bytes(file, name, limits, reduce_to=model.input_size,
+                               reserve=reserve_with_buffers)  # fmt: skip
     return model.prepare(picture)
 
 
-async def unless_gone(receive: Callable[[], Awaitable[dict]], work: Awaitable[T]) -> T:
-    """``work``'s result; :class:`ClientGone` (``work`` cancelled) as soon as the client
-    disconnects. Call it once the request body has been read."""
+async def unless_gone(receive: Callable[[], Awaitable[dict]], future: Future[T]) -> T:
+    """``future``'s result; :class:`ClientGone` as soon as the client disconnects, and then
+    ``future`` is cancelled (a batch that has not started drops it). Call it once the
+    request body has been read."""
 
     async def disconnected() -> None:
-        while (await receive())["type"] != "http.disconnect":
-            pass
+        try:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+        except Exception:  # the connection cannot be read: nobody is there to answer
+            return
 
-    task = asyncio.ensure_future(work)
+    answer = asyncio.wrap_future(future)
     gone = asyncio.ensure_future(disconnected())
     try:
-        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({answer, gone}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         gone.cancel()
-        if not task.done():
-            task.cancel()
-    if task.cancelled():
-        raise ClientGone()
-    return task.result()
+        answer.cancel()  # no-op once done; else also cancels ``future``
+    if answer.done() and not answer.cancelled():
+        return answer.result()
+    raise ClientGone()
 
 
 def upload_name(upload: UploadFile) -> str:
@@ -273,7 +320,7 @@ def decoding_fields(form: FormData, model: CaptionModel, settings: ServeSettings
     beam = form.get("beam_size")
     if beam not in (None, ""):
         text = str(beam).strip()
-        if not text.isdigit() or not 1 <= int(text) <= settings.max_beam_size:
+        if not _WHOLE_NUMBER.fullmatch(text) or not 1 <= int(text) <= settings.max_beam_size:
             raise BadRequest(
                 400, f"beam_size must be a whole number from 1 to {settings.max_beam_size}"
             )
@@ -295,7 +342,7 @@ async def read_form(request: Request, limit: int) -> FormData:
     )
     body = _Body(request.receive)
     declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
+    if re.fullmatch(r"[0-9]{1,20}", declared) and int(declared) > limit:
         if int(declared) <= _DRAIN_LIMIT:
             await body.drain()
         raise too_large
@@ -307,9 +354,10 @@ async def read_form(request: Request, limit: int) -> FormData:
     except _TooLarge:
         await body.drain()  # kept no further than the limit
         raise too_large from None
-    except (MultiPartException, HTTPException) as exc:
-        detail = getattr(exc, "message", None) or getattr(exc, "detail", "")
-        raise BadRequest(400, f"the form cannot be read ({detail})") from exc
+    except (MultiPartException, HTTPException, ValueError) as exc:
+        # python-multipart's own errors are ValueErrors (FormParserError)
+        detail = getattr(exc, "message", None) or getattr(exc, "detail", None) or exc
+        raise BadRequest(400, f"the form cannot be read ({' '.join(str(detail).split())})") from exc
 
 
 class _TooLarge(Exception):
@@ -370,12 +418,10 @@ async def _answer_http_error(request: Request, exc: HTTPException) -> Response:
 
 async def _answer_server_error(request: Request, exc: Exception) -> Response:
     logger.exception("unexpected error answering %s", request.url.path)
-    # Answered outside the middleware, so the header is set here.
-    return JSONResponse(
-        {"error": "internal error; the server's log has the details"},
-        status_code=500,
-        headers={NOSNIFF[0].decode(): NOSNIFF[1].decode()},
-    )
+    # Answered outside the middleware, so the headers are set here.
+    headers = {name.decode(): value.decode() for name, value in guarded([])}
+    return JSONResponse({"error": "internal error; the server's log has the details"},
+                        status_code=500, headers=headers)  # fmt: skip
 
 
 EXCEPTION_HANDLERS = {

@@ -1,14 +1,33 @@
 """How much work the demo takes on: requests in flight and waiting (:class:`Admission`, on
-the event loop), and pixels being decoded at once (:class:`PixelBudget`, across threads)."""
+the event loop), pixels being decoded at once (:class:`PixelBudget`, across threads), and
+what it takes from a checkpoint's config (:func:`demo_image_limits`)."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import Future
 from contextlib import asynccontextmanager, contextmanager
+from typing import TYPE_CHECKING
+
+from captioning.data.images import ImageLimits
+from captioning.errors import CaptioningError
+
+if TYPE_CHECKING:
+    from captioning.api import CaptionModel
+
+logger = logging.getLogger("captioning")
+
+# The most the demo takes from a checkpoint's config, whatever it says: its memory bound
+# (under 2 GiB with 300 clients, benchmarks/serve_stress.py) holds up to these.
+MAX_IMAGE_PIXELS = 64_000_000  # data.max_image_pixels: larger pictures are refused
+MAX_TEXT_BYTES = 1 << 20  # data.max_image_text_bytes
+MAX_INPUT_SIZE = 1024  # model.image_size: each request holds a (3, S, S) input
+MAX_CAPTION_LENGTH = 100  # decode.max_length: the decoding steps of each caption
 
 
 class Busy(Exception):
@@ -42,8 +61,10 @@ class Admission:
         return len(self._waiting)
 
     @asynccontextmanager
-    async def slot(self, timeout: float) -> AsyncIterator[None]:
-        """Hold one slot for the block, waiting up to ``timeout`` seconds for it.
+    async def slot(self, timeout: float) -> AsyncIterator[Slot]:
+        """Hold one slot for the block, waiting up to ``timeout`` seconds for it; the slot
+        is given back once the block has ended and so has the work it handed to other
+        threads (:meth:`Slot.hold_until`).
 
         Raises:
             Busy: every slot is taken and the queue is full, or the wait timed out.
@@ -67,10 +88,11 @@ class Admission:
                     raise Busy(f"the server is busy: no slot came free within {timeout:g} s; "
                                "try again in a moment") from None  # fmt: skip
                 raise
+        slot = Slot(self._release)
         try:
-            yield
+            yield slot
         finally:
-            self._release()
+            slot.drop()
 
     def _release(self) -> None:
         """Hand the slot to the first waiter still waiting, or free it."""
@@ -80,6 +102,39 @@ class Admission:
                 waiter.set_result(None)
                 return
         self.running -= 1
+
+
+class Slot:
+    """One admitted request's place in flight, given back when every hold on it has been
+    dropped: the request handler's own, and one per piece of work it handed to another
+    thread (a batch that has started runs on after its client has gone or its deadline
+    has passed, and its place stays taken until it ends).
+
+    Args:
+        give_back: called on the event loop once the last hold is dropped.
+    """
+
+    def __init__(self, give_back: Callable[[], None]) -> None:
+        self._give_back = give_back
+        self._holds = 1
+        self._loop = asyncio.get_running_loop()
+
+    def hold_until(self, future: Future) -> None:
+        """Keep the slot until ``future`` is done (with a result, an error, or cancelled)."""
+        self._holds += 1
+        future.add_done_callback(self._done_elsewhere)
+
+    def drop(self) -> None:
+        """Drop one hold (on the event loop)."""
+        self._holds -= 1
+        if self._holds == 0:
+            self._give_back()
+
+    def _done_elsewhere(self, future: Future) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self.drop)
+        except RuntimeError:  # the loop has closed: the server has stopped, nothing to free
+            pass
 
 
 class PixelBudget:
@@ -122,3 +177,29 @@ class PixelBudget:
             with self._free:
                 self.used -= share
                 self._free.notify_all()
+
+
+def demo_image_limits(model: CaptionModel) -> ImageLimits:
+    """The image limits of ``model``'s config (``data.max_image_pixels``,
+    ``data.max_image_text_bytes``) lowered to the demo's most.
+
+    Raises:
+        CaptioningError: its input size (``model.image_size``) or caption length
+            (``decode.max_length``) is past what the demo serves.
+    """
+    sizes = [("model.image_size", model.input_size, MAX_INPUT_SIZE),
+             ("decode.max_length", model.config.decode.max_length, MAX_CAPTION_LENGTH)]  # fmt: skip
+    for key, value, most in sizes:
+        if value > most:
+            raise CaptioningError(
+                f"the checkpoint's {key}={value:,} is more than the web demo serves "
+                f"({most:,}); caption with `captioning caption` instead"
+            )
+    limits = model.limits
+    bounded = ImageLimits(min(limits.max_pixels, MAX_IMAGE_PIXELS),
+                          min(limits.max_text_bytes, MAX_TEXT_BYTES))  # fmt: skip
+    if bounded != limits:
+        logger.info("the demo takes images of up to %s pixels and %s bytes of text, less "
+                    "than the checkpoint's data config allows", f"{bounded.max_pixels:,}",
+                    f"{bounded.max_text_bytes:,}")  # fmt: skip
+    return bounded

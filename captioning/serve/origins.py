@@ -1,23 +1,31 @@
 """Where the demo's requests may come from and what it serves from disk.
 
-- :class:`HostAllowList` and :class:`GuardMiddleware`: a request whose ``Host`` header names
-  another host is answered 421, so that a page elsewhere cannot reach a demo on 127.0.0.1
-  through a name that resolves there (DNS rebinding); every answer says
-  ``X-Content-Type-Options: nosniff``.
+- :class:`HostAllowList` and :class:`GuardMiddleware`: a request without a ``Host`` header
+  is answered 400, and one whose ``Host`` names another host 421, so that a page elsewhere
+  cannot reach a demo on 127.0.0.1 through a name that resolves there (DNS rebinding); a
+  POST that a browser says comes from a page of another origin is answered 403 (a page
+  elsewhere cannot have the demo caption for it); every answer carries
+  :data:`SECURITY_HEADERS` (no sniffing, no framing), the page its own
+  ``Content-Security-Policy`` (:func:`page_policy`).
 - :func:`example_images`: the page's example files come only from the checkpoint's test
-  image folder (after resolving links) and only when they are images by their content.
+  image folder (after resolving links) and only when they are images by their content;
+  :func:`still_example` checks each again when it is asked for.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import ipaddress
 import logging
 import os
+import re
 import socket
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePath
 from typing import Any
+from urllib.parse import urlsplit
 
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
@@ -29,7 +37,16 @@ from captioning.errors import CaptioningError
 logger = logging.getLogger("captioning")
 
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
-NOSNIFF = (b"x-content-type-options", b"nosniff")
+# What every answer says: no content sniffing, no framing by any page (clickjacking), no
+# Referer sent on, and (but for the page, which has its own policy) no content at all.
+SECURITY_HEADERS = (
+    (b"x-content-type-options", b"nosniff"),
+    (b"x-frame-options", b"DENY"),
+    (b"referrer-policy", b"no-referrer"),
+)
+DEFAULT_POLICY = (b"content-security-policy", b"default-src 'none'; frame-ancestors 'none'")
+# Methods that change nothing: the only ones taken from a page of another origin.
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
 @dataclass(frozen=True)
@@ -81,6 +98,36 @@ def normal_host(header: str) -> str:
     return text.rstrip(".")
 
 
+def host_port(header: str) -> int | None:
+    """The port a ``Host`` header names (``[::1]:8000``, ``name:8000``); None without one
+    or with one that is not a port."""
+    text = header.strip()
+    if text.startswith("["):
+        text = text[text.find("]") + 1 :] if "]" in text else ""
+    elif text.count(":") != 1:  # no port, or a bare IPv6 address
+        return None
+    digits = text.rpartition(":")[2] if ":" in text else ""
+    return int(digits) if digits.isascii() and digits.isdigit() and len(digits) <= 5 else None
+
+
+def cross_origin(origin: str | None, fetch_site: str | None, host: str) -> bool:
+    """Whether a browser says the request comes from a page of another origin than the demo
+    (reached as ``host``): its ``Origin`` names another host or port (or is ``null``), or,
+    without one, its ``Sec-Fetch-Site`` says so. Clients that are no browser send neither."""
+    if origin is None:
+        return fetch_site not in (None, "same-origin", "none")
+    parts = urlsplit(origin.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return True  # "null": a sandboxed frame, a file, a redirect from elsewhere
+    try:
+        origin_port = parts.port
+    except ValueError:
+        return True
+    default_port = 443 if parts.scheme == "https" else 80
+    same_host = normal_host(parts.hostname) == normal_host(host)
+    return not same_host or (origin_port or default_port) != (host_port(host) or default_port)
+
+
 def _is_address(name: str) -> bool:
     try:
         ipaddress.ip_address(name)
@@ -95,8 +142,9 @@ def _is_loopback(host: str) -> bool:
 
 
 class GuardMiddleware:
-    """ASGI middleware: a foreign ``Host`` is answered 421 with a one-line JSON error, and
-    every response carries ``X-Content-Type-Options: nosniff``.
+    """ASGI middleware: a request without a ``Host`` is answered 400, a foreign ``Host`` 421,
+    a cross-origin POST 403, each with a one-line JSON error, and every response carries
+    :data:`SECURITY_HEADERS` (and :data:`DEFAULT_POLICY` unless it has a policy of its own).
 
     Args:
         app: the ASGI app inside.
@@ -112,24 +160,57 @@ class GuardMiddleware:
             await self.app(scope, receive, send)
             return
 
-        async def send_nosniff(message: dict) -> None:
+        async def send_guarded(message: dict) -> None:
             if message["type"] == "http.response.start":
-                message = {**message, "headers": [*message.get("headers", []), NOSNIFF]}
+                message = {**message, "headers": guarded(message.get("headers", []))}
             await send(message)
 
-        host = Headers(scope=scope).get("host")
-        if host is not None and not self.hosts.allows(host):
-            shown = ", ".join(sorted(self.hosts.names))
-            response = JSONResponse(
-                {
-                    "error": f"this demo answers to the hosts {shown} only; start it with "
-                    "--allow-host NAME to answer to another"
-                },  # fmt: skip
-                status_code=421,
-            )
-            await response(scope, receive, send_nosniff)
+        refusal = self.refusal(scope["method"], Headers(scope=scope))
+        if refusal is not None:
+            status, error = refusal
+            response = JSONResponse({"error": error}, status_code=status)
+            await response(scope, receive, send_guarded)
             return
-        await self.app(scope, receive, send_nosniff)
+        await self.app(scope, receive, send_guarded)
+
+    def refusal(self, method: str, headers: Headers) -> tuple[int, str] | None:
+        """(status, one-line error) for a request the demo does not answer; else None."""
+        hosts = headers.getlist("host")
+        if len(hosts) != 1 or not hosts[0].strip():
+            return 400, "the request needs one Host header naming the demo's address"
+        if not self.hosts.allows(hosts[0]):
+            return 421, ("this demo does not answer to that host name; start it with "
+                         "--allow-host NAME to answer to another")  # fmt: skip
+        origin, fetch_site = headers.get("origin"), headers.get("sec-fetch-site")
+        if method not in SAFE_METHODS and cross_origin(origin, fetch_site, hosts[0]):
+            return 403, ("requests from pages of other sites are refused; use the demo's own "
+                         "page, or a client that is no browser")  # fmt: skip
+        return None
+
+
+def guarded(headers: Sequence[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """A response's ``headers`` with :data:`SECURITY_HEADERS` and, unless it has a policy
+    of its own, :data:`DEFAULT_POLICY`."""
+    names = {name.lower() for name, _ in headers}
+    extra = [h for h in SECURITY_HEADERS if h[0] not in names]
+    if DEFAULT_POLICY[0] not in names:
+        extra.append(DEFAULT_POLICY)
+    return [*headers, *extra]
+
+
+def page_policy(page: str) -> str:
+    """The ``Content-Security-Policy`` of the demo's page: its own inline script and style
+    (by their hashes), images from the demo and from the files the user picks, requests to
+    the demo only, and no framing."""
+
+    def hashes(tag: str) -> str:
+        bodies = re.findall(rf"<{tag}>(.*?)</{tag}>", page, flags=re.DOTALL)
+        digests = (hashlib.sha256(body.encode("utf-8")).digest() for body in bodies)
+        return " ".join(f"'sha256-{base64.b64encode(digest).decode()}'" for digest in digests)
+
+    return (f"default-src 'none'; script-src {hashes('script')}; style-src {hashes('style')}; "
+            "img-src 'self' blob:; connect-src 'self'; base-uri 'none'; form-action 'none'; "
+            "frame-ancestors 'none'")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -192,3 +273,11 @@ def checked_example(path: str, folders: Sequence[Path]) -> Example | None:
         return None
     media_type = image_type(real)
     return None if media_type is None else Example(real, media_type)
+
+
+def still_example(path: str, pinned: str) -> Example | None:
+    """``path`` as an :class:`Example` when, links resolved, it is still the file ``pinned``
+    (where it led when the demo started) and an image by its content; else None (a link
+    swapped in since, a folder moved, a file removed or no longer an image)."""
+    found = checked_example(path, [Path(pinned).parent])
+    return found if found is not None and found.path == pinned else None

@@ -1,0 +1,384 @@
+"""The web demo under hundreds of hostile clients at once, as the ``captioning serve`` process
+with its default limits, on 127.0.0.1.
+
+    python benchmarks/serve_stress.py                    # a tiny shapes model trained first
+    python benchmarks/serve_stress.py --checkpoint C --clients 300 --out report.json
+
+Each client opens a connection of its own, all at once, and does one thing (the kinds taken in
+turn): uploads a worst-case file (a PNG at the pixel cap, 8000 x 8000; the same cut short; a
+decompression bomb past the cap; 10 MB of nothing; a large photo; a progressive JPEG at the
+demo's progressive bound, 4000 x 4000, and one past it), uploads a small image, sends its
+body a few bytes at a time, hangs up half-way through its upload or once it is sent, or sends
+half its headers and nothing more (slowloris). Checks, each in the report: no answer is a 500
+(or another 5xx but 503); every request is answered 200, 4xx or 503, or closed by the server
+within its deadline (half-sent headers within the header deadline); the server's peak
+resident memory stays under 2 GiB; its log holds no traceback; and it still answers
+afterwards. Prints the report as JSON (and writes it to ``--out``); exit 1 when a check fails.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: the repository root holds the benchmarks
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import argparse
+import io
+import json
+import os
+import re
+import select
+import socket
+import struct
+import subprocess
+import tempfile
+import time
+import urllib.request
+import uuid
+import zlib
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from benchmarks.provenance import git_commit, machine
+
+ROOT = Path(__file__).resolve().parent.parent
+RSS_LIMIT = 2 * 2**30
+# The server's deadlines with its defaults (captioning.serve.server.ConnectionLimits, and
+# `captioning serve --timeout`), and what a client allows beyond them.
+HEADER_TIMEOUT = 10.0
+REQUEST_TIMEOUT = 30.0 + 10.0
+SLACK = 10.0
+
+
+@dataclass
+class Outcome:
+    """What one client saw: the answer's status (None: none came), whether the server
+    closed the connection without one, the seconds it took, and the answer's error."""
+
+    kind: str
+    status: int | None
+    closed: bool
+    seconds: float
+    error: str | None = None
+
+
+# --- what the clients send --------------------------------------------------------------------
+
+
+def png_at_the_cap(width: int = 8000, height: int = 8000) -> bytes:
+    """A valid black RGB PNG of ``width`` x ``height`` (64M pixels: the default cap), a few
+    hundred KB: decoding it takes 192 MB."""
+    compressor = zlib.compressobj(9)
+    row = b"\0" * (3 * width + 1)
+    data = b"".join(compressor.compress(row * 100) for _ in range(height // 100))
+    return _png(width, height, data + compressor.flush())
+
+
+def png_declaring(width: int, height: int) -> bytes:
+    """A tiny PNG whose header says ``width`` x ``height`` (a decompression bomb's shape)."""
+    return _png(width, height, zlib.compress(b"\0" * 4))
+
+
+def _png(width: int, height: int, compressed: bytes) -> bytes:
+    def chunk(kind: bytes, payload: bytes) -> bytes:
+        crc = struct.pack(">I", zlib.crc32(kind + payload))
+        return struct.pack(">I", len(payload)) + kind + payload + crc
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", compressed)
+            + chunk(b"IEND", b""))  # fmt: skip
+
+
+def encoded(picture: Image.Image, format: str, **options: Any) -> bytes:
+    buffer = io.BytesIO()
+    picture.save(buffer, format, **options)
+    return buffer.getvalue()
+
+
+def big_photo() -> bytes:
+    """A noisy JPEG of several MB (decoded at reduced scale)."""
+    pixels = np.random.default_rng(0).integers(0, 256, (1800, 2400, 3), dtype=np.uint8)
+    return encoded(Image.fromarray(pixels), "JPEG", quality=95)
+
+
+def progressive_jpeg(side: int, mode: str = "RGB") -> bytes:
+    """A progressive JPEG of ``side`` x ``side``: decoded through whole-image buffers."""
+    picture = Image.linear_gradient("L").resize((side, side)).convert(mode)
+    return encoded(picture, "JPEG", progressive=True, quality=75)
+
+
+def uploads() -> dict[str, bytes]:
+    """The files the uploading clients send, by kind."""
+    at_cap = png_at_the_cap()
+    return {
+        "png at the pixel cap": at_cap,
+        "the same, cut short": at_cap[: len(at_cap) // 2],
+        "a bomb past the cap": png_declaring(12000, 12000),
+        "10 MB of nothing": b"\0" * (10 * 2**20 - 1000),
+        "a large photo": big_photo(),
+        "progressive JPEG at the bound": progressive_jpeg(4000),
+        "progressive JPEG past it": progressive_jpeg(8000, "L"),
+        "small image": encoded(Image.linear_gradient("L").convert("RGB"), "PNG"),
+    }
+
+
+def form(data: bytes, name: str = "upload") -> tuple[bytes, str]:
+    """A multipart body with ``data`` in the field ``image``, and its content type."""
+    boundary = uuid.uuid4().hex
+    body = (f'--{boundary}\r\nContent-Disposition: form-data; name="image"; filename="{name}"'
+            f"\r\nContent-Type: application/octet-stream\r\n\r\n").encode()  # fmt: skip
+    end = f"\r\n--{boundary}--\r\n".encode()
+    return body + data + end, f"multipart/form-data; boundary={boundary}"
+
+
+def request_head(content_type: str, length: int) -> bytes:
+    return (f"POST /api/caption HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: {content_type}"
+            f"\r\nContent-Length: {length}\r\n\r\n").encode()  # fmt: skip
+
+
+# --- one client -------------------------------------------------------------------------------
+
+
+def talk(port: int, kind: str, data: bytes, rest: bytes = b"", pace: float = 0.0,
+         limit: float = REQUEST_TIMEOUT + SLACK) -> Outcome:  # fmt: skip
+    """Send ``data``, then ``rest`` (a 64 KB piece whenever the socket takes one, or, with
+    ``pace``, 100 bytes every ``pace`` seconds) while reading what comes back, until an
+    answer has come, the server has closed the connection, or ``limit`` seconds."""
+    started = next_send = time.monotonic()
+    reply = b""
+    with socket.create_connection(("127.0.0.1", port), timeout=limit) as conn:
+        conn.sendall(data)
+        conn.setblocking(False)
+        while (elapsed := time.monotonic() - started) < limit:
+            writing = [conn] if rest and time.monotonic() >= next_send else []
+            readable, writable, _ = select.select([conn], writing, [], 0.2)
+            try:
+                if readable:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        return answered(kind, reply, elapsed, closed=True)
+                    reply += chunk
+                    if complete(reply):
+                        return answered(kind, reply, elapsed)
+                if writable:
+                    rest = rest[conn.send(rest[: 100 if pace else 65536]) :]
+                    next_send = time.monotonic() + pace
+            except (BlockingIOError, InterruptedError):
+                continue
+            except OSError:  # reset by the server
+                return answered(kind, reply, time.monotonic() - started, closed=True)
+    return Outcome(kind, None, False, limit)
+
+
+def hang_up(port: int, kind: str, data: bytes) -> Outcome:
+    """Send ``data`` (as much as the server takes within 5 s) and close the connection."""
+    started = time.monotonic()
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
+        try:
+            conn.sendall(data)
+        except OSError:  # a request waiting for a place: its body is not read yet
+            pass
+    return Outcome(kind, None, False, time.monotonic() - started)
+
+
+def complete(reply: bytes) -> bool:
+    """Whether ``reply`` holds a whole answer (its headers, and its body by Content-Length)."""
+    head, found, body = reply.partition(b"\r\n\r\n")
+    if not found:
+        return False
+    length = re.search(rb"(?im)^content-length:\s*(\d+)", head)
+    return length is None or len(body) >= int(length.group(1))
+
+
+def answered(kind: str, reply: bytes, seconds: float, closed: bool = False) -> Outcome:
+    """The :class:`Outcome` of a client that read ``reply``."""
+    status = re.match(rb"HTTP/1\.[01] (\d{3})", reply)
+    if status is None:
+        return Outcome(kind, None, closed, seconds)
+    error = re.search(rb'"error":\s*"([^"]*)"', reply)
+    message = error.group(1).decode(errors="replace") if error else None
+    return Outcome(kind, int(status.group(1)), False, seconds, message)
+
+
+def clients(bodies: dict[str, bytes]) -> list[tuple[str, Callable[[int], Outcome]]]:
+    """The kinds of client, each as (name, a function of the server's port)."""
+    kinds: list[tuple[str, Callable[[int], Outcome]]] = []
+    for kind, data in bodies.items():
+        body, content_type = form(data)
+        kinds.append((kind, lambda port, k=kind, b=body, c=content_type:
+                      talk(port, k, request_head(c, len(b)), b)))  # fmt: skip
+    slow, content_type = form(bodies["a large photo"])
+    head = request_head(content_type, len(slow))
+    small, small_type = form(bodies["small image"])
+    whole = request_head(small_type, len(small)) + small
+    kinds += [
+        ("a slow body", lambda port: talk(port, "a slow body", head, slow, pace=0.5)),
+        ("hang up mid-upload", lambda port: hang_up(port, "hang up mid-upload",
+                                                    head + slow[: len(slow) // 2])),
+        ("hang up once sent", lambda port: hang_up(port, "hang up once sent", whole)),
+        ("half the headers", lambda port: talk(port, "half the headers",
+                                               b"POST /api/caption HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                                               b"Content-Ty", limit=HEADER_TIMEOUT + SLACK)),
+    ]  # fmt: skip
+    return kinds
+
+
+# --- the run ----------------------------------------------------------------------------------
+
+
+def tiny_checkpoint(folder: Path) -> Path:
+    """A shapes model trained for one epoch on a few dozen 48 px images (seconds)."""
+    from captioning.config import load_config
+    from captioning.data.shapes import generate_shapes
+    from captioning.train import fit
+
+    data = folder / "shapes"
+    generate_shapes(data, num_train=24, num_val=6, num_test=6, seed=0, image_size=48)
+    settings = [f"data.root={data}", "train.epochs=1"]
+    config = load_config(ROOT / "configs" / "test_tiny.yaml", settings)
+    fit(config, out_dir=folder / "run")
+    return folder / "run" / "best.pt"
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def start_server(checkpoint: Path, port: int, log: Path) -> subprocess.Popen:
+    """``captioning serve`` on ``port`` with its default limits, once it answers."""
+    command = [sys.executable, "-m", "captioning", "serve", "--checkpoint", str(checkpoint),
+               "--port", str(port), "--quiet", "--device", "cpu"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    with open(log, "w") as out:
+        server = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+    until = time.monotonic() + 120
+    while True:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/api/info", timeout=5).read()
+            return server
+        except OSError:
+            if server.poll() is not None or time.monotonic() > until:
+                server.kill()
+                raise SystemExit(f"error: the server did not start; see {log}") from None
+            time.sleep(0.2)
+
+
+def peak_rss(pid: int) -> int:
+    """The process's peak resident memory in bytes (Linux)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise SystemExit("error: no VmHWM in /proc: this benchmark needs Linux")
+
+
+def still_up(port: int, small: bytes) -> dict[str, int | None]:
+    """The statuses of a page info request and a small caption request."""
+    info = talk(port, "after", b"GET /api/info HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", limit=60)
+    body, content_type = form(small)
+    caption = talk(port, "after", request_head(content_type, len(body)) + body, limit=60)
+    return {"info": info.status, "caption": caption.status}
+
+
+def stress(checkpoint: Path, count: int, folder: Path) -> dict[str, Any]:
+    """Run ``count`` clients against a server of ``checkpoint``; the report."""
+    bodies = uploads()
+    kinds = clients(bodies)
+    port = free_port()
+    log = folder / "server.log"
+    server = start_server(checkpoint, port, log)
+    try:
+        started = time.monotonic()
+        with ThreadPoolExecutor(count) as pool:
+            outcomes = list(pool.map(lambda i: kinds[i % len(kinds)][1](port), range(count)))
+        seconds = time.monotonic() - started
+        peak = peak_rss(server.pid)
+        after = still_up(port, bodies["small image"])
+        alive = server.poll() is None
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    return report(outcomes, seconds, peak, after, alive, log.read_text(errors="replace"))
+
+
+def report(outcomes: list[Outcome], seconds: float, peak: int, after: dict[str, int | None],
+           alive: bool, log: str) -> dict[str, Any]:  # fmt: skip
+    """The run's numbers and its checks."""
+    by_kind: dict[str, Any] = {}
+    for outcome in outcomes:
+        row = by_kind.setdefault(outcome.kind, {"outcomes": Counter(), "max_seconds": 0.0,
+                                                "errors": set()})  # fmt: skip
+        shown = ("hung up" if outcome.kind.startswith("hang up") else
+                 "closed by the server" if outcome.closed else
+                 str(outcome.status) if outcome.status else "no answer")  # fmt: skip
+        row["outcomes"][shown] += 1
+        row["max_seconds"] = max(row["max_seconds"], round(outcome.seconds, 1))
+        if outcome.error:
+            row["errors"].add(outcome.error[:160])
+    for row in by_kind.values():
+        row["outcomes"] = dict(row["outcomes"])
+        row["errors"] = sorted(row["errors"])
+    statuses = [o.status for o in outcomes if o.status is not None]
+    unanswered = [o for o in outcomes if o.status is None and not o.closed
+                  and not o.kind.startswith("hang up")]  # fmt: skip
+    slowloris = [o for o in outcomes if o.kind == "half the headers"]
+    tracebacks = [line for line in log.splitlines() if "Traceback" in line or "ERROR" in line]
+    checks = {
+        "no 5xx but 503": all(s < 500 or s == 503 for s in statuses),
+        "every request answered or closed by the server": not unanswered,
+        "half-sent headers closed at the header deadline": all(
+            o.closed and o.seconds <= HEADER_TIMEOUT + 2 for o in slowloris
+        ),
+        "peak RSS under 2 GiB": peak < RSS_LIMIT,
+        "no traceback in the server's log": not tracebacks,
+        "up afterwards": alive and after == {"info": 200, "caption": 200},
+    }
+    return {
+        "clients": len(outcomes),
+        "seconds": round(seconds, 1),
+        "peak_rss_mib": round(peak / 2**20),
+        "after": after,
+        "kinds": by_kind,
+        "server_log_errors": tracebacks[:5],
+        "checks": checks,
+        "ok": all(checks.values()),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--checkpoint", type=Path, default=None,
+                        help="the model (default: a tiny one, trained first)")  # fmt: skip
+    parser.add_argument("--clients", type=int, default=300, help="clients at once (default 300)")
+    parser.add_argument("--out", type=Path, default=None, help="also write the report here")
+    args = parser.parse_args(argv)
+    if args.clients < 1:
+        parser.error(f"--clients must be at least 1, got {args.clients}")
+    if args.checkpoint is not None and not args.checkpoint.is_file():
+        parser.error(f"--checkpoint {args.checkpoint}: no such file")
+    with tempfile.TemporaryDirectory() as scratch:
+        checkpoint = args.checkpoint or tiny_checkpoint(Path(scratch))
+        result = stress(checkpoint, args.clients, Path(scratch))
+    result.update(command=" ".join(["benchmarks/serve_stress.py", *(argv or sys.argv[1:])]),
+                  commit=git_commit(), **machine())  # fmt: skip
+    text = json.dumps(result, indent=1)
+    print(text)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+    return 0 if result["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
