@@ -33,9 +33,10 @@ from captioning.inference import (
     Caption,
     Failed,
     ImageSource,
-    caption_images,
     caption_inputs,
+    caption_read,
     load_model,
+    read_images,
     with_decoding,
 )
 from captioning.models import Captioner
@@ -141,14 +142,16 @@ class CaptionModel:
         in its place, and the others are still captioned. Arguments as :meth:`caption`."""
         cfg = self.decoding(beam_size, hard_context)
         sources = (self._source(index, item) for index, item in enumerate(_flatten(images)))
-        results = caption_images(sources, self.model, self.vocab, cfg, self.device, batch_size)
-        while True:
-            # The lock covers one batch's decoding, never the caller's use of a result.
+        # Images are opened, converted and resized outside the lock, and the lock covers one
+        # batch's decoding, never the caller's use of a result: other threads wait only for
+        # the model.
+        for batch in read_images(sources, self.model.encoder.transform, batch_size):
+            if isinstance(batch, Failed):
+                yield batch
+                continue
             with self._lock:
-                result = next(results, None)
-            if result is None:
-                return
-            yield result
+                results = caption_read(batch, self.model, self.vocab, cfg, self.device)
+            yield from results
 
     @property
     def input_size(self) -> int:

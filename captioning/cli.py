@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from captioning.errors import CaptioningError, ConfigError, Terminated
 
 if TYPE_CHECKING:
+    from captioning.api import CaptionModel
     from captioning.config import Config
 
 logger = logging.getLogger("captioning")
@@ -94,17 +95,20 @@ def _add_checkpoint_args(parser: argparse.ArgumentParser) -> None:
 
 def cmd_shapes(args: argparse.Namespace) -> int:
     from captioning.data.shapes import generate_shapes
+    from captioning.run_folder import SHAPES
+    from captioning.runtime import claim_folder
 
-    summary = generate_shapes(
-        args.out,
-        num_train=args.train,
-        num_val=args.val,
-        num_test=args.test,
-        seed=args.seed,
-        image_size=args.image_size,
-        captions=args.captions,
-        progress=not args.quiet,
-    )
+    with claim_folder(args.out, SHAPES):
+        summary = generate_shapes(
+            args.out,
+            num_train=args.train,
+            num_val=args.val,
+            num_test=args.test,
+            seed=args.seed,
+            image_size=args.image_size,
+            captions=args.captions,
+            progress=not args.quiet,
+        )
     splits = ", ".join(f"{k} {v}" for k, v in summary["splits"].items())
     objects = ", ".join(f"{k}: {v}" for k, v in sorted(summary["objects_histogram"].items()))
     print(f"wrote shapes dataset to {summary['out_dir']}")
@@ -286,10 +290,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def cmd_caption(args: argparse.Namespace) -> int:
-    import json
-
-    from captioning.api import Failed, load
-    from captioning.inference import figure_stem
+    from captioning.api import load
+    from captioning.inference import CAPTION
+    from captioning.runtime import claim_folder
 
     if args.per_head and not args.attention_dir:
         raise ConfigError("--per-head writes its figures into --attention-dir: give one")
@@ -302,6 +305,20 @@ def cmd_caption(args: argparse.Namespace) -> int:
             "give a multi-head checkpoint (trained with --set model.heads=H, H > 1), or leave "
             "out --per-head"
         )
+    if not args.attention_dir:
+        return _caption(model, args, None)
+    with claim_folder(args.attention_dir, CAPTION, "--attention-dir") as out:
+        return _caption(model, args, out)
+
+
+def _caption(model: CaptionModel, args: argparse.Namespace, out: Path | None) -> int:
+    """Caption ``args.images`` and print each; figures into ``out`` (held) when given;
+    2 when an image could not be captioned."""
+    import json
+
+    from captioning.api import Failed
+    from captioning.inference import figure_stem
+
     decoding = dict(beam_size=args.beam_size, hard_context=args.hard_context)
     # Letters as they are; \u escapes only where stdout was forced to another encoding.
     escape = not _is_utf8(sys.stdout)
@@ -317,8 +334,7 @@ def cmd_caption(args: argparse.Namespace) -> int:
                 print(line, flush=True)
             continue
         record = {"image": result.source, "caption": result.caption}
-        if args.attention_dir and result.words:  # an empty caption has nothing to show
-            out = Path(args.attention_dir)
+        if out is not None and result.words:  # an empty caption has nothing to show
             stem = figure_stem(result.source, used)
             record["attention"] = str(result.save(out / f"{stem}.png", not args.no_smooth))
             if args.gif:
@@ -524,7 +540,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_caption(add_verb("caption", help="caption image files and draw per-word attention"))
 
     p = add_verb("quickstart", help="shapes data, a short training run, evaluation, heatmaps")
-    p.add_argument("--out", default="runs/quickstart", help="run folder (replaced)")
+    p.add_argument("--out", default="runs/quickstart", help="run folder: new, empty or its own")
     p.add_argument("--data-root", default="data/shapes", help="where the shapes data lives")
     p.add_argument("--meteor", action="store_true",
                    help="also METEOR in the test evaluation (a Java run, about 10 s)")  # fmt: skip

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from collections.abc import Sequence
@@ -10,8 +11,8 @@ from typing import Any
 
 import torch
 
-from captioning.api import load
-from captioning.config import replace_section
+from captioning.api import CaptionModel, load
+from captioning.config import Config, replace_section
 from captioning.data import CaptionDataset, load_splits
 from captioning.data.images import ImageLimits
 from captioning.data.records import ImageRecord
@@ -19,6 +20,7 @@ from captioning.data.shapes import SHAPES
 from captioning.errors import CaptioningError
 from captioning.inference import decode_dataset
 from captioning.metrics import AttentionMaps, score_predictions
+from captioning.runtime import Writer, claim_folder, holds_only, write_atomically
 
 logger = logging.getLogger("captioning")
 
@@ -28,6 +30,7 @@ GROUNDING_KEYS = ("pointing_game", "attention_in_box", "centre_pointing_game", "
 TABLE_KEYS = ("Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "METEOR", "ROUGE_L", "CIDEr", "SPICE",
               "exact_match", "pointing_game", "attention_in_box",
               "centre_pointing_game")  # fmt: skip
+EVALUATE = Writer("evaluate", holds_only(("metrics.json", "predictions.json"), "metrics.json"))
 
 
 def evaluate_checkpoint(
@@ -54,7 +57,9 @@ def evaluate_checkpoint(
         split: ``train``, ``val`` or ``test``.
         beam_size: beam search with this many beams; None keeps the checkpoint's decoding
             settings (greedy by default), 1 is greedy.
-        out_dir: where to write the two json files (nothing is written without it).
+        out_dir: where to write the two json files (nothing is written without it): a new
+            or empty folder, or one an earlier evaluation wrote (see
+            :func:`captioning.runtime.claim_folder`); it is locked while in use.
         data_root: read the data from here instead of the checkpoint's ``data.root``.
         hard_context: for hard-attention models, ``expectation``, ``argmax`` or ``sample``.
         max_images: score only the first this many images of the split.
@@ -62,26 +67,53 @@ def evaluate_checkpoint(
         meteor: compute METEOR (a Java process); False skips it, and so does a
             ``data.language`` other than English (the key is then left out).
     """
-    loaded = load(checkpoint, device)
-    model, vocab, torch_device = loaded.model, loaded.vocab, loaded.device
-    cfg = replace_section(loaded.decoding(beam_size, hard_context), "data", root=data_root)
+    claim = contextlib.nullcontext() if out_dir is None else claim_folder(out_dir, EVALUATE)
+    with claim:
+        loaded = load(checkpoint, device)
+        cfg = replace_section(loaded.decoding(beam_size, hard_context), "data", root=data_root)
+        records = _records(cfg, split, max_images)
+        predictions, details = _decode(loaded, cfg, records, split, progress)
+        metrics = _score(loaded, cfg, records, predictions, details, meteor, spice)
+        if out_dir is not None:
+            write_results(Path(out_dir), metrics, predictions)
+    return metrics
+
+
+def _records(cfg: Config, split: str, max_images: int | None) -> list[ImageRecord]:
     splits = load_splits(cfg.data)
     if not splits.get(split):
         raise CaptioningError(f"split {split!r} has no images under {cfg.data.root}")
-    records = splits[split][:max_images] if max_images else splits[split]
+    return splits[split][:max_images] if max_images else splits[split]
+
+
+def _decode(
+    loaded: CaptionModel, cfg: Config, records: list[ImageRecord], split: str, progress: bool
+) -> tuple[dict[int, str], Any]:
+    """The caption of every readable image of ``records`` (by image id), and the details
+    that attention grounding reads."""
     dataset = CaptionDataset(
         records,
-        vocab,
-        model.encoder.transform,
+        loaded.vocab,
+        loaded.model.encoder.transform,
         skip_bad_images=cfg.data.on_bad_image == "skip",
         limits=ImageLimits.from_config(cfg.data),
     )
     with torch.random.fork_rng():
         torch.manual_seed(cfg.runtime.seed)  # sampled decoding is reproducible
-        predictions, details = decode_dataset(
-            model, dataset, cfg, torch_device, progress=progress, desc=f"decoding {split}"
-        )
-    attention = AttentionMaps(details, vocab, model.grid_shape)
+        return decode_dataset(loaded.model, dataset, cfg, loaded.device, progress=progress,
+                              desc=f"decoding {split}")  # fmt: skip
+
+
+def _score(
+    loaded: CaptionModel,
+    cfg: Config,
+    records: list[ImageRecord],
+    predictions: dict[int, str],
+    details: Any,
+    meteor: bool,
+    spice: bool,
+) -> dict[str, Any]:
+    attention = AttentionMaps(details, loaded.vocab, loaded.model.grid_shape)
     english = _is_english(cfg.data.language, meteor)
     metrics = score_predictions(
         predictions, records, meteor=meteor and english, spice=spice, attention=attention
@@ -93,21 +125,21 @@ def evaluate_checkpoint(
     metrics["decoding"] = {
         "strategy": cfg.decode.strategy,
         "beam_size": cfg.decode.beam_size if cfg.decode.strategy == "beam" else 1,
-        "hard_context": cfg.decode.hard_context if model.hard_attention else None,
+        "hard_context": cfg.decode.hard_context if loaded.model.hard_attention else None,
         "precision": cfg.runtime.precision,
     }
-    if out_dir is not None:
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        # UTF-8 with the letters themselves: a Vietnamese caption stays readable in the file.
-        (out / "metrics.json").write_text(
-            json.dumps(metrics, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
-        )
-        results = [{"image_id": i, "caption": c} for i, c in sorted(predictions.items())]
-        (out / "predictions.json").write_text(
-            json.dumps(results, indent=1, ensure_ascii=False) + "\n", encoding="utf-8"
-        )
     return metrics
+
+
+def write_results(out: Path, metrics: dict[str, Any], predictions: dict[int, str]) -> None:
+    """``metrics.json`` and ``predictions.json`` (COCO results format) in ``out``, each
+    written atomically: a kill or a full disk never leaves half of one."""
+    # UTF-8 with the letters themselves: a Vietnamese caption stays readable in the file.
+    write_atomically(out / "metrics.json", json.dumps(metrics, indent=2, ensure_ascii=False)
+                     + "\n")  # fmt: skip
+    results = [{"image_id": i, "caption": c} for i, c in sorted(predictions.items())]
+    write_atomically(out / "predictions.json", json.dumps(results, indent=1, ensure_ascii=False)
+                     + "\n")  # fmt: skip
 
 
 def _is_english(language: str, meteor: bool) -> bool:

@@ -19,6 +19,7 @@ import hashlib
 import json
 import logging
 import os
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
+from captioning.checkpoint import sigterm_raises
 from captioning.config import Config
 from captioning.data import CaptionDataset, collate, drop_bad_images, load_splits
 from captioning.data.images import ImageLimits
@@ -34,12 +36,23 @@ from captioning.errors import ConfigError, DataError
 from captioning.models import encoder_from_config
 from captioning.models.encoder import Encoder
 from captioning.progress import progress_bar
-from captioning.runtime import autocast, resolve_device, seed_everything
+from captioning.runtime import (
+    Writer,
+    autocast,
+    claim_folder,
+    holds_only,
+    replace_synced,
+    resolve_device,
+    seed_everything,
+    write_atomically,
+)
 from captioning.vocab import SPECIALS, Vocabulary
 
 logger = logging.getLogger("captioning")
 
 FORMAT_VERSION = 1
+# Written before folders were marked, a cache folder held only these.
+CACHE = Writer("extract-features", holds_only(("*.npy", "*.json", "*.json.tmp"), "*.json"))
 
 
 def encoder_fingerprint(encoder: Encoder) -> str:
@@ -152,6 +165,10 @@ def extract_features(
 
     The encoder is built exactly as :func:`captioning.train.fit` builds it (same seed), so
     a randomly initialised frozen encoder gets the same weights, and the same fingerprint.
+    The cache folder is locked while it is written (see
+    :func:`captioning.runtime.claim_folder`), and the grids go to a partial file that is
+    renamed into place once complete: SIGTERM or Ctrl-C removes the partial file, and the
+    command exits as a killed one would.
     """
     if cfg.model.fine_tune != "none":
         raise ConfigError(
@@ -162,18 +179,58 @@ def extract_features(
     seed_everything(cfg.train.seed)
     encoder = encoder_from_config(cfg.model, cfg.runtime)
     folder = cache_folder(cfg, encoder)
+    fingerprint = encoder_fingerprint(encoder)  # of the weights as training builds them
+    check = partial(_check_new, split=split, overwrite=overwrite)
+    with sigterm_raises(), claim_folder(folder, CACHE, "data.feature_cache", check):
+        encoder = encoder.to(device).eval()
+        encoder.fold_batch_norms()  # the same grid, one pass per convolution
+        records = _split_records(cfg, split, progress)
+        loader = _loader(cfg, records, encoder, batch_size, device)
+        path = folder / f"{split}.npy"
+        kept = _write_grids(encoder, loader, records, path, device, cfg, progress)
+        meta = {
+            "format_version": FORMAT_VERSION,
+            "split": split,
+            "shape": [len(kept), encoder.num_cells, encoder.out_channels],
+            "dtype": "float16",
+            "image_ids": kept,
+            "encoder": cfg.model.encoder,
+            "weights": cfg.model.weights,
+            "image_size": cfg.model.image_size,
+            "grid": list(encoder.grid_shape),
+            "fingerprint": fingerprint,
+        }
+        # The index is written last: a cache without it is never read.
+        write_atomically(folder / f"{split}.json", json.dumps(meta))
+    size = path.stat().st_size
+    return {"folder": str(folder), "images": len(kept), "shape": meta["shape"], "bytes": size}
+
+
+def _check_new(folder: Path, split: str, overwrite: bool) -> None:
+    """Refuse to replace the cache of ``split`` unless ``overwrite``; remove the partial
+    files of an extraction that was killed (the folder is locked: none is being written)."""
     if FeatureCache.exists(folder, split) and not overwrite:
         raise DataError(f"{folder / split}.npy already exists; pass --overwrite to redo it")
-    fingerprint = encoder_fingerprint(encoder)  # of the weights as training builds them
-    encoder = encoder.to(device).eval()
-    encoder.fold_batch_norms()  # the same grid, one pass per convolution
+    for name in (f"{split}.partial.npy", f"{split}.compact.npy"):
+        (folder / name).unlink(missing_ok=True)
 
+
+def _split_records(cfg: Config, split: str, progress: bool) -> list[ImageRecord]:
     splits = load_splits(cfg.data)
     if not splits.get(split):
         raise DataError(f"the {split} split has no images (check data.splits)")
     if cfg.data.check_images:
         drop_bad_images({split: splits[split]}, cfg.data, progress=progress)
-    records = splits[split]
+    return splits[split]
+
+
+def _loader(
+    cfg: Config,
+    records: list[ImageRecord],
+    encoder: Encoder,
+    batch_size: int | None,
+    device: torch.device,
+) -> DataLoader:
     dataset = CaptionDataset(
         records,
         Vocabulary(list(SPECIALS)),  # captions are not needed here
@@ -181,33 +238,13 @@ def extract_features(
         skip_bad_images=cfg.data.on_bad_image == "skip",
         limits=ImageLimits.from_config(cfg.data),
     )
-    loader = DataLoader(
+    return DataLoader(
         dataset,
         batch_size=batch_size or cfg.train.batch_size,
         collate_fn=collate,
         num_workers=cfg.data.num_workers,
         pin_memory=device.type == "cuda",
     )
-    folder.mkdir(parents=True, exist_ok=True)
-    kept = _write_grids(encoder, loader, records, folder / f"{split}.npy", device, cfg, progress)
-    meta = {
-        "format_version": FORMAT_VERSION,
-        "split": split,
-        "shape": [len(kept), encoder.num_cells, encoder.out_channels],
-        "dtype": "float16",
-        "image_ids": kept,
-        "encoder": cfg.model.encoder,
-        "weights": cfg.model.weights,
-        "image_size": cfg.model.image_size,
-        "grid": list(encoder.grid_shape),
-        "fingerprint": fingerprint,
-    }
-    # The index is written last: a cache without it is never read.
-    tmp = folder / f"{split}.json.tmp"
-    tmp.write_text(json.dumps(meta))
-    os.replace(tmp, folder / f"{split}.json")
-    size = (folder / f"{split}.npy").stat().st_size
-    return {"folder": str(folder), "images": len(kept), "shape": meta["shape"], "bytes": size}
 
 
 def _write_grids(
@@ -220,13 +257,47 @@ def _write_grids(
     progress: bool,
 ) -> list[int]:
     """Write the backbone grid of every image in ``loader`` to ``path`` (N, L, D) float16,
-    by way of a partial file; returns the image ids of the rows. Rows of images that failed
-    to load (``on_bad_image: skip``) are dropped."""
+    by way of a partial file, synced and renamed into place once complete; returns the
+    image ids of the rows. Rows of images that failed to load (``on_bad_image: skip``) are
+    dropped. The partial files are removed when the write stops early (an error, Ctrl-C,
+    SIGTERM)."""
     folder, split = path.parent, path.stem
-    shape = (len(records), encoder.num_cells, encoder.out_channels)
-    partial = folder / f"{split}.partial.npy"
-    array = np.lib.format.open_memmap(partial, mode="w+", dtype=np.float16, shape=shape)
-    written = np.zeros(len(records), dtype=bool)
+    partial_path = folder / f"{split}.partial.npy"
+    compact = folder / f"{split}.compact.npy"
+    try:
+        written = _fill(encoder, loader, len(records), partial_path, device, cfg, progress)
+        kept = [r.image_id for r, ok in zip(records, written) if ok]
+        if not written.all():
+            _compact(partial_path, compact, written)
+            os.replace(compact, partial_path)
+        replace_synced(partial_path, path)
+    except BaseException as exc:
+        partial_path.unlink(missing_ok=True)
+        compact.unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise DataError(
+                f"{path}: cannot write ({exc.strerror or exc}); free some space, "
+                f"or set data.feature_cache to a folder on another disk"
+            ) from exc
+        raise
+    return kept
+
+
+def _fill(
+    encoder: Encoder,
+    loader: DataLoader,
+    count: int,
+    partial_path: Path,
+    device: torch.device,
+    cfg: Config,
+    progress: bool,
+) -> np.ndarray:
+    """Write each batch's grids into their rows of a new (count, L, D) float16 array at
+    ``partial_path``; returns which rows were written."""
+    shape = (count, encoder.num_cells, encoder.out_channels)
+    split = partial_path.name.removesuffix(".partial.npy")
+    array = np.lib.format.open_memmap(partial_path, mode="w+", dtype=np.float16, shape=shape)
+    written = np.zeros(count, dtype=bool)
     with torch.no_grad(), autocast(device, cfg.train.precision):
         for batch in progress_bar(loader, desc=f"extracting {split}", unit="batch",
                                   enabled=progress):  # fmt: skip
@@ -238,16 +309,15 @@ def _write_grids(
             written[indices] = True
     array.flush()
     del array
-    kept = [r.image_id for r, ok in zip(records, written) if ok]
-    if not written.all():
-        full = np.load(partial, mmap_mode="r")
-        compact = folder / f"{split}.compact.npy"
-        out = np.lib.format.open_memmap(
-            compact, mode="w+", dtype=np.float16, shape=(len(kept), *shape[1:])
-        )
-        out[:] = full[written]
-        out.flush()
-        del out, full
-        os.replace(compact, partial)
-    os.replace(partial, path)
-    return kept
+    return written
+
+
+def _compact(partial_path: Path, compact: Path, written: np.ndarray) -> None:
+    """Copy the written rows of ``partial_path`` into a new array at ``compact``."""
+    full = np.load(partial_path, mmap_mode="r")
+    out = np.lib.format.open_memmap(
+        compact, mode="w+", dtype=np.float16, shape=(int(written.sum()), *full.shape[1:])
+    )
+    out[:] = full[written]
+    out.flush()
+    del out, full

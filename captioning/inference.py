@@ -29,7 +29,7 @@ from captioning.distributed import SINGLE, World
 from captioning.errors import CaptioningError, CheckpointError, DataError
 from captioning.models import AttentionTrace, Captioner, build_model
 from captioning.progress import progress_bar
-from captioning.runtime import autocast
+from captioning.runtime import Writer, autocast
 from captioning.vocab import Vocabulary
 
 if TYPE_CHECKING:
@@ -337,6 +337,49 @@ def decode_dataset(
 ImageSource = tuple[str, Callable[[], Image.Image]]
 
 
+# An image read for captioning: its name, its RGB pixels and its encoder input (3, S, S).
+ReadImage = tuple[str, Image.Image, torch.Tensor]
+
+
+def read_images(
+    sources: Iterable[ImageSource],
+    transform: Callable[[Image.Image], torch.Tensor],
+    batch_size: int = 16,
+) -> Iterator[list[ReadImage] | Failed]:
+    """Open, convert and resize (``transform``) every image of ``sources``, in order:
+    batches of up to ``batch_size`` read images, and a :class:`Failed` in the place of each
+    one whose loader raises :class:`DataError` (the batch read before it comes first). No
+    model runs here, so callers may read while another thread decodes."""
+    pending: list[ReadImage] = []
+    for name, load in sources:
+        try:
+            picture = load()
+        except DataError as exc:
+            if pending:
+                yield pending
+                pending = []
+            yield Failed(source=name, error=str(exc))
+            continue
+        pending.append((name, picture, transform(picture)))
+        if len(pending) == batch_size:
+            yield pending
+            pending = []
+    if pending:
+        yield pending
+
+
+def caption_read(
+    batch: list[ReadImage], model: Captioner, vocab: Vocabulary, cfg: Config, device: torch.device
+) -> list[Caption]:
+    """Caption a batch of :func:`read_images` in one decoding; each caption keeps the RGB
+    image it was captioned from in ``image``."""
+    images = torch.stack([tensor for *_, tensor in batch]).to(device)  # (B, 3, S, S)
+    results = caption_inputs(images, [name for name, *_ in batch], model, vocab, cfg)
+    for result, (_, picture, _) in zip(results, batch):
+        result.image = picture
+    return results
+
+
 def caption_images(
     sources: Iterable[ImageSource],
     model: Captioner,
@@ -349,29 +392,11 @@ def caption_images(
     loader raises :class:`DataError` yields a :class:`Failed` (and never stops the others).
     Each caption keeps the RGB image it was captioned from in ``image``."""
     model.eval()
-    pending: list[tuple[str, Image.Image, torch.Tensor]] = []
-
-    def flush() -> Iterator[Caption]:
-        images = torch.stack([tensor for *_, tensor in pending]).to(device)  # (B, 3, S, S)
-        names = [name for name, *_ in pending]
-        for result, (_, picture, _) in zip(caption_inputs(images, names, model, vocab, cfg),
-                                           pending):  # fmt: skip
-            result.image = picture
-            yield result
-        pending.clear()
-
-    for name, load in sources:
-        try:
-            picture = load()
-        except DataError as exc:
-            yield from flush() if pending else ()
-            yield Failed(source=name, error=str(exc))
-            continue
-        pending.append((name, picture, model.encoder.transform(picture)))
-        if len(pending) == batch_size:
-            yield from flush()
-    if pending:
-        yield from flush()
+    for batch in read_images(sources, model.encoder.transform, batch_size):
+        if isinstance(batch, Failed):
+            yield batch
+        else:
+            yield from caption_read(batch, model, vocab, cfg, device)
 
 
 def caption_inputs(
@@ -412,6 +437,12 @@ def caption_files(
     limits = ImageLimits.from_config(cfg.data)
     sources = ((str(path), partial(load_image, path, limits)) for path in paths)
     return caption_images(sources, model, vocab, cfg, device, batch_size)
+
+
+# The folder of attention figures (``caption --attention-dir``): its figures are named after
+# the images, so it is only ever a new or empty folder, or one the caption verb wrote, never
+# one of pictures that a figure could replace.
+CAPTION = Writer("caption")
 
 
 def figure_stem(path: str, used: set[str]) -> str:

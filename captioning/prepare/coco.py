@@ -19,8 +19,9 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from captioning.errors import DataError
+from captioning.errors import CaptioningError, DataError
 from captioning.prepare.download import RemoteFile, check_url, download, unpack
+from captioning.runtime import Writer, claim_folder, holds_only, write_atomically
 
 logger = logging.getLogger("captioning")
 
@@ -33,6 +34,10 @@ KARPATHY_FILE = "dataset_coco.json"
 KARPATHY_MAX_DOWNLOAD = 200_000_000
 KARPATHY_MAX_UNPACKED = 1_000_000_000
 YEARS = ("2014", "2017")
+# Written before folders were marked, a dataset root held only these.
+WRITTEN = ("downloads", "annotations", "train2014", "val2014", "train2017", "val2017",
+           KARPATHY_FILE)  # fmt: skip
+COCO = Writer("prepare coco", holds_only(WRITTEN, "downloads/*.unpacked"))
 
 # Sizes and SHA-256 of the official archives (as published with TensorFlow Datasets'
 # download checksums). Karpathy's zip has no published checksum: its size comes from the
@@ -126,7 +131,8 @@ def prepare_coco(
     """Download and unpack COCO ``year`` (and Karpathy's split file) into ``root``.
 
     Archives already unpacked by an earlier call are skipped, and a partial download is
-    resumed. Returns the config overrides that read the result (:func:`data_overrides`).
+    resumed. ``root`` must be new, empty or an earlier call's, and it is locked meanwhile.
+    Returns the config overrides that read the result (:func:`data_overrides`).
 
     Args:
         root: the dataset folder (``data/coco`` in the shipped configs).
@@ -140,32 +146,37 @@ def prepare_coco(
     Raises:
         DataError: a download fails, a file is not the expected one, or an archive is
             damaged (in one line that says what to do).
+        CaptioningError: ``root`` holds files an earlier call did not write, or is in use.
     """
     root = Path(root)
     archives = coco_archives(year, karpathy, base_url)
-    downloads = root / "downloads"
-    for archive in archives:
-        name = archive.remote.name
-        marker = downloads / f"{name}.unpacked"
-        if marker.is_file():
-            logger.info("%s: already unpacked into %s", name, root)
-            continue
-        path = download(archive.remote, downloads, progress=progress)
-        keep = set(archive.keep)
-        members = unpack(path, root, keep=keep.__contains__ if keep else None,
-                         max_bytes=archive.max_unpacked, progress=progress)  # fmt: skip
-        missing = keep - set(members)
-        if missing:
-            raise DataError(f"{path}: holds no {', '.join(sorted(missing))}; this is not "
-                            f"Karpathy's caption_datasets.zip (check --base-url)")  # fmt: skip
-        try:
-            marker.write_text("\n".join(members) + "\n")
-        except OSError as exc:  # the files are unpacked; only the note of it is missing
-            raise DataError(
-                f"{marker}: cannot write ({exc.strerror or exc}); free some space, then run "
-                f"the same command again (it unpacks {name} once more)"
-            ) from exc
-        if not keep_archives:
-            path.unlink()
-        logger.info("%s: %d files unpacked into %s", name, len(members), root)
+    with claim_folder(root, COCO, "--root"):
+        for archive in archives:
+            _fetch(archive, root, keep_archives, progress)
     return data_overrides(root, year, karpathy)
+
+
+def _fetch(archive: Archive, root: Path, keep_archives: bool, progress: bool) -> None:
+    """Download and unpack one archive into ``root``, unless an earlier call did."""
+    downloads = root / "downloads"
+    name = archive.remote.name
+    marker = downloads / f"{name}.unpacked"
+    if marker.is_file():
+        logger.info("%s: already unpacked into %s", name, root)
+        return
+    path = download(archive.remote, downloads, progress=progress)
+    keep = set(archive.keep)
+    members = unpack(path, root, keep=keep.__contains__ if keep else None,
+                     max_bytes=archive.max_unpacked, progress=progress)  # fmt: skip
+    missing = keep - set(members)
+    if missing:
+        raise DataError(f"{path}: holds no {', '.join(sorted(missing))}; this is not "
+                        f"Karpathy's caption_datasets.zip (check --base-url)")  # fmt: skip
+    try:
+        write_atomically(marker, "\n".join(members) + "\n")
+    except CaptioningError as exc:  # the files are unpacked; only the note of it is missing
+        raise DataError(f"{exc}; then run the same command again (it unpacks {name} once "
+                        f"more)") from exc  # fmt: skip
+    if not keep_archives:
+        path.unlink()
+    logger.info("%s: %d files unpacked into %s", name, len(members), root)

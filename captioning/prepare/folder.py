@@ -37,11 +37,21 @@ from pathlib import Path
 from captioning.data.images import check_images
 from captioning.errors import DataError
 from captioning.prepare.formats import IMAGE_SUFFIXES, CaptionTable, read_captions
+from captioning.runtime import (
+    LOCK,
+    MARKER,
+    Writer,
+    claim_folder,
+    holds_only,
+    write_atomically,
+)
 
 logger = logging.getLogger("captioning")
 
 SPLITS = ("train", "val", "test")
 REPORT = "prepare_report.txt"
+# Written before folders were marked, a failed run's folder held only its report.
+PREPARE = Writer("prepare", holds_only((REPORT,), REPORT))
 # Problems logged one by one; the rest are counted, and all are in the report.
 LOGGED = 20
 
@@ -276,8 +286,7 @@ def _write_report(
     if split_notes is not None:
         lines += ["", f"{len(split_notes)} split-file problems (images not used):",
                   *(f"  {note}" for note in split_notes)]  # fmt: skip
-    report.parent.mkdir(parents=True, exist_ok=True)
-    report.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    write_atomically(report, "\n".join(lines) + "\n")
 
 
 @dataclass
@@ -376,11 +385,10 @@ def _write_splits(
                 annotations.append({"id": next_caption, "image_id": ids[name], "caption": text})
                 next_caption += 1
         path = out / "annotations" / f"captions_{split}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
         dataset = {"info": infos[split], "licenses": [], "images": entries,
                    "annotations": annotations}  # fmt: skip
         # the captions as written (readable in an editor), not as \u escapes
-        path.write_text(json.dumps(dataset, ensure_ascii=False) + "\n", encoding="utf-8")
+        write_atomically(path, json.dumps(dataset, ensure_ascii=False) + "\n")
 
 
 def prepare_folder(
@@ -401,7 +409,7 @@ def prepare_folder(
         images: the folder the caption file's image paths are relative to.
         captions: the caption file (see :mod:`captioning.prepare.formats`).
         out: the new dataset root; it must not exist or be empty (a ``prepare_report.txt``
-            left by a run that failed is replaced).
+            left by a run that failed is replaced). It is locked while it is written.
         val: the share of images for validation.
         test: the share of images for testing.
         seed: the seed of the split; the same files and seed give the same split.
@@ -414,15 +422,39 @@ def prepare_folder(
             file, is reported.
 
     Raises:
-        DataError: the inputs cannot be read, ``out`` already holds files, or no usable
+        DataError: the inputs cannot be read, ``out`` already holds a dataset, or no usable
             image is left (each bad row is also logged with its line number, and all are
             listed in ``out/prepare_report.txt``).
+        CaptioningError: ``out`` holds files that ``captioning prepare`` did not write, or
+            is in use; nothing in it is changed.
     """
     images, captions, out = Path(images), Path(captions), Path(out)
     if not images.is_dir():
         raise DataError(f"{images}: image folder not found")
-    if out.exists() and (not out.is_dir() or any(p.name != REPORT for p in out.iterdir())):
-        raise DataError(f"{out}: already exists and is not empty; choose a new --out")
+    with claim_folder(out, PREPARE, check=_check_new):
+        return _prepare(images, captions, out, val, test, seed, progress, format, fixed_splits)
+
+
+def _check_new(out: Path) -> None:
+    """Refuse a dataset folder that holds more than a failed run's report."""
+    held = sorted(p.name for p in out.iterdir() if p.name not in (REPORT, MARKER, LOCK))
+    if held:
+        raise DataError(f"{out} already holds a prepared dataset (such as {held[0]}); nothing "
+                        f"was changed: choose a new --out, or remove that one first")  # fmt: skip
+
+
+def _prepare(
+    images: Path,
+    captions: Path,
+    out: Path,
+    val: float,
+    test: float,
+    seed: int,
+    progress: bool,
+    format: str,
+    fixed_splits: FixedSplits | None,
+) -> FolderSummary:
+    """:func:`prepare_folder` into the folder ``out``, held."""
     report = out / REPORT
     table = read_captions(captions, images, format=format)
     match = match_images(table, images)
