@@ -33,7 +33,8 @@ from captioning.errors import CheckpointError, Terminated
 #    baseline under ``baseline``).
 # 4: the small CNN's blocks are residual unless ``model.cnn_residual`` is false (version 3:
 #    always plain, so its configs get ``cnn_residual: false``).
-FORMAT_VERSION = 4
+# 5: ``model.cnn_block`` (plain, residual or preact) replaces ``model.cnn_residual``.
+FORMAT_VERSION = 5
 REQUIRED_KEYS = ("format_version", "model", "config", "vocab", "epoch", "step")
 _PLAIN = (str, int, float, bool, type(None), torch.Tensor)
 
@@ -172,7 +173,12 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     version = payload.get("format_version")
     if version is None:
         raise CheckpointError(f"{path}: not a captioning checkpoint (no format_version)")
-    upgrades = {1: _upgrade_from_version_1, 2: _upgrade_from_version_2, 3: _upgrade_from_version_3}
+    upgrades = {
+        1: _upgrade_from_version_1,
+        2: _upgrade_from_version_2,
+        3: _upgrade_from_version_3,
+        4: _upgrade_from_version_4,
+    }
     while version in upgrades:
         payload = upgrades[version](payload)
         version = payload["format_version"]
@@ -236,6 +242,19 @@ def _upgrade_from_version_3(payload: dict[str, Any]) -> dict[str, Any]:
     if isinstance(config, dict) and isinstance(config.get("model"), dict):
         payload["config"] = {**config, "model": {"cnn_residual": False, **config["model"]}}
     payload["format_version"] = 4
+    return payload
+
+
+def _upgrade_from_version_4(payload: dict[str, Any]) -> dict[str, Any]:
+    """A version-4 checkpoint in the version-5 schema: ``cnn_residual`` names the block."""
+    payload = dict(payload)
+    config = payload.get("config")
+    if isinstance(config, dict) and isinstance(config.get("model"), dict):
+        model = dict(config["model"])
+        residual = model.pop("cnn_residual", True)
+        model.setdefault("cnn_block", "residual" if residual else "plain")
+        payload["config"] = {**config, "model": model}
+    payload["format_version"] = 5
     return payload
 
 

@@ -80,9 +80,10 @@ class ModelConfig:
     fine_tune: str = "none"  # none | all | last_N (the last N stages)
     positional: Literal["none", "learned", "sinusoidal"] = "none"
     cnn_channels: list[int] = field(default_factory=lambda: [32, 64, 128, 128])
-    # the small CNN's blocks with an identity path: plain blocks lose the colours on some
-    # seeds (docs/attention.md); false rebuilds the plain blocks of older checkpoints
-    cnn_residual: bool = True
+    # the small CNN's blocks: preact (an identity shortcut), residual (a learnt projection
+    # where the channels change) or plain conv-BN-ReLU, which loses the colours on some seeds
+    # (docs/attention.md) and rebuilds the blocks of older checkpoints
+    cnn_block: Literal["plain", "residual", "preact"] = "preact"
     # Self-attention over the grid: N pre-norm Transformer encoder layers over the L cells,
     # after the position codes (and after the feature cache), so a cell can carry its
     # relations to the others ("left of", "the middle one") to the decoder.
@@ -333,6 +334,7 @@ RENAMED_KEYS = {
 # the key on load (and take the new key's default).
 RETIRED_KEYS = {
     "decode.suppress_unk": "decode.allow_unk (false by default: <unk> is never chosen)",
+    "model.cnn_residual": "model.cnn_block (plain, residual or preact; false was plain)",
 }
 
 

@@ -226,19 +226,25 @@ def test_per_head_on_a_single_head_model_is_one_line(local, images, tmp_path, ca
         assert not captured.out and not list(tmp_path.iterdir())
 
 
-def test_load_folds_a_frozen_encoders_batch_norms(tiny_shapes, tmp_path):
-    """``captioning.load`` only captions, so a frozen encoder's BatchNorms are folded into
-    its convolutions; the grid, and so the caption, are those of the network as trained."""
+@pytest.mark.parametrize(("block", "unfoldable"), [("plain", 0), ("preact", 3)])
+def test_load_folds_a_frozen_encoders_batch_norms(tiny_shapes, tmp_path, block, unfoldable):
+    """``captioning.load`` only captions, so a frozen encoder's BatchNorms that follow a
+    convolution are folded into it (a pre-activation block's come before its ReLU and
+    convolution, and the one after its sum follows no convolution: they stay); the grid, and
+    so the caption, are those of the network as trained."""
     from torch import nn
 
     from captioning.inference import caption_batch, load_model
     from tests.conftest import _tiny_run
 
-    checkpoint = _tiny_run(tiny_shapes, tmp_path / "frozen", "model.fine_tune=none")
+    checkpoint = _tiny_run(
+        tiny_shapes, tmp_path / "frozen", "model.fine_tune=none", f"model.cnn_block={block}"
+    )
     model = captioning.load(checkpoint, device="cpu")
     trained, cfg, _ = load_model(checkpoint)
     assert any(isinstance(m, nn.BatchNorm2d) for m in trained.encoder.modules())
-    assert not any(isinstance(m, nn.BatchNorm2d) for m in model.model.encoder.modules())
+    left = sum(isinstance(m, nn.BatchNorm2d) for m in model.model.encoder.modules())
+    assert left == unfoldable
     image = next((tiny_shapes / "images").rglob("*.png"))
     inputs = model.prepare(load_image(image))[None]
     with torch.no_grad():

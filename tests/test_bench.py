@@ -36,7 +36,7 @@ TINY = [
     "model.cnn_channels=[8,16,16]",
     # The decoder's weights are drawn after the encoder's: with the plain blocks' draws the
     # "early" regime below ends captions both at the first word and later ones.
-    "model.cnn_residual=false",
+    "model.cnn_block=plain",
     "model.fine_tune=all",
     "model.embed_dim=16",
     "model.hidden_dim=32",

@@ -154,7 +154,7 @@ def test_a_version_1_checkpoint_loads_and_decodes_as_before(shapes, tmp_path):
     # and a run resumes from it
     resume_cfg = load_config(CONFIG, [
         f"data.root={shapes}", "model.attention=hard", "model.gate=none", "train.epochs=2",
-        "train.doubly_stochastic_weight=0.5", "model.cnn_residual=false",  # its plain blocks
+        "train.doubly_stochastic_weight=0.5", "model.cnn_block=plain",  # its plain blocks
     ])  # fmt: skip
     summary = fit(resume_cfg, out_dir=tmp_path / "run", resume=str(DATA / "checkpoint_v1.pt"))
     assert summary["epochs"] == 2 and summary["steps"] == 6
@@ -177,25 +177,41 @@ def test_train_writes_to_runs_named_after_the_config(shapes, tmp_path, monkeypat
     assert (tmp_path / "runs" / "test_tiny" / "last.pt").is_file()
 
 
-def test_a_version_3_checkpoint_rebuilds_its_plain_small_cnn(tmp_path):
-    """Version 3 had only plain conv-BN-ReLU blocks; it loads with ``cnn_residual: false``
-    and the same weights, while a new run's blocks are residual."""
+@pytest.mark.parametrize(
+    ("version", "block", "old_keys"),
+    [
+        (3, "plain", {}),  # version 3 knew only plain blocks, and no key for them
+        (4, "plain", {"cnn_residual": False}),
+        (4, "residual", {"cnn_residual": True}),
+    ],
+)
+def test_older_checkpoints_rebuild_their_small_cnn(tmp_path, version, block, old_keys):
+    """Version 3 had only plain conv-BN-ReLU blocks and version 4 said plain or residual
+    with ``cnn_residual``; each loads with its own blocks and the same weights, while a new
+    run's blocks are pre-activation ones."""
     from captioning.config import config_to_dict
     from captioning.models import build_model
-    from captioning.models.encoder import ResidualBlock
+    from captioning.models.encoder import PreActBlock, ResidualBlock
 
-    cfg = load_config(CONFIG, ["model.cnn_residual=false"])
+    cfg = load_config(CONFIG, [f"model.cnn_block={block}"])
     vocab = Vocabulary.build([["a", "red", "circle"]], min_count=1)
     torch.manual_seed(0)
-    plain = build_model(cfg.model, len(vocab))
+    original = build_model(cfg.model, len(vocab))
     saved = config_to_dict(cfg)
-    del saved["model"]["cnn_residual"]  # version 3 did not know the key
-    torch.save({"format_version": 3, "model": plain.state_dict(), "config": saved,
-                "vocab": vocab.to_list(), "epoch": 1, "step": 1}, tmp_path / "v3.pt")  # fmt: skip
-    model, loaded_cfg, _ = load_model(tmp_path / "v3.pt")
-    assert loaded_cfg.model.cnn_residual is False
-    assert not any(isinstance(m, ResidualBlock) for m in model.modules())
-    for name, tensor in plain.state_dict().items():
+    del saved["model"]["cnn_block"]  # neither version knew the key
+    saved["model"].update(old_keys)
+    torch.save({"format_version": version, "model": original.state_dict(), "config": saved,
+                "vocab": vocab.to_list(), "epoch": 1, "step": 1}, tmp_path / "old.pt")  # fmt: skip
+    model, loaded_cfg, _ = load_model(tmp_path / "old.pt")
+    assert loaded_cfg.model.cnn_block == block
+    residual_blocks = sum(isinstance(m, ResidualBlock) for m in model.modules())
+    assert residual_blocks == (2 if block == "residual" else 0)
+    for name, tensor in original.state_dict().items():
         assert torch.equal(model.state_dict()[name], tensor), name
     fresh = build_model(load_config(CONFIG).model, len(vocab))  # cnn_channels: [8, 16, 32]
-    assert sum(isinstance(m, ResidualBlock) for m in fresh.modules()) == 2
+    assert sum(isinstance(m, PreActBlock) for m in fresh.modules()) == 2
+
+
+def test_the_retired_cnn_residual_key_names_its_successor():
+    with pytest.raises(ConfigError, match="model.cnn_residual was replaced by model.cnn_block"):
+        load_config(CONFIG, ["model.cnn_residual=false"])

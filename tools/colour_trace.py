@@ -2,8 +2,8 @@
 the first training steps, as data.
 
     python tools/colour_trace.py --out runs/trace --variant plain --seeds 0,3 \\
-        --set model.cnn_residual=false
-    python tools/colour_trace.py --out runs/trace --variant residual --seeds 0,3
+        --set model.cnn_block=plain
+    python tools/colour_trace.py --out runs/trace --variant preact --seeds 0,3
 
 For each seed this trains ``configs/shapes_soft.yaml`` (with the ``--set`` overrides) into
 ``OUT/VARIANT-seedS`` and, before the steps of ``--steps``, reads the colour probe of

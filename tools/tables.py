@@ -34,6 +34,13 @@ _BLOCK = re.compile(r"(<!-- table: (\w+) -->\n)(.*?)(<!-- end table -->)", re.S)
 Rows = list[dict[str, Any]]
 
 
+def _hosts(rows: Rows) -> str:
+    """The machines that made ``rows``, each once: ``2 cores (AMD EPYC; Intel Xeon)``."""
+    cores = sorted({str(r["cores"]) for r in rows if "cores" in r})
+    cpus = sorted({r["cpu"] for r in rows if "cpu" in r})
+    return f"{' or '.join(cores)} cores ({'; '.join(cpus)})"
+
+
 def _spread(values: list[float | None], digits: int = 3) -> str:
     """Mean, and the standard deviation where there are several values; missing values
     (None) are left out, and none at all is –."""
@@ -102,7 +109,7 @@ def photos(rows: Rows) -> str:
     lines.append("")
     lines.append(
         f"{len(rows)} rows of `results/photos.json` (each with its command), commit "
-        f"{commits}; {first['cores']} cores ({first['cpu']}), test split of "
+        f"{commits}; {_hosts(rows)}, test split of "
         f"{first['test_images']} photos, beam {first['beam_size']}; seeds in brackets, "
         f"± the standard deviation across seeds."
     )
@@ -195,11 +202,11 @@ def photo_budget_timed(rows: Rows) -> str:
         lines.append("| (no two-stage rows yet) |" + " |" * (len(head) - 1))
     first = staged[0] if staged else {}
     commands = "; ".join(f"`{c}`" for c in dict.fromkeys(r["command"] for r in staged))
-    busy = sorted({_variant(r) for r in staged if not r.get("timed_alone", True)})
+    busy = [f"{_variant(r)} seed {r['seed']}" for r in staged if not r.get("timed_alone", True)]
     lines += ["", f"Rows of `results/photos.json` with a second stage; nearest neighbour "
               f"{'–' if nn is None else f'{nn:.3f}'} on test. The prepare and extract seconds "
               "are the file's (measured once, reused by later invocations). "
-              + (f"{first['cores']} cores ({first['cpu']}), "
+              + (f"{_hosts(staged)}, "
                  + (f"not timed alone: {', '.join(busy)}" if busy else "each timed alone")
                  + f"; commands: {commands}." if first else "")]  # fmt: skip
     return "\n".join(lines) + "\n"
@@ -383,7 +390,7 @@ def _family_note(rows: Rows) -> str:
     commands = "; ".join(f"`{c}`" for c in sorted({r["command"] for r in rows}))
     note = (
         f"{len(rows)} rows of `results/attention_family.json`, commit {commits}; "
-        f"{first['cores']} cores ({first['cpu']}), torch {first['torch']}, {precisions}. "
+        f"{_hosts(rows)}, torch {first['torch']}, {precisions}. "
         f"The learning rate is each member's best on validation exact match in the sweep "
         f"below; test split, greedy decoding; seeds in brackets, ± the standard deviation "
         f"across seeds, the other scores the mean over the seeds; train time the mean of the "
@@ -509,8 +516,8 @@ def shapes_seeds(rows: Rows) -> str:
     lines.append(
         f"{len(rows)} rows of `results/shapes_seeds.json` ({adopted} of them runs trained "
         f"before the study and adopted into it; each row says how it was trained), trained at "
-        f"{trained}, evaluated at {evaluated}; {first['cores']} cores ({first['cpu']}), torch "
-        f"{first['torch']}. Test split, greedy decoding; bold: stalled (test exact match below "
+        f"{trained}, evaluated at {evaluated}; {_hosts(rows)}, torch "
+        f"{', '.join(sorted({r['torch'] for r in rows}))}. Test split, greedy decoding; bold: stalled (test exact match below "
         f"0.5); the mean ± sd is over the seeds that did not stall. Colour probe: held-out "
         f"accuracy of a logistic regression from the decoder's grid feature under each "
         f"object's centre to its colour ({first['probe_objects']['held_out']} objects of the "
@@ -523,7 +530,7 @@ def shapes_seeds(rows: Rows) -> str:
 
 # the variant of results/shapes_seeds.json that is configs/shapes_soft.yaml as shipped
 # (tests/test_tables.py holds that it sets nothing the config does not say)
-SHAPES_RECIPE = "residual"
+SHAPES_RECIPE = "preact"
 # configs/shapes_hard.yaml's learning rate (tests/test_tables.py holds the two equal)
 HARD_LR = 0.004
 
@@ -579,36 +586,54 @@ def _at_target(row: dict[str, Any], target: dict[str, float | None]) -> bool:
     )
 
 
+def _block_only(row: dict[str, Any]) -> str | None:
+    """The small CNN's blocks of a row whose only override (if any) names them, else None."""
+    overrides = row["overrides"]
+    if not overrides:
+        return "preact"  # model.cnn_block's default
+    if len(overrides) == 1 and overrides[0].startswith("model.cnn_block="):
+        return overrides[0].split("=", 1)[1]
+    return None
+
+
 def shapes_targets(rows: Rows) -> str:
-    """Each shipped shapes config as it is (the rows of ``results/shapes_seeds.json`` with no
-    override) over its seeds: how many stalled, how many reached the config's target, the
-    lowest score of each kind and the median training seconds."""
-    lines = ["| config | seeds | stalled | at target | target | lowest exact | lowest 3 objects "
-             "| lowest pointing: colour / size / shape | median train s (threads) |",
-             "|" + " --- |" * 9]  # fmt: skip
+    """Each shipped shapes config as it is, and with the small CNN's other blocks (the rows of
+    ``results/shapes_seeds.json`` whose only override is ``model.cnn_block``), over its
+    seeds: how many stalled, how many reached the config's target, the lowest score of each
+    kind and the median training seconds."""
+    lines = ["| config | blocks | seeds | stalled | at target | target | lowest exact "
+             "| lowest 3 objects | lowest pointing: colour / size / shape "
+             "| median train s (threads) |",
+             "|" + " --- |" * 10]  # fmt: skip
     for config, target in SHAPES_TARGETS.items():
-        group = [r for r in rows if r["config"] == config and not r["overrides"]]
-        if not group:
-            continue
-        wants = [f"exact >= {target['exact']}"]
-        if target["three"] is not None:
-            wants.append(f"3 objects >= {target['three']}")
-        if target["pointing"] is not None:
-            wants.append(f"pointing >= {target['pointing']}")
-        lowest = [min(r["pointing"][w] or 0 for r in group) for w in ("color", "size", "shape")]
-        seconds = sorted(r["train_seconds"] for r in group)
-        threads = ", ".join(sorted({str(r["train_threads"]) for r in group}))
-        seeds = ", ".join(str(s) for s in sorted(r["seed"] for r in group))
-        lines.append(
-            f"| `{config}` | {seeds} "
-            f"| {sum(r['stalled'] for r in group)} of {len(group)} "
-            f"| {sum(_at_target(r, target) for r in group)} of {len(group)} | {'; '.join(wants)} "
-            f"| {min(r['test_exact'] for r in group):.3f} "
-            f"| {min(r['test_exact_by_objects']['3'] for r in group):.3f} "
-            f"| {' / '.join(f'{v:.3f}' for v in lowest)} "
-            f"| {seconds[len(seconds) // 2]:.0f} ({threads}) |"
-        )
+        blocks = [b for b in ("preact", "residual", "plain")
+                  if any(r["config"] == config and _block_only(r) == b for r in rows)]  # fmt: skip
+        for block in blocks:
+            group = [r for r in rows if r["config"] == config and _block_only(r) == block]
+            lines.append(_target_line(config, block, group, target))
     return "\n".join(lines) + "\n"
+
+
+def _target_line(config: str, block: str, group: Rows, target: dict[str, float | None]) -> str:
+    wants = [f"exact >= {target['exact']}"]
+    if target["three"] is not None:
+        wants.append(f"3 objects >= {target['three']}")
+    if target["pointing"] is not None:
+        wants.append(f"pointing >= {target['pointing']}")
+    lowest = [min(r["pointing"][w] or 0 for r in group) for w in ("color", "size", "shape")]
+    seconds = sorted(r["train_seconds"] for r in group)
+    threads = ", ".join(sorted({str(r["train_threads"]) for r in group}))
+    seeds = ", ".join(str(s) for s in sorted(r["seed"] for r in group))
+    shipped = " (shipped)" if block == "preact" else ""
+    return (
+        f"| `{config}` | {block}{shipped} | {seeds} "
+        f"| {sum(r['stalled'] for r in group)} of {len(group)} "
+        f"| {sum(_at_target(r, target) for r in group)} of {len(group)} | {'; '.join(wants)} "
+        f"| {min(r['test_exact'] for r in group):.3f} "
+        f"| {min(r['test_exact_by_objects']['3'] for r in group):.3f} "
+        f"| {' / '.join(f'{v:.3f}' for v in lowest)} "
+        f"| {seconds[len(seconds) // 2]:.0f} ({threads}) |"
+    )
 
 
 def colour_trace(rows: Rows) -> str:

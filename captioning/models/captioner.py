@@ -98,7 +98,7 @@ def encoder_from_config(cfg: ModelConfig, runtime: RuntimeConfig | None = None) 
         positional=cfg.positional,
         fine_tune=cfg.fine_tune,
         cnn_channels=cfg.cnn_channels,
-        cnn_residual=cfg.cnn_residual,
+        cnn_block=cfg.cnn_block,
         channels_last=runtime.channels_last,
     )
 

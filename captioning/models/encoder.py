@@ -58,27 +58,58 @@ class ResidualBlock(nn.Module):
         return 1
 
 
+class PreActBlock(nn.Module):
+    """``x`` zero-padded to ``c_out`` channels plus ``conv3x3(relu(bn(x)))``, then optional
+    2x2 max pooling: a pre-activation block (He et al., 2016, "Identity mappings") whose
+    shortcut is the identity itself (their option A), so every input channel reaches the
+    grid unchanged unless a convolution learns to change it."""
+
+    def __init__(self, c_in: int, c_out: int, pool: bool) -> None:
+        super().__init__()
+        if c_out < c_in:
+            raise ConfigError(
+                f"model.cnn_block=preact needs model.cnn_channels that never shrink ({c_in} -> {c_out})"
+            )
+        self.norm = nn.BatchNorm2d(c_in)
+        self.conv = nn.Conv2d(c_in, c_out, 3, padding=1, bias=False)
+        self.extra = c_out - c_in
+        self.pool = nn.MaxPool2d(2) if pool else nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        residual = self.conv(torch.relu(self.norm(x)))
+        return self.pool(nn.functional.pad(x, (0, 0, 0, 0, 0, self.extra)) + residual)
+
+
+CNN_BLOCKS = ("plain", "residual", "preact")
+
+
 class SmallCNN(nn.Module):
     """A small CNN trained from scratch, for the shapes data and CPU work.
 
-    A 5x5 stride-2 stem, then 3x3 conv-BN-ReLU blocks, each but the last followed by 2x2 max
-    pooling. With ``channels=[32, 64, 128, 128]`` a 96 px image gives a 12x12x128 grid.
+    A 5x5 stride-2 stem, then one 3x3 block per further entry of ``channels``, each but the
+    last followed by 2x2 max pooling. With ``channels=[32, 64, 128, 128]`` a 96 px image
+    gives a 12x12x128 grid.
 
-    The blocks are residual by default. Plain blocks lose the objects' colours on some random
-    starts: in the first 200 steps the deep blocks overwrite them while the stem still holds
-    them (a linear probe reads them at 1.0 from the stem and at chance from the grid), and the
-    colour words never learn where to look. An identity path keeps them (docs/attention.md).
+    Plain conv-BN-ReLU blocks lose the objects' colours on some random starts: in the first
+    200 steps the deep blocks overwrite them while the stem still holds them (a linear probe
+    reads them at 1.0 from the stem and at chance from the grid), and the colour words never
+    learn where to look. An identity path keeps them (docs/attention.md): ``residual`` blocks
+    add a learnt 1x1 projection where the channel count changes; ``preact`` blocks (the
+    default) add the input itself, zero-padded, so nothing but a convolution's own output
+    can change what the stem found, and a BatchNorm closes the stack.
 
     Args:
         channels: output channels of the stem and of each block.
-        residual: residual blocks (True) or plain conv-BN-ReLU blocks (checkpoints from
-            before residual blocks existed).
+        block: ``preact``, ``residual`` or ``plain`` (checkpoints from before the identity
+            path existed).
     """
 
-    def __init__(self, channels: list[int], residual: bool = True) -> None:
+    def __init__(self, channels: list[int], block: str = "preact") -> None:
         super().__init__()
         if not channels:
             raise ConfigError("model.cnn_channels needs at least one entry")
+        if block not in CNN_BLOCKS:
+            raise ConfigError(f"model.cnn_block={block!r}: choose one of {', '.join(CNN_BLOCKS)}")
         stages: list[nn.Module] = [
             nn.Sequential(
                 nn.Conv2d(3, channels[0], 5, stride=2, padding=2, bias=False),
@@ -88,17 +119,23 @@ class SmallCNN(nn.Module):
         ]
         for i, (c_in, c_out) in enumerate(zip(channels[:-1], channels[1:])):
             pool = i < len(channels) - 2
-            if residual:
+            if block == "residual":
                 stages.append(ResidualBlock(c_in, c_out, pool))
-                continue
-            layers: list[nn.Module] = [
-                nn.Conv2d(c_in, c_out, 3, padding=1, bias=False),
-                nn.BatchNorm2d(c_out),
-                nn.ReLU(inplace=True),
-            ]
-            if pool:
-                layers.append(nn.MaxPool2d(2))
-            stages.append(nn.Sequential(*layers))
+            elif block == "preact":
+                stages.append(PreActBlock(c_in, c_out, pool))
+            else:
+                layers: list[nn.Module] = [
+                    nn.Conv2d(c_in, c_out, 3, padding=1, bias=False),
+                    nn.BatchNorm2d(c_out),
+                    nn.ReLU(inplace=True),
+                ]
+                if pool:
+                    layers.append(nn.MaxPool2d(2))
+                stages.append(nn.Sequential(*layers))
+        if block == "preact" and len(channels) > 1:
+            # the sum of the identity paths is unnormalised: one BatchNorm brings the grid
+            # back to the scale the attention's projections start at
+            stages[-1] = nn.Sequential(stages[-1], nn.BatchNorm2d(channels[-1]))
         self.stages = nn.Sequential(*stages)
         self.out_channels = channels[-1]
 
@@ -414,7 +451,7 @@ def build_encoder(
     positional: str = "none",
     fine_tune: str = "none",
     cnn_channels: list[int] | None = None,
-    cnn_residual: bool = True,
+    cnn_block: str = "preact",
     channels_last: bool = True,
 ) -> Encoder:
     """An :class:`Encoder` by backbone name (``small_cnn``, ``vgg19``, ``resnet101``, ...);
@@ -423,7 +460,7 @@ def build_encoder(
         if weights and weights.lower() != "none":
             if not Path(weights).is_file():
                 raise ConfigError(f"model.weights file {weights} does not exist")
-        cnn = SmallCNN(cnn_channels or [32, 64, 128, 128], residual=cnn_residual)
+        cnn = SmallCNN(cnn_channels or [32, 64, 128, 128], block=cnn_block)
         if weights and weights.lower() != "none":
             _load_small_cnn_weights(cnn, weights)
         stages, channels = list(cnn.stages), cnn.out_channels
