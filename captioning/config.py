@@ -405,8 +405,14 @@ def _validate(cfg: Config) -> None:
             "train.label_smoothing smooths the cross-entropy of soft (or no) attention; "
             "set it to 0 for hard attention and for train.objective=scst"
         )
-    if not cfg.model.cnn_channels:
+    channels = cfg.model.cnn_channels
+    if not channels:
         raise ConfigError("model.cnn_channels must list at least one channel count")
+    if cfg.model.cnn_block == "preact" and any(b < a for a, b in zip(channels, channels[1:])):
+        raise ConfigError(
+            f"model.cnn_block=preact needs model.cnn_channels that never shrink, got "
+            f"{channels}; widen the later entries or use model.cnn_block=residual"
+        )
     if cfg.decode.min_length > cfg.decode.max_length:
         raise ConfigError(f"decode.min_length={cfg.decode.min_length} must not exceed "
                           f"decode.max_length={cfg.decode.max_length}")  # fmt: skip

@@ -128,6 +128,11 @@ def test_shipped_configs_load():
         ("data.max_images={train: 0}", "data.max_images must be at least 1, got {'train': 0}"),
         ("model.cnn_channels=[8, 0]", "model.cnn_channels must be at least 1, got [8, 0]"),
         ("model.cnn_channels=[]", "model.cnn_channels must list at least one channel count"),
+        (
+            "model.cnn_channels=[16, 8]",
+            "model.cnn_block=preact needs model.cnn_channels that "
+            "never shrink, got [16, 8]; widen the later entries or use model.cnn_block=residual",
+        ),
         ("model.dropout=1", "model.dropout must be in [0, 1), got 1.0"),
         ("decode.temperature=0", "decode.temperature must be more than 0, got 0.0"),
         ("decode.min_length=30", "decode.min_length=30 must not exceed decode.max_length=20"),

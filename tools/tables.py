@@ -517,11 +517,12 @@ def shapes_seeds(rows: Rows) -> str:
         f"{len(rows)} rows of `results/shapes_seeds.json` ({adopted} of them runs trained "
         f"before the study and adopted into it; each row says how it was trained), trained at "
         f"{trained}, evaluated at {evaluated}; {_hosts(rows)}, torch "
-        f"{', '.join(sorted({r['torch'] for r in rows}))}. Test split, greedy decoding; bold: stalled (test exact match below "
-        f"0.5); the mean ± sd is over the seeds that did not stall. Colour probe: held-out "
-        f"accuracy of a logistic regression from the decoder's grid feature under each "
-        f"object's centre to its colour ({first['probe_objects']['held_out']} objects of the "
-        f"last third of 400 validation images; chance {first['probe_chance']:.3f})."
+        f"{', '.join(sorted({r['torch'] for r in rows}))}. Test split, greedy decoding; bold: "
+        f"stalled (test exact match below 0.5); the mean ± sd is over the seeds that did not "
+        f"stall. Colour probe: held-out accuracy of a logistic regression from the decoder's "
+        f"grid feature under each object's centre to its colour "
+        f"({first['probe_objects']['held_out']} objects of the last third of 400 validation "
+        f"images; chance {first['probe_chance']:.3f})."
     )
     lines.append("")
     lines.append("Each variant, trained afresh: " + "; ".join(reruns) + ".")

@@ -68,7 +68,8 @@ class PreActBlock(nn.Module):
         super().__init__()
         if c_out < c_in:
             raise ConfigError(
-                f"model.cnn_block=preact needs model.cnn_channels that never shrink ({c_in} -> {c_out})"
+                f"model.cnn_block=preact needs model.cnn_channels that never shrink "
+                f"({c_in} -> {c_out}); widen the later entries or use model.cnn_block=residual"
             )
         self.norm = nn.BatchNorm2d(c_in)
         self.conv = nn.Conv2d(c_in, c_out, 3, padding=1, bias=False)
