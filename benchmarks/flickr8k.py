@@ -299,7 +299,7 @@ def rows_of_run(
     only), which shows what BLEU without the brevity penalty rewards."""
     job = json.loads((folder / "job.json").read_text())
     stages = job.pop("stages")
-    job.pop("history", None)
+    history = job.pop("history", None) or [{}]
     before = (stages.get("prepare") or 0) + (stages.get("extract") or 0)
     first = _first_stage_seconds(folder, job)
     rows = []
@@ -311,6 +311,7 @@ def rows_of_run(
             "beam_size": int(beam),
             **score(predictions, refs),
             **{k: job[k] for k in ("select_metric", "best_val", "best_epoch", "epochs", "steps")},
+            "training": _training_trace(history),
             "seconds": {"prepare": stages.get("prepare"), "extract": stages.get("extract"),
                         "first_stage": first, "train": job["train_seconds"],
                         "evaluate": seconds,
@@ -326,6 +327,19 @@ def rows_of_run(
                 cut = {i: " ".join(c.split()[:words]) for i, c in predictions.items()}
                 rows.append({**rows[-1], **score(cut, refs), "variant": f"cut{words}"})
     return rows
+
+
+# what the training loss reports of the attention (per caption, summed over its words): the
+# doubly stochastic penalty and, for hard attention, the entropy of the maps it samples from
+TRACED = ("nll_per_token", "penalty", "entropy")
+
+
+def _training_trace(history: list[dict[str, Any]]) -> dict[str, Any]:
+    """The first and last epoch's :data:`TRACED` values: whether the maps moved."""
+    return {
+        which: {k: round(epoch[k], 3) for k in TRACED if epoch.get(k) is not None}
+        for which, epoch in (("first_epoch", history[0]), ("last_epoch", history[-1]))
+    }
 
 
 def _first_stage_seconds(folder: Path, job: dict[str, Any]) -> float:

@@ -1,8 +1,9 @@
 """The stall that an identity path through the small CNN removes, reproduced (slow: 200 steps on
-the full shapes data, three times). Seed 3 of ``configs/shapes_soft.yaml`` with plain blocks
-loses the objects' colours from its grid within 200 steps while its stem keeps them; with
-residual or pre-activation blocks the grid keeps them (docs/attention.md, "Runs that
-stalled")."""
+the full shapes data three times, 450 steps twice). Seed 3 of ``configs/shapes_soft.yaml`` with
+plain blocks loses the objects' colours from its grid within 200 steps while its stem keeps
+them; with residual or pre-activation blocks the grid keeps them. Seed 0 of
+``configs/shapes_local.yaml`` loses them more slowly even with residual blocks, and keeps them
+with pre-activation blocks (docs/attention.md, "Runs that stalled")."""
 
 import pytest
 
@@ -28,9 +29,9 @@ def shapes(tmp_path_factory):
     return root
 
 
-def _probes_at(root, tmp_path, block: str) -> dict[str, float]:
-    cfg = load_config(SHAPES_SOFT, [
-        f"data.root={root}", "train.quiet=true", f"train.seed={STALLING_SEED}",
+def _probes_at(root, tmp_path, block: str, config=SHAPES_SOFT, seed=STALLING_SEED, steps=STEPS):
+    cfg = load_config(config, [
+        f"data.root={root}", "train.quiet=true", f"train.seed={seed}",
         f"model.cnn_block={block}", "train.figure_every_epoch=false",
     ])  # fmt: skip
     trace = load_tool("colour_trace")
@@ -38,12 +39,12 @@ def _probes_at(root, tmp_path, block: str) -> dict[str, float]:
     seen = {}
 
     def probe(run):
-        if run.progress.step == STEPS:
+        if run.progress.step == steps:
             seen.update(trace.stage_probes(run.model, probe_set))
             raise _Enough
 
     with pytest.raises(_Enough):
-        fit(cfg, tmp_path / block, on_step=probe)
+        fit(cfg, tmp_path / f"{block}-{seed}-{steps}", on_step=probe)
     return seen
 
 
@@ -56,3 +57,15 @@ def test_plain_blocks_lose_the_colours_that_blocks_with_an_identity_path_keep(sh
     for block in ("residual", "preact"):
         kept = _probes_at(shapes, tmp_path, block)
         assert kept["stage0"] >= 0.95 and kept["grid"] >= 0.95, (block, kept)
+
+
+@pytest.mark.slow
+def test_local_attention_keeps_the_colours_only_through_an_identity_shortcut(shapes, tmp_path):
+    """Seed 0 of configs/shapes_local.yaml stalled with residual blocks, whose shortcuts are
+    learnt projections wherever the channels change: by step 450 its grid had lost most of
+    the colours. Pre-activation blocks, whose shortcut is the input itself, keep them."""
+    local = SHAPES_SOFT.replace("shapes_soft.yaml", "shapes_local.yaml")
+    residual = _probes_at(shapes, tmp_path, "residual", local, seed=0, steps=450)
+    preact = _probes_at(shapes, tmp_path, "preact", local, seed=0, steps=450)
+    assert residual["grid"] <= 0.7, residual
+    assert preact["grid"] >= 0.95, preact
