@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from captioning.errors import CaptioningError, ConfigError, Terminated
 
 if TYPE_CHECKING:
-    from captioning.api import CaptionModel
+    from captioning.api import Caption, CaptionModel
     from captioning.config import Config
 
 logger = logging.getLogger("captioning")
@@ -282,11 +282,26 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         spice=args.spice,
         progress=not args.quiet,
         device=args.device,
+        overrides=args.overrides,
+        category_words=args.category_words,
     )
     print(format_table(metrics))
+    if "grounding" in metrics:
+        print(grounding_line(metrics["grounding"]))
     if args.out:
-        print(f"wrote {args.out}/metrics.json and {args.out}/predictions.json")
+        also = " and grounding.json" if "grounding" in metrics else ""
+        print(f"wrote {args.out}/metrics.json, predictions.json{also}")
     return 0
+
+
+def grounding_line(grounding: dict) -> str:
+    """One line of ``grounding.json``: the words scored and each map's pointing game."""
+    overall = grounding["overall"]
+    maps = [k for k in overall if k != "words"]
+    shown = ", ".join(f"{k} {overall[k]['pointing']:.3f}" for k in maps)
+    return f"grounding: {overall['words']} words name an object of their image; " + (
+        f"pointing game {shown}" if maps else "none to score"
+    )
 
 
 def cmd_caption(args: argparse.Namespace) -> int:
@@ -296,8 +311,12 @@ def cmd_caption(args: argparse.Namespace) -> int:
 
     if args.per_head and not args.attention_dir:
         raise ConfigError("--per-head writes its figures into --attention-dir: give one")
+    if args.instances and not args.attention_dir:
+        raise ConfigError("--instances outlines object boxes in the figures of "
+                          "--attention-dir: give one")  # fmt: skip
     if args.attention_dir:
         _check_folder_path(Path(args.attention_dir), "--attention-dir")
+    boxes = _object_boxes(args)
     model = load(args.checkpoint, args.device)
     if args.per_head and model.heads == 1:
         raise ConfigError(
@@ -306,14 +325,42 @@ def cmd_caption(args: argparse.Namespace) -> int:
             "out --per-head"
         )
     if not args.attention_dir:
-        return _caption(model, args, None)
+        return _caption(model, args, None, boxes)
     with claim_folder(args.attention_dir, CAPTION, "--attention-dir") as out:
-        return _caption(model, args, out)
+        return _caption(model, args, out, boxes)
 
 
-def _caption(model: CaptionModel, args: argparse.Namespace, out: Path | None) -> int:
-    """Caption ``args.images`` and print each; figures into ``out`` (held) when given;
-    2 when an image could not be captioned."""
+def _object_boxes(args: argparse.Namespace) -> Callable[[Caption], list | None]:
+    """Per caption, each word's boxes of the objects it names, from ``--instances`` (None
+    for an image the file does not list, or without the option)."""
+    if not args.instances:
+        return lambda result: None
+    from captioning.data.coco import read_instance_images
+    from captioning.metrics.pointing import word_boxes
+    from captioning.metrics.words import load_category_words
+
+    images = read_instance_images(args.instances)
+    words = load_category_words(args.category_words)
+
+    def boxes(result: Caption) -> list | None:
+        found = images.get(Path(result.source).name)
+        if found is None:
+            logger.info("%s is not in %s: its figure has no boxes", result.source, args.instances)
+            return None
+        size, objects = found
+        return word_boxes(result.words, objects, size, words)
+
+    return boxes
+
+
+def _caption(
+    model: CaptionModel,
+    args: argparse.Namespace,
+    out: Path | None,
+    boxes: Callable[[Caption], list | None],
+) -> int:
+    """Caption ``args.images`` and print each; figures into ``out`` (held) when given, with
+    each word's object ``boxes``; 2 when an image could not be captioned."""
     import json
 
     from captioning.api import Failed
@@ -336,7 +383,8 @@ def _caption(model: CaptionModel, args: argparse.Namespace, out: Path | None) ->
         record = {"image": result.source, "caption": result.caption}
         if out is not None and result.words:  # an empty caption has nothing to show
             stem = figure_stem(result.source, used)
-            record["attention"] = str(result.save(out / f"{stem}.png", not args.no_smooth))
+            record["attention"] = str(result.save(out / f"{stem}.png", not args.no_smooth,
+                                                  boxes=boxes(result)))  # fmt: skip
             if args.gif:
                 result.save_gif(out / f"{stem}.gif", smooth=not args.no_smooth)
             if args.per_head:
@@ -528,14 +576,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="replace an existing cache")
     p.set_defaults(func=cmd_extract_features)
 
-    p = add_verb("evaluate", help="decode a split with a checkpoint and score it")
-    _add_checkpoint_args(p)
-    p.add_argument("--split", default="test", choices=["train", "val", "test"])
-    p.add_argument("--out", default=None, help="folder for metrics.json and predictions.json")
-    p.add_argument("--data-root", default=None, help="read the data from here instead")
-    p.add_argument("--max-images", type=positive_int, default=None, help="score only the first N")
-    p.add_argument("--spice", action="store_true", help="also SPICE (downloads its models)")
-    p.set_defaults(func=cmd_evaluate)
+    _add_evaluate(add_verb("evaluate", help="decode a split with a checkpoint and score it"))
 
     _add_caption(add_verb("caption", help="caption image files and draw per-word attention"))
 
@@ -551,6 +592,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_evaluate(p: argparse.ArgumentParser) -> None:
+    _add_checkpoint_args(p)
+    p.add_argument("--split", default="test", choices=["train", "val", "test"])
+    p.add_argument("--out", default=None,
+                   help="folder for metrics.json, predictions.json and, where the data has "
+                   "instance boxes, grounding.json")  # fmt: skip
+    p.add_argument("--data-root", default=None, help="read the data from here instead")
+    p.add_argument("--max-images", type=positive_int, default=None, help="score only the first N")
+    p.add_argument("--spice", action="store_true", help="also SPICE (downloads its models)")
+    add_set_option(p, "override a data, decode or runtime key of the checkpoint's config, "
+                   "e.g. --set data.root=DIR (repeatable)")  # fmt: skip
+    _add_category_words(p)
+    p.set_defaults(func=cmd_evaluate)
+
+
+def _add_category_words(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--category-words", default=None, metavar="FILE",
+                   help="a JSON or YAML file of word: category entries (null drops a word) "
+                   "over the shipped map of words to COCO categories")  # fmt: skip
+
+
 def _add_caption(p: argparse.ArgumentParser) -> None:
     p.add_argument("images", nargs="+", metavar="IMG", help="image files (JPEG, PNG, WebP, ...)")
     _add_checkpoint_args(p)
@@ -563,6 +625,10 @@ def _add_caption(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true",
                    help="one JSON object per line (with hard attention's cells, multi-head "
                    "weights and local centres, null for other models)")  # fmt: skip
+    p.add_argument("--instances", default=None, metavar="FILE",
+                   help="a COCO instances file: in each figure of an image it lists (by file "
+                   "name), outline the boxes of the objects each word names")  # fmt: skip
+    _add_category_words(p)
     p.set_defaults(func=cmd_caption)
 
 

@@ -1,4 +1,11 @@
-"""Evaluate a checkpoint on a split: caption metrics, exact match, attention grounding."""
+"""Evaluate a checkpoint on a split: caption metrics, exact match, attention grounding.
+
+The data, decoding and runtime sections of the checkpoint's config may be overridden
+(``--set data.root=...``), so a model is scored on another data set as well as its own: a
+Flickr8k model on COCO files, with their object boxes. Data with instance boxes also gets
+``grounding.json``: the pointing game and the attention mass in the boxes of every word that
+names a category of the image, against baseline maps (:mod:`captioning.metrics.pointing`).
+"""
 
 from __future__ import annotations
 
@@ -12,14 +19,16 @@ from typing import Any
 import torch
 
 from captioning.api import CaptionModel, load
-from captioning.config import Config, replace_section
+from captioning.config import Config, config_from_dict, config_to_dict, parse_override, quote
 from captioning.data import CaptionDataset, load_splits
 from captioning.data.images import ImageLimits
 from captioning.data.records import ImageRecord
 from captioning.data.shapes import SHAPES
-from captioning.errors import CaptioningError
+from captioning.errors import CaptioningError, ConfigError
 from captioning.inference import decode_dataset
 from captioning.metrics import AttentionMaps, score_predictions
+from captioning.metrics.pointing import category_grounding
+from captioning.metrics.words import load_category_words, shipped_category_words
 from captioning.runtime import Writer, claim_folder, holds_only, write_atomically
 
 logger = logging.getLogger("captioning")
@@ -31,6 +40,8 @@ TABLE_KEYS = ("Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "METEOR", "ROUGE_L", "CIDE
               "exact_match", "pointing_game", "attention_in_box",
               "centre_pointing_game")  # fmt: skip
 EVALUATE = Writer("evaluate", holds_only(("metrics.json", "predictions.json"), "metrics.json"))
+# The config sections an evaluation may change: what is read, how it decodes, how it runs.
+OVERRIDABLE = ("data", "decode", "runtime")
 
 
 def evaluate_checkpoint(
@@ -45,12 +56,16 @@ def evaluate_checkpoint(
     meteor: bool = True,
     progress: bool = True,
     device: str = "auto",
+    overrides: Sequence[str] = (),
+    category_words: str | Path | None = None,
 ) -> dict[str, Any]:
     """Decode ``split`` with a checkpoint and score it.
 
     Returns the metrics dict (also written to ``out_dir/metrics.json``, with the captions in
     COCO results format in ``out_dir/predictions.json``), without the metrics the data cannot
-    support (see :func:`applicable_metrics`).
+    support (see :func:`applicable_metrics`). When the split has instance boxes, the
+    grounding against them (:func:`captioning.metrics.pointing.category_grounding`) is
+    written to ``out_dir/grounding.json`` and returned under ``metrics["grounding"]``.
 
     Args:
         checkpoint: a ``best.pt`` / ``last.pt`` file.
@@ -66,21 +81,62 @@ def evaluate_checkpoint(
         spice: also compute SPICE (downloads Stanford models on first use).
         meteor: compute METEOR (a Java process); False skips it, and so does a
             ``data.language`` other than English (the key is then left out).
+        device: where the network runs.
+        overrides: ``section.key=value`` settings of the ``data``, ``decode`` and
+            ``runtime`` sections over the checkpoint's (``data_root``, ``beam_size`` and
+            ``hard_context`` are applied after them).
+        category_words: a JSON or YAML file of word: category entries over the shipped map
+            (:mod:`captioning.metrics.words`).
     """
+    words = load_category_words(category_words)
     claim = contextlib.nullcontext() if out_dir is None else claim_folder(out_dir, EVALUATE)
     with claim:
         loaded = load(checkpoint, device)
-        cfg = replace_section(loaded.decoding(beam_size, hard_context), "data", root=data_root)
+        loaded.config = with_overrides(loaded.config, overrides, data_root)
+        cfg = loaded.decoding(beam_size, hard_context)
         records = _records(cfg, split, max_images)
         predictions, details = _decode(loaded, cfg, records, split, progress)
         metrics = _score(loaded, cfg, records, predictions, details, meteor, spice)
+        grounding = _grounding(loaded, records, details, words)
         if out_dir is not None:
-            write_results(Path(out_dir), metrics, predictions)
-    return metrics
+            write_results(Path(out_dir), metrics, predictions, grounding)
+    return metrics if grounding is None else {**metrics, "grounding": grounding}
+
+
+def with_overrides(cfg: Config, overrides: Sequence[str], data_root: str | None = None) -> Config:
+    """``cfg`` with ``section.key=value`` overrides of the sections an evaluation may change
+    (:data:`OVERRIDABLE`), then ``data.root`` set to ``data_root`` when given.
+
+    Raises:
+        ConfigError: an override of another section, or one the config refuses (an unknown
+            key, a wrong type), in one line.
+    """
+    values = config_to_dict(cfg)
+    for text in [*overrides, *([f"data.root={data_root}"] if data_root else [])]:
+        path, value = parse_override(text)
+        if path[0] not in OVERRIDABLE or len(path) < 2:
+            raise ConfigError(f"--set {quote(text)}: evaluate takes keys of the "
+                              f"{', '.join(OVERRIDABLE)} sections only; the model and its "
+                              "training come from the checkpoint")  # fmt: skip
+        node = values[path[0]]
+        for part in path[1:-1]:
+            if not isinstance(node.get(part), dict):
+                raise ConfigError(f"--set {quote(text)}: {'.'.join(path[:-1])} is no section "
+                                  "of keys")  # fmt: skip
+            node = node[part]
+        node[path[-1]] = value
+    return config_from_dict(values)
 
 
 def _records(cfg: Config, split: str, max_images: int | None) -> list[ImageRecord]:
-    splits = load_splits(cfg.data)
+    """The images of ``split``; only its own files are read (another data set may have no
+    train split)."""
+    if split not in cfg.data.splits:
+        raise CaptioningError(f"split {split!r} is not in data.splits "
+                              f"({', '.join(cfg.data.splits) or 'none'}); name its folder with "
+                              f"--set data.splits.{split}=NAME")  # fmt: skip
+    data = type(cfg.data)(**{**vars(cfg.data), "splits": {split: cfg.data.splits[split]}})
+    splits = load_splits(data)
     if not splits.get(split):
         raise CaptioningError(f"split {split!r} has no images under {cfg.data.root}")
     return splits[split][:max_images] if max_images else splits[split]
@@ -131,15 +187,38 @@ def _score(
     return metrics
 
 
-def write_results(out: Path, metrics: dict[str, Any], predictions: dict[int, str]) -> None:
-    """``metrics.json`` and ``predictions.json`` (COCO results format) in ``out``, each
-    written atomically: a kill or a full disk never leaves half of one."""
+def _grounding(
+    loaded: CaptionModel, records: list[ImageRecord], details: Any, words: dict[str, str]
+) -> dict[str, Any] | None:
+    """The grounding against category boxes, or None when no scored image has objects."""
+    scored = [r for r in records if r.objects and r.image_id in details]
+    if not scored:
+        return None
+    present = {o.category for r in scored for o in r.objects}
+    unknown = set(words.values()) - present - set(shipped_category_words().values())
+    if unknown:
+        logger.info("the category words name categories no scored image has: %s",
+                    ", ".join(sorted(unknown)))  # fmt: skip
+    return category_grounding(scored, details, loaded.vocab, loaded.model.grid_shape, words)
+
+
+def write_results(
+    out: Path,
+    metrics: dict[str, Any],
+    predictions: dict[int, str],
+    grounding: dict[str, Any] | None = None,
+) -> None:
+    """``metrics.json``, ``predictions.json`` (COCO results format) and, when given,
+    ``grounding.json`` in ``out``, each written atomically: a kill or a full disk never
+    leaves half of one."""
     # UTF-8 with the letters themselves: a Vietnamese caption stays readable in the file.
     write_atomically(out / "metrics.json", json.dumps(metrics, indent=2, ensure_ascii=False)
                      + "\n")  # fmt: skip
     results = [{"image_id": i, "caption": c} for i, c in sorted(predictions.items())]
     write_atomically(out / "predictions.json", json.dumps(results, indent=1, ensure_ascii=False)
                      + "\n")  # fmt: skip
+    if grounding is not None:
+        write_atomically(out / "grounding.json", json.dumps(grounding, indent=1) + "\n")
 
 
 def _is_english(language: str, meteor: bool) -> bool:

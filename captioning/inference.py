@@ -110,6 +110,11 @@ def caption_batch(
         return decode(model.decoder, features, decode_cfg)
 
 
+# Per word of a caption, the boxes of the objects it names: (x, y, width, height) as shares of
+# the image's width and height.
+Boxes = Sequence[Sequence[tuple[float, float, float, float]]]
+
+
 @dataclass
 class Caption:
     """One captioned image: its words, and where the model looked for each.
@@ -171,22 +176,24 @@ class Caption:
     def __dir__(self) -> list[str]:
         return sorted({*super().__dir__(), *self.trace.public_names()})
 
-    def plot(self, smooth: bool = True, columns: int = 5) -> Figure:
+    def plot(self, smooth: bool = True, columns: int = 5, boxes: Boxes | None = None) -> Figure:
         """A figure of the image and one heatmap per word (hard attention: the chosen cell
-        outlined; local attention: the centre crossed). Nothing is shown on screen or
+        outlined; local attention: the centre crossed; ``boxes``, per word the boxes of the
+        objects it names as shares (x, y, width, height) of the image, outlined: see
+        :func:`captioning.metrics.pointing.word_boxes`). Nothing is shown on screen or
         written: a notebook displays it, and ``.savefig(path)`` writes it."""
         from captioning.viz import trace_grid
 
         _notebooks_show_figures()
         return trace_grid(self._picture(), self.words, self.trace, self._grid(), smooth,
-                          columns, self.caption)  # fmt: skip
+                          columns, self.caption, boxes=boxes)  # fmt: skip
 
-    def save(self, path: str | Path, smooth: bool = True) -> Path:
+    def save(self, path: str | Path, smooth: bool = True, boxes: Boxes | None = None) -> Path:
         """Write :meth:`plot` as a PNG at ``path`` (parent folders are created)."""
         from captioning.viz import trace_figure
 
         return trace_figure(self._picture(), self.words, self.trace, self._grid(), path,
-                            smooth, title=self.caption)  # fmt: skip
+                            smooth, title=self.caption, boxes=boxes)  # fmt: skip
 
     def save_gif(self, path: str | Path, smooth: bool = True) -> Path:
         """Write an animated GIF at ``path``: one frame per word, its heatmap over the image."""

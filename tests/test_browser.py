@@ -141,3 +141,35 @@ def test_hard_attention_offers_decode_modes_and_outlines_the_chosen_cell(
         ActionChains(driver).move_to_element(words[0]).perform()
         wait.until(lambda d: d.find_element(By.ID, "heatmap").get_attribute("data-word") == "0")
         assert driver.execute_script(CHOSEN_CELL_EDGE) == [255, 255, 255, 255]
+
+
+def test_an_example_with_instances_outlines_the_objects_a_word_names(tiny_checkpoint, tiny_shapes):
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    model = captioning.load(tiny_checkpoint, device="cpu")
+    example = sorted(str(p) for p in (tiny_shapes / "images" / "test").glob("*.png"))[0]
+    first = model.caption(example).words[0]
+    settings = ServeSettings(examples=(example,), category_words={first: "thing"},
+                             example_boxes=((("thing", (0.25, 0.25, 0.5, 0.5)),),))  # fmt: skip
+    with BackgroundServer(model, settings) as url:
+        driver = chrome()
+        try:
+            driver.get(url)
+            wait = WebDriverWait(driver, 60)
+            heatmap = driver.find_element(By.ID, "heatmap")
+            for choose, boxes in (("example", "1"), ("upload", "0")):
+                if choose == "example":
+                    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#examples img"))
+                    driver.find_element(By.CSS_SELECTOR, "#examples img").click()
+                else:
+                    driver.find_element(By.ID, "file").send_keys(example)
+                words = wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#caption .word"))
+                ActionChains(driver).move_to_element(words[0]).perform()
+                wait.until(lambda d, want=boxes: heatmap.get_attribute("data-boxes") == want)
+                legend = driver.find_element(By.ID, "legend").text
+                assert ("Yellow: the annotated thing" in legend) == (boxes == "1")
+                ActionChains(driver).move_to_element(driver.find_element(By.ID, "drop")).perform()
+        finally:
+            driver.quit()

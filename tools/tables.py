@@ -105,7 +105,7 @@ def photos(rows: Rows) -> str:
         cells.append(recipe)
         lines.append("| " + " | ".join(cells) + " |")
     first = rows[0]
-    commits = ", ".join(sorted({r["commit"][:7] for r in rows}))
+    commits = ", ".join(sorted({_short(r["commit"]) for r in rows}))
     lines.append("")
     lines.append(
         f"{len(rows)} rows of `results/photos.json` (each with its command), commit "
@@ -243,7 +243,7 @@ def serve_latency(rows: Rows) -> str:
         notes += _model_cost(first)
         label = f"**{name}**: " if names else ""
         lines.append(
-            f"{label}`{first['command']}`, commit {first['commit'][:7]}, beam "
+            f"{label}`{first['command']}`, commit {_short(first['commit'])}, beam "
             f"{first['beam_size']}, {first['images']} images sent in turn; {first['cores']} "
             f"cores ({first['cpu']})" + "".join(f"; {n}" for n in notes) + "."
         )
@@ -1236,6 +1236,24 @@ def flickr8k_levers(rows: Rows) -> str:
     return "\n".join(lines) + "\n"
 
 
+def flickr8k_attention(rows: Rows) -> str:
+    """What the training loss reported of the attention maps at the first and last epoch of
+    each Flickr8k run that recorded it (beam-3 rows of the recipe): the doubly stochastic
+    penalty and hard attention's entropy, both per caption."""
+    lines = ["| model | seed | trained on | penalty: first epoch | last epoch "
+             "| entropy (nats): first epoch | last epoch | nll per word: first epoch "
+             "| last epoch |", "|" + " --- |" * 9]  # fmt: skip
+    kept = [r for r in rows if r.get("training") and r["variant"] == "recipe"
+            and r["beam_size"] == 3]  # fmt: skip
+    for row in sorted(kept, key=lambda r: (r["model"], _device(r), r["seed"])):
+        first, last = row["training"]["first_epoch"], row["training"]["last_epoch"]
+        cells = [row["model"], str(row["seed"]), _device(row)]
+        for key in ("penalty", "entropy", "nll_per_token"):
+            cells += [f"{e[key]:.2f}" if key in e else "–" for e in (first, last)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def flickr8k_time(rows: Rows) -> str:
     """The Flickr8k recipe's seconds per stage, per run, with the device and whether the run
     had the machine to itself."""
@@ -1254,6 +1272,126 @@ def flickr8k_time(rows: Rows) -> str:
                      f"| {t['prepare']:.0f} | {t['extract']:.0f} | {train:.0f} | "
                      f"{t.get('evaluate', 0):.0f} | {t.get('recipe', 0):.0f} |")  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+GROUNDING_MAPS = ("model", "centre", "saliency", "even")
+
+
+def _grounding_groups(rows: Rows) -> dict[tuple[str, str], Rows]:
+    """The rows of each (model, variant), seeds in order."""
+    groups: dict[tuple[str, str], Rows] = {}
+    for row in sorted(rows, key=lambda r: (r["model"], r["variant"], r["seed"])):
+        groups.setdefault((row["model"], row["variant"]), []).append(row)
+    return groups
+
+
+def _grounding_verdict(model: str, group: Rows) -> str:
+    """Whether the model's pointing game beats the centre prior and its own saliency map on
+    every seed by more than the spread of its own score over the seeds."""
+    overall = [r["grounding"]["overall"] for r in group]
+    spread = statistics.stdev([o["model"]["pointing"] for o in overall]) if len(group) > 1 else 0
+    gaps, met = [], True
+    for baseline in ("centre", "saliency"):
+        diffs = [o["model"]["pointing"] - o[baseline]["pointing"] for o in overall]
+        met = met and all(d > spread for d in diffs)
+        gaps.append(f"{baseline} " + ", ".join(f"{d:+.3f}" for d in diffs))
+    masses = [o["model"]["mass"] - o["saliency"]["mass"] for o in overall]
+    return (f"**{model}**, the model's pointing game minus the baseline's, seed by seed: "
+            f"{'; '.join(gaps)}; the model's own spread over the seeds (standard deviation) "
+            f"{spread:.3f}: it {'beats' if met else 'does not beat'} both on every seed by more "
+            f"than that. Its mass in the boxes minus its saliency map's: "
+            + ", ".join(f"{d:+.3f}" for d in masses) + ".")  # fmt: skip
+
+
+def grounding(rows: Rows) -> str:
+    """Attention grounding against COCO's boxes (``tools/grounding_study.py``): per model and
+    seed the words scored, the pointing game and the mass in the boxes of the model's maps
+    and of the baselines, the maps' median peak and mean entropy, then the verdict on the
+    target (the model beats the centre prior and its saliency map on every seed)."""
+    head = " | ".join(f"pointing {m}" for m in GROUNDING_MAPS) + " | " + " | ".join(
+        f"mass {m}" for m in GROUNDING_MAPS)  # fmt: skip
+    lines = [f"| model | seed | words | {head} | median peak | mean entropy | other maps "
+             "(pointing) | CIDEr-D |", "|" + " --- |" * 15]  # fmt: skip
+    verdicts = []
+    for (model, variant), group in _grounding_groups(rows).items():
+        name = model if variant == "recipe" else f"{model} ({variant})"
+        for row in group:
+            o = row["grounding"]["overall"]
+            others = ", ".join(f"{k} {o[k]['pointing']:.3f}" for k in o
+                               if k not in ("words", *GROUNDING_MAPS))  # fmt: skip
+            cells = [f"{o[m][k]:.3f}" for k in ("pointing", "mass") for m in GROUNDING_MAPS]
+            peak, entropy = o["model"]["median_peak"], o["model"]["mean_entropy"]
+            cider = _score(row["scores"].get("CIDEr"))
+            cells += [f"{peak:.4f}", f"{entropy:.3f}", others or "–", cider]
+            lines.append(f"| {name} | {row['seed']} | {o['words']} | " + " | ".join(cells) + " |")
+        verdicts.append(_grounding_verdict(name, group))
+    first = rows[0]
+    grid, even = first["grounding"]["grid"], first["grounding"]["overall"]["even"]
+    lines += ["", *verdicts, "",
+              f"{len(rows)} rows of `results/grounding.json`, commit "
+              f"{', '.join(sorted({_short(r['commit']) for r in rows}))}; {first['images']} "
+              f"images, a {grid[0]} x {grid[1]} grid (an even map's peak is "
+              f"{even['median_peak']:.3f}, its entropy {even['mean_entropy']:.3f} nats); "
+              f"centre prior sd "
+              f"{first['grounding']['centre_sigma']} of the image's sides; decoded "
+              f"{_decoding(first)} on {_hosts([r['machine'] for r in rows])}, "
+              f"{first['machine']['threads']} thread(s), "
+              f"{'timed alone' if first['timed_alone'] else 'beside other work'}. "
+              f"The first row's command: `{first['command']}`."]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def _decoding(row: dict[str, Any]) -> str:
+    decoding = row["decoding"]
+    beams = "greedy" if decoding["strategy"] == "greedy" else f"beam {decoding['beam_size']}"
+    return f"{beams}, {decoding['precision']}"
+
+
+def _pooled(groups: list[dict[str, Any]]) -> dict[str, Any]:
+    """One group's scores over seeds: words summed, each map's pointing weighted by words."""
+    words = sum(g["words"] for g in groups)
+    pooled = {"words": words, "seeds": len(groups)}
+    for m in GROUNDING_MAPS:
+        pooled[m] = sum(g[m]["pointing"] * g["words"] for g in groups) / words
+    return pooled
+
+
+def _grounding_breakdown(rows: Rows, key: str, label: str) -> str:
+    """Per category (``key`` = categories) or word (words), pooled over each model's seeds."""
+    lines = [f"| model | {label} | seeds | words | " + " | ".join(f"pointing {m}"
+             for m in GROUNDING_MAPS) + " | model minus the best baseline |",
+             "|" + " --- |" * (5 + len(GROUNDING_MAPS))]  # fmt: skip
+    for (model, variant), group in _grounding_groups(rows).items():
+        name = model if variant == "recipe" else f"{model} ({variant})"
+        found: dict[str, list[dict[str, Any]]] = {}
+        for row in group:
+            for item, scores in row["grounding"][key].items():
+                found.setdefault(item, []).append(scores)
+        pooled = {item: _pooled(g) for item, g in found.items()}
+        for item, p in sorted(pooled.items(), key=lambda kv: (-kv[1]["words"], kv[0])):
+            gap = p["model"] - max(p[m] for m in GROUNDING_MAPS if m != "model")
+            lines.append(f"| {name} | {item} | {p['seeds']} | {p['words']} | "
+                         + " | ".join(f"{p[m]:.2f}" for m in GROUNDING_MAPS)
+                         + f" | {gap:+.2f} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def grounding_categories(rows: Rows) -> str:
+    """:func:`grounding` per COCO category, pooled over the seeds (weighted by words)."""
+    return _grounding_breakdown(rows, "categories", "category")
+
+
+def grounding_words(rows: Rows) -> str:
+    """:func:`grounding` per generated word, pooled over the seeds, and the words that name a
+    category their photo lacks."""
+    table = _grounding_breakdown(rows, "words", "word")
+    absent: dict[str, int] = {}
+    for row in rows:
+        for word, count in row["grounding"]["absent"].items():
+            absent[word] = absent.get(word, 0) + count
+    listed = ", ".join(f"{w} {n}" for w, n in sorted(absent.items(), key=lambda kv: -kv[1]))
+    note = "Words that name a category their photo lacks (not scored, all rows)"
+    return f"{table}\n{note}: {listed}.\n"
 
 
 TABLES: dict[str, Callable[[Rows], str]] = {
@@ -1284,8 +1422,12 @@ TABLES: dict[str, Callable[[Rows], str]] = {
     "flickr8k": flickr8k,
     "flickr8k_beams": flickr8k_beams,
     "flickr8k_levers": flickr8k_levers,
+    "flickr8k_attention": flickr8k_attention,
     "flickr8k_brevity": flickr8k_brevity,
     "flickr8k_time": flickr8k_time,
+    "grounding": grounding,
+    "grounding_categories": grounding_categories,
+    "grounding_words": grounding_words,
 }
 # tables whose rows are in another table's file
 SOURCES = {
@@ -1303,8 +1445,11 @@ SOURCES = {
     "speed_profile": "speed",
     "flickr8k_beams": "flickr8k",
     "flickr8k_levers": "flickr8k",
+    "flickr8k_attention": "flickr8k",
     "flickr8k_brevity": "flickr8k",
     "flickr8k_time": "flickr8k",
+    "grounding_categories": "grounding",
+    "grounding_words": "grounding",
 }
 
 

@@ -73,7 +73,37 @@ def image_path(path: Path, image_dir: str | Path, file_name: str, where: str) ->
 def read_instances(path: str | Path) -> dict[int, tuple[ObjectAnnotation, ...]]:
     """Objects per image id from a COCO instances file (extra fields become attributes)."""
     path = Path(path)
+    return _objects(path, load_json(path, "instances file"))
+
+
+# An image of an instances file: its size (width, height) and its objects.
+InstanceImage = tuple[tuple[int, int], tuple[ObjectAnnotation, ...]]
+
+
+def read_instance_images(path: str | Path) -> dict[str, InstanceImage]:
+    """Per image file name (its last part) in a COCO instances file: the image's size
+    (width, height) as the file declares it, and its objects (crowd regions left out).
+
+    Raises:
+        DataError: the file is missing, not JSON, or an entry is malformed (the message
+            names the entry).
+    """
+    path = Path(path)
     data = load_json(path, "instances file")
+    objects = _objects(path, data)
+    found = {}
+    for index, image in enumerate(entries(path, data, "images", "COCO instances file")):
+        where = f"images[{index}]"
+        image_id = field_of(path, image, where, "id", int)
+        name = Path(field_of(path, image, where, "file_name", str)).name
+        size = (field_of(path, image, where, "width", int),
+                field_of(path, image, where, "height", int))  # fmt: skip
+        found[name] = (size, objects.get(image_id, ()))
+    return found
+
+
+def _objects(path: Path, data: Any) -> dict[int, tuple[ObjectAnnotation, ...]]:
+    """Objects per image id of a parsed instances file ``data`` read from ``path``."""
     what = "COCO instances file"
     names = {}
     categories = entries(path, data, "categories", what) if "categories" in data else []

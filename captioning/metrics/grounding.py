@@ -11,10 +11,12 @@ that produced the word and score
   word (row, column in cells, carried to image pixels) lies inside the box, dilated as for
   the peak cell.
 
-Which words name an object: a category word (COCO: through :data:`COCO_SYNONYMS`; shapes: the
-shape) or an attribute value stored on the instance (shapes: ``color`` and ``size``), when
-exactly one object of the image has it. Scores are reported overall and per word type
-(``category``, ``color``, ``size``).
+Which words name an object: a category word (COCO: through :data:`COCO_SYNONYMS`, the map of
+:mod:`captioning.metrics.words`; shapes: the shape) or an attribute value stored on the
+instance (shapes: ``color`` and ``size``), when exactly one object of the image has it.
+Scores are reported overall and per word type (``category``, ``color``, ``size``).
+:mod:`captioning.metrics.pointing` scores every word that names a category present in the
+image instead, against the boxes of all its objects and against baseline maps.
 """
 
 from __future__ import annotations
@@ -26,113 +28,11 @@ from typing import Any
 import torch
 
 from captioning.data.records import ImageRecord, ObjectAnnotation
+from captioning.metrics.words import shipped_category_words
 from captioning.vocab import Vocabulary
 
-# Words that name a COCO category (singular forms; the category names themselves map too).
-COCO_SYNONYMS: dict[str, str] = {
-    **{
-        w: "person"
-        for w in (
-            "man",
-            "woman",
-            "person",
-            "boy",
-            "girl",
-            "child",
-            "kid",
-            "guy",
-            "lady",
-            "player",
-            "skier",
-            "surfer",
-            "skateboarder",
-            "baby",
-            "snowboarder",
-            "people",
-            "men",
-            "women",
-        )
-    },  # fmt: skip
-    **{w: "bicycle" for w in ("bicycle", "bike")},
-    **{w: "car" for w in ("car", "taxi", "sedan")},
-    **{w: "motorcycle" for w in ("motorcycle", "motorbike", "scooter")},
-    **{w: "airplane" for w in ("airplane", "plane", "jet", "aircraft", "airliner")},
-    **{w: "bus" for w in ("bus",)},
-    **{w: "train" for w in ("train", "locomotive")},
-    **{w: "truck" for w in ("truck",)},
-    **{w: "boat" for w in ("boat", "ship", "sailboat", "canoe", "kayak")},
-    "hydrant": "fire hydrant",
-    "sign": "stop sign",
-    "meter": "parking meter",
-    "bench": "bench",
-    **{w: "bird" for w in ("bird", "pigeon", "seagull", "duck")},
-    **{w: "cat" for w in ("cat", "kitten", "kitty")},
-    **{w: "dog" for w in ("dog", "puppy", "pup")},
-    **{w: "horse" for w in ("horse", "pony")},
-    **{w: "sheep" for w in ("sheep", "lamb")},
-    **{w: "cow" for w in ("cow", "cattle", "bull", "calf")},
-    "elephant": "elephant",
-    "bear": "bear",
-    "zebra": "zebra",
-    "giraffe": "giraffe",
-    "backpack": "backpack",
-    "umbrella": "umbrella",
-    **{w: "handbag" for w in ("handbag", "purse", "bag")},
-    "tie": "tie",
-    **{w: "suitcase" for w in ("suitcase", "luggage")},
-    "frisbee": "frisbee",
-    **{w: "skis" for w in ("skis", "ski")},
-    "snowboard": "snowboard",
-    "ball": "sports ball",
-    "kite": "kite",
-    "bat": "baseball bat",
-    "glove": "baseball glove",
-    "skateboard": "skateboard",
-    "surfboard": "surfboard",
-    "racket": "tennis racket",
-    "racquet": "tennis racket",
-    "bottle": "bottle",
-    "glass": "wine glass",
-    **{w: "cup" for w in ("cup", "mug")},
-    "fork": "fork",
-    "knife": "knife",
-    "spoon": "spoon",
-    "bowl": "bowl",
-    **{w: "banana" for w in ("banana", "bananas")},
-    "apple": "apple",
-    **{w: "sandwich" for w in ("sandwich", "burger", "hamburger")},
-    "orange": "orange",
-    "broccoli": "broccoli",
-    "carrot": "carrot",
-    **{w: "hot dog" for w in ("hotdog",)},
-    "pizza": "pizza",
-    **{w: "donut" for w in ("donut", "doughnut")},
-    "cake": "cake",
-    "chair": "chair",
-    **{w: "couch" for w in ("couch", "sofa")},
-    "plant": "potted plant",
-    "bed": "bed",
-    "table": "dining table",
-    "toilet": "toilet",
-    **{w: "tv" for w in ("tv", "television")},
-    "laptop": "laptop",
-    "mouse": "mouse",
-    "remote": "remote",
-    "keyboard": "keyboard",
-    **{w: "cell phone" for w in ("phone", "cellphone", "smartphone")},
-    **{w: "microwave" for w in ("microwave",)},
-    "oven": "oven",
-    "toaster": "toaster",
-    "sink": "sink",
-    **{w: "refrigerator" for w in ("refrigerator", "fridge")},
-    "book": "book",
-    "clock": "clock",
-    "vase": "vase",
-    "scissors": "scissors",
-    **{w: "teddy bear" for w in ("teddy",)},
-    **{w: "hair drier" for w in ("hairdryer", "dryer")},
-    "toothbrush": "toothbrush",
-}
+# Words that name a COCO category (words.py; the category names themselves map too).
+COCO_SYNONYMS: dict[str, str] = shipped_category_words()
 
 
 def named_object(

@@ -104,6 +104,9 @@ class ServeSettings:
         max_batch: the most images captioned together.
         batch_wait: seconds the model waits for more images once one has come, while other
             requests are on their way.
+        example_boxes: per example, the boxes of its annotated objects (see
+            :class:`~.origins.Example`), which the page outlines for the word that names them.
+        category_words: word to object category (:mod:`captioning.metrics.words`).
         hosts: the ``Host`` headers answered (others get 421).
         max_progressive_pixels: the largest JPEG taken that is decoded through whole-image
             buffers (progressive, :mod:`~.jpeg`): 16M pixels hold 96 MB of them in colour.
@@ -112,6 +115,8 @@ class ServeSettings:
     max_upload_bytes: int = 10 * 2**20
     max_beam_size: int = 8
     examples: tuple[str, ...] = ()
+    example_boxes: tuple[tuple[tuple[str, tuple[float, ...]], ...], ...] = ()
+    category_words: dict[str, str] = field(default_factory=dict)
     max_in_flight: int = 32
     max_queue: int = 256
     timeout: float = 30.0
@@ -299,11 +304,28 @@ def model_info(model: CaptionModel, settings: ServeSettings) -> dict[str, Any]:
         "hard_contexts": hard_contexts(model) if model.hard_attention else [],
         "hard_context": decode.hard_context if model.hard_attention else None,
         "examples": [
-            {"name": Path(path).name, "url": f"/api/examples/{i}"}
+            {"name": Path(path).name, "url": f"/api/examples/{i}", **_boxes(settings, i)}
             for i, path in enumerate(settings.examples)
         ],
+        "category_words": _category_words(model, settings),
         "max_upload_bytes": settings.max_upload_bytes,
     }
+
+
+def _boxes(settings: ServeSettings, index: int) -> dict[str, Any]:
+    """``{"boxes": [{"category", "box"}, ...]}`` of example ``index`` when it has objects."""
+    if index >= len(settings.example_boxes) or not settings.example_boxes[index]:
+        return {}
+    boxes = settings.example_boxes[index]
+    return {"boxes": [{"category": c, "box": [round(v, 5) for v in box]} for c, box in boxes]}
+
+
+def _category_words(model: CaptionModel, settings: ServeSettings) -> dict[str, str]:
+    """The words of the model's vocabulary that name a category, when an example has boxes."""
+    if not any(settings.example_boxes):
+        return {}
+    words = settings.category_words
+    return {w: words[w] for w in model.vocab.itos if w in words}
 
 
 def hard_contexts(model: CaptionModel) -> list[str]:
@@ -443,6 +465,11 @@ def settings_for(
 ) -> ServeSettings:
     """Settings with an upload limit in MB and, unless given, the dataset's test images;
     ``limits`` are other :class:`ServeSettings` fields."""
+    from captioning.metrics.words import shipped_category_words
+
     found = example_images(model.config.data) if examples is None else None
     paths = tuple(e.path for e in found) if found is not None else tuple(examples or ())
-    return ServeSettings(max_upload_bytes=int(max_upload_mb * 2**20), examples=paths, **limits)
+    boxes = tuple(e.boxes for e in found) if found is not None else ()
+    return ServeSettings(max_upload_bytes=int(max_upload_mb * 2**20), examples=paths,
+                         example_boxes=boxes, category_words=shipped_category_words(),
+                         **limits)  # fmt: skip

@@ -22,7 +22,7 @@ import os
 import re
 import socket
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path, PurePath
 from typing import Any
 from urllib.parse import urlsplit
@@ -32,6 +32,7 @@ from starlette.responses import JSONResponse
 
 from captioning.config import DataConfig
 from captioning.data.images import image_type
+from captioning.data.records import ImageRecord
 from captioning.errors import CaptioningError
 
 logger = logging.getLogger("captioning")
@@ -215,17 +216,21 @@ def page_policy(page: str) -> str:
 
 @dataclass(frozen=True)
 class Example:
-    """An example image the page offers: the file and its MIME type."""
+    """An example image the page offers: the file and its MIME type, and the boxes of its
+    annotated objects when the data has instances: (category, (x, y, width, height) as
+    shares of the image's width and height)."""
 
     path: str
     media_type: str
+    boxes: tuple[tuple[str, tuple[float, float, float, float]], ...] = ()
 
 
 def example_images(data: DataConfig, count: int = 6) -> tuple[Example, ...]:
     """Up to ``count`` images of the test split of the dataset ``data`` describes, when they
     are on disk: only files inside its test image folder once links are resolved (the
     folder pattern ``data.images`` must be relative, without ``..``), and only images by
-    their content (:data:`~captioning.data.images.FORMATS`)."""
+    their content (:data:`~captioning.data.images.FORMATS`). Each carries its object boxes
+    when the data has instances."""
     from captioning.data import load_splits
 
     folder = examples_folder(data)
@@ -235,7 +240,17 @@ def example_images(data: DataConfig, count: int = 6) -> tuple[Example, ...]:
         test = load_splits(data).get("test", [])
     except (CaptioningError, OSError):
         return ()
-    return checked_examples((record.path for record in test), folder, count)
+    boxes = {record.path: object_boxes(record) for record in test}
+    return checked_examples((record.path for record in test), folder, count, boxes)
+
+
+def object_boxes(record: ImageRecord) -> tuple[tuple[str, tuple[float, ...]], ...]:
+    """The record's objects as (category, box as shares of the image); none without a size."""
+    if not record.width or not record.height:
+        return ()
+    width, height = float(record.width), float(record.height)
+    return tuple((o.category, (o.bbox[0] / width, o.bbox[1] / height, o.bbox[2] / width,
+                               o.bbox[3] / height)) for o in record.objects)  # fmt: skip
 
 
 def examples_folder(data: DataConfig) -> Path | None:
@@ -252,15 +267,18 @@ def examples_folder(data: DataConfig) -> Path | None:
     return Path(os.path.realpath(Path(data.root) / pattern))
 
 
-def checked_examples(paths: Iterable[str], folder: Path, count: int) -> tuple[Example, ...]:
-    """The first ``count`` of ``paths`` that are image files inside ``folder``."""
+def checked_examples(
+    paths: Iterable[str], folder: Path, count: int, boxes: dict[str, tuple] | None = None
+) -> tuple[Example, ...]:
+    """The first ``count`` of ``paths`` that are image files inside ``folder``, each with
+    its ``boxes`` (by path) when given."""
     found: list[Example] = []
     for path in paths:
         if len(found) == count:
             break
         example = checked_example(path, [folder])
         if example is not None:
-            found.append(example)
+            found.append(replace(example, boxes=(boxes or {}).get(path, ())))
     return tuple(found)
 
 

@@ -1,0 +1,216 @@
+"""Where trained models look on real photos, as data: each checkpoint captions a COCO-format
+folder with instance boxes, and its grounding against the boxes becomes one row.
+
+    python -m tools.grounding_study --data SHARED/data/coco_mini --split-name train2017 \\
+        --checkpoint 'RUNS/soft-seed{seed}/train/best.pt' --model soft --seeds 0,1,2 \\
+        --out runs/grounding --shared SHARED --runs RUNS
+
+For each seed S, ``captioning evaluate`` scores the checkpoint (``{seed}`` replaced by S) on
+the folder's images (``--data``: ``annotations/captions_NAME.json``,
+``annotations/instances_NAME.json`` and the images in ``NAME/``, NAME being
+``--split-name``), as its own decoding settings say (``--beam-size``, ``--hard-context``
+change them), into ``OUT/MODEL-seedS``. Its ``grounding.json`` (the pointing game and the
+attention mass in the boxes of every word that names a category of its photo, for the
+model's maps and the even, centre and saliency baselines; :mod:`captioning.metrics.pointing`)
+and the caption scores become one row of ``--results`` (default results/grounding.json),
+with the model's settings that studies vary, the decoding, the machine, the command (the
+folders ``--out``, ``--shared`` and ``--runs`` written as OUT, SHARED and RUNS) and the
+commit. Rows merge by (model, variant, seed); ``python tools/tables.py`` renders them into
+docs/grounding.md. Run it once per kind of model (``--model hard --hard-context argmax``,
+another ``--variant``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks.provenance import add_study_options, git_commit, machine, write_rows
+from captioning.checkpoint import load_checkpoint
+from captioning.errors import CaptioningError
+from captioning.runtime import resolve_device
+from tools.seed_study import parse_seeds
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "results" / "grounding.json"
+# The checkpoint settings a grounding study varies (the levers of docs/grounding.md).
+LEVERS = (
+    "model.encoder",
+    "model.image_size",
+    "model.grid_size",
+    "model.fine_tune",
+    "model.attention",
+    "model.heads",
+    "model.score",
+    "model.context_to_lstm",
+    "train.doubly_stochastic_weight",
+    "train.objective",
+    "train.hard_estimator",
+    "train.epochs",
+)
+SCORES = ("Bleu_1", "Bleu_4", "METEOR", "ROUGE_L", "CIDEr")
+GROUNDING = ("grid", "centre_sigma", "overall", "categories", "words", "absent", "all_words")
+
+
+def data_overrides(args: argparse.Namespace) -> list[str]:
+    """The ``--set`` lines that point a checkpoint's data section at ``--data``."""
+    return [
+        f"data.root={args.data}",
+        "data.format=coco",
+        f"data.splits.test={args.split_name}",
+        "data.captions=annotations/captions_{split}.json",
+        "data.instances=annotations/instances_{split}.json",
+        "data.images={split}",
+        "data.max_images=null",
+        "data.categories=[]",
+        *args.overrides,
+    ]
+
+
+def portable(text: str, args: argparse.Namespace) -> str:
+    """``text`` with the study's folders written OUT, SHARED and RUNS: no machine's paths."""
+    for path, name in ((args.out, "OUT"), (args.shared, "SHARED"), (args.runs, "RUNS")):
+        if path is not None:
+            text = text.replace(str(path.resolve()), name).replace(str(path), name)
+    return text
+
+
+def levers(checkpoint: Path) -> dict[str, Any]:
+    """The checkpoint's values of :data:`LEVERS` and its training seed."""
+    config = load_checkpoint(checkpoint)["config"]
+    found = {}
+    for key in (*LEVERS, "train.seed"):
+        section, name = key.split(".")
+        found[key] = config.get(section, {}).get(name)
+    return found
+
+
+def evaluate_command(args: argparse.Namespace, checkpoint: Path, folder: Path) -> list[str]:
+    """The ``captioning evaluate`` line of one checkpoint (what a user would type)."""
+    words = ["captioning", "evaluate", "--checkpoint", str(checkpoint), "--split", "test"]
+    for item in data_overrides(args):
+        words += ["--set", item]
+    if args.beam_size is not None:
+        words += ["--beam-size", str(args.beam_size)]
+    if args.hard_context is not None:
+        words += ["--hard-context", args.hard_context]
+    if args.category_words is not None:
+        words += ["--category-words", str(args.category_words)]
+    return [*words, "--out", str(folder)]
+
+
+def score_seed(args: argparse.Namespace, seed: int) -> dict[str, Any]:
+    """Evaluate one seed's checkpoint on ``--data`` and make its row."""
+    from captioning.evaluate import evaluate_checkpoint
+
+    checkpoint = Path(args.checkpoint.replace("{seed}", str(seed)))
+    if not checkpoint.is_file():
+        raise CaptioningError(f"--checkpoint {checkpoint}: no such file for seed {seed}; "
+                              "name each seed's file with {seed} in the pattern")  # fmt: skip
+    folder = args.out / f"{args.model}-seed{seed}"
+    began = time.perf_counter()
+    metrics = evaluate_checkpoint(checkpoint, split="test", beam_size=args.beam_size,
+                                  out_dir=folder, hard_context=args.hard_context,
+                                  progress=not args.quiet, overrides=data_overrides(args),
+                                  category_words=args.category_words)  # fmt: skip
+    seconds = time.perf_counter() - began
+    if "grounding" not in metrics:
+        raise CaptioningError(f"--data {args.data}: its images have no instance boxes "
+                              "(annotations/instances_NAME.json) to ground words in")  # fmt: skip
+    return make_row(args, seed, checkpoint, folder, metrics, seconds)
+
+
+def make_row(
+    args: argparse.Namespace,
+    seed: int,
+    checkpoint: Path,
+    folder: Path,
+    metrics: dict[str, Any],
+    seconds: float,
+) -> dict[str, Any]:
+    """One row: what was scored, how, on what, and its caption and grounding scores."""
+    grounding = metrics["grounding"]
+    return {
+        "model": args.model,
+        "variant": args.variant,
+        "seed": seed,
+        "settings": levers(checkpoint),
+        "checkpoint": portable(str(checkpoint), args),
+        "data": portable(str(args.data), args),
+        "images": metrics["num_images"],
+        "decoding": metrics["decoding"],
+        "device": str(resolve_device("auto")),
+        "scores": {k: metrics[k] for k in SCORES if metrics.get(k) is not None},
+        "grounding": {k: grounding[k] for k in GROUNDING},
+        "seconds": round(seconds, 1),
+        "command": portable(shlex.join(evaluate_command(args, checkpoint, folder)), args),
+    }
+
+
+def study_command(argv: list[str] | None, args: argparse.Namespace) -> str:
+    """This study's own command line, with no machine's paths."""
+    words = ["python", "-m", "tools.grounding_study", *(sys.argv[1:] if argv is None else argv)]
+    return portable(shlex.join(words), args)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, required=True,
+                        help="a COCO-format folder with captions and instances files")  # fmt: skip
+    parser.add_argument("--split-name", default="train2017",
+                        help="NAME of its annotations/*_NAME.json and image folder")  # fmt: skip
+    parser.add_argument("--checkpoint", required=True,
+                        help="each seed's checkpoint, {seed} standing for the seed")  # fmt: skip
+    parser.add_argument("--model", required=True, help="the rows' model name (soft, hard, ...)")
+    parser.add_argument("--variant", default="recipe", help="the rows' variant (default recipe)")
+    parser.add_argument("--seeds", default="0,1,2", help="e.g. 0,1,2 or 0-2 (default 0,1,2)")
+    parser.add_argument("--out", type=Path, required=True, help="the evaluations' folder")
+    parser.add_argument("--shared", type=Path, default=None,
+                        help="the shared data folder, written SHARED in the rows")  # fmt: skip
+    parser.add_argument("--runs", type=Path, default=None,
+                        help="the folder of the checkpoints, written RUNS in the rows")  # fmt: skip
+    parser.add_argument("--beam-size", type=int, default=None, help="default: the checkpoint's")
+    parser.add_argument("--hard-context", default=None,
+                        choices=["expectation", "argmax", "sample", "marginal"])  # fmt: skip
+    parser.add_argument("--category-words", type=Path, default=None, metavar="FILE",
+                        help="word: category entries over the shipped map")  # fmt: skip
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_study_options(parser, results=RESULTS, each="every evaluation (data, decode, runtime)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        seeds = parse_seeds(args.seeds)
+        if not (args.data / "annotations").is_dir():
+            raise CaptioningError(f"--data {args.data}: no annotations/ folder there; give "
+                                  "a COCO-format folder (captions, instances, images)")  # fmt: skip
+        if args.threads is not None:
+            torch.set_num_threads(args.threads)
+        stamp = {"commit": git_commit(), "machine": machine(),
+                 "timed_alone": not args.machine_busy,
+                 "study": study_command(argv, args)}  # fmt: skip
+        for seed in seeds:
+            row = {**score_seed(args, seed), **stamp}
+            write_rows(args.results, [row], lambda r: (r["model"], r["variant"], r["seed"]))
+            overall = row["grounding"]["overall"]
+            shown = ", ".join(f"{k} {overall[k]['pointing']:.3f}"
+                              for k in overall if k != "words")  # fmt: skip
+            print(f"{args.model} seed {seed}: {overall['words']} words; pointing {shown}",
+                  flush=True)  # fmt: skip
+    except CaptioningError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {len(seeds)} rows to {args.results}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
