@@ -10,7 +10,9 @@ Attention weights come as one row per word over ``L = grid_h * grid_w`` encoder 
 flattened row-major: cell ``(r, c)`` is index ``r * grid_w + c``. The grid shape is always an
 argument, since it depends on the encoder and its input size. Local attention's centres come
 as (row, column) in cells, cell ``(r, c)`` spanning ``[r, r + 1) x [c, c + 1)``; they are
-drawn as a cross. A multi-head model's heads get a figure of their own, one row per head.
+drawn as a cross. Object boxes, where a word names an annotated object, come as shares
+(x, y, width, height) of the image's width and height and are outlined in yellow. A
+multi-head model's heads get a figure of their own, one row per head.
 The ``trace_*`` functions draw a caption's per-word record
 (:class:`~captioning.models.trace.AttentionTrace`) with whatever marks its fields call for;
 they are the one place that reads those fields for drawing.
@@ -77,6 +79,8 @@ _MAX_DISPLAY_SIDE = 1024
 _GIF_MIN_SIDE = 320
 _GIF_MAX_SIDE = 640
 _BOX_COLOUR = "white"
+_OBJECT_COLOUR = "#ffd400"
+_LEGEND_OBJECTS = "yellow: the boxes of the objects the word names"
 # Brightness kept where a word's attention is zero: low enough that the attended region
 # stands out, high enough that the rest of the photo can still be read.
 DIM_FLOOR = 0.2
@@ -462,6 +466,33 @@ def _mark_centre(
     ax.set_ylim(height - 0.5, -0.5)
 
 
+def _check_boxes(
+    boxes: Sequence[Sequence[Sequence[float]]] | None, n_words: int
+) -> list[list[tuple[float, ...]]] | None:
+    """Per word, its object boxes as shares (x, y, width, height) of the image; checked."""
+    if boxes is None:
+        return None
+    if len(boxes) != n_words:
+        raise ValueError(f"boxes has {len(boxes)} entries for {n_words} words; give one list "
+                         "of boxes per word (empty for a word that names no object)")  # fmt: skip
+    checked = []
+    for word_boxes in boxes:
+        shares = [tuple(float(v) for v in box) for box in word_boxes]
+        if any(len(box) != 4 for box in shares):
+            raise ValueError("a box is 4 numbers: x, y, width, height as shares of the image")
+        checked.append(shares)
+    return checked
+
+
+def _draw_boxes(ax, boxes: Sequence[tuple[float, ...]], width: int, height: int) -> None:
+    """Outline object boxes (shares of the image) in imshow coordinates (edges at -0.5)."""
+    outline = [patheffects.withStroke(linewidth=3.0, foreground="black")]
+    for x, y, w, h in boxes:
+        ax.add_patch(Rectangle((x * width - 0.5, y * height - 0.5), w * width, h * height,
+                               fill=False, edgecolor=_OBJECT_COLOUR, linewidth=1.5,
+                               path_effects=outline))  # fmt: skip
+
+
 def _blank_axes(ax) -> None:
     ax.set_xticks([])
     ax.set_yticks([])
@@ -542,7 +573,9 @@ def _scale_ramp(style: str, steps: int = 256) -> np.ndarray:
     return _STYLES[style](paper, relative).astype(np.float64) / 255.0
 
 
-def _draw_legend(fig: Figure, layout: _PanelLayout, style: str, n_cells: int) -> None:
+def _draw_legend(
+    fig: Figure, layout: _PanelLayout, style: str, n_cells: int, objects: bool = False
+) -> None:
     """The scale under the panels: a ramp from 0 to 1 with its ends named, and one wrapped
     line saying what brightness (or colour) and the titles' ``max`` mean. Drawn in figure
     coordinates, so ``fig.axes`` keeps only the panels."""
@@ -563,6 +596,8 @@ def _draw_legend(fig: Figure, layout: _PanelLayout, style: str, n_cells: int) ->
     fig.text(to_x(centre + bar_w / 2 + 0.06), middle, high, ha="left", va="center", fontsize=9)
     meaning = _LEGEND_DIM if style == "dim" else _LEGEND_COLOUR
     note = f"{meaning}; max: the word's largest weight on one of the {n_cells} cells"
+    if objects:
+        note += f"; {_LEGEND_OBJECTS}"
     fig.text(0.5, to_y(0.34), textwrap.fill(note, max(30, int(layout.fig_w * 15))),
              ha="center", va="top", fontsize=8, color="0.2", parse_math=False)  # fmt: skip
 
@@ -589,6 +624,7 @@ def attention_grid_figure(
     title: str | None = None,
     centres: torch.Tensor | np.ndarray | None = None,
     style: Style = "dim",
+    boxes: Sequence[Sequence[Sequence[float]]] | None = None,
 ) -> Path:
     """Write :func:`attention_grid` (the image and one attention panel per word) as a PNG.
 
@@ -600,7 +636,7 @@ def attention_grid_figure(
     """
     fig = attention_grid(image, words, alphas, grid_shape, smooth=smooth,
                          chosen_cells=chosen_cells, columns=columns, title=title,
-                         centres=centres, style=style)  # fmt: skip
+                         centres=centres, style=style, boxes=boxes)  # fmt: skip
     return _save_png(fig, path)
 
 
@@ -626,6 +662,7 @@ def attention_grid(
     title: str | None = None,
     centres: torch.Tensor | np.ndarray | None = None,
     style: Style = "dim",
+    boxes: Sequence[Sequence[Sequence[float]]] | None = None,
 ) -> Figure:
     """A figure of the image and one attention panel per word (no pyplot involved).
 
@@ -650,17 +687,20 @@ def attention_grid(
         centres: for local attention, ``(T, 2)`` the centre (row, column, in cells) the
             model predicted for each word; a cross marks it on the word's panel.
         style: ``"dim"`` (:func:`dim_array`) or ``"colour"`` (:func:`overlay_array`).
+        boxes: per word, the boxes of the objects it names (none for other words), each
+            (x, y, width, height) as shares of the image; outlined in yellow on its panel.
 
     Returns:
         A matplotlib :class:`~matplotlib.figure.Figure` with an Agg canvas.
 
     Raises:
-        ValueError: ``words``, ``alphas``, ``chosen_cells`` and ``centres`` disagree in
-            length, a row of ``alphas`` does not match ``grid_shape``, a chosen cell is
+        ValueError: ``words``, ``alphas``, ``chosen_cells``, ``centres`` and ``boxes``
+            disagree in length, a row of ``alphas`` does not match ``grid_shape``, a chosen cell is
             outside the grid, ``columns`` is below 1 or ``style`` is unknown.
     """
     words, maps, cells = _check_caption(words, alphas, grid_shape, chosen_cells)
     centres = _check_centres(centres, len(words))
+    boxes = _check_boxes(boxes, len(words))
     grid_shape = _check_grid(grid_shape)
     style = _check_style(style)
     if columns < 1:
@@ -668,7 +708,6 @@ def attention_grid(
     shown = _fit(image, 1, _MAX_DISPLAY_SIDE)
     width, height = shown.size
     pixels = np.asarray(shown)
-
     n_panels = 1 + len(words)
     heading = title if title is not None else " ".join(words)
     layout = _PanelLayout.make(n_panels, columns, width, height, heading)
@@ -687,14 +726,31 @@ def attention_grid(
             continue
         t = panel - 1
         _draw_map(ax, pixels, maps[t], grid_shape, smooth, style)
-        if cells is not None:
-            ax.add_patch(_cell_rectangle(cells[t], grid_shape, width, height, 2.0))
-        if centres is not None:
-            _mark_centre(ax, centres[t], grid_shape, width, height, 10.0)
+        _draw_marks(ax, t, cells, centres, boxes, grid_shape, (width, height))
         ax.set_title(f"{_text(words[t])} ({_peak_label(maps[t])})", fontsize=11,
                      parse_math=False)  # fmt: skip
-    _draw_legend(fig, layout, style, grid_shape[0] * grid_shape[1])
+    _draw_legend(fig, layout, style, grid_shape[0] * grid_shape[1], any(boxes or []))
     return fig
+
+
+def _draw_marks(
+    ax,
+    t: int,
+    cells: Sequence[int] | None,
+    centres: np.ndarray | None,
+    boxes: list[list[tuple[float, ...]]] | None,
+    grid_shape: tuple[int, int],
+    size: tuple[int, int],
+) -> None:
+    """Word ``t``'s marks on its panel: hard attention's chosen cell, local attention's
+    centre and the boxes of the objects the word names, each where the caption has them."""
+    width, height = size
+    if cells is not None:
+        ax.add_patch(_cell_rectangle(cells[t], grid_shape, width, height, 2.0))
+    if centres is not None:
+        _mark_centre(ax, centres[t], grid_shape, width, height, 10.0)
+    if boxes is not None:
+        _draw_boxes(ax, boxes[t], width, height)
 
 
 def heads_figure(
@@ -938,13 +994,14 @@ def trace_grid(
     columns: int = 5,
     title: str | None = None,
     style: Style = "dim",
+    boxes: Sequence[Sequence[Sequence[float]]] | None = None,
 ) -> Figure:
     """:func:`attention_grid` of a caption's per-word ``trace`` (T, ...): each word's map
     ``trace.alpha`` (T, L), marked as the trace's other fields call for (hard attention's
-    chosen cell outlined, local attention's centre crossed). Other arguments as
-    :func:`attention_grid`."""
+    chosen cell outlined, local attention's centre crossed), and each word's object
+    ``boxes`` outlined. Other arguments as :func:`attention_grid`."""
     return attention_grid(image, words, trace.alpha, grid_shape, smooth=smooth,
-                          columns=columns, title=title, style=style,
+                          columns=columns, title=title, style=style, boxes=boxes,
                           **_trace_marks(trace))  # fmt: skip
 
 
@@ -958,10 +1015,11 @@ def trace_figure(
     columns: int = 5,
     title: str | None = None,
     style: Style = "dim",
+    boxes: Sequence[Sequence[Sequence[float]]] | None = None,
 ) -> Path:
     """Write :func:`trace_grid` as a PNG at ``path`` (missing parent folders are created)
     and return ``path``."""
-    fig = trace_grid(image, words, trace, grid_shape, smooth, columns, title, style)
+    fig = trace_grid(image, words, trace, grid_shape, smooth, columns, title, style, boxes)
     return _save_png(fig, path)
 
 
