@@ -181,6 +181,7 @@ def test_quickstart_into_a_folder_in_use_is_refused_before_anything_is_removed(
     assert (out / "last.pt").read_bytes() == b"an earlier quickstart's"
 
 
+@pytest.mark.slow  # about 25 s: it trains or evaluates end to end
 def test_a_command_runs_again_into_its_own_folder(tiny_checkpoint, tiny_shapes, tmp_path,
                                                   capsys):  # fmt: skip
     for verb in ("evaluate", "caption"):
@@ -264,6 +265,7 @@ def test_a_full_disk_keeps_the_runs_config(tmp_path, full_disk):
     assert path.read_text() == before and no_temporary_files(tmp_path)
 
 
+@pytest.mark.slow  # about 25 s: it trains or evaluates end to end
 def test_a_full_disk_keeps_the_evaluation(tiny_checkpoint, tmp_path, capsys, full_disk):
     out = tmp_path / "eval"
     args = ["evaluate", "--checkpoint", str(tiny_checkpoint), "--out", str(out)]

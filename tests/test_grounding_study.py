@@ -3,6 +3,7 @@
 import json
 import shutil
 
+import pytest
 import torch
 
 from .conftest import load_tool
@@ -27,6 +28,7 @@ def _layout(tiny_checkpoint, tiny_shapes, tmp_path):
     return shared, runs, data, words
 
 
+@pytest.mark.slow  # about 25 s: it trains or evaluates end to end
 def test_the_study_writes_a_row_per_seed_without_machine_paths(
     tiny_checkpoint, tiny_shapes, tmp_path, capsys
 ):
