@@ -22,7 +22,7 @@ image instead, against the boxes of all its objects and against baseline maps.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -106,6 +106,21 @@ def centre_in_box(
     )
 
 
+def decoded_with_objects(
+    records: Sequence[ImageRecord], decoded: Mapping[Any, Any], vocab: Vocabulary
+) -> Iterator[tuple[ImageRecord, Any, list[str]]]:
+    """Each record that has objects and a decoded caption, with the caption's words: what
+    every grounding score walks over. A record without its image's size is an error."""
+    for record in records:
+        result = decoded.get(record.image_id)
+        if result is None or not record.objects:
+            continue
+        if record.width is None or record.height is None:
+            raise ValueError(f"image {record.image_id} has no width/height for grounding")
+        length = int(result.lengths)
+        yield record, result, vocab.decode_tokens(result.tokens[:length].tolist())
+
+
 def grounding_scores(
     records: Sequence[ImageRecord],
     decoded: Mapping[int, Any],
@@ -132,14 +147,7 @@ def grounding_scores(
     masses: dict[str, list[float]] = defaultdict(list)
     centre_hits: dict[str, list[float]] = defaultdict(list)
     with_centres = any(d.trace.centre is not None for d in decoded.values())
-    for record in records:
-        result = decoded.get(record.image_id)
-        if result is None or not record.objects:
-            continue
-        if record.width is None or record.height is None:
-            raise ValueError(f"image {record.image_id} has no width/height for grounding")
-        length = int(result.lengths)
-        words = vocab.decode_tokens(result.tokens[:length].tolist())
+    for record, result, words in decoded_with_objects(records, decoded, vocab):
         for t, word in enumerate(words):
             found = named_object(word, record.objects, synonyms)
             if found is None:

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from captioning.data.records import ImageRecord, ObjectAnnotation
+from captioning.metrics.grounding import decoded_with_objects
 from captioning.metrics.words import category_of, named_category
 from captioning.models.trace import AttentionTrace
 from captioning.vocab import Vocabulary
@@ -298,15 +299,8 @@ def category_grounding(
         image lacks, with their counts) and ``all_words`` (the model's maps over every word).
     """
     tally = PointingTally(grid_shape, category_words)
-    for record in records:
-        result = decoded.get(record.image_id)
-        if result is None or not record.objects:
-            continue
-        if record.width is None or record.height is None:
-            raise ValueError(f"image {record.image_id} has no width/height for grounding")
-        length = int(result.lengths)
-        words = vocab.decode_tokens(result.tokens[:length].tolist())
-        tally.add_caption(words, result.trace[:length], record)
+    for record, result, words in decoded_with_objects(records, decoded, vocab):
+        tally.add_caption(words, result.trace[: int(result.lengths)], record)
     return tally.report()
 
 
