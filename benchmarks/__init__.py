@@ -1,11 +1,17 @@
-"""Speed benchmarks of the captioning package, kept outside it (not installed).
+"""Benchmarks and studies of the captioning package, kept outside it (not installed).
 
-Run them from the repository root:
+Each runs as a module from the repository root:
 
-    python benchmarks/bench.py --sizes shapes,coco --out runs/bench/bench.json
-    python benchmarks/beam_floor.py --bench runs/bench/bench.json
+    python -m benchmarks.bench --sizes shapes,coco --out runs/bench/bench.json
+    python -m benchmarks.beam_floor --bench runs/bench/bench.json
+    python -m benchmarks.profile_epoch --config configs/shapes_soft.yaml
+    python -m benchmarks.serve_load --checkpoint C --images DIR
+    python -m benchmarks.serve_stress
 
-:mod:`benchmarks.bench` times training steps and decoding against the naive reference of
-:mod:`benchmarks.reference`; :mod:`benchmarks.memory` measures peak memory;
-:mod:`benchmarks.beam_floor` times the arithmetic beam search cannot avoid.
+:mod:`benchmarks.bench` times training steps and decoding (:mod:`benchmarks.workload`,
+:mod:`benchmarks.timing`) against the naive reference of :mod:`benchmarks.reference` and
+:mod:`benchmarks.reference_decoding`, checked by :mod:`benchmarks.reference_check`;
+:mod:`benchmarks.memory` measures peak memory; :mod:`benchmarks.beam_floor` times the
+arithmetic beam search cannot avoid. Rows go into ``results/`` only with ``--results FILE``,
+stamped and merged by :mod:`benchmarks.provenance`.
 """

@@ -1,17 +1,16 @@
 """How fast beam search could be on this machine: the arithmetic every implementation of
 the COCO-size model must do, timed on its own.
 
-    python benchmarks/beam_floor.py --bench runs/bench/bench.json
-    python benchmarks/beam_floor.py --beam-size 3 --images 32
-    python benchmarks/beam_floor.py --beam-size 1 --bench runs/bench/bench.json   (greedy)
-    python -m benchmarks.beam_floor ...      (the same, from the repository root)
+    python -m benchmarks.beam_floor --bench runs/bench/bench.json
+    python -m benchmarks.beam_floor --beam-size 3 --images 32
+    python -m benchmarks.beam_floor --beam-size 1 --bench runs/bench/bench.json   (greedy)
 
 Per word, beam search over B images with K beams runs the decoder's dense layers on B*K
 rows (LSTM cell, deep output, vocabulary projection, attention query, gate, context) and the
 additive score w^T tanh(k_i + q) on B*K*L*A values; once per caption, it projects the grid
 into the score's keys. Both the reference and ours must do this work; the reference adds the
 re-projection of the grid at every word. This script times these parts alone, with nothing
-around them, at the sizes of ``python benchmarks/bench.py --sizes coco``:
+around them, at the sizes of ``python -m benchmarks.bench --sizes coco``:
 
 - the dense layers, each as one matrix product (the key projection once on B*L rows, the
   others on B*K rows), and their FLOPs at the rate of one large square product (the
@@ -33,30 +32,29 @@ beam (``--beam-size 1``). Given a ``bench.json``, it prints the largest speed-up
 run's reference that the floor allows, and our times in that run against the floor;
 ``--ours`` times our decoding itself, right after each of ``--rounds`` rounds of the floor,
 since this machine's speed drifts. ``--results FILE`` merges the medians, the rounds' ratios
-and the reference's time into a results file as one row (``results/speed.json``).
+and the reference's time into a results file as one row (``results/speed.json``); a row of
+other threads, images or caption length is replaced only with ``--replace``.
 """
 
 from __future__ import annotations
-
-import sys
-from pathlib import Path
-
-if __package__ in (None, ""):  # run as a script: the repository root holds the benchmarks
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import argparse
 import dataclasses
 import json
 import statistics
-import time
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from benchmarks.bench import _decode, _set_up, coco_size, random_batch
-from benchmarks.provenance import add_result_options, record_rows
-from benchmarks.reference import DECODERS
+from benchmarks.provenance import add_replace_option, add_result_options, device_name, record
+from benchmarks.reference_decoding import DECODERS
+from benchmarks.results import ResultsError
+from benchmarks.study_options import fail
+from benchmarks.timing import median_seconds
+from benchmarks.workload import coco_size, our_decoding, random_batch, set_up
 from captioning.config import replace_section
 from captioning.models import Decoder, build_attention
 from captioning.models.captioner import build_model
@@ -66,24 +64,6 @@ from captioning.models.captioner import build_model
 COCO = coco_size()
 VOCAB, WIDTH = COCO.vocab_size, COCO.config.model.hidden_dim
 FEATURE_DIM, CELLS = 2048, 14 * 14
-
-
-def median_seconds(fn: Callable[[], object], repeats: int, warmup: int = 2) -> float:
-    """The median time of ``fn``.
-
-    Args:
-        fn: what is timed.
-        repeats: timed calls.
-        warmup: untimed calls first.
-    """
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def dense_step(decoder: Decoder, images: int, beams: int) -> tuple[Callable[[], object], float]:
@@ -130,7 +110,7 @@ def bench_seconds(path: Path, task: str, impl: str = "reference", compiled: bool
     """A median time for ``task`` at COCO size, fp32 on the CPU, from a bench run.
 
     Args:
-        path: a ``bench.json`` of ``python benchmarks/bench.py``.
+        path: a ``bench.json`` of ``python -m benchmarks.bench``.
         task: ``greedy``, ``beam3``, ``beam5``, ...
         impl: ``reference`` or ``ours``.
         compiled: ours under ``torch.compile``.
@@ -151,7 +131,9 @@ def bench_seconds(path: Path, task: str, impl: str = "reference", compiled: bool
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line of :func:`main`."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.beam_floor", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--beam-size", type=int, default=5)
     parser.add_argument("--images", type=int, default=32)
     parser.add_argument("--max-length", type=int, default=20)
@@ -170,6 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --ours: rounds of floor and ours (medians reported)",
     )
     add_result_options(parser, "the medians, as one row")
+    add_replace_option(parser)
     return parser
 
 
@@ -180,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
         argv: the arguments (None: ``sys.argv[1:]``).
 
     Returns:
-        0, or 2 when the bench file holds no reference time.
+        0, or 2 when the bench file holds no reference time or the row would replace one
+        of other settings in ``--results``.
     """
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -196,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
             reference = bench_seconds(args.bench, task)
         except (OSError, ValueError, KeyError, StopIteration) as exc:
             print(f"error: no fp32 CPU reference time for {task} at COCO size in {args.bench} "
-                  f"({type(exc).__name__}); run `python benchmarks/bench.py --sizes coco` first",
+                  f"({type(exc).__name__}); run `python -m benchmarks.bench --sizes coco` first",
                   file=sys.stderr)  # fmt: skip
             return 2
 
@@ -246,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         "kind": "floor", "task": task, "beam_size": k, "images": b,
         "max_length": args.max_length, "rounds": len(rounds), "repeats": args.repeats,
         "gflop": round(floor.gflop, 1), "parts": parts, "reference_seconds": reference,
+        "precision": "fp32", "device": device_name("cpu"), "threads": torch.get_num_threads(),
     }  # fmt: skip
     for name, values in floors.items():
         value = statistics.median(values)
@@ -269,9 +254,13 @@ def main(argv: list[str] | None = None) -> int:
     if reference is not None:
         print(f"20x the reference needs {reference / 20:.3g} s")
     if args.results is not None:
-        record_rows(args.results, [row], lambda r: (r["kind"], r.get("task")),
-                    script="benchmarks/beam_floor.py", argv=argv,
-                    timed_alone=not args.machine_busy)  # fmt: skip
+        try:
+            record(args.results, [row], lambda r: (r["kind"], r.get("task")),
+                   module="benchmarks.beam_floor", argv=argv, timed_alone=not args.machine_busy,
+                   settings=("precision", "threads", "images", "max_length"),
+                   replace=args.replace)  # fmt: skip
+        except ResultsError as exc:
+            return fail(exc)
         print(f"merged the row into {args.results}")
     return 0
 
@@ -376,17 +365,17 @@ class Floor:
 
 
 def _ours(args: argparse.Namespace, task: str) -> dict[str, Callable[[], object]]:
-    """Our decoding as ``benchmarks/bench.py`` times it (a random COCO-size model, every
+    """Our decoding as :mod:`benchmarks.bench` times it (a random COCO-size model, every
     caption run to ``--max-length`` words), eager and, unless ``--no-compile``, with its
     step compiled."""
     config = replace_section(COCO.config, "decode", max_length=args.max_length)
     size = dataclasses.replace(COCO, config=config, batch_size=args.images)
     torch.manual_seed(0)
     model = build_model(size.config.model, size.vocab_size)
-    setup = _set_up(size, model, random_batch(size, model, 0), torch.device("cpu"))
-    ours = {"eager": _decode(setup, task, "fp32", compiled=False)}
+    setup = set_up(size, model, random_batch(size, model, 0), torch.device("cpu"))
+    ours = {"eager": our_decoding(setup, task, "fp32", compiled=False)}
     if not args.no_compile:
-        ours["compiled"] = _decode(setup, task, "fp32", compiled=True)
+        ours["compiled"] = our_decoding(setup, task, "fp32", compiled=True)
     return ours
 
 

@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from benchmarks.provenance import cpu_model
+
 CPU_MEMORY_METHODS = {
     "vmhwm": "peak resident set (VmHWM, reset by /proc/self/clear_refs after malloc_trim) "
     "minus VmRSS before",
@@ -108,16 +110,6 @@ class PeakMemory:
         return max(peak - self.before, 0.0), peak
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def environment(devices: list[torch.device]) -> dict[str, Any]:
     """Versions, hardware and threads of this run.
 
@@ -129,7 +121,7 @@ def environment(devices: list[torch.device]) -> dict[str, Any]:
         "torch": torch.__version__,
         "python": platform.python_version(),
         "platform": platform.platform(),
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
         "threads": torch.get_num_threads(),
         "cuda": torch.version.cuda,

@@ -1,6 +1,6 @@
 """Where a training epoch's time goes, phase by phase, for a config as it trains.
 
-    python benchmarks/profile_epoch.py --config configs/shapes_soft.yaml [--set KEY=VALUE ...]
+    python -m benchmarks.profile_epoch --config configs/shapes_soft.yaml [--set KEY=VALUE ...]
         [--steps 20] [--ops] [--out runs/profile/shapes_soft.json]
 
 It builds the run exactly as ``captioning train`` does (:func:`captioning.train.set_up`) and
@@ -25,32 +25,30 @@ steps' compilation is timed apart (``compile_warmup_seconds``: the warm-up steps
 caption length a new shape until the compiler marks it dynamic) and the loss of one batch is
 compared with the eager model's (``compiled_loss_difference``). Prints a Markdown table;
 ``--out`` also writes the numbers as JSON, and ``--results FILE`` merges them into a results
-file as one row (``results/speed.json``).
+file as one row (``results/speed.json``); a row of other threads, precision or batch size
+is replaced only with ``--replace``.
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-if __package__ in (None, ""):  # run as a script: the repository root holds the benchmarks
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 import argparse
 import json
 import statistics
+import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from benchmarks.provenance import add_result_options, record_rows
+from benchmarks.provenance import add_replace_option, add_result_options, portable, record
+from benchmarks.study_options import fail
 from captioning.config import load_config
 from captioning.errors import CaptioningError
 from captioning.inference import decode_dataset
 from captioning.metrics.scoring import score_predictions
-from captioning.runtime import resolve_device
+from captioning.runtime import resolve_device, resolve_precision
 from captioning.train import SINGLE, Setup, set_up, train_step
 
 PHASES = ("data", "encoder forward", "decoder forward + loss", "decoder backward",
@@ -194,6 +192,8 @@ def profile_epoch(
         "compile_warmup_seconds": warmup_seconds if compile else None,
         "compiled_loss_difference": loss_difference,
         "threads": torch.get_num_threads(),
+        "precision": resolve_precision(cfg.train.precision, device),
+        "device": device.type,
         "batch_size": cfg.train.batch_size,
         "steps_per_epoch": steps_per_epoch,
         "step_seconds": step_seconds,
@@ -243,7 +243,9 @@ def format_markdown(result: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.profile_epoch", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--config", required=True, help="YAML config, as for train")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config value (repeatable)")  # fmt: skip
@@ -269,6 +271,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (default 2)")
     parser.add_argument("--out", help="also write the numbers as JSON here")
     add_result_options(parser, "the numbers, as one row")
+    add_replace_option(parser)
     args = parser.parse_args(argv)
     if args.steps < 1:
         parser.error("--steps must be at least 1")
@@ -277,18 +280,25 @@ def main(argv: Sequence[str] | None = None) -> int:
                                not args.no_channels_last, args.compile, args.warmup,
                                args.backend)  # fmt: skip
     except CaptioningError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return fail(exc)
     print(format_markdown(result))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     if args.results is not None:
         row = {"kind": "profile", **{k: v for k, v in result.items() if k != "ops"}}
+        # the row names the config and the overrides' paths as the command does
+        row["config"] = portable(row["config"])
+        row["overrides"] = [portable(o) for o in row["overrides"]]
         key = ("kind", "config", "overrides", "step_loop", "channels_last", "compiled")
-        record_rows(args.results, [row], lambda r: tuple(str(r.get(k)) for k in key),
-                    script="benchmarks/profile_epoch.py", argv=argv,
-                    timed_alone=not args.machine_busy)  # fmt: skip
+        try:
+            record(args.results, [row], lambda r: tuple(str(r.get(k)) for k in key),
+                   module="benchmarks.profile_epoch", argv=argv,
+                   timed_alone=not args.machine_busy, device=row["device"],
+                   settings=("threads", "precision", "batch_size"),
+                   replace=args.replace)  # fmt: skip
+        except CaptioningError as exc:
+            return fail(exc)
         print(f"merged the row into {args.results}")
     return 0
 

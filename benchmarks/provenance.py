@@ -1,28 +1,42 @@
-"""Where a row of results came from, and the options every study shares.
+"""Where a row of results came from: the code, the command, the machine.
 
-A study or benchmark writes rows that say which code made them (:func:`git_commit`), on what
-(:func:`machine`), and whether the machine was otherwise idle; :func:`add_study_options` gives
-every study the same ``--set``, ``--threads``, ``--results`` and ``--machine-busy``.
+A study or benchmark writes rows that say which code made them (:func:`git_commit`, with
+``+dirty`` when tracked files differ from the commit), how (:func:`module_command`: the
+module form with no machine's paths) and on what (:func:`machine`, :func:`device_name`).
+:func:`stamp` puts these on a benchmark's rows and :func:`record` merges them into a results
+file through :func:`benchmarks.results.write_results`, the one row merge: a row replaces the
+file's row of the same key only when both were made under the same settings, unless
+``--replace`` (:func:`add_replace_option`) asks otherwise; :func:`add_result_options` gives a
+benchmark ``--results`` and ``--machine-busy``. The studies stamp and merge theirs through
+:class:`benchmarks.study.Recorder`.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import shlex
 import subprocess
 import sys
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from captioning.cli import add_set_option, positive_int
+from benchmarks.results import write_results
 
 ROOT = Path(__file__).resolve().parent.parent
+SHARED = ROOT.parent / "shared"  # the project's shared data and weights, beside the checkout
+# options whose value a run writes: a path of theirs outside the checkout becomes OUT/NAME
+OUTPUT_OPTIONS = ("--out", "--results")
+
+__all__ = [
+    "ROOT", "SHARED", "OUTPUT_OPTIONS", "git_commit", "machine", "cpu_model", "device_name",
+    "usable_cores", "portable", "module_command", "stamp", "record", "add_result_options",
+    "add_replace_option",
+]  # fmt: skip
 
 
 def git_commit() -> str:
@@ -42,69 +56,157 @@ def git_commit() -> str:
     return commit + ("+dirty" if dirty else "")
 
 
-def machine() -> dict[str, Any]:
-    """What the timings ran on."""
-    cpu = platform.processor() or platform.machine()
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), else what the platform says."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+                return line.split(":", 1)[1].strip()
     except OSError:
         pass
+    return platform.processor() or platform.machine()
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity where the platform says)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on every platform
+        return os.cpu_count() or 1
+
+
+def device_name(device: str | torch.device = "cpu") -> str:
+    """What a run on ``device`` ran on: the GPU's name for CUDA, else the CPU model."""
+    device = torch.device(device)
+    if device.type == "cuda" and torch.cuda.is_available():
+        return torch.cuda.get_device_name(device)
+    return cpu_model()
+
+
+def machine() -> dict[str, Any]:
+    """What the timings ran on: the CPU model, its cores, torch's threads and version."""
     return {
-        "cpu": cpu,
+        "cpu": cpu_model(),
         "cores": os.cpu_count(),
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
     }
 
 
-def read_rows(path: Path) -> list[dict[str, Any]]:
-    """The rows of the results file ``path``; none if it is absent."""
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else []
+def _under(path: Path, folder: Path) -> str | None:
+    try:
+        return path.relative_to(folder).as_posix()
+    except ValueError:
+        return None
 
 
-def merge_rows(
-    earlier: list[dict[str, Any]],
-    rows: list[dict[str, Any]],
-    key: Callable[[dict[str, Any]], Hashable],
-) -> list[dict[str, Any]]:
-    """``earlier`` rows less those that ``rows`` replace (the same ``key``), followed by
-    ``rows``: a study runs in pieces and re-runs a row without losing the others."""
-    new = {key(r) for r in rows}
-    return [r for r in earlier if key(r) not in new] + rows
+def portable(
+    word: str,
+    places: Mapping[str, Path | str | None] = {},  # noqa: B006
+    elsewhere: str = "DATA",
+) -> str:
+    """``word`` with its path written so that it names no machine: a path in one of
+    ``places`` (placeholder -> folder, e.g. ``{"OUT": out, "DATA": data}``; the innermost
+    wins) as ``PLACEHOLDER/...``, one in the shared folder as ``SHARED/...``, one in the
+    checkout relative to it, any other absolute path as ``ELSEWHERE/NAME`` where
+    ``elsewhere`` is ``DATA`` for what a run reads, ``OUT`` for what it writes. A relative
+    path is kept as it is (the lab runs from the checkout). The value of ``--flag=PATH``
+    and of a config override ``KEY=PATH`` is treated alike."""
+    if "=" in word and not word.startswith("/"):
+        key, value = word.split("=", 1)
+        return f"{key}={portable(value, places, elsewhere)}"
+    if not word.startswith(("/", "~")):
+        return word
+    path = Path(os.path.expanduser(word)).resolve()
+    folders = [(name, Path(folder).resolve()) for name, folder in places.items() if folder]
+    folders += [("SHARED", SHARED.resolve()), ("", ROOT)]
+    for name, folder in sorted(folders, key=lambda item: -len(item[1].parts)):
+        inside = _under(path, folder)
+        if inside is not None:
+            if not name:
+                return inside
+            return name if inside == "." else f"{name}/{inside}"
+    return f"{elsewhere}/{path.name}"
 
 
-def command(script: str, argv: list[str] | None) -> str:
-    """The command line that ran ``script`` (a path from the repository root) with ``argv``
-    (None: this process's arguments)."""
-    return shlex.join(["python", script, *(sys.argv[1:] if argv is None else argv)])
+def module_command(
+    module: str,
+    argv: Sequence[str] | None,
+    places: Mapping[str, Path | str | None] = {},  # noqa: B006
+) -> str:
+    """The command that ran ``module`` (``tools.seed_study``) with ``argv`` (None: this
+    process's arguments), in module form, every path made :func:`portable` (the value of
+    an option of :data:`OUTPUT_OPTIONS` outside ``places`` as ``OUT/NAME``)."""
+    words, option = [], ""
+    for word in sys.argv[1:] if argv is None else argv:
+        named = word.split("=", 1)[0] if word.startswith("--") else option
+        words.append(portable(word, places, "OUT" if named in OUTPUT_OPTIONS else "DATA"))
+        option = word if word.startswith("--") and "=" not in word else ""
+    return shlex.join(["python", "-m", module, *words])
 
 
-def record_rows(
+def stamp(
+    module: str,
+    argv: Sequence[str] | None,
+    *,
+    timed_alone: bool,
+    device: str | torch.device = "cpu",
+    places: Mapping[str, Path | str | None] | None = None,
+) -> dict[str, Any]:
+    """The fields every row of one benchmark run shares: ``command`` (:func:`module_command`),
+    ``commit``, ``machine`` (:func:`machine` and the ``device``'s name) and ``timed_alone``.
+
+    Args:
+        module: the benchmark's module (``benchmarks.bench``).
+        argv: its arguments (None: this process's).
+        timed_alone: nothing else ran on the machine.
+        device: where the run ran (``cuda``: the row names the GPU).
+        places: folders written as placeholders in the command (``{"OUT": out}``).
+    """
+    return {
+        "command": module_command(module, argv, places or {}),
+        "commit": git_commit(),
+        "machine": {**machine(), "device": device_name(device)},
+        "timed_alone": timed_alone,
+    }
+
+
+def record(
     path: Path,
     rows: list[dict[str, Any]],
     key: Callable[[dict[str, Any]], Hashable],
     *,
-    script: str,
-    argv: list[str] | None,
-    timed_alone: bool = True,
+    module: str,
+    argv: Sequence[str] | None,
+    timed_alone: bool,
+    settings: Sequence[str],
+    replace: bool = False,
+    device: str | torch.device = "cpu",
+    places: Mapping[str, Path | str | None] | None = None,
 ) -> None:
-    """Merge ``rows`` into the results file ``path`` (see :func:`merge_rows`), each stamped
-    with the command, the commit, the machine and whether it was timed alone."""
-    stamp = {"command": command(script, argv), "commit": git_commit(), "machine": machine(),
-             "timed_alone": timed_alone}  # fmt: skip
-    write_rows(path, [{**row, **stamp} for row in rows], key)
+    """Merge ``rows``, each given the fields of :func:`stamp`, into the results file ``path``.
 
+    Args:
+        path: the results file (``results/speed.json``).
+        rows: the run's rows.
+        key: a row's identity: a row replaces the file's row of the same key.
+        module, argv, timed_alone, device, places: as for :func:`stamp`.
+        settings: the row fields that must agree for a row to replace another (a field one
+            of the two rows lacks is not compared).
+        replace: replace rows of other settings too.
 
-def write_rows(
-    path: Path, rows: list[dict[str, Any]], key: Callable[[dict[str, Any]], Hashable]
-) -> None:
-    """Merge ``rows`` into the results file ``path`` as they are (see :func:`merge_rows`)."""
-    merged = merge_rows(read_rows(path), rows, key)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(merged, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    Raises:
+        benchmarks.results.ResultsError: a row would replace one made under other settings
+            (one line; the file is untouched).
+    """
+    fields = stamp(module, argv, timed_alone=timed_alone, device=device, places=places)
+    write_results(
+        path,
+        [{**row, **fields} for row in rows],
+        key,
+        replace=replace,
+        settings=lambda row: {name: row[name] for name in settings if name in row},
+    )
 
 
 def add_result_options(parser: argparse.ArgumentParser, what: str) -> None:
@@ -121,23 +223,10 @@ def add_result_options(parser: argparse.ArgumentParser, what: str) -> None:
     )
 
 
-def add_study_options(
-    parser: argparse.ArgumentParser, *, results: Path | None, each: str = "every run"
-) -> None:
-    """``--set KEY=VALUE`` (repeatable, into ``overrides``) and ``--machine-busy``; with a
-    default ``results`` file, also ``--threads`` (``train.threads`` of each run) and
-    ``--results`` (the rows' file, merged into)."""
-    add_set_option(parser, f"a config override of {each} (repeatable)")
+def add_replace_option(parser: argparse.ArgumentParser) -> None:
+    """``--replace``: let the rows replace those of other settings in ``--results``."""
     parser.add_argument(
-        "--machine-busy",
+        "--replace",
         action="store_true",
-        help="other work runs beside this one: the rows' seconds are not timed alone",
-    )
-    if results is None:
-        return
-    parser.add_argument(
-        "--threads", type=positive_int, default=None, help=f"train.threads of {each}"
-    )
-    parser.add_argument(
-        "--results", type=Path, default=results, help=f"the rows' file, merged into ({results})"
+        help="with --results: also replace rows made under other settings",
     )

@@ -1,8 +1,8 @@
 """Latency and throughput of the web demo's JSON API under N clients, on 127.0.0.1.
 
-    python benchmarks/serve_load.py --checkpoint runs/photos/best.pt \
-        --images data/photos/images/test --out results/serve_latency.json
-    python benchmarks/serve_load.py --checkpoint C --images DIR --clients 1,8 --requests 100 \
+    python -m benchmarks.serve_load --checkpoint runs/photos/best.pt \
+        --images data/photos/images/test --results results/serve_latency.json
+    python -m benchmarks.serve_load --checkpoint C --images DIR --clients 1,8 --requests 100 \
         --max-batch 16
 
 Starts the demo (``captioning serve``'s app) on a free port of 127.0.0.1, in this process on a
@@ -13,10 +13,12 @@ client one request at a time on its own connection, the images taken in turn fro
 ``--images``. Every answer must be 200 (a 503 of a busy server is counted as ``refused``; any
 other status stops the run, exit 1). After a warm-up of ``--warmup`` requests, reports
 requests/s and the p50, p95 and p99 latency (from sending the request to reading the whole
-answer) of the answered requests, prints a table and writes the rows to ``--out`` (JSON, with
-the command and the commit; rows of other ``--name`` values already in the file stay, so
-one file holds several models). Nothing leaves the machine: the server and the clients are
-on the loopback address.
+answer) of the answered requests, prints a table and, with ``--results FILE``, writes the rows
+there (JSON, with the command, the commit, the machine and whether it was timed alone; rows
+of other ``--name`` values already in the file stay, so one file holds several models; rows
+of the same name made with another beam size, precision or threads are replaced only with
+``--replace``). Nothing leaves the machine: the server and the clients are on the loopback
+address.
 
 Each row also carries the model's own cost per image outside the server (``encode_ms`` for
 the encoder alone at 1, 2, 4, 8 and the largest ``--max-batch`` images at once, in the run's
@@ -28,29 +30,29 @@ an upload into the model's input) on one core's worth of work per image.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-if __package__ in (None, ""):  # run as a script: the repository root holds the benchmarks
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 import argparse
 import http.client
 import json
 import statistics
+import sys
 import threading
 import time
 import uuid
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import torch
 
 import captioning
-from benchmarks.provenance import git_commit, machine
+from benchmarks.provenance import device_name, git_commit, machine, module_command, portable
+from benchmarks.results import write_results
+from benchmarks.study_options import fail
+from benchmarks.timing import median_seconds
 from captioning.data.images import load_image_bytes
+from captioning.errors import CaptioningError
 from captioning.runtime import autocast, in_passing_thread, resolve_precision
 from captioning.serve.app import settings_for
 from captioning.serve.server import BackgroundServer
@@ -197,14 +199,7 @@ def model_cost(
     def median_ms(work: Callable[[], object], per: int = 1, warmup: int = 2) -> float:
         """The median ms of ``work`` over ``repeats`` calls, per item of ``per``, after
         ``warmup`` calls (the first calls of a shape build its kernels)."""
-        for _ in range(warmup):
-            work()
-        times = []
-        for _ in range(repeats):
-            started = time.perf_counter()
-            work()
-            times.append((time.perf_counter() - started) / per)
-        return round(1000 * statistics.median(times), 1)
+        return round(1000 * median_seconds(work, repeats, warmup) / per, 1)
 
     def batch_of(size: int) -> torch.Tensor:
         return torch.stack([images[i % len(images)] for i in range(size)])
@@ -241,16 +236,31 @@ def ceilings(cost: dict[str, float], largest: int, rate: float) -> dict[str, flo
     return out
 
 
-def merge(path: Path, name: str, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The rows at ``path`` of other models (``name`` differs) followed by ``rows``."""
-    earlier = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else []
-    return [r for r in earlier if r.get("name") != name] + rows
+SETTINGS = ("beam_size", "precision", "threads")  # what rows of one name must share
+
+
+def merge(path: Path, rows: list[dict[str, Any]], replace: bool = False) -> list[dict[str, Any]]:
+    """Merge one model's ``rows`` into the results file ``path`` and return what it holds:
+    the rows of other models (another ``name``) stay, the file's rows of this one are
+    replaced (:func:`benchmarks.results.write_results`, keyed by ``name``).
+
+    Raises:
+        benchmarks.results.ResultsError: unless ``replace``, when the file's rows of this
+            name were made with another beam size, precision or threads (one line; the file
+            is untouched).
+    """
+    return write_results(path, rows, lambda r: r.get("name"), replace=replace,
+                         settings=lambda r: {k: r[k] for k in SETTINGS if k in r})  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the load test from the command line (None: ``sys.argv[1:]``); 0, 1 when the
+    server answers other than 200 or 503, 2 when ``--results`` holds rows of other
+    settings."""
     parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+        prog="python -m benchmarks.serve_load", description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
     parser.add_argument("--checkpoint", required=True)
     parser.add_argument("--images", required=True, type=Path, help="a folder of images to send")
     parser.add_argument("--clients", default="1,8,32,128", help="comma-separated client counts")
@@ -262,7 +272,18 @@ def main(argv: list[str] | None = None) -> int:
                         "image captioned at a time)")  # fmt: skip
     parser.add_argument("--timeout", type=float, default=300.0,
                         help="the server's deadline per request, seconds")  # fmt: skip
-    parser.add_argument("--out", type=Path, default=None, help="write the rows here (JSON)")
+    parser.add_argument(
+        "--results",
+        "--out",
+        type=Path,
+        default=None,
+        help="merge the rows into this file (results/serve_latency.json)",
+    )
+    parser.add_argument(
+        "--replace", action="store_true", help="with --results: also replace rows of other settings"
+    )
+    parser.add_argument("--machine-busy", action="store_true",
+                        help="other work ran beside this one: the rows say so")  # fmt: skip
     parser.add_argument(
         "--name", default="model", help="what the rows call this model (other names' rows stay)"
     )
@@ -306,13 +327,15 @@ def main(argv: list[str] | None = None) -> int:
     context = {
         "name": args.name,
         **cost,
-        "checkpoint": str(args.checkpoint),
+        "checkpoint": portable(str(args.checkpoint)),
         "images": len(files),
         "beam_size": args.beam_size,
         "precision": resolve_precision(model.config.runtime.precision, model.device),
         "commit": git_commit(),
-        "command": " ".join(["benchmarks/serve_load.py", *(argv or sys.argv[1:])]),
+        "command": module_command("benchmarks.serve_load", argv),
         **machine(),
+        "device": device_name("cpu"),
+        "timed_alone": not args.machine_busy,
     }
     print("| max batch | clients | requests/s | p50 ms | p95 ms | p99 ms | refused |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
@@ -336,10 +359,12 @@ def main(argv: list[str] | None = None) -> int:
               f"requests/s with the encoder alone, {bounds.get('model_ceiling', 0):.2f}x with "
               f"the whole captioning at its best batch size")  # fmt: skip
     print("model alone, ms per image: " + ", ".join(f"{k} {v}" for k, v in cost.items()))
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(merge(args.out, args.name, rows), indent=1) + "\n")
-        print(f"wrote {args.out}")
+    if args.results:
+        try:
+            merge(args.results, rows, args.replace)
+        except CaptioningError as exc:
+            return fail(exc)
+        print(f"wrote {args.results}")
     return 0
 
 

@@ -1,8 +1,8 @@
 """The web demo under hundreds of hostile clients at once, as the ``captioning serve`` process
 with its default limits, on 127.0.0.1.
 
-    python benchmarks/serve_stress.py                    # a tiny shapes model trained first
-    python benchmarks/serve_stress.py --checkpoint C --clients 300 --out report.json
+    python -m benchmarks.serve_stress                    # a tiny shapes model trained first
+    python -m benchmarks.serve_stress --checkpoint C --clients 300 --results report.json
 
 Each client opens a connection of its own, all at once, and does one thing (the kinds taken in
 turn): uploads a worst-case file (a PNG at the pixel cap, 8000 x 8000; the same cut short; a
@@ -13,16 +13,11 @@ half its headers and nothing more (slowloris). Checks, each in the report: no an
 (or another 5xx but 503); every request is answered 200, 4xx or 503, or closed by the server
 within its deadline (half-sent headers within the header deadline); the server's peak
 resident memory stays under 2 GiB; its log holds no traceback; and it still answers
-afterwards. Prints the report as JSON (and writes it to ``--out``); exit 1 when a check fails.
+afterwards. Prints the report as JSON (and, with ``--results FILE``, writes it there with the
+command, the commit, the machine and whether it was timed alone); exit 1 when a check fails.
 """
 
 from __future__ import annotations
-
-import sys
-from pathlib import Path
-
-if __package__ in (None, ""):  # run as a script: the repository root holds the benchmarks
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import argparse
 import io
@@ -33,6 +28,7 @@ import select
 import socket
 import struct
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
@@ -42,12 +38,16 @@ from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 from PIL import Image
 
-from benchmarks.provenance import git_commit, machine
+from benchmarks.provenance import device_name, git_commit, machine, module_command
+from benchmarks.study_options import fail
+from captioning.errors import CaptioningError
+from captioning.runtime import write_atomically
 
 ROOT = Path(__file__).resolve().parent.parent
 RSS_LIMIT = 2 * 2**30
@@ -355,13 +355,24 @@ def report(outcomes: list[Outcome], seconds: float, peak: int, after: dict[str, 
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the stress test from the command line (None: ``sys.argv[1:]``); 0 when every
+    check passes, else 1."""
     parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+        prog="python -m benchmarks.serve_stress", description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
     parser.add_argument("--checkpoint", type=Path, default=None,
                         help="the model (default: a tiny one, trained first)")  # fmt: skip
     parser.add_argument("--clients", type=int, default=300, help="clients at once (default 300)")
-    parser.add_argument("--out", type=Path, default=None, help="also write the report here")
+    parser.add_argument(
+        "--results",
+        "--out",
+        type=Path,
+        default=None,
+        help="also write the report here (results/serve_stress.json)",
+    )
+    parser.add_argument("--machine-busy", action="store_true",
+                        help="other work ran beside this one: the report says so")  # fmt: skip
     args = parser.parse_args(argv)
     if args.clients < 1:
         parser.error(f"--clients must be at least 1, got {args.clients}")
@@ -370,13 +381,16 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as scratch:
         checkpoint = args.checkpoint or tiny_checkpoint(Path(scratch))
         result = stress(checkpoint, args.clients, Path(scratch))
-    result.update(command=" ".join(["benchmarks/serve_stress.py", *(argv or sys.argv[1:])]),
-                  commit=git_commit(), **machine())  # fmt: skip
+    result.update(command=module_command("benchmarks.serve_stress", argv), commit=git_commit(),
+                  **machine(), device=device_name("cpu"),
+                  timed_alone=not args.machine_busy)  # fmt: skip
     text = json.dumps(result, indent=1)
     print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    if args.results:
+        try:
+            write_atomically(args.results, text + "\n")
+        except CaptioningError as exc:
+            return fail(exc)
     return 0 if result["ok"] else 1
 
 

@@ -1,8 +1,8 @@
 """Time to quality: the wall time of the shapes recipes as a user starts them, and what the
 model they leave scores.
 
-    python benchmarks/time_to_quality.py --out runs/ttq --results results/speed.json
-    python benchmarks/time_to_quality.py --out runs/ttq --runs soft:0,hard:1,quickstart
+    python -m benchmarks.time_to_quality --out runs/ttq --results results/speed.json
+    python -m benchmarks.time_to_quality --out runs/ttq --runs soft:0,hard:1,quickstart
 
 Each run of ``--runs`` is timed from the start of its command to its exit, in a process of its
 own (start-up, data loading, training and its validation included):
@@ -13,30 +13,40 @@ own (start-up, data loading, training and its validation included):
 - ``quickstart``: ``python -m captioning quickstart`` (what ``make demo`` runs after the
   install) into a fresh data folder, so that writing the shapes data is timed too.
 
-Each run is one row (``kind`` ``quality``) of ``--results``, merged by its name, with its
-target, whether it was met, the command, the commit and the machine. Run it on an otherwise
+Each run is one row (``kind`` ``quality``) of ``--results FILE`` where given
+(results/speed.json), else of ``OUT/rows.json``, merged by its name (a row made under other
+settings, such as another precision, is replaced only with ``--replace``), with its target,
+whether it was met, the config, precision, device and threads it trained with, the command,
+the commit and the machine (:class:`benchmarks.study.Recorder`). Run it on an otherwise
 idle machine: the seconds are the result.
 """
 
 from __future__ import annotations
-
-import sys
-from pathlib import Path
-
-if __package__ in (None, ""):  # run as a script: the repository root holds the benchmarks
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import argparse
 import json
 import shlex
 import shutil
 import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
-from benchmarks.provenance import add_result_options, record_rows
+import torch
 
-ROOT = Path(__file__).resolve().parent.parent
+from benchmarks.provenance import (
+    ROOT,
+    add_replace_option,
+    add_result_options,
+    device_name,
+    portable,
+)
+from benchmarks.study import Recorder
+from captioning.config import load_config
+from captioning.errors import CaptioningError
+from captioning.runtime import resolve_device, resolve_precision
+
 DEFAULT_RUNS = "soft:0,soft:1,hard:0,hard:1,quickstart"
 # the targets a user is promised (docs/speed.md): seconds, and the least test scores
 TARGETS: dict[str, dict[str, float]] = {
@@ -100,6 +110,20 @@ def met(recipe: str, row: dict[str, Any]) -> bool:
     return all(checks)
 
 
+def trained_with(recipe: str) -> dict[str, Any]:
+    """The config a recipe trains (the quickstart: the soft one), and the precision, device
+    and threads it resolves to on this machine."""
+    config = f"configs/shapes_{'soft' if recipe == 'quickstart' else recipe}.yaml"
+    train = load_config(ROOT / config).train
+    device = resolve_device(train.device)
+    return {
+        "config": config,
+        "precision": resolve_precision(train.precision, device),
+        "device": device_name(device),
+        "threads": train.threads or torch.get_num_threads(),
+    }
+
+
 def run_one(recipe: str, seed: int | None, out: Path, python: str) -> dict[str, Any]:
     """Time one run and score what it left."""
     if recipe == "quickstart":
@@ -122,9 +146,10 @@ def run_one(recipe: str, seed: int | None, out: Path, python: str) -> dict[str, 
         metrics = evaluate_checkpoint(folder / "best.pt", split="test", meteor=False,
                                       progress=False)  # fmt: skip
         name = f"{recipe} seed {seed}"
+    run_command = ["captioning", *(portable(w, {"OUT": out}, "OUT") for w in words[3:])]
     row = {"kind": "quality", "name": name, "recipe": recipe, "seed": seed,
            "seconds": round(seconds, 1), **scores(metrics), "target": TARGETS[recipe],
-           "run_command": shlex.join(["captioning", *words[3:]])}  # fmt: skip
+           "run_command": shlex.join(run_command), **trained_with(recipe)}  # fmt: skip
     row["met"] = met(recipe, row)
     return row
 
@@ -134,24 +159,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="the runs' folder")
     parser.add_argument("--runs", default=DEFAULT_RUNS, help=f"default {DEFAULT_RUNS}")
     add_result_options(parser, "the rows")
+    add_replace_option(parser)
     args = parser.parse_args(argv)
     try:
         runs = parse_runs(args.runs)
     except ValueError as exc:
         parser.error(str(exc))
     args.out.mkdir(parents=True, exist_ok=True)
+    recorder = Recorder("benchmarks.time_to_quality", argv, args.out,
+                        lambda r: (r["kind"], r.get("name")), results=args.results,
+                        replace=args.replace, timed_alone=not args.machine_busy)  # fmt: skip
     for recipe, seed in runs:
         try:
             row = run_one(recipe, seed, args.out, sys.executable)
+            recorder.write([row])
         except Failed as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
+        except CaptioningError as exc:  # a results file that must not take the row
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         print(f"{row['name']}: {row['seconds']:.0f} s, test exact {row['exact']:.3f}, "
               f"{'met' if row['met'] else 'not met'}", flush=True)  # fmt: skip
-        if args.results is not None:
-            record_rows(args.results, [row], lambda r: (r["kind"], r.get("name")),
-                        script="benchmarks/time_to_quality.py", argv=argv,
-                        timed_alone=not args.machine_busy)  # fmt: skip
+    print(f"wrote {recorder.path}")
     return 0
 
 

@@ -2,7 +2,6 @@ import importlib.util
 import json
 import logging
 import os
-import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -24,12 +23,8 @@ TINY_SETTINGS = ["model.hidden_dim=32", "model.embed_dim=16", "model.attention_d
 
 
 def load_tool(name: str) -> ModuleType:
-    """Import ``tools/NAME.py`` (a script, not a package module) under ``name``."""
-    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses of the tool resolve their module
-    spec.loader.exec_module(module)
-    return module
+    """The module ``tools.NAME`` (the lab's scripts run as ``python -m tools.NAME``)."""
+    return importlib.import_module(f"tools.{name}")
 
 
 def write_json(path: Path, data) -> Path:

@@ -12,15 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks import beam_floor, bench, reference
-from benchmarks.reference import (
-    ReferenceDecoder,
-    check_reference,
-    end_biased,
-    load_reference,
-    reference_beam_search,
-    reference_greedy,
-)
+from benchmarks import beam_floor, bench, bench_report, reference_decoding, workload
+from benchmarks.reference import ReferenceDecoder, load_reference
+from benchmarks.reference_check import check_reference, end_biased
+from benchmarks.reference_decoding import reference_beam_search, reference_greedy
+from benchmarks.results import ResultsError
 from captioning import inference, train
 from captioning.config import load_config
 from captioning.decoding import beam_search, greedy_decode
@@ -280,8 +276,8 @@ def test_check_reference_reports_a_wrong_reference(monkeypatch):
     cfg, decoder = tiny_model()
     good = check_reference(decoder, cfg, features, tokens, MAX_LENGTH, torch.device("cpu"))
     assert good["passed"] and good["logits_max_abs_diff"] < 1e-5
-    beam5 = reference.DECODERS["beam5"]
-    monkeypatch.setitem(reference.DECODERS, "beam5", (beam5[0], drops_a_word))
+    beam5 = reference_decoding.DECODERS["beam5"]
+    monkeypatch.setitem(reference_decoding.DECODERS, "beam5", (beam5[0], drops_a_word))
     bad = check_reference(decoder, cfg, features, tokens, MAX_LENGTH, torch.device("cpu"))
     assert not bad["passed"]
     assert bad["captions"]["random"]["beam5"]["equal_share"] == 0.0
@@ -292,8 +288,8 @@ def test_check_reference_reports_a_wrong_reference(monkeypatch):
 
 
 def test_timed_steps_and_decoding_are_the_packages_own(tmp_path, monkeypatch):
-    assert bench.train_step is train.train_step
-    assert bench.caption_batch is inference.caption_batch
+    assert workload.train_step is train.train_step
+    assert workload.caption_batch is inference.caption_batch
     steps, decodes, compiled = [], [], []
 
     def counting_step(run, module, batch, device):
@@ -315,8 +311,8 @@ def test_timed_steps_and_decoding_are_the_packages_own(tmp_path, monkeypatch):
 
         return run_eagerly
 
-    monkeypatch.setattr(bench, "train_step", counting_step)
-    monkeypatch.setattr(bench, "caption_batch", counting_caption_batch)
+    monkeypatch.setattr(workload, "train_step", counting_step)
+    monkeypatch.setattr(workload, "caption_batch", counting_caption_batch)
     monkeypatch.setattr(torch, "compile", eager_compile)
     options = bench.BenchOptions(
         sizes=["tiny"],
@@ -376,7 +372,13 @@ def test_quick_run_writes_every_measurement(tmp_path, monkeypatch, capsys):
     assert len(rows) == 1 + len(results["measurements"])
     assert [r["median_s"] for r in rows[1:]] == [m["median_s"] for m in results["measurements"]]
     assert all(r["kind"] == "bench" and r["checks_passed"] and r["timed_alone"]
-               and r["commit"] and "--results" in r["command"] for r in rows[1:])  # fmt: skip
+               and r["commit"] and r["precision"] and r["threads"] == 1
+               and r["machine"]["device"] for r in rows[1:])  # fmt: skip
+    # the command is the module form and names no path of this machine
+    assert {r["command"] for r in rows[1:]} == {
+        "python -m benchmarks.bench " + " ".join(argv) + " --out OUT/bench.json --results "
+        "OUT/speed.json"
+    }
     # a re-run replaces its rows (same size, device, precision, compilation, task, impl)
     rerun = [*argv, "--precisions", "fp32", "--skip-cider", "--machine-busy"]
     assert bench.main([*rerun, "--out", str(tmp_path / "b2.json"), "--results", str(speed)]) == 0
@@ -387,6 +389,13 @@ def test_quick_run_writes_every_measurement(tmp_path, monkeypatch, capsys):
     assert all(r["timed_alone"] for r in again if r.get("precision") == "bf16")
     table = load_tool("tables").speed_bench(again)
     assert "| tiny | cpu | fp32 | beam5 |" in table and "a machine doing other work" in table
+    # rows of other settings replace the file's rows only when asked
+    other = {**results, "settings": {**results["settings"], "seed": 1}}
+    with pytest.raises(ResultsError, match="made with other settings; re-run with --replace"):
+        bench_report.record_timings(speed, other, argv, timed_alone=True)
+    assert json.loads(speed.read_text()) == again
+    bench_report.record_timings(speed, other, argv, timed_alone=True, replace=True)
+    assert {r["settings"]["seed"] for r in json.loads(speed.read_text())[1:]} == {1}
     assert {"environment", "settings", "sizes", "checks", "measurements", "speedups"} <= set(
         results
     )
@@ -482,19 +491,21 @@ def test_a_failed_reference_check_exits_1(tmp_path, monkeypatch, capsys):
 
 
 @pytest.mark.slow  # a whole pipeline (make test-slow)
-def test_the_scripts_run_from_the_repository_root():
+def test_the_benchmarks_run_as_modules_from_the_repository_root():
     def run(*args):
         return subprocess.run(
-            [sys.executable, *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120
-        )
+            [sys.executable, "-m", *args], cwd=REPO_ROOT, capture_output=True, text=True,
+            timeout=120,
+        )  # fmt: skip
 
-    as_script = run("benchmarks/bench.py", "--sizes", "nope")
-    assert as_script.returncode == 2
-    assert as_script.stderr.strip().splitlines() == [
+    bench_run = run("benchmarks.bench", "--sizes", "nope")
+    assert bench_run.returncode == 2
+    assert bench_run.stderr.strip().splitlines() == [
         "error: --sizes must name some of shapes, coco, tiny; got ['nope']"
     ]
-    as_module = run("-m", "benchmarks.beam_floor", "--help")
-    assert as_module.returncode == 0 and "--bench" in as_module.stdout
+    for module in ("beam_floor", "profile_epoch", "serve_load", "serve_stress"):
+        helped = run(f"benchmarks.{module}", "--help")
+        assert helped.returncode == 0 and f"python -m benchmarks.{module}" in helped.stdout
 
 
 # --------------------------------------------------------------------------- beam floor
@@ -550,6 +561,9 @@ def test_beam_floor_bounds_the_speed_up_from_a_bench_file(tmp_path, capsys):
     assert len(rounds) == 2 and min(rounds) > 0
     (row,) = json.loads(speed.read_text())  # the row holds what was printed
     assert row["kind"] == "floor" and row["task"] == "greedy" and row["rounds"] == 2
+    assert row["precision"] == "fp32" and row["threads"] and row["device"]
+    assert row["command"].startswith("python -m benchmarks.beam_floor --images 2")
+    assert str(tmp_path) not in row["command"]
     assert [f"{r:.2f}" for r in row["ratios_eager"]] == [f"{r:.2f}" for r in rounds]
     assert f"{row['floor_eager']:.3g} s" in line and "floor_compiled" not in row
     table = load_tool("tables").speed_floor([row])
@@ -562,7 +576,7 @@ def test_beam_floor_bounds_the_speed_up_from_a_bench_file(tmp_path, capsys):
     assert beam_floor.main([*args, "--no-compile", "--bench", str(tmp_path / "missing.json")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
-    assert "run `python benchmarks/bench.py --sizes coco` first" in err
+    assert "run `python -m benchmarks.bench --sizes coco` first" in err
 
 
 def test_profile_epoch_splits_the_step_into_phases(tmp_path, capsys):
@@ -582,7 +596,11 @@ def test_profile_epoch_splits_the_step_into_phases(tmp_path, capsys):
     result = json.loads(out.read_text())
     (row,) = json.loads(speed.read_text())
     assert row["kind"] == "profile" and row["phases"] == result["phases"]
-    assert row["timed_alone"] is False
+    assert row["timed_alone"] is False and row["precision"] == "fp32" and row["threads"]
+    # the row runs anywhere: the config inside the checkout, no path of this machine
+    assert row["config"] == "configs/test_tiny.yaml"
+    assert row["command"].startswith("python -m benchmarks.profile_epoch --config configs/")
+    assert str(tmp_path) not in json.dumps(row) and row["machine"]["device"]
     table = load_tool("tables").speed_profile([row])
     assert f"**{result['step_seconds'] * 1e3:.0f}**" in table and "a machine doing other" in table
     phases = result["phases"]

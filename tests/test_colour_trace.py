@@ -1,11 +1,11 @@
-"""tools/colour_trace.py's arguments, and the step hook of ``fit`` it probes through."""
+"""tools.colour_trace's arguments, and the step hook of ``fit`` it probes through."""
 
 import pytest
 
+import tools.colour_trace
 from captioning.data.shapes import generate_shapes
 from captioning.train import fit
 
-from .conftest import load_tool
 from .test_train import tiny
 
 
@@ -25,7 +25,7 @@ def test_fit_calls_on_step_before_every_step(shapes, tmp_path):
 
 
 def test_bad_arguments_are_one_line_errors(tmp_path, capsys):
-    trace = load_tool("colour_trace")
+    trace = tools.colour_trace
     common = ["--out", str(tmp_path / "out"), "--variant", "v"]
     assert trace.main([*common, "--data-root", str(tmp_path / "none")]) == 2
     assert "no shapes data under" in capsys.readouterr().err

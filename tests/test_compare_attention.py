@@ -1,33 +1,37 @@
-"""tools/compare_attention.py (the attention family study's rows) and its two tables in
-tools/tables.py."""
+"""tools.compare_attention (the attention family study's rows) and its two tables
+(``python -m tools.tables``)."""
 
 from __future__ import annotations
 
+import importlib
 import json
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, TINY_SETTINGS, load_tool
+import benchmarks.study as runner
+import tools.compare_attention
+from captioning.train import TrainingError, fit
+from tests.conftest import ROOT, TINY_SETTINGS
 
 TINY = [*TINY_SETTINGS, "train.quiet=true"]
 
 
 @pytest.fixture(scope="module")
 def study():
-    return load_tool("compare_attention")
+    return tools.compare_attention
 
 
 @pytest.fixture(scope="module")
 def tables():
-    return load_tool("tables")
+    return importlib.import_module("tools.tables")
 
 
 @pytest.mark.slow  # a whole pipeline (make test-slow)
 def test_the_study_sweeps_chooses_on_val_adds_seeds_merges_and_resumes(
     study, tiny_shapes, tmp_path, monkeypatch
 ):
-    real = study.evaluate_checkpoint
+    real = runner.evaluate_checkpoint
 
     def evaluate(checkpoint, split, **kwargs):
         metrics = real(checkpoint, split=split, **kwargs)
@@ -36,7 +40,7 @@ def test_the_study_sweeps_chooses_on_val_adds_seeds_merges_and_resumes(
             metrics["exact_match"] = {1e-3: 0.25, 2e-3: 0.5}[lr]
         return metrics
 
-    monkeypatch.setattr(study, "evaluate_checkpoint", evaluate)
+    monkeypatch.setattr(runner, "evaluate_checkpoint", evaluate)
     results, out = tmp_path / "family.json", tmp_path / "runs"
     settings = [f"data.root={tiny_shapes}", *TINY]
     common = ["--out", str(out), "--results", str(results), "--lrs", "1e-3,2e-3",
@@ -57,11 +61,11 @@ def test_the_study_sweeps_chooses_on_val_adds_seeds_merges_and_resumes(
     assert row["val_select"] == 0.5 and set(row["val"]) == set(row["test"])
     assert 0 <= row["test"]["exact"] <= 1 and row["test"]["centre_pointing"] is None
     assert row["parameters"] > 0 and row["steps"] == 3 and row["steps_per_s"] > 0
-    assert row["command"].startswith("python tools/compare_attention.py --out ")
+    assert row["command"].startswith("python -m tools.compare_attention --out OUT ")
     assert len(row["commit"]) >= 7 and row["threads"] == 1 and row["timed_alone"] is True
     # the folders are the runs: the same rows again without training, merged with another
     # member's (local attention, its own config and its predicted centre)
-    monkeypatch.setattr(study, "fit", lambda *a, **k: pytest.fail("retrained a finished run"))
+    monkeypatch.setattr(runner, "fit", lambda *a, **k: pytest.fail("retrained a finished run"))
     assert study.main([*common, "--only", "soft", "--seeds", "0,1"]) == 0
     assert json.loads(results.read_text())[2]["test"] == row["test"]
     monkeypatch.undo()
@@ -87,21 +91,20 @@ def test_a_run_stopped_part_way_resumes_and_a_failed_one_stays_failed(
     extra = [f"data.root={tiny_shapes}", *TINY]
     folder = study.run_folder(tmp_path, "none", 1e-3, 0)
     config, overrides = study.settings("none", 1e-3, 0, extra)
-    study.fit(study.load_config(ROOT / config, overrides), folder)  # one of two epochs
+    fit(study.load_config(ROOT / config, overrides), folder)  # one of two epochs
     resumed = []
-    real_fit = study.fit
-    monkeypatch.setattr(study, "fit", lambda *a, **k: resumed.append(k) or real_fit(*a, **k))
+    monkeypatch.setattr(runner, "fit", lambda *a, **k: resumed.append(k) or fit(*a, **k))
     row = study.train_and_evaluate(tmp_path, "none", 1e-3, 0, [*extra, "train.epochs=2"])
-    assert resumed == [{"resume": str(folder / "last.pt")}] and row["steps"] == 6
+    assert resumed == [{"resume": str(folder / "last.pt"), "init": None}] and row["steps"] == 6
 
-    def diverge(cfg, out_dir, resume=None):
+    def diverge(cfg, out_dir, resume=None, init=None):
         Path(out_dir).mkdir(parents=True)
-        raise study.TrainingError("non-finite loss at step 2 (epoch 1)")
+        raise TrainingError("non-finite loss at step 2 (epoch 1)")
 
-    monkeypatch.setattr(study, "fit", diverge)
+    monkeypatch.setattr(runner, "fit", diverge)
     row = study.train_and_evaluate(tmp_path, "soft-dot", 8e-3, 0, extra)
     assert row["failed"].startswith("non-finite loss") and "test" not in row
-    monkeypatch.setattr(study, "fit", lambda *a, **k: pytest.fail("retrained a failed run"))
+    monkeypatch.setattr(runner, "fit", lambda *a, **k: pytest.fail("retrained a failed run"))
     assert study.train_and_evaluate(tmp_path, "soft-dot", 8e-3, 0, extra) == row
     assert study.chosen_lr([row], "soft-dot", 0) is None
 
@@ -129,7 +132,7 @@ def _row(member: str, lr: float, seed: int, val: float, exact: float, **extra) -
     return {"member": member, "lr": lr, "seed": seed, "phase": "sweep" if seed == 0 else "seeds",
             "select_metric": "exact_match", "val_select": val, "val": _scores(val),
             "test": _scores(exact), "parameters": 750_000, "train_seconds": 120.0,
-            "precision": "bf16", "commit": "abcdef1234", "command": "python tools/x.py",
+            "precision": "bf16", "commit": "abcdef1234", "command": "python -m tools.x",
             "cores": 2, "cpu": "cpu", "torch": "2.6", "timed_alone": True, **extra}  # fmt: skip
 
 

@@ -32,7 +32,7 @@ def _tool():
 def test_the_committed_reference_is_current() -> None:
     committed = (ROOT / "docs" / "config.md").read_text(encoding="utf-8")
     assert _tool().render() == committed, (
-        "docs/config.md differs from captioning/config.py; run python tools/config_reference.py"
+        "docs/config.md differs from captioning/config.py; run python -m tools.config_reference"
     )
 
 

@@ -1,15 +1,18 @@
-"""benchmarks/flickr8k.py: rows scored from a finished run's folder with the paper's BLEU
+"""benchmarks.flickr8k: rows scored from a finished run's folder with the paper's BLEU
 beside the standard one, portable commands, the table beside the paper's rows, and the
 options a user can get wrong."""
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from benchmarks import flickr8k
+from benchmarks import flickr8k, study
+from benchmarks.provenance import usable_cores
+from captioning.errors import CaptioningError
 from captioning.metrics import caption_metrics
-from tests.conftest import load_tool
+from tests.conftest import TINY_SETTINGS, load_tool
 
 REFS = {
     1: ["a dog runs across the grass", "a brown dog is running on a lawn"],
@@ -65,10 +68,74 @@ def test_a_second_stage_counts_its_first_stages_seconds(tmp_path):
 
 def test_commands_name_no_machine_path(tmp_path):
     out, shared = tmp_path / "out", tmp_path / "shared"
-    command = f"python -m benchmarks.flickr8k --shared {shared} --out {out} --set x={out}/y"
-    assert flickr8k.portable(command, out, shared) == (
+    argv = ["--shared", str(shared), "--out", str(out), "--set", f"x={out}/y"]
+    assert flickr8k.command_of(argv, out, shared) == (
         "python -m benchmarks.flickr8k --shared SHARED --out OUT --set x=OUT/y"
     )
+
+
+def _args(tmp_path, jobs=1, threads=None, overrides=()):
+    import argparse
+
+    return argparse.Namespace(out=tmp_path, variant="recipe", overrides=list(overrides),
+                              jobs=jobs, threads=threads, machine_busy=False, commit="abc",
+                              command="python -m benchmarks.flickr8k")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "jobs, threads, overrides, expected",
+    [
+        (2, None, (), max(1, usable_cores() // 2)),  # parallel runs share the cores
+        (1, None, (), None),  # one run: torch's choice
+        (2, 1, (), 1),  # --threads
+        (2, None, ("train.threads=1",), 1),  # --set train.threads: the user's
+    ],
+)
+def test_parallel_runs_share_the_cores_unless_the_user_says(
+    tmp_path, monkeypatch, jobs, threads, overrides, expected
+):
+    planned = []
+
+    def run_study(specs, make_row, jobs, run):
+        planned.extend(specs)
+        return iter(())
+
+    monkeypatch.setattr(study, "run_study", run_study)
+    flickr8k.train_all(_args(tmp_path, jobs, threads, overrides), ["soft", "scst"], [0, 1])
+    assert [(s.name, s.seed) for s in planned] == [("soft", 0), ("soft", 1), ("scst", 0),
+                                                   ("scst", 1)]  # fmt: skip
+    for spec in planned:
+        assert spec.load().train.threads == expected
+        # the run folder layout that --no-train re-scores: OUT/runs/KIND/MODEL-seedS/train
+        assert spec.folder == flickr8k.run_dir(tmp_path, "recipe", spec.name, spec.seed) / "train"
+    soft = flickr8k.run_dir(tmp_path, "recipe", "soft", 1) / "train" / "best.pt"
+    assert planned[3].init == soft  # a second stage starts from the soft run of its seed
+    assert planned[0].init is None
+
+
+def test_a_second_stage_needs_its_first(tmp_path):
+    with pytest.raises(CaptioningError, match="add soft to --models"):
+        flickr8k.train_all(_args(tmp_path), ["finetune"], [0])
+
+
+@pytest.mark.slow  # a tiny training and two decodings
+def test_a_run_goes_through_the_runner_into_its_folder_and_job_json(tiny_shapes, tmp_path):
+    spec = flickr8k.run_spec_of(_args(tmp_path), "soft", 0)
+    tiny = [f"data.root={tiny_shapes}", "model.weights=null", *TINY_SETTINGS, "train.threads=1"]
+    spec = replace(spec, config="configs/test_tiny.yaml", overrides=(), plumbing=tuple(tiny),
+                   meta={**spec.meta, "beams": (1, 3)})  # fmt: skip
+    flickr8k.train_and_decode(spec)
+    folder = spec.folder.parent
+    job = json.loads((folder / "job.json").read_text())
+    assert {"model", "seed", "variant", "config", "settings", "select_metric", "best_val",
+            "best_epoch", "epochs", "steps", "train_seconds", "evaluate_seconds", "precision",
+            "device", "cpu", "threads", "timed_alone", "commit", "command", "stages",
+            "history"} <= set(job)  # fmt: skip
+    assert set(job["evaluate_seconds"]) == {"1", "3"} and job["threads"] == 1
+    assert (folder / "test_beam3" / "predictions.json").is_file()
+    stamp = (folder / "job.json").stat().st_mtime_ns
+    flickr8k.train_and_decode(spec)  # a finished run is left as it is
+    assert (folder / "job.json").stat().st_mtime_ns == stamp
 
 
 def test_the_table_puts_the_papers_rows_beside_ours():
@@ -92,7 +159,8 @@ def test_the_table_puts_the_papers_rows_beside_ours():
     "argv, message",
     [
         (["--models", "soft,wat"], "unknown model 'wat'"),
-        (["--seeds", "0,x"], "must be comma-separated integers"),
+        (["--seeds", "0,x"], "--seeds wants seeds >= 0"),
+        (["--set", "train.seed=3"], "train.seed is the study's to set"),
         (["--variant", "a b", "--models", "soft"], "--variant must be a plain name"),
         (["--variant", "wide"], "leave nn out of --models"),
     ],

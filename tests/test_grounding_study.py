@@ -1,10 +1,12 @@
-"""tools/grounding_study.py: a row per model and seed, with no machine paths, and its tables."""
+"""tools.grounding_study: a row per model and seed, with no machine paths, and its tables."""
 
 import json
 import shutil
 
 import pytest
 import torch
+
+from benchmarks.provenance import cpu_model
 
 from .conftest import load_tool
 
@@ -49,8 +51,9 @@ def test_the_study_writes_a_row_per_seed_without_machine_paths(
     assert "--set data.root=SHARED/coco" in row["command"] and "OUT/soft-seed0" in row["command"]
     assert row["study"].startswith("python -m tools.grounding_study --data SHARED/coco")
     assert row["settings"]["model.attention"] == "soft" and row["settings"]["train.seed"] == 0
-    assert row["decoding"]["precision"] == "fp32" and row["device"] == "cpu"
-    assert row["machine"]["threads"] == 1 and row["commit"]
+    assert row["decoding"]["precision"] == "fp32" and row["device"] == cpu_model()
+    assert row["machine"]["threads"] == 1 and row["threads"] == 1 and row["commit"]
+    assert row["precision"] == "fp32" and row["timed_alone"] is True
     overall = row["grounding"]["overall"]
     saved = json.loads((out / "soft-seed0" / "grounding.json").read_text())
     assert overall == saved["overall"] and overall["words"] > 0
@@ -58,6 +61,9 @@ def test_the_study_writes_a_row_per_seed_without_machine_paths(
     # a seed run again replaces its row
     assert study.main([*argv[:9], "1", *argv[10:]]) == 0
     assert [r["seed"] for r in json.loads((out / "rows.json").read_text())] == [0, 1]
+    # but not with other decoding settings, unless asked
+    assert study.main([*argv[:9], "1", *argv[10:], "--beam-size", "2"]) == 2
+    assert "other decoding" in capsys.readouterr().err
 
     tables = load_tool("tables")
     table = tables.grounding(rows)

@@ -1,24 +1,23 @@
-"""tools/compare_estimators.py and tools/estimator_variance.py: every estimator gets the
+"""tools.compare_estimators and tools.estimator_variance: every estimator gets the
 settings it needs from the shipped hard config, the rows say which settings differ, one seed
 prints no spread, and REINFORCE's variance is measured with the baseline it trains with."""
 
+import importlib
 import json
 import math
-import sys
 
 import pytest
 import torch
 
+import tools.compare_estimators as compare
+import tools.estimator_variance as variance
+from benchmarks.results import write_results
 from captioning.config import load_config
 from captioning.hard_attention import ESTIMATORS
 from captioning.models import build_model
-from tests.conftest import ROOT, load_tool
+from tests.conftest import ROOT
 
 HARD = str(ROOT / "configs" / "shapes_hard.yaml")
-
-
-compare = load_tool("compare_estimators")
-variance = load_tool("estimator_variance")
 
 
 def test_every_estimator_trains_the_shipped_config_with_the_same_soft_share():
@@ -70,7 +69,7 @@ def test_the_table_names_the_settings_and_gives_one_seed_no_spread():
     rows = [row("exact", 0, 0.9), row("reinforce", 0, 0.5, reinforce_weight=0.1,
                                       entropy_weight=0.002),
             row("reinforce", 1, 0.7, reinforce_weight=0.1, entropy_weight=0.002)]  # fmt: skip
-    lines = load_tool("tables").hard_estimators(rows).splitlines()
+    lines = importlib.import_module("tools.tables").hard_estimators(rows).splitlines()
     assert lines[0].startswith("| estimator | decode | seeds | soft minibatches | λ_r | entropy")
     exact, reinforce = lines[2], lines[3]
     assert exact.startswith("| exact | expectation | 0 | 0.5 | – | – | – | 0.900 |")
@@ -138,11 +137,11 @@ def test_rows_merge_by_estimator_seed_and_decode_mode(tmp_path):
              row("vimco", 0, 0.1)]  # fmt: skip
     results.write_text(json.dumps(first))
     again = [row("exact", 0, 0.25)]
-    merged = compare.merge(results, again)
+    merged = write_results(results, again, compare.KEY)
     assert [(r["estimator"], r["decode"], r["exact_match"]) for r in merged] == [
         ("exact", "argmax", 0.3), ("vimco", "expectation", 0.1), ("exact", "expectation", 0.25)
     ]  # fmt: skip
-    assert compare.merge(tmp_path / "absent.json", again) == again
+    assert write_results(tmp_path / "absent.json", again, compare.KEY) == again
 
 
 def test_the_variance_tool_writes_its_rows_with_where_they_came_from(
@@ -153,15 +152,19 @@ def test_the_variance_tool_writes_its_rows_with_where_they_came_from(
     checkpoint = _tiny_run(tiny_shapes, tmp_path / "run", "model.attention=hard",
                            "model.context_to_lstm=false", "train.hard_estimator=exact")  # fmt: skip
     results = tmp_path / "variance.json"
-    monkeypatch.setattr(sys, "argv", ["estimator_variance.py", "--checkpoint", str(checkpoint),
-                                      "--batch", "4", "--repeats", "2", "--samples", "2",
-                                      "--baseline-batches", "1", "--out", str(tmp_path / "out"),
-                                      "--results", str(results)])  # fmt: skip
-    variance.main()
+    argv = ["--checkpoint", str(checkpoint), "--batch", "4", "--repeats", "2", "--samples",
+            "2", "--baseline-batches", "1", "--out", str(tmp_path / "out")]  # fmt: skip
+    assert variance.main([*argv, "--results", str(results)]) == 0
     rows = json.loads(results.read_text())
     assert {r["estimator"] for r in rows} >= {"exact", "reinforce_loo", "vimco"}
     for r in rows:
-        assert r["command"].startswith("python tools/estimator_variance.py --checkpoint")
+        assert r["command"].startswith("python -m tools.estimator_variance --checkpoint ")
+        assert str(tmp_path) not in r["command"] and r["settings"]["out"] == "OUT"
         assert r["commit"] and r["cores"] >= 1 and r["settings"]["repeats"] == 2
-        assert r["reference"]["baseline_source"]
+        assert r["reference"]["baseline_source"] and r["precision"] == "fp32"
     assert next(r for r in rows if r["estimator"] == "exact")["variance"] == 0
+    # other repeats would replace the rows: refused, the file as it was, unless --replace
+    before = results.read_bytes()
+    other = [*argv[:5], "3", *argv[6:], "--results", str(results)]
+    assert variance.main(other) == 2 and results.read_bytes() == before
+    assert variance.main([*other, "--replace"]) == 0 and results.read_bytes() != before

@@ -1,4 +1,4 @@
-"""tools/photo_sweep.py (many recipe runs side by side, one row each) and its two tables."""
+"""tools.photo_sweep (many recipe runs side by side, one row each) and its two tables."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from benchmarks.provenance import usable_cores
 from captioning.errors import CaptioningError
 from tests.conftest import ROOT, load_tool
 
@@ -65,8 +66,12 @@ def test_a_sweep_trains_side_by_side_starts_from_another_job_and_writes_rows(
     assert rows["rl"]["init"] == "xe" and rows["xe"]["init"] is None
     for row in rows.values():
         assert 0 <= row["test_CIDEr_beam3"] and 0 <= row["val_CIDEr_beam3"]
-        assert row["command"].startswith("python tools/photo_sweep.py --jobs")
+        assert row["command"].startswith("python -m tools.photo_sweep --jobs DATA/jobs.json")
         assert row["tokenizer"] in ("ptb", "python") and row["device"]
+        assert row["jobs"] == 2 and row["timed_alone"] is False and row["commit"]
+        # two jobs side by side share the cores
+        assert row["threads"] == max(1, usable_cores() // 2) and row["precision"]
+    assert str(tmp_path) not in results.read_text()
     # the self-critical run started from the cross-entropy run's weights
     log = (out / "rl-seed0" / "config.yaml").read_text()
     assert "objective: scst" in log

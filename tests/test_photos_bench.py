@@ -1,4 +1,4 @@
-"""benchmarks/photos.py's bookkeeping (the recipe itself is tests/test_photos.py, slow)."""
+"""benchmarks.photos's bookkeeping (the recipe itself is tests/test_photos.py, slow)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import photos
+from benchmarks.results import ResultsError, write_results
 from tests.conftest import ROOT, TINY_SETTINGS
 
 
@@ -22,7 +23,8 @@ def test_merge_keeps_other_variants_and_replaces_the_same_run(tmp_path: Path) ->
     path = tmp_path / "results.json"
     earlier = [_row("nn", None, 1.2), _row("soft", 0, 1.1), _row("soft", 0, 1.0, "smooth")]
     path.write_text(json.dumps(earlier))
-    merged = photos.merge(path, [_row("soft", 0, 1.3, "smooth"), _row("none", 1, 0.9, "recipe")])
+    new = [_row("soft", 0, 1.3, "smooth"), _row("none", 1, 0.9, "recipe")]
+    merged = write_results(path, new, photos.key, order=photos.order)
     keys = [(r.get("variant", "recipe"), r["model"], r["seed"], r["CIDEr"]) for r in merged]
     assert keys == [
         ("recipe", "nn", None, 1.2),
@@ -30,6 +32,11 @@ def test_merge_keeps_other_variants_and_replaces_the_same_run(tmp_path: Path) ->
         ("recipe", "soft", 0, 1.1),  # a row without a variant is the recipe's: kept
         ("smooth", "soft", 0, 1.3),  # the same variant, model and seed: replaced
     ]
+    # a row of other settings does not replace a committed one unless asked
+    other = {**_row("soft", 0, 1.4, "smooth"), "overrides": ["model.dropout=0.5"]}
+    path.write_text(json.dumps([{**merged[-1], "overrides": ["model.dropout=0.3"]}]))
+    with pytest.raises(ResultsError, match="other overrides"):
+        write_results(path, [other], photos.key, order=photos.order)
 
 
 @pytest.mark.parametrize(
@@ -64,10 +71,10 @@ def test_a_second_stage_starts_from_the_first_and_its_seconds_count(
     from captioning.checkpoint import load_checkpoint
 
     config = str(ROOT / "configs" / "test_tiny.yaml")
-    overrides = [f"data.root={tiny_shapes}", *TINY_SETTINGS]
     second = [*TINY_SETTINGS, "train.objective=scst", "train.scst_samples=2", "train.lr=1e-4"]
-    row = photos.train_and_evaluate(config, overrides, "soft", 0, tmp_path, 1, variant="two",
-                                    then=(config, second))  # fmt: skip
+    specs = photos.model_specs(config, (f"data.root={tiny_shapes}",), TINY_SETTINGS, "soft", 0,
+                               tmp_path, 1, variant="two", then=(config, second))  # fmt: skip
+    [row] = photos.run_models(specs, threads=1)
     first = tmp_path / "runs" / "two" / "soft-seed0"
     last = tmp_path / "runs" / "two" / "soft-seed0-then"
     assert load_checkpoint(last / "best.pt")["config"]["train"]["objective"] == "scst"
@@ -77,4 +84,6 @@ def test_a_second_stage_starts_from_the_first_and_its_seconds_count(
     first_seconds = json.loads((first / "summary.json").read_text())["seconds"]
     last_seconds = json.loads((last / "summary.json").read_text())["seconds"]
     assert row["train_seconds"] == pytest.approx(first_seconds + last_seconds, abs=0.01)
-    assert 0 <= row["CIDEr"] and row["steps"] > 0
+    assert 0 <= row["CIDEr"] and row["steps"] > 0 and row["evaluate_seconds"] > 0
+    assert row["precision"] in ("fp32", "bf16") and row["threads"] == 1 and row["device"]
+    assert f"data.root=DATA/{tiny_shapes.name}" in row["overrides"]  # no machine's path

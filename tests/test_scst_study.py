@@ -1,24 +1,26 @@
-"""tools/scst_study.py: the self-critical study's runs, rows and table."""
+"""tools.scst_study: the self-critical study's runs, rows and table."""
 
 from __future__ import annotations
 
+import importlib
 import json
 
 import pytest
 import torch
 
+import tools.scst_study
 from captioning.checkpoint import load_checkpoint
-from tests.conftest import TINY_SETTINGS, load_tool
+from tests.conftest import TINY_SETTINGS
 
 
 @pytest.fixture(scope="module")
 def study():
-    return load_tool("scst_study")
+    return tools.scst_study
 
 
 @pytest.fixture(scope="module")
 def tables():
-    return load_tool("tables")
+    return importlib.import_module("tools.tables")
 
 
 def test_caption_statistics_count_words_and_dangling_endings(study) -> None:
@@ -30,7 +32,7 @@ def test_caption_statistics_count_words_and_dangling_endings(study) -> None:
 def test_bad_seeds_and_missing_data_end_in_one_line(study, tmp_path, capsys) -> None:
     assert study.main(["--data", str(tmp_path), "--out", str(tmp_path / "o"),
                        "--seeds", "0,x"]) == 2  # fmt: skip
-    assert "--seeds '0,x'" in capsys.readouterr().err
+    assert "--seeds wants seeds >= 0" in capsys.readouterr().err
     assert study.main(["--data", str(tmp_path), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert "captioning shapes --captions varied" in err and err.count("\n") == 1
@@ -75,9 +77,14 @@ def test_the_study_trains_each_variant_from_its_seed_and_writes_rows(
     ]
     for row in rows:
         assert 0 <= row["CIDEr"] and row["test_images"] == 6 and row["train_seconds"] > 0
-        assert "train.threads=1" in row["command"] and row["machine"]["threads"] == 1
-    assert rows[1]["init"] == "xe-s3/best.pt" and "train.scst_baseline=loo" in rows[1]["command"]
-    assert "train.objective=xe" in rows[3]["command"]
+        assert "train.threads=1" in row["train_command"] and row["machine"]["threads"] == 1
+        assert row["command"].startswith("python -m tools.scst_study --data DATA --out OUT ")
+        assert str(tmp_path) not in row["train_command"] + row["evaluate"] + row["command"]
+    assert (
+        rows[1]["init"] == "xe-s3/best.pt"
+        and "--init OUT/xe-s3/best.pt" in rows[1]["train_command"]
+    )
+    assert "train.objective=xe" in rows[3]["train_command"]
 
     # each fine-tune starts from the cross-entropy model: its weights differ after the epoch
     def weights(name):

@@ -1,8 +1,9 @@
-"""tools/seed_study.py (the shapes recipe's seeds and its colour probe) and its table in
-tools/tables.py."""
+"""tools.seed_study (the shapes recipe's seeds and its colour probe) and its table
+(``python -m tools.tables``)."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import shutil
 from pathlib import Path
@@ -10,18 +11,21 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import ROOT, load_tool
+import benchmarks.study as runner
+import tools.seed_study
+from benchmarks.results import write_results
+from tests.conftest import ROOT
 from tests.conftest import TINY_SETTINGS as TINY
 
 
 @pytest.fixture(scope="module")
 def study():
-    return load_tool("seed_study")
+    return tools.seed_study
 
 
 @pytest.fixture(scope="module")
 def tables():
-    return load_tool("tables")
+    return importlib.import_module("tools.tables")
 
 
 def _objects(colour_coded: bool, n: int = 600, dim: int = 32, classes: int = 6):
@@ -64,7 +68,8 @@ def test_rows_merge_by_variant_and_seed(study, tmp_path: Path) -> None:
     earlier = [{"variant": "b", "seed": 1, "x": 1}, {"variant": "a", "seed": 0, "x": 1},
                {"variant": "b", "seed": 0, "x": 1}]  # fmt: skip
     path.write_text(json.dumps(earlier))
-    merged = study.merge(path, [{"variant": "b", "seed": 1, "x": 2}, {"variant": "c", "seed": 0}])
+    new = [{"variant": "b", "seed": 1, "x": 2}, {"variant": "c", "seed": 0}]
+    merged = write_results(path, new, lambda r: (r["variant"], r["seed"]), order=study.order)
     assert [(r["variant"], r["seed"], r.get("x")) for r in merged] == [
         ("b", 0, 1), ("b", 1, 2), ("a", 0, 1), ("c", 0, None)
     ]  # fmt: skip
@@ -110,7 +115,7 @@ def test_a_seed_is_trained_once_then_adopted(study, tiny_shapes, tmp_path, monke
     assert row["trained"] == f"trained at {row['commit'][:7]} by {row['command']}"
     assert row["train_command"].startswith("captioning train --quiet --config configs/")
     # the finished folder, adopted under another name: evaluated, never retrained
-    monkeypatch.setattr(study, "fit", lambda *a, **k: pytest.fail("retrained a finished run"))
+    monkeypatch.setattr(runner, "fit", lambda *a, **k: pytest.fail("retrained a finished run"))
     folder = out / "tiny-seed0"
     adopt = ["--adopt", f"0={folder}", "--trained-at", "abc1234"]
     assert study.main(["--out", str(tmp_path), "--variant", "old", "--seeds", "0", *adopt,
@@ -188,5 +193,5 @@ def test_the_table_counts_stalls_and_means_the_others(tables) -> None:
     )
     assert "(1 of them runs trained before the study" in text
     assert "evaluated at 1234567+dirty" in text and "274 objects" in text
-    assert "w400: `python tools/seed_study.py --out runs/seeds --variant w400 --seeds 0,1,2 " \
+    assert "w400: `python -m tools.seed_study --out runs/seeds --variant w400 --seeds 0,1,2 " \
            "--set train.warmup_steps=400 --threads 1`" in text  # fmt: skip

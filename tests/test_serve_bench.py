@@ -1,4 +1,5 @@
-"""benchmarks/serve_load.py's rows and summary, and their table in tools/tables.py."""
+"""``python -m benchmarks.serve_load``: its rows and summary, and their table in
+``python -m tools.tables``."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from tests.conftest import load_tool
 def _row(max_batch: int, clients: int, rate: float) -> dict:
     return {"clients": clients, "max_batch": max_batch, "requests": 128, "refused": 0,
             "requests_per_s": rate, "p50_ms": 80.4, "p95_ms": 90.6, "p99_ms": 99.0,
-            "mean_ms": 81.0, "command": "benchmarks/serve_load.py --checkpoint C",
+            "mean_ms": 81.0, "command": "python -m benchmarks.serve_load --checkpoint C",
             "commit": "abcdef123", "beam_size": 3, "images": 293, "cores": 2,
             "cpu": "cpu"}  # fmt: skip
 
@@ -58,7 +59,8 @@ def test_rows_of_two_models_share_the_file_and_the_table(tmp_path: Path):
 
     out = tmp_path / "rows.json"
     out.write_text(json.dumps([named("shapes", 1, 32, 40.0), named("photos", 1, 32, 9.0)]))
-    rows = merge(out, "photos", [named("photos", 1, 32, 10.0), named("photos", 16, 32, 15.0)])
+    rows = merge(out, [named("photos", 1, 32, 10.0), named("photos", 16, 32, 15.0)])
+    assert json.loads(out.read_text()) == rows
     assert [(r["name"], r["requests_per_s"]) for r in rows] == [
         ("shapes", 40.0),  # another model's row stays
         ("photos", 10.0),  # this model's rows are replaced
@@ -79,6 +81,24 @@ def test_rows_of_two_models_share_the_file_and_the_table(tmp_path: Path):
     assert "preparing an upload 1.5 ms and its answer's JSON 1.0 ms" in table
     assert "so at most 40 requests/s whatever the server does" in table  # 1000 / 25.1
     assert "at most 31 with the whole captioning at its cheapest batch size (16)" in table
+
+
+def test_rows_of_other_settings_are_replaced_only_when_asked(tmp_path: Path):
+    from benchmarks.results import ResultsError
+    from benchmarks.serve_load import merge
+
+    out = tmp_path / "rows.json"
+    committed = [{**_row(1, 32, 40.0), "name": "photos", "precision": "bf16", "threads": 2}]
+    out.write_text(json.dumps(committed))
+    same = [{**_row(1, 32, 41.0), "name": "photos", "precision": "bf16", "threads": 2}]
+    assert merge(out, same) == same
+    fp32 = [{**same[0], "precision": "fp32"}]
+    with pytest.raises(ResultsError, match="row photos made with other precision"):
+        merge(out, fp32)
+    assert json.loads(out.read_text()) == same  # untouched
+    assert merge(out, fp32, replace=True) == fp32
+    shapes = [{**fp32[0], "name": "shapes"}]
+    assert merge(out, shapes) == fp32 + shapes  # another model's rows stay
 
 
 def test_ceilings_add_the_upload_and_the_answer_to_the_model():

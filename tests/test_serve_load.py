@@ -1,4 +1,4 @@
-"""The demo under 300 hostile clients at once (``benchmarks/serve_stress.py``), as the
+"""The demo under 300 hostile clients at once (``python -m benchmarks.serve_stress``), as the
 ``captioning serve`` process with its default limits: worst-case uploads, slow bodies,
 hang-ups and half-sent headers; every request answered (200, 4xx or 503) or closed by the
 server's deadline, no 500, peak memory under 2 GiB, and the server up afterwards. Slow (about

@@ -1,17 +1,23 @@
-"""The docs' generated tables equal what tools/tables.py makes of the committed results."""
+"""The docs' generated tables equal what ``python -m tools.tables`` makes of the committed
+results, and the note under each table says where its rows come from."""
 
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, load_tool
+import tools.tables
+from tests.conftest import ROOT
+from tools.tables import common, shapes
 
 
 def _tables():
-    return load_tool("tables")
+    return tools.tables
 
 
 def test_every_generated_table_is_current() -> None:
@@ -21,7 +27,7 @@ def test_every_generated_table_is_current() -> None:
     for path in documents:
         text = path.read_text(encoding="utf-8")
         assert tables.render(text) == text, (
-            f"{path.name}: a generated table differs from results/; run python tools/tables.py"
+            f"{path.name}: a generated table differs from results/; run python -m tools.tables"
         )
 
 
@@ -35,7 +41,7 @@ def _row(model: str, seed: int | None, cider: float) -> dict:
         "ROUGE_L": 0.5,
         "recipe_seconds": 300.0 + (seed or 0),
         "k": 10,
-        "command": "benchmarks/photos.py --shared ../shared --out x",
+        "command": "python -m benchmarks.photos --shared SHARED --out OUT/x",
         "commit": "abcdef123",
         "cores": 2,
         "cpu": "cpu",
@@ -181,12 +187,12 @@ def test_a_seed_is_at_target_only_when_every_score_is():
     target = tables.SHAPES_TARGETS["configs/shapes_soft.yaml"]
     row = {"test_exact": 0.96, "test_exact_by_objects": {"3": 0.92},
            "pointing": {"color": 0.95, "size": 0.91, "shape": 0.99}}  # fmt: skip
-    assert tables._at_target(row, target)
-    assert not tables._at_target({**row, "test_exact": 0.949}, target)
-    assert not tables._at_target({**row, "test_exact_by_objects": {"3": 0.89}}, target)
-    assert not tables._at_target({**row, "pointing": {**row["pointing"], "size": 0.5}}, target)
+    assert shapes._at_target(row, target)
+    assert not shapes._at_target({**row, "test_exact": 0.949}, target)
+    assert not shapes._at_target({**row, "test_exact_by_objects": {"3": 0.89}}, target)
+    assert not shapes._at_target({**row, "pointing": {**row["pointing"], "size": 0.5}}, target)
     local = tables.SHAPES_TARGETS["configs/shapes_local.yaml"]  # exact match alone
-    assert tables._at_target({**row, "test_exact": 0.91, "pointing": {}}, local)
+    assert shapes._at_target({**row, "test_exact": 0.91, "pointing": {}}, local)
 
 
 def test_the_photos_table_counts_the_seeds_that_beat_the_nearest_neighbour(tmp_path: Path):
@@ -196,3 +202,114 @@ def test_the_photos_table_counts_the_seeds_that_beat_the_nearest_neighbour(tmp_p
     out = _tables().render("<!-- table: photos -->\n<!-- end table -->\n", tmp_path)
     assert "| 1.200 (0), 1.300 (1), 1.260 (2) | 2 of 3 |" in out
     assert "| k = 10 (deterministic) | – |" in out
+
+
+def _photo_rows(**provenance) -> list[dict]:
+    """A nearest neighbour and two soft seeds of ``results/photos.json`` with ``provenance``
+    in place of the old ``cpu``/``cores`` keys."""
+    rows = [_row("nn", None, 1.1), _row("soft", 0, 1.2), _row("soft", 1, 1.4)]
+    for row in rows:
+        del row["cpu"], row["cores"]
+        row.update(provenance)
+    return rows
+
+
+def _note(text: str) -> str:
+    """The lines of a rendered table that are not table lines."""
+    return "\n".join(line for line in text.splitlines() if not line.startswith("|"))
+
+
+def test_the_note_says_precision_device_threads_timing_and_the_dirty_commit() -> None:
+    rows = _photo_rows(precision="bf16", device="NVIDIA H100 80GB HBM3", threads=4,
+                       timed_alone=True, commit="abcdef123+dirty")  # fmt: skip
+    rows[0]["commit"] = "1234567890"
+    note = _note(tools.tables.photos(rows))
+    assert "precision bf16" in note
+    assert "NVIDIA H100 80GB HBM3 (4 threads)" in note
+    assert "timed alone" in note and "not timed alone" not in note
+    assert "commit 1234567, abcdef1+dirty" in note
+
+
+def test_the_note_reads_the_older_keys_and_says_what_no_row_recorded() -> None:
+    machine = {"cpu": "AMD EPYC", "cores": 2, "threads": 1, "torch": "2.6"}
+    rows = _photo_rows(device="cpu", machine=machine, timed_alone="not recorded")
+    note = _note(tools.tables.photos(rows))
+    assert "on AMD EPYC (2 cores, 1 thread)" in note  # a device kind gives way to the CPU
+    assert "precision not recorded" in note and "timed alone: not recorded" in note
+    mixed = [*_photo_rows(cpu="Intel Xeon", cores=2, timed_alone=False), *rows]
+    assert common.timed(mixed) == "timed alone: 0 of 6 rows, 3 not recorded"
+    assert common.machines([{"device": "NVIDIA H200"}]) == "NVIDIA H200 (threads not recorded)"
+    assert common.machines([{}]) == "device not recorded"
+
+
+def test_an_absolute_path_in_a_command_never_reaches_the_doc(tmp_path: Path) -> None:
+    machine_folder = "/" + "home/someone/runs"  # spelt apart: no committed text names it
+    rows = _photo_rows(precision="fp32", device="AMD EPYC", threads=1, timed_alone=True)
+    for row in rows:
+        row["val_CIDEr"], row["val_CIDEr_by_k"] = 1.0, {"10": 1.0}
+        row["overrides"] = [f"train.seed={row['seed']}"]
+    rows[2].update(variant="smooth", overrides=["train.label_smoothing=0.1"],
+                   command=f"python -m benchmarks.photos --shared {common.SHARED}/data "
+                           f"--out {machine_folder}/bench --set data.root={machine_folder}/d "
+                           f"--config {common.ROOT}/configs/photos.yaml")  # fmt: skip
+    (tmp_path / "photos.json").write_text(json.dumps(rows))
+    out = tools.tables.render("<!-- table: photo_levers -->\n<!-- end table -->\n", tmp_path)
+    assert machine_folder not in out and str(common.ROOT) not in out
+    assert (
+        "`python -m benchmarks.photos --shared SHARED/data --out OUT/bench "
+        "--set data.root=DATA/d --config configs/photos.yaml`"
+    ) in out
+
+
+def _checkout(root: Path) -> Path:
+    """A checkout at ``root`` with the committed photos rows and a doc of their table."""
+    (root / "results").mkdir(parents=True)
+    (root / "docs").mkdir()
+    shutil.copy(ROOT / "results" / "photos.json", root / "results" / "photos.json")
+    doc = root / "docs" / "photos.md"
+    doc.write_text("# Photos\n\n<!-- table: photos -->\n<!-- end table -->\n\nProse.\n")
+    return doc
+
+
+def test_check_fails_on_a_doc_edited_by_hand(tmp_path: Path, capsys) -> None:
+    doc = _checkout(tmp_path)
+    assert tools.tables.main(["--check"], root=tmp_path) == 1  # the block is empty
+    assert tools.tables.main([], root=tmp_path) == 0
+    assert tools.tables.main(["--check"], root=tmp_path) == 0
+    rendered = doc.read_text()
+    edited = rendered.replace("| soft attention |", "| soft attention (typed by hand) |")
+    assert edited != rendered
+    doc.write_text(edited)
+    capsys.readouterr()
+    assert tools.tables.main(["--check"], root=tmp_path) == 1
+    assert "docs/photos.md: out of date" in capsys.readouterr().out
+    assert doc.read_text() == edited  # --check changes nothing
+    assert tools.tables.main([], root=tmp_path) == 0 and doc.read_text() == rendered
+
+
+def test_the_module_checks_the_committed_docs() -> None:
+    done = subprocess.run([sys.executable, "-m", "tools.tables", "--check"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("name", sorted(tools.tables.TABLES))
+def test_every_committed_table_notes_its_provenance(name: str) -> None:
+    """Each table's note names a commit, a precision, the threads and the timing of the rows
+    of its file."""
+    source = tools.tables.SOURCES.get(name, name)
+    if not (ROOT / "results" / f"{source}.json").is_file():
+        pytest.skip(f"results/{source}.json is not committed")
+    rows = tools.tables.load_rows(source)
+    note = _note(tools.tables.TABLES[name](rows))
+    assert any(c in note for c in common.commits(rows).split(", ")), note
+    assert any(p in note for p in common.precisions(rows).split(", ")), note
+    assert "thread" in note, note
+    assert any(t in note for t in ("timed alone", "idle machine", "doing other work")), note
+
+
+def test_no_module_of_the_renderer_exceeds_400_lines() -> None:
+    modules = sorted((ROOT / "tools" / "tables").glob("*.py"))
+    assert len(modules) > 5
+    long = {m.name: n for m in modules if (n := len(m.read_text().splitlines())) > 400}
+    assert long == {}

@@ -1,4 +1,4 @@
-"""benchmarks/time_to_quality.py: which runs, the targets, and the table of its rows."""
+"""benchmarks.time_to_quality: which runs, the targets, and the table of its rows."""
 
 from __future__ import annotations
 
@@ -54,9 +54,12 @@ def test_rows_are_merged_by_name_and_a_failed_run_exits_1(tmp_path, monkeypatch,
 
     made = []
 
+    stamped = ("commit", "command", "timed_alone", "machine")  # the recorder's to write
+
     def fake_run(recipe, seed, out, python):
         made.append((recipe, seed))
-        return _row(recipe, 60 + len(made), 0.98, 0.95, 0.99)
+        row = _row(recipe, 60 + len(made), 0.98, 0.95, 0.99)
+        return {k: v for k, v in row.items() if k not in stamped}
 
     monkeypatch.setattr(ttq, "run_one", fake_run)
     results = tmp_path / "speed.json"
@@ -65,6 +68,8 @@ def test_rows_are_merged_by_name_and_a_failed_run_exits_1(tmp_path, monkeypatch,
     rows = json.loads(results.read_text())
     assert made == [("soft", 0), ("hard", 0)] and len(rows) == 2
     assert all(r["timed_alone"] is False and "--machine-busy" in r["command"] for r in rows)
+    assert rows[0]["command"].startswith("python -m benchmarks.time_to_quality --out OUT --runs ")
+    assert rows[0]["commit"] and rows[0]["cpu"] and str(tmp_path) not in results.read_text()
     assert ttq.main([*argv[:3], "soft:0", *argv[4:]]) == 0  # seed 0 again: replaced
     rows = json.loads(results.read_text())
     assert [r["name"] for r in rows] == ["hard seed 0", "soft seed 0"] and rows[1]["timed_alone"]
@@ -75,6 +80,30 @@ def test_rows_are_merged_by_name_and_a_failed_run_exits_1(tmp_path, monkeypatch,
     monkeypatch.setattr(ttq, "run_one", failing)
     assert ttq.main(argv) == 1
     assert capsys.readouterr().err.strip() == "error: captioning train exited with 1; see log"
+
+    # a row made under other settings replaces the file's only with --replace
+    monkeypatch.setattr(ttq, "run_one", lambda *a: {**fake_run(*a), "precision": "bf16"})
+    before = results.read_text()
+    assert ttq.main([*argv[:3], "hard:0", *argv[4:]]) == 0  # the file's rows had no precision
+    monkeypatch.setattr(ttq, "run_one", lambda *a: {**fake_run(*a), "precision": "fp32"})
+    assert ttq.main([*argv[:3], "hard:0", *argv[4:]]) == 2
+    assert "other precision" in capsys.readouterr().err and results.read_text() != before
+    assert ttq.main([*argv[:3], "hard:0", *argv[4:], "--replace"]) == 0
+
+
+def test_without_results_the_rows_stay_in_the_out_folder(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(ttq, "run_one", lambda *a: _row("soft", 60, 0.98, 0.95, 0.99))
+    out = tmp_path / "runs"
+    assert ttq.main(["--out", str(out), "--runs", "soft:0"]) == 0
+    assert [r["name"] for r in __import__("json").loads((out / "rows.json").read_text())] == [
+        "soft seed 0"
+    ]
+
+
+def test_a_row_says_how_its_recipe_trains() -> None:
+    fields = ttq.trained_with("quickstart")
+    assert fields["config"] == "configs/shapes_soft.yaml"
+    assert fields["precision"] in ("fp32", "bf16") and fields["device"] and fields["threads"]
 
 
 def test_a_failed_command_names_itself_and_its_log(tmp_path) -> None:

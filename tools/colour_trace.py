@@ -1,42 +1,51 @@
 """Where and when a shapes run loses the colours: the colour probe at every encoder stage over
 the first training steps, as data.
 
-    python tools/colour_trace.py --out runs/trace --variant plain --seeds 0,3 \\
-        --set model.cnn_block=plain
-    python tools/colour_trace.py --out runs/trace --variant preact --seeds 0,3
+    python -m tools.colour_trace --out runs/trace --variant plain --seeds 0,3 \\
+        --set model.cnn_block=plain --results results/colour_trace.json
+    python -m tools.colour_trace --out runs/trace --variant preact --seeds 0,3
 
 For each seed this trains ``configs/shapes_soft.yaml`` (with the ``--set`` overrides) into
 ``OUT/VARIANT-seedS`` and, before the steps of ``--steps``, reads the colour probe of
-``tools/seed_study.py`` from the output of each encoder stage (the stem, then each block, under
+``tools.colour_probe`` from the output of each encoder stage (the stem, then each block, under
 each object's centre) and from the decoder's grid (after the position codes and grid layers).
-Each (variant, seed, step) is one row of ``--results`` (default results/colour_trace.json);
-``python tools/tables.py`` renders them into docs/attention.md.
+Each (variant, seed, step) is one row of ``--results FILE`` where given
+(results/colour_trace.json), else of ``OUT/rows.json``, recorded by :mod:`benchmarks.study`
+(precision, threads, device, commit, command); the table in docs/attention.md is rendered
+from results/colour_trace.json.
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-if __package__ in (None, ""):  # run as a script: the repository root holds benchmarks/
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 import argparse
 import json
 import logging
+import sys
 from collections import defaultdict
+from pathlib import Path
 from typing import Any
 
 import torch
 from PIL import Image
 
-from benchmarks.provenance import add_study_options, command, git_commit, machine, write_rows
-from captioning.config import load_config, parse_override
+from benchmarks.study import (
+    Outcome,
+    Recorder,
+    RunSpec,
+    StudyError,
+    add_runner_options,
+    add_seeds_option,
+    fail,
+    refuse_plumbing,
+    run_fields,
+    seeds_of,
+)
 from captioning.errors import CaptioningError
 from captioning.models import Captioner
 from captioning.run_state import Run
 from captioning.train import fit
-from tools.seed_study import CONFIG, PLUMBING, centre_cell, colour_probe, parse_seeds
+from tools.colour_probe import centre_cell, colour_probe
+from tools.seed_study import CONFIG, PLUMBING
 
 logger = logging.getLogger("captioning")
 
@@ -107,86 +116,80 @@ def stage_probes(model: Captioner, probe_set: ProbeSet) -> dict[str, float]:
     return probes
 
 
-def trace_seed(
-    *, variant: str, seed: int, requested: list[str], folder: Path, data_root: Path,
-    steps: list[int], threads: int | None, probe_set: ProbeSet,
-) -> list[dict[str, Any]]:  # fmt: skip
-    """Train one seed afresh into ``folder``, probing before each step of ``steps`` and
+def trace_seed(spec: RunSpec, steps: list[int], probe_set: ProbeSet) -> list[dict[str, Any]]:
+    """Train ``spec`` afresh into its folder, probing before each step of ``steps`` and
     stopping after the last (the seed study trains the whole run); one row per step."""
-    plumbing = [f"train.seed={seed}", f"data.root={data_root}", "train.quiet=true",
-                "train.figure_every_epoch=false"]  # fmt: skip
-    if threads is not None:
-        plumbing.append(f"train.threads={threads}")
-    cfg = load_config(ROOT / CONFIG, [*requested, *plumbing])
     rows = []
 
     def probe(run: Run) -> None:
         if run.progress.step in steps:
             rows.append({"step": run.progress.step, **stage_probes(run.model, probe_set)})
-            logger.info("%s seed %d step %d: %s", variant, seed, run.progress.step,
+            logger.info("%s seed %d step %d: %s", spec.name, spec.seed, run.progress.step,
                         json.dumps(rows[-1]))  # fmt: skip
         if run.progress.step >= steps[-1]:
             raise _Traced
 
-    if folder.exists():
-        raise CaptioningError(f"{folder} exists; the trace trains afresh, remove it or use "
-                              f"another --out")  # fmt: skip
+    if spec.folder.exists():
+        raise StudyError(f"{spec.folder} exists; the trace trains afresh, remove it or use "
+                         f"another --out")  # fmt: skip
     try:
-        fit(cfg, folder, on_step=probe)
+        fit(spec.load(), spec.folder, on_step=probe)
     except _Traced:
         pass
     if not rows or rows[-1]["step"] != steps[-1]:
-        raise CaptioningError(f"the run ended before step {steps[-1]}; ask for fewer --steps")
-    return [{"variant": variant, "overrides": sorted(requested), "seed": seed, **row}
-            for row in rows]  # fmt: skip
+        raise StudyError(f"the run ended before step {steps[-1]}; ask for fewer --steps")
+    where = run_fields(Outcome(spec, None))
+    return [{"variant": spec.name, "overrides": sorted(spec.overrides), "seed": spec.seed,
+             "config": spec.config, **row, **where} for row in rows]  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m tools.colour_trace",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--out", type=Path, required=True, help="where the run folders go")
     parser.add_argument("--variant", required=True, help="the rows' name for these settings")
-    parser.add_argument("--seeds", default="0,3", help="seeds, e.g. 0-5 or 0,3 (0,3)")
+    add_seeds_option(parser, "0,3")
     parser.add_argument("--steps", default=STEPS, help=f"steps to probe before ({STEPS})")
     parser.add_argument("--data-root", type=Path, default=Path("data/shapes"),
                         help="the shapes data (data/shapes)")  # fmt: skip
-    add_study_options(
-        parser, results=ROOT / "results" / "colour_trace.json", each="every traced run"
-    )
+    add_runner_options(parser, each="every traced run")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
-        for text in args.overrides:
-            if ".".join(parse_override(text)[0]) in PLUMBING:
-                raise CaptioningError(f"--set {text}: the trace sets this itself")
-        seeds = parse_seeds(args.seeds)
+        try:
+            refuse_plumbing(args.overrides, PLUMBING)
+        except StudyError as exc:
+            raise StudyError(f"{exc} (the trace sets this itself)") from None
+        seeds = seeds_of(args)
         try:
             steps = sorted({int(s) for s in args.steps.split(",")})
         except ValueError:
-            raise CaptioningError(
-                f"--steps wants steps such as 0,50,100, got {args.steps!r}"
-            ) from None
+            raise StudyError(f"--steps wants steps such as 0,50,100, got {args.steps!r}") from None
         if not (args.data_root / "annotations" / "instances_val.json").is_file():
-            raise CaptioningError(f"no shapes data under {args.data_root}; write it with "
-                                  f"captioning shapes --out {args.data_root}")  # fmt: skip
+            raise StudyError(f"no shapes data under {args.data_root}; write it with "
+                             f"captioning shapes --out {args.data_root}")  # fmt: skip
+        if args.jobs != 1:
+            raise StudyError("--jobs: the trace probes its runs one at a time; leave it out")
         if args.threads is not None:
             torch.set_num_threads(args.threads)
         probe_set = ProbeSet(args.data_root)
-        context = {"config": CONFIG, "commit": git_commit(), **machine(),
-                   "timed_alone": not args.machine_busy,
-                   "command": command("tools/colour_trace.py", argv)}  # fmt: skip
+        recorder = Recorder.from_args("tools.colour_trace", argv, args,
+                                      lambda r: (r["variant"], r["seed"], r["step"]),
+                                      places={"DATA": args.data_root})  # fmt: skip
+        plumbing = (f"data.root={args.data_root}", "train.quiet=true",
+                    "train.figure_every_epoch=false")  # fmt: skip
+        if args.threads is not None:
+            plumbing += (f"train.threads={args.threads}",)
         for seed in seeds:
-            rows = trace_seed(variant=args.variant, seed=seed, requested=args.overrides,
-                              folder=args.out / f"{args.variant}-seed{seed}",
-                              data_root=args.data_root, steps=steps, threads=args.threads,
-                              probe_set=probe_set)  # fmt: skip
-            rows = [{**row, **context} for row in rows]
-            write_rows(args.results, rows, lambda r: (r["variant"], r["seed"], r["step"]))
+            spec = RunSpec(args.variant, CONFIG, tuple(args.overrides), seed,
+                           args.out / f"{args.variant}-seed{seed}", plumbing=plumbing)  # fmt: skip
+            recorder.write(trace_seed(spec, steps, probe_set))
     except CaptioningError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(f"wrote {args.results}; python tools/tables.py renders it")
+        return fail(exc)
+    print(f"wrote {recorder.path}")
     return 0
 
 

@@ -1,8 +1,8 @@
 """The attention family on shapes, as data: each member's learning rate chosen on val, then seeds.
 
-    python tools/compare_attention.py --out runs/attention
-    python tools/compare_attention.py --out runs/attention --only soft soft-dot --seeds 0
-    python tools/compare_attention.py --list
+    python -m tools.compare_attention --out runs/attention --results results/attention_family.json
+    python -m tools.compare_attention --out runs/attention --only soft soft-dot --seeds 0
+    python -m tools.compare_attention --list
 
 Every member is a shipped shapes config with one change (``RUNS``; ``--list`` prints them):
 no attention, soft attention with each score function (additive, additive_relu, dot,
@@ -20,37 +20,44 @@ A learning rate sets ``train.lr`` and ``train.encoder_lr`` together, keeping the
 ratio of the two (both shapes configs train the encoder at the decoder's rate). Hard
 attention is also decoded with each ``decode.hard_context`` on the test split.
 
-Each run is one row of ``--results`` (default results/attention_family.json): the member,
-the config and every override, the learning rate and seed, the phase, the validation and test
-scores, trainable parameters, train seconds and steps/s, the commit, the command and the
-machine. Rows merge into the file by (member, lr, seed), so the study runs in pieces
-(``--only``) and resumes: a run folder ``OUT/MEMBER/lrLR-seedS`` that finished is evaluated,
-not retrained; one that stopped part-way resumes from its ``last.pt``; one whose training
-diverged keeps its ``failed.json`` and gives a row that says so. ``python tools/tables.py``
-renders the rows into docs/attention.md.
+Each run is one row of ``--results FILE`` where given (results/attention_family.json), else of
+``OUT/rows.json``: the member, the config and every override, the learning rate and seed,
+the phase, the validation and test scores, trainable parameters, train seconds and steps/s,
+the precision, threads and device, the commit, the command and the machine. Rows merge into
+the file by (member, lr, seed), so the study runs in pieces (``--only``) and resumes: the
+runner (:mod:`benchmarks.study`) evaluates a run folder ``OUT/MEMBER/lrLR-seedS`` that
+finished without retraining it, resumes one that stopped part-way from its ``last.pt``, and
+keeps the ``failed.json`` of one whose training diverged, whose row says so. ``--jobs N``
+trains N rates (then N seeds) side by side. The tables in docs/attention.md are rendered
+from results/attention_family.json.
 """
 
 from __future__ import annotations
 
+import argparse
+import logging
 import sys
 from pathlib import Path
-
-if __package__ in (None, ""):  # run as a script: the repository root holds benchmarks/
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-import argparse
-import json
-import logging
-import shlex
 from typing import Any
 
-from benchmarks.provenance import add_study_options, git_commit, machine, merge_rows, read_rows
-from captioning.checkpoint import load_checkpoint
+from benchmarks.study import (
+    Evaluation,
+    Outcome,
+    Recorder,
+    RunSpec,
+    add_runner_options,
+    add_seeds_option,
+    fail,
+    plan,
+    run_fields,
+    run_spec,
+    run_study,
+    seeds_of,
+    threads_for,
+)
 from captioning.config import load_config
 from captioning.errors import CaptioningError
-from captioning.evaluate import evaluate_checkpoint
 from captioning.inference import load_model
-from captioning.train import TrainingError, fit
 
 logger = logging.getLogger("captioning")
 
@@ -99,7 +106,7 @@ def run_folder(out: Path, member: str, lr: float, seed: int) -> Path:
 
 def settings(member: str, lr: float, seed: int, extra: list[str]) -> tuple[str, list[str]]:
     """The config and every override of one run: the member's change, the learning rates,
-    the seed, then ``extra`` (the command's ``--set`` and thread count)."""
+    the seed, then ``extra`` (the command's ``--set``)."""
     config, change = RUNS[member]
     shipped = load_config(ROOT / config).train
     encoder_lr = lr * shipped.encoder_lr / shipped.lr
@@ -107,67 +114,59 @@ def settings(member: str, lr: float, seed: int, extra: list[str]) -> tuple[str, 
     return config, [*change, *rates, f"train.seed={seed}", *extra]
 
 
-def train_and_evaluate(
-    out: Path, member: str, lr: float, seed: int, extra: list[str]
-) -> dict[str, Any]:
-    """One run, trained unless its folder holds a finished (or diverged) one, and scored on
-    the validation and test splits: the row without the context (commit, command, machine)."""
+EVALUATIONS = (Evaluation("val"), Evaluation("test"),
+               *(Evaluation("test", hard_context=mode) for mode in HARD_CONTEXTS))  # fmt: skip
+
+
+def member_spec(out: Path, member: str, lr: float, seed: int, extra: list[str]) -> RunSpec:
+    """One run as the runner's spec; hard attention is also scored with each context."""
     config, overrides = settings(member, lr, seed, extra)
-    cfg = load_config(ROOT / config, overrides)
-    folder = run_folder(out, member, lr, seed)
+    hard = load_config(ROOT / config, overrides).model.attention == "hard"
+    return RunSpec(member, config, tuple(overrides), seed, run_folder(out, member, lr, seed),
+                   plumbing=(), evaluations=EVALUATIONS if hard else EVALUATIONS[:2],
+                   meta={"lr": lr})  # fmt: skip
+
+
+def member_row(outcome: Outcome) -> dict[str, Any]:
+    """A run's row: its settings, then its scores, or ``failed`` where it diverged."""
+    spec = outcome.spec
+    cfg = spec.load()
     row: dict[str, Any] = {
-        "member": member,
-        "config": config,
-        "change": RUNS[member][1],
-        "overrides": overrides,
-        "lr": lr,
+        "member": spec.name,
+        "config": spec.config,
+        "change": RUNS[spec.name][1],
+        "overrides": [*spec.overrides, *spec.plumbing],
+        "lr": spec.meta["lr"],
         "encoder_lr": cfg.train.encoder_lr,
-        "seed": seed,
+        "seed": spec.seed,
         "select_metric": cfg.train.select_metric,
         "epochs": cfg.train.epochs,
     }
-    failure = folder / "failed.json"
-    if failure.is_file():
-        return {**row, **json.loads(failure.read_text())}
-    last = folder / "last.pt"
-    done = last.is_file() and load_checkpoint(last)["epoch"] >= cfg.train.epochs
-    if not done:
-        try:
-            fit(cfg, folder, resume=str(last) if last.is_file() else None)
-        except TrainingError as exc:  # diverged: a result of this rate, not a crash
-            logger.warning("%s at lr %g, seed %d: %s", member, lr, seed, exc)
-            failed = {"failed": str(exc)}
-            failure.write_text(json.dumps(failed) + "\n")
-            return {**row, **failed}
-    checkpoint = load_checkpoint(last)
-    # training time: the epochs themselves (training and validation), from the history
-    seconds = sum(epoch["seconds"] for epoch in checkpoint["history"])
-    model = load_model(last)[0]
-    evaluations = {}
-    for split in ("val", "test"):
-        evaluations[split] = evaluate_checkpoint(
-            folder / "best.pt", split=split, meteor=False, progress=False,
-            out_dir=folder / f"eval_{split}",
-        )  # fmt: skip
+    if outcome.failed is not None:
+        return {**row, "failed": outcome.failed}
+    seconds = outcome.train_seconds  # the epochs themselves (training and validation)
+    model = load_model(spec.folder / "last.pt")[0]
+    metrics = outcome.metrics
     row.update(
-        precision=checkpoint["config"]["train"]["precision"],
-        val_select=evaluations["val"][cfg.train.select_metric],
-        val=scores(evaluations["val"]),
-        test=scores(evaluations["test"]),
+        **run_fields(outcome),
+        val_select=metrics["val"][cfg.train.select_metric],
+        val=scores(metrics["val"]),
+        test=scores(metrics["test"]),
         parameters=sum(p.numel() for p in model.parameters() if p.requires_grad),
-        train_seconds=round(seconds, 2),
-        steps=checkpoint["step"],
-        steps_per_s=round(checkpoint["step"] / seconds, 3),
+        train_seconds=seconds,
+        steps=outcome.summary["steps"],
+        steps_per_s=round(outcome.summary["steps"] / seconds, 3),
     )
     if model.hard_attention:
-        row["test_by_hard_context"] = {
-            mode: scores(evaluate_checkpoint(
-                folder / "best.pt", split="test", hard_context=mode, meteor=False,
-                progress=False, out_dir=folder / f"eval_test_{mode}",
-            ))
-            for mode in HARD_CONTEXTS
-        }  # fmt: skip
+        row["test_by_hard_context"] = {m: scores(metrics[f"test_{m}"]) for m in HARD_CONTEXTS}
     return row
+
+
+def train_and_evaluate(
+    out: Path, member: str, lr: float, seed: int, extra: list[str]
+) -> dict[str, Any]:
+    """One run through the runner, in this process: its row without the provenance."""
+    return member_row(run_spec(member_spec(out, member, lr, seed, extra)))
 
 
 def chosen_lr(rows: list[dict[str, Any]], member: str, seed: int) -> float | None:
@@ -179,13 +178,10 @@ def chosen_lr(rows: list[dict[str, Any]], member: str, seed: int) -> float | Non
     return max(sweep, key=lambda r: (r["val_select"], -r["lr"]))["lr"]
 
 
-def merge(path: Path, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The rows already in ``path`` with ``rows``, which replace any earlier row of the same
-    member, learning rate and seed; ordered by member (as in RUNS), rate, then seed."""
-
-    kept = merge_rows(read_rows(path), rows, lambda r: (r["member"], r["lr"], r["seed"]))
-    order = list(RUNS)
-    return sorted(kept, key=lambda r: (order.index(r["member"]), r["lr"], r["seed"]))
+def order(earlier: list[dict[str, Any]], merged: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """By member (as in RUNS), learning rate, then seed."""
+    members = list(RUNS)
+    return sorted(merged, key=lambda r: (members.index(r["member"]), r["lr"], r["seed"]))
 
 
 def numbers(text: str, kind: type, flag: str) -> list:
@@ -201,7 +197,9 @@ def numbers(text: str, kind: type, flag: str) -> list:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m tools.compare_attention",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--out", default="runs/attention", type=Path, help="the run folders")
     parser.add_argument(
@@ -212,10 +210,8 @@ def main(argv: list[str] | None = None) -> int:
         help="members to run (default: all; --list names them)",
     )
     parser.add_argument("--lrs", default=LRS, help=f"the sweep's learning rates ({LRS})")
-    parser.add_argument(
-        "--seeds", default=SEEDS, help=f"seeds at the chosen rate, the first the sweep's ({SEEDS})"
-    )
-    add_study_options(parser, results=ROOT / "results" / "attention_family.json")
+    add_seeds_option(parser, SEEDS, ", at the chosen rate; the first is the sweep's")
+    add_runner_options(parser)
     parser.add_argument("--list", action="store_true", help="print the members and their changes")
     args = parser.parse_args(argv)
     if args.list:
@@ -225,43 +221,36 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [name for name in args.only if name not in RUNS]
     if unknown:
         parser.error(f"unknown member {unknown[0]!r}; --list names them")
-    lrs, seeds = numbers(args.lrs, float, "--lrs"), numbers(args.seeds, int, "--seeds")
-    extra = [*args.overrides] + ([] if args.threads is None else [f"train.threads={args.threads}"])
+    lrs = numbers(args.lrs, float, "--lrs")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    context = {
-        "commit": git_commit(),  # the code that runs, whatever is committed while it runs
-        "command": shlex.join(["python", "tools/compare_attention.py", *(argv or sys.argv[1:])]),
-        **machine(),
-        "timed_alone": not args.machine_busy,
-    }
-    if args.threads is not None:  # what the runs used, not this process's start
-        context["threads"] = args.threads
-    results = args.results
-    earlier = json.loads(results.read_text(encoding="utf-8")) if results.is_file() else []
     try:
-        for member in args.only:
+        seeds = seeds_of(args)
+        threads = threads_for(args.jobs, args.threads)
+        recorder = Recorder.from_args("tools.compare_attention", argv, args,
+                                      lambda r: (r["member"], r["lr"], r["seed"]),
+                                      order=order)  # fmt: skip
+
+        def run(phase: str, specs: list[RunSpec]) -> list[dict[str, Any]]:
             rows = []
-            for lr in lrs:  # the sweep
-                rows.append({**train_and_evaluate(args.out, member, lr, seeds[0], extra),
-                             "phase": "sweep", **context})  # fmt: skip
-            lr = chosen_lr(rows, member, seeds[0])
+            for (row,) in run_study(plan(specs, threads), member_row, jobs=args.jobs):
+                rows.append({**row, "phase": phase})
+                # written after each run, so an interrupted study keeps what it finished
+                recorder.write(rows[-1:])
+            return rows
+
+        for member in args.only:
+            sweep = run("sweep", [member_spec(args.out, member, lr, seeds[0], args.overrides)
+                                  for lr in lrs])  # fmt: skip
+            lr = chosen_lr(sweep, member, seeds[0])
             if lr is None:
                 logger.warning("%s: no rate trained without diverging; no seeds", member)
-            else:
-                logger.info("%s: lr %g chosen on val", member, lr)
-                for seed in seeds[1:]:
-                    rows.append({**train_and_evaluate(args.out, member, lr, seed, extra),
-                                 "phase": "seeds", **context})  # fmt: skip
-            # written after each member, so an interrupted study keeps what it finished
-            merged = merge(results, rows)
-            results.parent.mkdir(parents=True, exist_ok=True)
-            results.write_text(json.dumps(merged, indent=1) + "\n", encoding="utf-8")
+                continue
+            logger.info("%s: lr %g chosen on val", member, lr)
+            run("seeds", [member_spec(args.out, member, lr, seed, args.overrides)
+                          for seed in seeds[1:]])  # fmt: skip
     except CaptioningError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    rows = json.loads(results.read_text(encoding="utf-8"))
-    added = len(rows) - len(earlier)
-    print(f"wrote {results}: {len(rows)} rows ({added:+d}); python tools/tables.py renders them")
+        return fail(exc)
+    print(f"wrote {recorder.path}")
     return 0
 
 

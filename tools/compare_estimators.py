@@ -1,8 +1,8 @@
 """Train hard attention with each gradient estimator and several seeds; tabulate the test split.
 
-    python tools/compare_estimators.py --out runs/estimators [--config configs/shapes_hard.yaml] \
+    python -m tools.compare_estimators --out runs/estimators [--config configs/shapes_hard.yaml] \
         [--estimators reinforce exact ...] [--seeds 0 1 2] [--soft-share P] \
-        [--set train.epochs=6 ...]
+        [--set train.epochs=6 ...] [--jobs N] [--results results/hard_estimators.json]
 
 Each (estimator, seed) trains ``--config`` with ``train.hard_estimator`` and ``train.seed``
 set (plus ``--set`` overrides) into ``OUT/<estimator>/seed<k>``, unless that folder already
@@ -18,42 +18,50 @@ estimators keep the config's lambda_r (``train.reinforce_weight``), entropy bonu
 
 Each ``best.pt`` is decoded on the test split with every decode mode (``marginal`` too,
 without the context in the LSTM) and scored without METEOR: exact match, BLEU-4, CIDEr-D and
-the pointing game by word type. Writes ``results.json`` (every run, with its settings) and
-``results.md`` (mean ± standard deviation over the seeds, a single value for one seed, and
-the wall time of training).
+the pointing game by word type. The runner (:mod:`benchmarks.study`) trains, resumes and
+records: one row per (estimator, seed, decode mode) with its settings, precision, threads,
+device, commit and command, merged into ``--results FILE`` where given, else into
+``OUT/rows.json``; ``OUT/results.md`` tabulates the rows (mean ± standard deviation over the
+seeds, a single value for one seed, and the wall time of training).
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-if __package__ in (None, ""):  # run as a script: the repository root holds the benchmarks
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 import argparse
 import json
 import logging
-import shlex
+from pathlib import Path
 from typing import Any
 
-from benchmarks.provenance import add_study_options, git_commit, machine, merge_rows, read_rows
-from captioning.checkpoint import load_checkpoint
+from benchmarks.study import (
+    Evaluation,
+    Outcome,
+    Recorder,
+    RunSpec,
+    add_runner_options,
+    add_seeds_option,
+    plan,
+    run_fields,
+    run_study,
+    seeds_of,
+    threads_for,
+)
 from captioning.config import Config, load_config
 from captioning.errors import CaptioningError
-from captioning.evaluate import evaluate_checkpoint
 from captioning.hard_attention import ESTIMATORS, MULTI_SAMPLE
-from captioning.train import fit
-from tools.tables import ESTIMATOR_COLUMNS, hard_estimators
 
-COLUMNS = ESTIMATOR_COLUMNS  # the test scores each row keeps
-
-
-RESULTS = Path(__file__).resolve().parent.parent / "results" / "hard_estimators.json"
+# the test scores each row keeps (the columns of the table in docs/hard-attention.md)
+COLUMNS = ("exact_match", "Bleu_4", "CIDEr", "pointing_game/color", "pointing_game/size",
+           "pointing_game/category")  # fmt: skip
 # the keys through which the tool sets each estimator's share of expected-context minibatches
 MIXING = ("train.exact_soft_p", "train.semi_sampling_p")
 # the estimators with a score-function term, scaled by lambda_r (train.reinforce_weight)
 SCORE_FUNCTION = ("reinforce", "reinforce_loo", "vimco")
+
+
+def KEY(row: dict[str, Any]) -> tuple:  # noqa: N802 (a constant of the study, as a function)
+    """A row's identity in its results file: estimator, seed and decode mode."""
+    return (row["estimator"], row["seed"], row["decode"])
 
 
 def soft_share_of(cfg: Config) -> float:
@@ -97,61 +105,52 @@ def settings_of(cfg: Config) -> dict[str, Any]:
     }
 
 
-def merge(path: Path, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The rows of ``path`` with ``rows``, which replace any of the same estimator, seed and
-    decode mode."""
-
-    return merge_rows(read_rows(path), rows, lambda r: (r["estimator"], r["seed"], r["decode"]))
-
-
-def train_and_evaluate(cfg: Config, out: Path) -> list[dict[str, Any]]:
+def estimator_spec(config: str, cfg: Config, out: Path, overrides: list[str]) -> RunSpec:
+    """One (estimator, seed) run as the runner's spec, decoded with every context (and
+    ``marginal`` where the context does not enter the LSTM)."""
     estimator, seed = cfg.train.hard_estimator, cfg.train.seed
-    run_dir = out / estimator / f"seed{seed}"
-    if (run_dir / "last.pt").exists():
-        previous = load_checkpoint(run_dir / "last.pt")["config"]["train"]
-        changed = [key for key in ("hard_estimator", "seed", "exact_soft_p", "semi_sampling_p",
-                                   "reinforce_weight", "entropy_weight", "hard_samples")
-                   if previous.get(key) != getattr(cfg.train, key)]  # fmt: skip
-        if changed:
-            raise SystemExit(f"error: {run_dir} holds a run with other settings "
-                             f"({', '.join(changed)}); give another --out")  # fmt: skip
-    done = (run_dir / "last.pt").exists() and (
-        load_checkpoint(run_dir / "last.pt")["epoch"] >= cfg.train.epochs
+    soft_share = soft_share_of(cfg)
+    modes = ["expectation", "argmax", "sample"] + (
+        [] if cfg.model.context_to_lstm else ["marginal"]
     )
-    if not done:
-        resume = str(run_dir / "last.pt") if (run_dir / "last.pt").exists() else None
-        fit(cfg, out_dir=run_dir, resume=resume)
-    history = load_checkpoint(run_dir / "last.pt")["history"]
-    modes = ["expectation", "argmax", "sample"]
-    if not cfg.model.context_to_lstm:
-        modes.append("marginal")
+    own = (*overrides, *estimator_overrides(estimator, soft_share))
+    tests = tuple(Evaluation("test", hard_context=mode) for mode in modes)
+    return RunSpec(estimator, config, own, seed, out / estimator / f"seed{seed}", evaluations=tests)
+
+
+def estimator_rows(outcome: Outcome) -> list[dict[str, Any]]:
+    """One row per decode mode of a run: its settings, train time and test scores."""
+    spec = outcome.spec
+    cfg = spec.load()
     rows = []
-    for mode in modes:
-        metrics = evaluate_checkpoint(run_dir / "best.pt", split="test", hard_context=mode,
-                                      meteor=False, progress=False)  # fmt: skip
+    for evaluation in spec.evaluations:
+        metrics = outcome.metrics[evaluation.name]
         flat = {**metrics, **{f"pointing_game/{k.split('/')[-1]}": v
                               for k, v in metrics.get("grounding_by_word_type", {}).items()
                               if k.startswith("pointing_game/")}}  # fmt: skip
         rows.append({
-            "estimator": estimator, "seed": seed, "decode": mode, **settings_of(cfg),
-            "train_seconds": sum(epoch["seconds"] for epoch in history),
-            "epochs": len(history),
-            **{key: flat.get(key) for key in COLUMNS},
+            "estimator": spec.name, "seed": spec.seed, "decode": evaluation.hard_context,
+            **settings_of(cfg), "config": spec.config, "overrides": list(spec.overrides),
+            "train_seconds": outcome.train_seconds, "epochs": len(outcome.history),
+            **run_fields(outcome), **{key: flat.get(key) for key in COLUMNS},
         })  # fmt: skip
-        logging.info("%s seed %d %s: %s", estimator, seed, mode, json.dumps(rows[-1]))
+        logging.info("%s seed %d %s: %s", spec.name, spec.seed, evaluation.hard_context,
+                     json.dumps(rows[-1]))  # fmt: skip
     return rows
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m tools.compare_estimators", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--config", default="configs/shapes_hard.yaml")
-    parser.add_argument("--out", default="runs/estimators")
+    parser.add_argument("--out", default="runs/estimators", type=Path)
     parser.add_argument("--estimators", nargs="*", default=list(ESTIMATORS), choices=ESTIMATORS)
-    parser.add_argument("--seeds", nargs="*", type=int, default=[0, 1, 2])
+    add_seeds_option(parser, "0,1,2")
     parser.add_argument("--soft-share", type=float, default=None,
                         help="the share of every estimator's minibatches trained with the "
                         "expected context (default: the config's)")  # fmt: skip
-    add_study_options(parser, results=RESULTS)
+    add_runner_options(parser)
     args = parser.parse_args(argv)
     if args.soft_share is not None and not 0.0 <= args.soft_share < 1.0:
         parser.error(f"--soft-share must be in [0, 1), got {args.soft_share}")
@@ -162,30 +161,25 @@ def main(argv: list[str] | None = None) -> None:
                 f"give the share of expected-context minibatches as --soft-share"
             )
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    out = Path(args.out)
     try:  # every run's config is checked before the first run starts
-        threads = [] if args.threads is None else [f"train.threads={args.threads}"]
-        configs = [estimator_config(args.config, estimator, seed, [*args.overrides, *threads],
+        seeds, threads = seeds_of(args), threads_for(args.jobs, args.threads)
+        configs = [estimator_config(args.config, estimator, seed, args.overrides,
                                     args.soft_share)
-                   for seed in args.seeds for estimator in args.estimators]  # fmt: skip
+                   for seed in seeds for estimator in args.estimators]  # fmt: skip
+        specs = plan([estimator_spec(args.config, cfg, args.out, args.overrides)
+                      for cfg in configs], threads)  # fmt: skip
+        recorder = Recorder.from_args("tools.compare_estimators", argv, args, KEY)
+        rows: list[dict[str, Any]] = []
+        for made in run_study(specs, estimator_rows, jobs=args.jobs):
+            rows += made
+            recorder.write(made)  # after each run: an interrupted study keeps what it did
     except CaptioningError as exc:
         raise SystemExit(f"error: {exc}") from None
-    context = {"commit": git_commit(), "timed_alone": not args.machine_busy,
-               "command": shlex.join(["python", "tools/compare_estimators.py",
-                                      *(sys.argv[1:] if argv is None else argv)]),
-               **machine()}  # fmt: skip
-    if args.threads is not None:  # what the runs used, not this process's start
-        context["threads"] = args.threads
-    rows: list[dict] = []
-    for cfg in configs:
-        rows += [{**row, **context} for row in train_and_evaluate(cfg, out)]
-        (out / "results.json").write_text(json.dumps(rows, indent=2))
-        (out / "results.md").write_text(hard_estimators(rows))
-        args.results.parent.mkdir(parents=True, exist_ok=True)
-        merged = merge(args.results, rows)
-        args.results.write_text(json.dumps(merged, indent=1) + "\n", encoding="utf-8")
+    from tools.tables import hard_estimators  # the docs' table, of this invocation's rows
+
+    (args.out / "results.md").write_text(hard_estimators(rows))
     print(hard_estimators(rows))
-    print(f"wrote {args.results}; python tools/tables.py renders it")
+    print(f"wrote {recorder.path} and {args.out / 'results.md'}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """The configuration reference, docs/config.md, generated from captioning/config.py.
 
-    python tools/config_reference.py            # rewrite docs/config.md
-    python tools/config_reference.py --check    # exit 1 when docs/config.md is out of date
+    python -m tools.config_reference            # rewrite docs/config.md
+    python -m tools.config_reference --check    # exit 1 when docs/config.md is out of date
 
 Every key of every section of ``Config``: its type, its default, its range (from the table
 ``_RANGES`` that the config checks) and what the source says of it. What a key means is read
@@ -195,7 +195,7 @@ def render(
     link = "../" + source
     parts = [
         "# Configuration reference\n",
-        f"Generated from [`{source}`]({link}) by `python tools/config_reference.py`; a "
+        f"Generated from [`{source}`]({link}) by `python -m tools.config_reference`; a "
         "test checks that it is current, so edit the comments in the source, not this page.\n",
         "A config file holds only what differs from these defaults, or from the config it "
         "extends (a top-level `base: FILE`, relative to the file; bases may have bases), "
@@ -224,7 +224,9 @@ def render(
 
 
 def main(argv: list[str] | None = None, target: Path = TARGET) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m tools.config_reference", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument(
         "--check", action="store_true", help="change nothing; exit 1 if the file is out of date"
     )
@@ -234,7 +236,7 @@ def main(argv: list[str] | None = None, target: Path = TARGET) -> int:
     if current == text:
         return 0
     if args.check:
-        print(f"{target.name}: out of date; run python tools/config_reference.py")
+        print(f"{target.name}: out of date; run python -m tools.config_reference")
         return 1
     target.write_text(text, encoding="utf-8")
     print(f"{target.name}: rewritten")

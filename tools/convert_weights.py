@@ -1,7 +1,7 @@
 """Backbone weights saved in another key layout -> a plain state dict in torchvision's, which
 ``model.weights: FILE`` then loads (with ``model.encoder`` the same architecture).
 
-    python tools/convert_weights.py SRC DST --arch mobilenet_v2 [--force]
+    python -m tools.convert_weights SRC DST --arch mobilenet_v2 [--force]
 
 SRC is read as plain data only (``torch.load(weights_only=True)``): a state dict, or a dict
 holding one under ``state_dict`` or ``model`` (keys may carry DataParallel's ``module.``). Every
@@ -202,7 +202,9 @@ def save_atomically(state_dict: dict[str, torch.Tensor], path: Path) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m tools.convert_weights", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("src", type=Path, help="the weights file to convert")
     parser.add_argument("dst", type=Path, help="the torchvision-layout file to write")
     parser.add_argument("--arch", required=True, help=f"one of: {', '.join(sorted(RENAMES))}")

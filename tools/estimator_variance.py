@@ -1,7 +1,8 @@
 """Hard attention's gradient estimators against the exact gradient, per unit of wall time.
 
-    python tools/estimator_variance.py --checkpoint runs/hard_mid/last.pt \
-        [--batch 32] [--repeats 20] [--samples 4] [--baseline-batches 20] [--out runs/estimators]
+    python -m tools.estimator_variance --checkpoint runs/hard_mid/last.pt \
+        [--batch 32] [--repeats 20] [--samples 4] [--baseline-batches 20] [--out runs/estimators] \
+        [--results results/estimator_variance.json]
 
 ``runs/hard_mid`` is a hard model mid-training, e.g. ``captioning train --config
 configs/shapes_hard.yaml --set train.epochs=2 --out runs/hard_mid``.
@@ -31,24 +32,25 @@ training: the checkpoint's own when REINFORCE trained it, else the moving averag
 reward over ``--baseline-batches`` training batches after the measured one (the batch itself
 is left out, so that b does not know its rewards). "reinforce, no baseline" (b = 0) shows what
 the baseline removes.
+
+Writes ``OUT/estimators.json`` and ``OUT/estimators.md``; the rows, with their settings, the
+commit, the command, the device and threads (:mod:`benchmarks.study`'s recorder), merge by
+estimator into ``--results FILE`` where given, else into ``OUT/rows.json``.
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-if __package__ in (None, ""):  # run as a script: the repository root holds the benchmarks
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 import argparse
 import json
-import shlex
+import sys
 import time
+from pathlib import Path
+from typing import Any
 
 import torch
 
-from benchmarks.provenance import git_commit, machine
+from benchmarks.provenance import cpu_model, portable
+from benchmarks.study import Recorder, fail
 from captioning.checkpoint import load_checkpoint
 from captioning.config import Config, replace_section
 from captioning.data import CaptionDataset, collate, load_splits
@@ -59,8 +61,9 @@ from captioning.models import Captioner
 from captioning.models.attention import HardContext
 from captioning.vocab import Vocabulary
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "results" / "estimator_variance.json"
+# the arguments that say where files are (the first four, written portably) or how the rows
+# are kept, not what is measured: left out of a row's fingerprint in its results file
+PATHS = ("checkpoint", "data_root", "out", "results", "replace", "machine_busy")
 
 UNBIASED = {"reinforce_weight": 1.0, "entropy_weight": 0.0, "doubly_stochastic_weight": 0.0,
             "semi_sampling_p": 1.0, "exact_soft_p": 0.0}  # fmt: skip
@@ -215,8 +218,15 @@ def batches_of(records, vocab, model: Captioner, cfg: Config, size: int) -> list
             for start in range(0, len(dataset), size)]  # fmt: skip
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def measured_settings(row: dict[str, Any]) -> dict[str, Any]:
+    """A row's fingerprint for its results file: the measuring arguments, the paths aside."""
+    return {k: v for k, v in row["settings"].items() if k not in PATHS}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m tools.estimator_variance", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--checkpoint", required=True)
     parser.add_argument("--batch", type=int, default=32, help="captions in the fixed batch")
     parser.add_argument("--repeats", type=int, default=20, help="estimates per estimator")
@@ -226,10 +236,17 @@ def main() -> None:
                         "the checkpoint has none of its own")  # fmt: skip
     parser.add_argument("--data-root", default=None, help="the data, if not the checkpoint's")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default="runs/estimators")
-    parser.add_argument("--results", type=Path, default=RESULTS,
-                        help="the rows' file, replaced (a docs table)")  # fmt: skip
-    args = parser.parse_args()
+    parser.add_argument("--out", default="runs/estimators", type=Path)
+    parser.add_argument(
+        "--results", type=Path, help="also merge the rows into this file (results/X.json)"
+    )
+    parser.add_argument(
+        "--replace", action="store_true", help="let a row replace one of other settings"
+    )
+    parser.add_argument(
+        "--machine-busy", action="store_true", help="other work runs beside this one"
+    )
+    args = parser.parse_args(argv)
     torch.manual_seed(args.seed)
     try:
         model, cfg, vocab = load_model(args.checkpoint)
@@ -237,12 +254,12 @@ def main() -> None:
             cfg = replace_section(cfg, "data", root=args.data_root)
         records = load_splits(cfg.data)["train"]
     except CaptioningError as exc:
-        raise SystemExit(f"error: {exc}") from None
+        return fail(exc)
     if not model.hard_attention or cfg.model.context_to_lstm:
-        raise SystemExit(
-            "error: the checkpoint must be a hard-attention model with "
+        return fail(CaptioningError(
+            "the checkpoint must be a hard-attention model with "
             "model.context_to_lstm=false (the only wiring with an exact gradient)"
-        )
+        ))  # fmt: skip
     batch = batches_of(records[: args.batch], vocab, model, cfg, args.batch)[0]
     after = records[args.batch : args.batch * (1 + args.baseline_batches)]
     baseline, source = training_baseline(
@@ -251,22 +268,31 @@ def main() -> None:
     )  # fmt: skip
     reference, rows = measure(model, cfg, batch, args.repeats, args.samples, baseline)
     reference["baseline_source"] = source
-    out = Path(args.out)
+    out = args.out
     out.mkdir(parents=True, exist_ok=True)
-    settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    places = {"OUT": out, "DATA": args.data_root}
+    settings = {k: v if k not in PATHS[:4] or v is None else portable(str(v), places)
+                for k, v in vars(args).items()}  # fmt: skip
     (out / "estimators.json").write_text(
         json.dumps({"settings": settings, "reference": reference, "rows": rows}, indent=2)
     )
-    context = {"settings": settings, "reference": reference, "commit": git_commit(),
-               "command": shlex.join(["python", "tools/estimator_variance.py", *sys.argv[1:]]),
-               **machine()}  # fmt: skip
-    args.results.parent.mkdir(parents=True, exist_ok=True)
-    args.results.write_text(json.dumps([{**row, **context} for row in rows], indent=1) + "\n")
-    header = (f"{args.checkpoint}: {len(batch['tokens'])} captions, {args.repeats} estimates "
-              f"each, K = {args.samples}, seed {args.seed}")  # fmt: skip
+    recorder = Recorder("tools.estimator_variance", argv, out, lambda r: r["estimator"],
+                        results=args.results, replace=args.replace,
+                        timed_alone=not args.machine_busy, places=places,
+                        settings=measured_settings)  # fmt: skip
+    where = {"precision": "fp32", "threads": torch.get_num_threads(), "device": cpu_model()}
+    try:
+        recorder.write([{**row, "settings": settings, "reference": reference, **where}
+                        for row in rows])  # fmt: skip
+    except CaptioningError as exc:
+        return fail(exc)
+    header = (f"{settings['checkpoint']}: {len(batch['tokens'])} captions, {args.repeats} "
+              f"estimates each, K = {args.samples}, seed {args.seed}")  # fmt: skip
     (out / "estimators.md").write_text(markdown(reference, rows, header) + "\n")
     print(markdown(reference, rows, header))
+    print(f"wrote {recorder.path}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

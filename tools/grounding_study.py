@@ -2,8 +2,8 @@
 folder with instance boxes, and its grounding against the boxes becomes one row.
 
     python -m tools.grounding_study --data SHARED/data/coco_mini --split-name train2017 \\
-        --checkpoint 'RUNS/soft-seed{seed}/train/best.pt' --model soft --seeds 0,1,2 \\
-        --out runs/grounding --shared SHARED --runs RUNS
+        --checkpoint 'RUNS/soft-seed{seed}/train/best.pt' --model soft --seeds 0-2 \\
+        --out runs/grounding --shared SHARED --runs RUNS --results results/grounding.json
 
 For each seed S, ``captioning evaluate`` scores the checkpoint (``{seed}`` replaced by S) on
 the folder's images (``--data``: ``annotations/captions_NAME.json``,
@@ -12,10 +12,13 @@ the folder's images (``--data``: ``annotations/captions_NAME.json``,
 change them), into ``OUT/MODEL-seedS``. Its ``grounding.json`` (the pointing game and the
 attention mass in the boxes of every word that names a category of its photo, for the
 model's maps and the even, centre and saliency baselines; :mod:`captioning.metrics.pointing`)
-and the caption scores become one row of ``--results`` (default results/grounding.json),
-with the model's settings that studies vary, the decoding, the machine, the command (the
-folders ``--out``, ``--shared`` and ``--runs`` written as OUT, SHARED and RUNS) and the
-commit. Rows merge by (model, variant, seed); ``python tools/tables.py`` renders them into
+and the caption scores become one row of ``--results FILE`` where given
+(results/grounding.json), else of ``OUT/rows.json``: the model's settings that studies vary,
+the decoding, its precision, threads and device, the machine, the commands (the evaluation's
+as ``command``, this study's as ``study``; the folders ``--out``, ``--shared`` and ``--runs``
+written as OUT, SHARED and RUNS) and the commit (:class:`benchmarks.study.Recorder`). Rows
+merge by (model, variant, seed); one made under other settings (checkpoint levers, decoding,
+data) is replaced only with ``--replace``. ``python -m tools.tables`` renders them into
 docs/grounding.md. Run it once per kind of model (``--model hard --hard-context argmax``,
 another ``--variant``).
 """
@@ -31,14 +34,13 @@ from typing import Any
 
 import torch
 
-from benchmarks.provenance import add_study_options, git_commit, machine, write_rows
+from benchmarks.provenance import device_name, machine, portable
+from benchmarks.study import Recorder, add_seeds_option, fail, seeds_of
 from captioning.checkpoint import load_checkpoint
+from captioning.cli import add_set_option, positive_int
 from captioning.errors import CaptioningError
 from captioning.runtime import resolve_device
-from tools.seed_study import parse_seeds
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "results" / "grounding.json"
 # The checkpoint settings a grounding study varies (the levers of docs/grounding.md).
 LEVERS = (
     "model.encoder",
@@ -73,12 +75,9 @@ def data_overrides(args: argparse.Namespace) -> list[str]:
     ]
 
 
-def portable(text: str, args: argparse.Namespace) -> str:
-    """``text`` with the study's folders written OUT, SHARED and RUNS: no machine's paths."""
-    for path, name in ((args.out, "OUT"), (args.shared, "SHARED"), (args.runs, "RUNS")):
-        if path is not None:
-            text = text.replace(str(path.resolve()), name).replace(str(path), name)
-    return text
+def places(args: argparse.Namespace) -> dict[str, Path | None]:
+    """The study's folders and their placeholders in a row: no machine's paths."""
+    return {"OUT": args.out, "SHARED": args.shared, "RUNS": args.runs}
 
 
 def levers(checkpoint: Path) -> dict[str, Any]:
@@ -141,22 +140,26 @@ def make_row(
         "variant": args.variant,
         "seed": seed,
         "settings": levers(checkpoint),
-        "checkpoint": portable(str(checkpoint), args),
-        "data": portable(str(args.data), args),
+        "checkpoint": portable(str(checkpoint), places(args)),
+        "data": portable(str(args.data), places(args)),
         "images": metrics["num_images"],
         "decoding": metrics["decoding"],
-        "device": str(resolve_device("auto")),
+        "precision": metrics["decoding"]["precision"],
+        "threads": torch.get_num_threads(),
+        "device": device_name(resolve_device("auto")),
         "scores": {k: metrics[k] for k in SCORES if metrics.get(k) is not None},
         "grounding": {k: grounding[k] for k in GROUNDING},
         "seconds": round(seconds, 1),
-        "command": portable(shlex.join(evaluate_command(args, checkpoint, folder)), args),
-    }
+        "command": shlex.join(portable(word, places(args))
+                              for word in evaluate_command(args, checkpoint, folder)),
+        "machine": machine(),
+    }  # fmt: skip
 
 
-def study_command(argv: list[str] | None, args: argparse.Namespace) -> str:
-    """This study's own command line, with no machine's paths."""
-    words = ["python", "-m", "tools.grounding_study", *(sys.argv[1:] if argv is None else argv)]
-    return portable(shlex.join(words), args)
+def settings(row: dict[str, Any]) -> dict[str, Any]:
+    """What a row was made under, for the merge: the checkpoint's levers, the decoding and
+    the data."""
+    return {k: row[k] for k in ("settings", "decoding", "data") if k in row}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -169,7 +172,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="each seed's checkpoint, {seed} standing for the seed")  # fmt: skip
     parser.add_argument("--model", required=True, help="the rows' model name (soft, hard, ...)")
     parser.add_argument("--variant", default="recipe", help="the rows' variant (default recipe)")
-    parser.add_argument("--seeds", default="0,1,2", help="e.g. 0,1,2 or 0-2 (default 0,1,2)")
+    add_seeds_option(parser, "0,1,2")
     parser.add_argument("--out", type=Path, required=True, help="the evaluations' folder")
     parser.add_argument("--shared", type=Path, default=None,
                         help="the shared data folder, written SHARED in the rows")  # fmt: skip
@@ -181,34 +184,52 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--category-words", type=Path, default=None, metavar="FILE",
                         help="word: category entries over the shipped map")  # fmt: skip
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
-    add_study_options(parser, results=RESULTS, each="every evaluation (data, decode, runtime)")
+    add_set_option(parser, "a config override of every evaluation (data, decode, runtime)")
+    parser.add_argument("--threads", type=positive_int, help="torch's threads")
+    parser.add_argument(
+        "--machine-busy",
+        action="store_true",
+        help="other work runs beside this one: the rows are not timed alone",
+    )
+    parser.add_argument(
+        "--results",
+        type=Path,
+        help="also merge the rows into this results file (results/grounding.json)",
+    )
+    parser.add_argument(
+        "--replace",
+        action="store_true",
+        help="let a row replace one of the same key made under other settings",
+    )
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        seeds = parse_seeds(args.seeds)
+        seeds = seeds_of(args)
         if not (args.data / "annotations").is_dir():
             raise CaptioningError(f"--data {args.data}: no annotations/ folder there; give "
                                   "a COCO-format folder (captions, instances, images)")  # fmt: skip
         if args.threads is not None:
             torch.set_num_threads(args.threads)
-        stamp = {"commit": git_commit(), "machine": machine(),
-                 "timed_alone": not args.machine_busy,
-                 "study": study_command(argv, args)}  # fmt: skip
+        recorder = Recorder("tools.grounding_study", argv, args.out,
+                            lambda r: (r["model"], r["variant"], r["seed"]),
+                            results=args.results, replace=args.replace,
+                            timed_alone=not args.machine_busy,
+                            places={"SHARED": args.shared, "RUNS": args.runs},
+                            settings=settings)  # fmt: skip
         for seed in seeds:
-            row = {**score_seed(args, seed), **stamp}
-            write_rows(args.results, [row], lambda r: (r["model"], r["variant"], r["seed"]))
+            row = {**score_seed(args, seed), "study": recorder.stamp["command"]}
+            recorder.write([row])
             overall = row["grounding"]["overall"]
             shown = ", ".join(f"{k} {overall[k]['pointing']:.3f}"
                               for k in overall if k != "words")  # fmt: skip
             print(f"{args.model} seed {seed}: {overall['words']} words; pointing {shown}",
                   flush=True)  # fmt: skip
     except CaptioningError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(f"wrote {len(seeds)} rows to {args.results}")
+        return fail(exc)
+    print(f"wrote {len(seeds)} rows to {recorder.path}")
     return 0
 
 

@@ -1,6 +1,6 @@
 """Many photo-recipe runs at once: a list of jobs, trained side by side, one row each.
 
-    python tools/photo_sweep.py --jobs tools/photo_sweeps/scst.json --data data/photos \
+    python -m tools.photo_sweep --jobs tools/photo_sweeps/scst.json --data data/photos \\
         --weights weights/mobilenet_v2.pt --out runs/sweep --parallel 12 --extract
 
 Each job of the ``--jobs`` file is one training run of ``--config`` (the photo recipe,
@@ -13,58 +13,49 @@ Each job of the ``--jobs`` file is one training run of ``--config`` (the photo r
 ``init`` names another job of the same seed: this one starts from that run's ``best.pt``
 (``captioning train --init``), as self-critical training starts from a cross-entropy model,
 so it must sit in a later ``phase``; the phases run one after the other, the jobs of a phase
-up to ``--parallel`` at a time, each in its own process with one thread. On one GPU a dozen
-small decoders train side by side in about the time of one; on a CPU, give each job its own
-core.
+up to ``--parallel`` at a time through the study runner (:mod:`benchmarks.study`), each in a
+process of its own with ``train.threads`` = cores // ``--parallel`` (``--threads`` to say
+otherwise). On one GPU a dozen small decoders train side by side in about the time of one;
+on a CPU, give each job its own core.
 
 Every finished run is scored on the validation and the test split with beam search (each
-size of ``beams``, default 3) and becomes one row of ``--results``: the job (name, seed,
-settings, init), the best validation CIDEr-D and its epoch, the scores, the seconds, the
-device, the commit and the command. With ``--extract`` the frozen backbone's grids are cached
-first and the consensus nearest neighbour (k on val; ``benchmarks/photos.py``) is scored on
-the same device, as the row ``nn``: the rows of one results file then compare on one
-footing. A run folder that finished (``summary.json``) is scored again, not retrained.
+size of ``beams``, default 3) and becomes one row of ``--results FILE`` where given
+(results/photo_sweep.json), else of ``OUT/rows.json``: the job (name, seed, settings, init),
+the best validation CIDEr-D and its epoch, the scores, the seconds, the precision, threads
+and device, the commit and the command. Rows merge by (name, seed); a row made under other
+settings is replaced only with ``--replace``. With ``--extract`` the frozen backbone's grids
+are cached first and the consensus nearest neighbour (k on val; ``benchmarks.photos``) is
+scored on the same device, as the row ``nn``: the rows of one results file then compare on
+one footing. A run folder that finished is scored again, not retrained; a job that fails is
+named, the others go on, and the exit status is 1.
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-if __package__ in (None, ""):  # run as a script: the repository root holds the benchmarks
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 import argparse
 import json
-import shlex
-import subprocess
-import time
+import sys
+from pathlib import Path
 from typing import Any
 
-import torch
-
-from benchmarks.provenance import git_commit, machine, merge_rows, read_rows
+from benchmarks import study
+from benchmarks.photos import nearest_neighbour, repository_path
+from benchmarks.recipe_stages import extract_grids
+from benchmarks.results import Row
+from benchmarks.study import Evaluation, Outcome, RunSpec
+from captioning.cli import positive_int
 from captioning.config import load_config
 from captioning.errors import CaptioningError
 from captioning.metrics import java_available
 
-ROOT = Path(__file__).resolve().parent.parent
-CONFIG = str(ROOT / "configs" / "photos_mobilenet.yaml")
+CONFIG = "configs/photos_mobilenet.yaml"
+SOFT = "model.attention=soft"  # every job's attention, before its own settings
 
 
-def job_settings(args: argparse.Namespace, job: dict[str, Any]) -> list[str]:
-    """The overrides of one job: the data and weights, one quiet thread, soft attention, the
-    seed, then the job's own settings (which win)."""
-    return [
-        f"data.root={args.data}",
-        f"model.weights={args.weights}",
-        "train.quiet=true",
-        "train.figure_every_epoch=false",
-        "train.threads=1",
-        "model.attention=soft",
-        f"train.seed={job['seed']}",
-        *job.get("set", []),
-    ]
+def plumbing(args: argparse.Namespace) -> tuple[str, ...]:
+    """What every job runs with that is not what it learns: the data and weights, quiet."""
+    return (f"data.root={args.data}", f"model.weights={args.weights}", "train.quiet=true",
+            "train.figure_every_epoch=false")  # fmt: skip
 
 
 def run_folder(out: Path, name: str, seed: int) -> Path:
@@ -94,58 +85,52 @@ def check_jobs(jobs: list[dict[str, Any]]) -> None:
             )
 
 
-def run_job(args: argparse.Namespace, job: dict[str, Any]) -> dict[str, Any]:
-    """Train one job (unless its folder finished) and score its ``best.pt``."""
-    from captioning.evaluate import evaluate_checkpoint
-    from captioning.train import fit
+def job_spec(args: argparse.Namespace, job: dict[str, Any]) -> RunSpec:
+    """One job as the runner's spec: soft attention, then the job's settings; scored on val
+    and test at each of its beam sizes."""
+    init, seed = job.get("init"), job["seed"]
+    evaluations = tuple(Evaluation(split, beam, write=False)
+                        for beam in job.get("beams", [3]) for split in ("val", "test"))  # fmt: skip
+    return RunSpec(job["name"], args.config, (SOFT, *job.get("set", [])), seed,
+                   run_folder(args.out, job["name"], seed), plumbing=plumbing(args),
+                   init=None if init is None else run_folder(args.out, init, seed) / "best.pt",
+                   evaluations=evaluations, meta={"job": job})  # fmt: skip
 
-    cfg = load_config(args.config, job_settings(args, job))
-    folder = run_folder(args.out, job["name"], job["seed"])
-    summary_path = folder / "summary.json"
-    if summary_path.is_file():
-        summary = json.loads(summary_path.read_text())
-    else:
-        init = job.get("init")
-        start = None if init is None else run_folder(args.out, init, job["seed"]) / "best.pt"
-        began = time.perf_counter()
-        result = fit(cfg, folder, init=None if start is None else str(start))
-        summary = {
-            "best_score": result["best_score"],
-            "best_epoch": result["best_epoch"],
-            "seconds": round(time.perf_counter() - began, 1),
-        }
-        summary_path.write_text(json.dumps(summary, indent=1) + "\n")
-    row: dict[str, Any] = {
-        "name": job["name"],
-        "seed": job["seed"],
-        "set": job.get("set", []),
-        "init": job.get("init"),
-        "val_best": round(summary["best_score"], 4),
-        "best_epoch": summary["best_epoch"],
-        "train_seconds": summary["seconds"],
-    }
+
+def run_job(spec: RunSpec) -> Outcome:
+    """:func:`benchmarks.study.run_spec`, a job's error becoming its outcome (``failed``)."""
+    try:
+        return study.run_spec(spec)
+    except Exception as exc:  # noqa: BLE001 -- one job's error (a bad setting) must not stop the sweep
+        return Outcome(spec, None, failed=f"{type(exc).__name__}: {exc}")
+
+
+def sweep_row(outcome: Outcome) -> list[Row]:
+    """A job's row: what it was, then its scores, or ``failed`` (not written)."""
+    job, spec = outcome.spec.meta["job"], outcome.spec
+    row: Row = {"name": job["name"], "seed": job["seed"], "set": job.get("set", []),
+                "init": job.get("init")}  # fmt: skip
+    if outcome.failed is not None:
+        return [{**row, "failed": outcome.failed}]
+    summary = outcome.summary
+    best = summary.get("best_score")
+    row.update(val_best=None if best is None else round(best, 4),
+               best_epoch=summary.get("best_epoch"),
+               train_seconds=round(summary.get("seconds", outcome.train_seconds), 1),
+               config=repository_path(spec.config), **study.run_fields(outcome))  # fmt: skip
     for beam in job.get("beams", [3]):
         for split in ("val", "test"):
-            metrics = evaluate_checkpoint(
-                folder / "best.pt", split=split, beam_size=beam, meteor=False, progress=False
-            )
+            metrics = outcome.metrics[f"{split}_beam{beam}"]
             row[f"{split}_CIDEr_beam{beam}"] = round(metrics["CIDEr"], 4)
             if split == "test" and beam == 3:
                 row.update({k: round(metrics[k], 4) for k in ("Bleu_1", "Bleu_4", "ROUGE_L")})
-    return row
+    return [row]
 
 
-def nearest_neighbour_row(args: argparse.Namespace) -> dict[str, Any]:
+def nearest_neighbour_row(args: argparse.Namespace) -> Row:
     """Cache the grids of every split, then score the consensus nearest neighbour."""
-    from benchmarks.photos import nearest_neighbour
-    from captioning.feature_cache import FeatureCache, cache_folder, extract_features
-    from captioning.models import encoder_from_config
-
-    cfg = load_config(args.config, job_settings(args, {"seed": 0}))
-    folder = cache_folder(cfg, encoder_from_config(cfg.model))
-    for split in ("train", "val", "test"):
-        if not FeatureCache.exists(folder, split):
-            extract_features(cfg, split, progress=False)
+    cfg = load_config(Path(args.config), [*plumbing(args), SOFT])
+    extract_grids(cfg)
     row = nearest_neighbour(cfg)
     return {
         "name": "nn",
@@ -154,22 +139,16 @@ def nearest_neighbour_row(args: argparse.Namespace) -> dict[str, Any]:
         "val_CIDEr_by_k": row["val_CIDEr_by_k"],
         "test_CIDEr_beam3": round(row["CIDEr"], 4),  # no beam: the column the models share
         **{k: round(row[k], 4) for k in ("Bleu_1", "Bleu_4", "ROUGE_L")},
+        **{k: row[k] for k in ("precision", "threads", "device")},
     }
 
 
-def merge(path: Path, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Earlier rows of ``path`` with ``rows``, a new row replacing one of the same name and
-    seed."""
-    return merge_rows(read_rows(path), rows, lambda r: (r["name"], r["seed"]))
+def settings(row: Row) -> dict[str, Any]:
+    """What a row was made under, for the merge: its config, job settings, init, precision."""
+    return {k: row[k] for k in ("config", "set", "init", "precision") if k in row}
 
 
-def device_name() -> str:
-    if torch.cuda.is_available():
-        return f"{torch.cuda.get_device_name(0)} (CUDA)"
-    return "CPU"
-
-
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -178,64 +157,62 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--weights", required=True, help="the backbone (model.weights)")
     parser.add_argument("--out", type=Path, required=True, help="where the run folders go")
     parser.add_argument("--config", default=CONFIG, help=f"the recipe ({CONFIG})")
-    parser.add_argument("--parallel", type=int, default=2, help="jobs at a time (2)")
+    parser.add_argument("--parallel", type=positive_int, default=2, help="jobs at a time (2)")
+    parser.add_argument("--threads", type=positive_int,
+                        help="train.threads of each job (cores // --parallel)")  # fmt: skip
     parser.add_argument("--extract", action="store_true", help="cache the grids; score nn")
     parser.add_argument(
-        "--results", type=Path, default=Path("photo_sweep.json"), help="the rows' file"
+        "--machine-busy",
+        action="store_true",
+        help="other work runs beside the sweep: the rows are not timed alone",
     )
-    parser.add_argument("--job", help=argparse.SUPPRESS)  # one job, in a worker process
+    parser.add_argument(
+        "--results", type=Path, help="also merge the rows into this results file (results/X.json)"
+    )
+    parser.add_argument("--replace", action="store_true",
+                        help="let a row replace one of the same name and seed made under other "
+                             "settings")  # fmt: skip
     args = parser.parse_args(argv)
-    if args.job is not None:
-        print("ROW " + json.dumps(run_job(args, json.loads(args.job))), flush=True)
-        return 0
     try:
-        jobs = json.loads(args.jobs.read_text(encoding="utf-8"))
-        check_jobs(jobs)
+        args.job_list = json.loads(args.jobs.read_text(encoding="utf-8"))
+        check_jobs(args.job_list)
     except (OSError, json.JSONDecodeError, CaptioningError) as error:
         parser.error(f"--jobs {args.jobs}: {error}")
-    context = {
-        "commit": git_commit(),
-        "command": shlex.join(["python", "tools/photo_sweep.py", *(argv or sys.argv[1:])]),
-        "device": device_name(),
-        "machine": machine(),
+    args.config = str(Path(args.config).resolve())
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    jobs, written, failed = args.job_list, 0, 0
+    try:
+        threads = study.threads_for(args.parallel, args.threads)
+        recorder = study.Recorder("tools.photo_sweep", argv, args.out,
+                                  lambda r: (r["name"], r["seed"]), results=args.results,
+                                  replace=args.replace, timed_alone=not args.machine_busy,
+                                  jobs=args.parallel, places={"DATA": args.data},
+                                  settings=settings)  # fmt: skip
         # without Java the captions are tokenized in Python, which moves scores slightly
-        "tokenizer": "ptb" if java_available() else "python",
-    }
-    rows: list[dict[str, Any]] = []
-
-    def save(row: dict[str, Any]) -> None:
-        rows.append({**row, **context})
-        args.results.parent.mkdir(parents=True, exist_ok=True)
-        merged = merge(args.results, [rows[-1]])
-        args.results.write_text(json.dumps(merged, indent=1) + "\n", encoding="utf-8")
-
-    if args.extract:
-        save(nearest_neighbour_row(args))
-        print(f"nn: test CIDEr-D {rows[-1]['test_CIDEr_beam3']:.3f}", flush=True)
-    passed = list(argv or sys.argv[1:])
-    failed = 0
-    for phase in sorted({job.get("phase", 1) for job in jobs}):
-        queue = [job for job in jobs if job.get("phase", 1) == phase]
-        running: list[tuple[dict[str, Any], subprocess.Popen[str]]] = []
-        while queue or running:
-            while queue and len(running) < args.parallel:
-                job = queue.pop(0)
-                worker = [sys.executable, __file__, *passed, "--job", json.dumps(job)]
-                running.append((job, subprocess.Popen(worker, stdout=subprocess.PIPE, text=True)))
-            for job, process in list(running):
-                if process.poll() is None:
-                    continue
-                running.remove((job, process))
-                output = process.stdout.read() if process.stdout else ""
-                found = [line[4:] for line in output.splitlines() if line.startswith("ROW ")]
-                if process.returncode != 0 or not found:
+        context = {"tokenizer": "ptb" if java_available() else "python"}
+        if args.extract:
+            row = nearest_neighbour_row(args)
+            recorder.write([{**row, **context}])
+            written += 1
+            print(f"nn: test CIDEr-D {row['test_CIDEr_beam3']:.3f}", flush=True)
+        for phase in sorted({job.get("phase", 1) for job in jobs}):
+            specs = [job_spec(args, job) for job in jobs if job.get("phase", 1) == phase]
+            for (row,) in study.run_study(study.plan(specs, threads), sweep_row,
+                                          jobs=args.parallel, run=run_job):  # fmt: skip
+                if "failed" in row:
                     failed += 1
-                    print(f"{job['name']} seed {job['seed']}: failed (exit {process.returncode})")
+                    print(f"{row['name']} seed {row['seed']}: failed ({row['failed']})")
                     continue
-                save(json.loads(found[0]))
-                print(f"{job['name']} seed {job['seed']}: val {rows[-1]['val_best']:.3f}")
-            time.sleep(1)
-    print(f"wrote {args.results}: {len(rows)} rows; {failed} failed")
+                recorder.write([{**row, **context}])  # after each job: a stopped sweep keeps it
+                written += 1
+                print(f"{row['name']} seed {row['seed']}: val {row['val_best']:.3f}", flush=True)
+    except CaptioningError as exc:
+        return study.fail(exc)
+    print(f"wrote {recorder.path}: {written} rows; {failed} failed")
     return 1 if failed else 0
 
 

@@ -3,7 +3,8 @@ over the cross-entropy model it starts from, with each baseline, against one mor
 cross-entropy (the control), seed by seed.
 
     captioning shapes --captions varied --out data/shapes_varied
-    python tools/scst_study.py --data data/shapes_varied --out runs/scst_study --seeds 0,1,2
+    python -m tools.scst_study --data data/shapes_varied --out runs/scst_study --seeds 0,1,2 \
+        --results results/scst_shapes.json
 
 For each seed S this trains ``configs/shapes_soft.yaml`` on ``--data`` with CIDEr-D as the
 validation score into ``OUT/xe-sS``, then three one-epoch runs of
@@ -11,29 +12,40 @@ validation score into ``OUT/xe-sS``, then three one-epoch runs of
 ``loo`` baseline, SCST with the ``greedy`` baseline, and the control (``train.objective=xe``,
 the same learning rate and epoch). Each of the four models is scored on the test split with
 beam 3 (CIDEr-D, BLEU-4, METEOR, exact match, with the captions' mean length and the share
-that end in "a", "and", "of" or "the") and becomes one row of ``--results`` (default
-results/scst_shapes.json): the variant, the seed, the scores, the train seconds, the
-commands, the commit and the machine. A run folder that finished (``summary.json``) is scored
-again, not retrained. Rows merge by (variant, seed); ``python tools/tables.py`` renders them
-into docs/scst.md.
+that end in "a", "and", "of" or "the") and becomes one row of ``--results FILE`` where given
+(results/scst_shapes.json), else of ``OUT/rows.json``: the variant, the seed, the scores, the
+train seconds, the ``captioning`` commands, the study's command, the commit, precision,
+threads, device and machine. The runner (:mod:`benchmarks.study`) scores a run folder that
+finished (``summary.json``) again without retraining it; ``--jobs N`` trains N seeds (then
+N fine-tunes) side by side. Rows merge by (variant, seed); the table in docs/scst.md is
+rendered from results/scst_shapes.json.
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-if __package__ in (None, ""):  # run as a script: the repository root holds benchmarks/
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 import argparse
 import json
 import shlex
-import time
+import sys
+from pathlib import Path
 from typing import Any
 
-from benchmarks.provenance import add_study_options, git_commit, machine, write_rows
-from captioning.config import load_config
+from benchmarks.provenance import portable
+from benchmarks.study import (
+    Evaluation,
+    Outcome,
+    Recorder,
+    RunSpec,
+    StudyError,
+    add_runner_options,
+    add_seeds_option,
+    fail,
+    plan,
+    run_fields,
+    run_study,
+    seeds_of,
+    threads_for,
+)
 from captioning.errors import CaptioningError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,57 +71,43 @@ def caption_statistics(captions: list[str]) -> tuple[float, float]:
     return mean_length, dangling
 
 
-def settings(args: argparse.Namespace, variant: str, seed: int) -> list[str]:
-    """The overrides of one run: the data, the seed, the thread count, then the variant's own
-    and the study's ``--set`` (which win)."""
-    common = [f"data.root={args.data}", f"train.seed={seed}", "train.quiet=true"]
-    if args.threads is not None:
-        common.append(f"train.threads={args.threads}")
+def variant_spec(out: Path, data: Path, variant: str, seed: int, extra: list[str]) -> RunSpec:
+    """One run: the cross-entropy model, or a one-epoch fine-tune from its ``best.pt``; the
+    variant's own overrides, then the study's ``--set`` (which win)."""
     if variant == "xe":
-        own = ["train.select_metric=CIDEr"]
+        config, own, init = XE_CONFIG, ["train.select_metric=CIDEr"], None
     else:
+        config, init = SCST_CONFIG, out / f"xe-s{seed}" / "best.pt"
         own = [*FINE_TUNES[variant], "train.epochs=1", f"train.val_max_images={VAL_IMAGES}"]
-    return [*common, *own, *args.overrides]
+    return RunSpec(variant, config, (*own, *extra), seed, out / f"{variant}-s{seed}",
+                   plumbing=(f"data.root={data}", "train.quiet=true"), init=init,
+                   evaluations=(Evaluation("test", beam_size=BEAM, options=()),),
+                   meta={"out": str(out), "data": str(data)})  # fmt: skip
 
 
-def train_command(config: str, overrides: list[str], out: Path, init: Path | None) -> str:
-    words = ["captioning", "train", "--config", config]
-    if init is not None:
-        words += ["--init", str(init)]
-    for item in overrides:
-        words += ["--set", item]
-    return shlex.join([*words, "--out", str(out)])
-
-
-def run_variant(args: argparse.Namespace, variant: str, seed: int) -> dict[str, Any]:
-    """Train one variant of one seed (unless its folder finished) and score its ``best.pt``."""
-    from captioning.evaluate import evaluate_checkpoint
-    from captioning.train import fit
-
-    config = XE_CONFIG if variant == "xe" else SCST_CONFIG
-    overrides = settings(args, variant, seed)
-    folder = args.out / f"{variant}-s{seed}"
-    init = None if variant == "xe" else args.out / f"xe-s{seed}" / "best.pt"
-    summary_path = folder / "summary.json"
-    if not summary_path.is_file():
-        began = time.perf_counter()
-        fit(load_config(str(ROOT / config), overrides), folder, init=init and str(init))
-        summary_path.write_text(
-            json.dumps({"seconds": round(time.perf_counter() - began, 1)}, indent=1) + "\n"
-        )
-    seconds = json.loads(summary_path.read_text())["seconds"]
-    scored = args.out / f"eval-{variant}-s{seed}"
-    metrics = evaluate_checkpoint(
-        folder / "best.pt", split="test", beam_size=BEAM, out_dir=scored, progress=False
-    )
+def variant_row(outcome: Outcome) -> dict[str, Any]:
+    """The row of one variant and seed: its scores on the test split with beam 3."""
+    spec = outcome.spec
+    if outcome.failed is not None:
+        raise StudyError(f"{spec.folder} diverged: {outcome.failed}")
+    places = {"OUT": Path(spec.meta["out"]), "DATA": Path(spec.meta["data"])}
+    metrics = outcome.metrics[f"test_beam{BEAM}"]
+    scored = spec.folder / f"eval_test_beam{BEAM}"
     predictions = json.loads((scored / "predictions.json").read_text())
     length, dangling = caption_statistics([p["caption"] for p in predictions])
+    train = ["captioning", "train", "--config", spec.config]
+    if spec.init is not None:
+        train += ["--init", str(spec.init)]
+    train += [w for item in spec.settings() for w in ("--set", item)]
+    train += ["--out", str(spec.folder)]
+    evaluate = ["captioning", "evaluate", "--checkpoint", str(spec.folder / "best.pt"),
+                "--split", "test", "--beam-size", str(BEAM), "--out", str(scored)]  # fmt: skip
     return {
-        "variant": variant,
-        "seed": seed,
-        "config": config,
-        "overrides": [o for o in overrides if not o.startswith(("data.root=", "train.seed="))],
-        "init": None if init is None else f"xe-s{seed}/best.pt",
+        "variant": spec.name,
+        "seed": spec.seed,
+        "config": spec.config,
+        "overrides": [*spec.overrides, *(p for p in spec.plumbing if p.startswith("train."))],
+        "init": None if spec.init is None else f"xe-s{spec.seed}/best.pt",
         "test_images": len(predictions),
         "beam_size": BEAM,
         **{
@@ -119,65 +117,48 @@ def run_variant(args: argparse.Namespace, variant: str, seed: int) -> dict[str, 
         },  # fmt: skip
         "mean_length": round(length, 3),
         "dangling": round(dangling, 4),
-        "train_seconds": seconds,
-        "command": train_command(config, overrides, folder, init),
-        "evaluate": shlex.join(
-            [
-                "captioning",
-                "evaluate",
-                "--checkpoint",
-                str(folder / "best.pt"),
-                "--split",
-                "test",
-                "--beam-size",
-                str(BEAM),
-                "--out",
-                str(scored),
-            ]
-        ),  # fmt: skip
+        "train_seconds": round(outcome.summary.get("seconds", outcome.train_seconds), 1),
+        "train_command": shlex.join(portable(w, places) for w in train),
+        "evaluate": shlex.join(portable(w, places) for w in evaluate),
+        **run_fields(outcome),
     }
 
 
-def parse_seeds(text: str) -> list[int]:
-    try:
-        seeds = [int(s) for s in text.split(",") if s.strip()]
-    except ValueError:
-        raise CaptioningError(f"--seeds {text!r}: give whole numbers such as 0,1,2") from None
-    if not seeds or len(set(seeds)) != len(seeds) or min(seeds) < 0:
-        raise CaptioningError(f"--seeds {text!r}: give distinct seeds of 0 or more, e.g. 0,1,2")
-    return seeds
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m tools.scst_study", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--data", type=Path, required=True,
                         help="a `captioning shapes --captions varied` folder")  # fmt: skip
     parser.add_argument("--out", type=Path, required=True, help="the runs' folder")
-    parser.add_argument("--seeds", default="0,1,2", help="comma-separated (default 0,1,2)")
-    add_study_options(parser, results=ROOT / "results" / "scst_shapes.json")
+    add_seeds_option(parser, "0,1,2")
+    add_runner_options(parser)
     args = parser.parse_args(argv)
     try:
-        seeds = parse_seeds(args.seeds)
+        seeds, threads = seeds_of(args), threads_for(args.jobs, args.threads)
         if not (args.data / "annotations").is_dir():
-            raise CaptioningError(
+            raise StudyError(
                 f"--data {args.data}: no shapes data there "
                 f"(make it with: captioning shapes --captions varied --out {args.data})"
             )
-        commit, where = git_commit(), machine()
-        if args.threads is not None:
-            where["threads"] = args.threads
+        recorder = Recorder.from_args("tools.scst_study", argv, args,
+                                      lambda r: (r["variant"], r["seed"]),
+                                      places={"DATA": args.data})  # fmt: skip
         rows = []
-        for seed in seeds:
-            for variant in VARIANTS:
-                row = run_variant(args, variant, seed)
-                row.update(commit=commit, machine=where, timed_alone=not args.machine_busy)
+        # the cross-entropy models first: each fine-tune starts from its seed's
+        for variants in (["xe"], list(FINE_TUNES)):
+            specs = [variant_spec(args.out, args.data, v, seed, args.overrides)
+                     for seed in seeds for v in variants]  # fmt: skip
+            for (row,) in run_study(plan(specs, threads), variant_row, jobs=args.jobs):
+                stamp = recorder.stamp  # the machine as the table reads it
+                row["machine"] = {"cpu": stamp["cpu"], "cores": stamp["cores"],
+                                  "threads": row["threads"], "torch": stamp["torch"]}  # fmt: skip
                 rows.append(row)
-                write_rows(args.results, [row], lambda r: (r["variant"], r["seed"]))
-                print(f"{variant} seed {seed}: test CIDEr-D {row['CIDEr']:.3f}", flush=True)
+                recorder.write([row])
+                print(f"{row['variant']} seed {row['seed']}: test CIDEr-D {row['CIDEr']:.3f}")
     except CaptioningError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(f"wrote {len(rows)} rows to {args.results}")
+        return fail(exc)
+    print(f"wrote {len(rows)} rows to {recorder.path}")
     return 0
 
 

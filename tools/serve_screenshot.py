@@ -1,7 +1,7 @@
 """Screenshot of the web demo for the README: caption a test image in headless Chromium,
 hover one word, and save the page as a small PNG.
 
-    python tools/serve_screenshot.py --checkpoint runs/quickstart/best.pt --out docs/serve.png
+    python -m tools.serve_screenshot --checkpoint runs/quickstart/best.pt --out docs/serve.png
 
 Needs the serve and dev extras and Debian's chromium and chromium-driver
 (``make test-browser`` installs them).
@@ -28,7 +28,9 @@ from captioning.serve.server import BackgroundServer
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m tools.serve_screenshot", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--checkpoint", required=True)
     parser.add_argument("--image", default=None, help="default: the first example image")
     parser.add_argument("--word", type=int, default=2, help="which word to hover (from 0)")

@@ -1,0 +1,94 @@
+"""What the photo recipe (:mod:`benchmarks.photos`) and the Flickr8k table
+(:mod:`benchmarks.flickr8k`) share before and beside training: the seconds of each stage,
+the shared backbone converted, the frozen backbone's grids cached, and the consensus
+nearest-neighbour baseline on them.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks.provenance import ROOT
+from captioning.config import Config
+from captioning.data import load_splits
+from captioning.errors import CaptioningError
+from captioning.feature_cache import FeatureCache, cache_folder, extract_features
+from captioning.metrics import caption_metrics, tokenize_for_eval
+from captioning.models import encoder_from_config
+from captioning.nearest import NearestNeighbourCaptioner, pool_grids
+
+NN_KS = (1, 3, 5, 10, 20, 40, 80)  # the nearest neighbour's k, chosen among these on val
+
+
+class Stages:
+    """Seconds of each stage, kept in ``OUT/stages.json`` so that a reused stage keeps the
+    time it took when it ran."""
+
+    def __init__(self, out: Path) -> None:
+        self.path = out / "stages.json"
+        self.seconds: dict[str, Any] = (
+            json.loads(self.path.read_text()) if self.path.is_file() else {}
+        )
+
+    def record(self, name: str, seconds: float, **extra: Any) -> None:
+        """Keep ``name``'s seconds (and ``extra`` fields) in the file."""
+        self.seconds.update({name: round(seconds, 2), **extra})
+        self.path.write_text(json.dumps(self.seconds, indent=1) + "\n")
+
+
+def convert_backbone(source: Path, weights: Path) -> None:
+    """The shared MobileNetV2 file ``source`` into torchvision's layout at ``weights``."""
+    weights.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, "-m", "tools.convert_weights", str(source), str(weights),
+                    "--arch", "mobilenet_v2", "--force"],
+                   cwd=ROOT, check=True, stdout=subprocess.DEVNULL)  # fmt: skip
+
+
+def extract_grids(cfg: Config) -> bool:
+    """Cache the frozen backbone's grids of every split not cached yet; whether any was."""
+    ran = False
+    for split in ("train", "val", "test"):
+        try:
+            extract_features(cfg, split, progress=False)
+            ran = True
+        except CaptioningError as exc:
+            if "already exists" not in str(exc):
+                raise
+    return ran
+
+
+def consensus_predictions(
+    cfg: Config, ks: tuple[int, ...] = NN_KS
+) -> tuple[int, dict[int, float], dict[int, str]]:
+    """The consensus nearest neighbour on the cached grids of ``cfg``: the ``k`` of ``ks``
+    (those up to the training images' count) with the best validation CIDEr-D, the
+    validation CIDEr-D of each, and the test captions at that ``k``."""
+    splits = load_splits(cfg.data)
+    folder = cache_folder(cfg, encoder_from_config(cfg.model))
+
+    def pooled(split: str) -> torch.Tensor:
+        cache = FeatureCache(folder, split)
+        return pool_grids(torch.stack([cache.grid(r.image_id) for r in splits[split]]))
+
+    train = splits["train"]
+    tokens = tokenize_for_eval({r.image_id: list(r.captions) for r in train})
+    model = NearestNeighbourCaptioner(
+        pooled("train"), [[c.split() for c in tokens[r.image_id]] for r in train]
+    )
+
+    def predictions(split: str, k: int) -> dict[int, str]:
+        captions = model.caption(pooled(split), k)
+        return {r.image_id: " ".join(c) for r, c in zip(splits[split], captions)}
+
+    val_refs = {r.image_id: list(r.captions) for r in splits["val"]}
+    ks = tuple(k for k in ks if k <= len(train))
+    val_cider = {k: caption_metrics(predictions("val", k), val_refs, meteor=False)["CIDEr"]
+                 for k in ks}  # fmt: skip
+    best_k = max(ks, key=lambda k: (val_cider[k], -k))
+    return best_k, val_cider, predictions("test", best_k)

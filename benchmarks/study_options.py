@@ -1,0 +1,93 @@
+"""The options and checks every study's command line shares: ``--seeds`` (one parser),
+``--set``, ``--threads``, ``--jobs``, ``--machine-busy``, ``--results`` and ``--replace``,
+and one-line errors. :mod:`benchmarks.study` re-exports them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from benchmarks.results import PLUMBING
+from captioning.cli import add_set_option, positive_int
+from captioning.config import parse_override
+from captioning.errors import CaptioningError
+
+
+class StudyError(CaptioningError):
+    """An argument or a run folder the study cannot use (the message says what to do)."""
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``0,1,2``, ``0-9``, ``3`` or ``2-3,5`` as a sorted list of distinct seeds.
+
+    Raises:
+        StudyError: in one line, for anything else (a negative seed, ``3-1``, ``a``, none).
+    """
+    seeds: set[int] = set()
+    try:
+        for part in (p.strip() for p in text.split(",") if p.strip()):
+            low, dash, high = part.partition("-")
+            first = int(low)
+            last = int(high) if dash else first
+            if first < 0 or last < first:
+                raise ValueError
+            seeds.update(range(first, last + 1))
+    except ValueError:
+        seeds.clear()
+    if not seeds:
+        raise StudyError(f"--seeds wants seeds >= 0 such as 0-9, 0,2,4 or 3, got {text!r}")
+    return sorted(seeds)
+
+
+def add_seeds_option(parser: argparse.ArgumentParser, default: str, what: str = "") -> None:
+    """``--seeds`` (``0,1,2``, ``0-9``, ``3``, or words ``0 1 2``), read by
+    :func:`parse_seeds` from ``" ".join(args.seeds)``."""
+    parser.add_argument("--seeds", nargs="+", default=[default],
+                        help=f"seeds such as 0-9, 0,2,4 or 3{what} ({default})")  # fmt: skip
+
+
+def seeds_of(args: argparse.Namespace) -> list[int]:
+    """The seeds of ``--seeds`` (see :func:`add_seeds_option`)."""
+    return parse_seeds(",".join(args.seeds))
+
+
+def add_runner_options(parser: argparse.ArgumentParser, each: str = "every run") -> None:
+    """``--set`` (repeatable), ``--threads``, ``--jobs``, ``--machine-busy``, ``--results``
+    (no default: without it the rows go to the out folder only) and ``--replace``."""
+    add_set_option(parser, f"a config override of {each} (repeatable)")
+    parser.add_argument(
+        "--threads", type=positive_int, help=f"train.threads of {each} (default: cores // --jobs)"
+    )
+    parser.add_argument(
+        "--jobs", type=positive_int, default=1, help="runs side by side, one process each (1)"
+    )
+    parser.add_argument(
+        "--machine-busy",
+        action="store_true",
+        help="other work runs beside this one: the rows are not timed alone",
+    )
+    parser.add_argument(
+        "--results", type=Path, help="also merge the rows into this results file (results/X.json)"
+    )
+    parser.add_argument(
+        "--replace",
+        action="store_true",
+        help="let a row replace one of the same key made under other settings",
+    )
+
+
+def refuse_plumbing(overrides: list[str], plumbing: tuple[str, ...] = PLUMBING) -> None:
+    """A :class:`StudyError` for a ``--set`` of a key the study sets itself."""
+    for text in overrides:
+        key = ".".join(parse_override(text)[0])
+        if key in plumbing:
+            raise StudyError(f"--set {text}: {key} is the study's to set; use --seeds, "
+                             f"--threads or the study's own options")  # fmt: skip
+
+
+def fail(exc: Exception) -> int:
+    """Print ``exc`` as a one-line error; the exit status of a user's error (2)."""
+    print(f"error: {exc}", file=sys.stderr)
+    return 2

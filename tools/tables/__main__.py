@@ -1,0 +1,5 @@
+"""``python -m tools.tables``: regenerate (or ``--check``) the docs' result tables."""
+
+from tools.tables import main
+
+raise SystemExit(main())

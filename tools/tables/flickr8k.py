@@ -1,0 +1,181 @@
+"""Show, Attend and Tell's Flickr8k rows beside ours (``results/flickr8k.json``, rows of
+``benchmarks/flickr8k.py``): the recipe, its beams, BLEU's brevity penalty, its levers, the
+attention penalty over training and each run's time."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tools.tables.common import (
+    PLUMBING,
+    Rows,
+    commits,
+    machines,
+    mean,
+    precisions,
+    source_note,
+    timed,
+)
+
+# Xu et al. (2015), Table 1, Flickr8k: BLEU-1..4 (without the brevity penalty) and METEOR.
+PAPER_FLICKR8K = {
+    "soft": (67.0, 44.8, 29.9, 19.5, 18.93),
+    "hard": (67.0, 45.7, 31.4, 21.3, 20.30),
+}
+FLICKR8K_MODELS = ("nn", "none", "soft", "hard", "hard_exact", "scst")
+FLICKR8K_SCORES = ("Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "METEOR", "Bleu_4_no_bp",
+                   "ROUGE_L", "CIDEr")  # fmt: skip
+FLICKR8K_HEAD = ("| model | beam | trained on | seeds | BLEU-1 | BLEU-2 | BLEU-3 | BLEU-4 | "
+                 "METEOR | BLEU-4 without BP | ROUGE-L | CIDEr-D | CIDEr-D of each seed | "
+                 "seeds above nn in CIDEr-D |")  # fmt: skip
+
+
+def _device(row: dict[str, Any]) -> str:
+    return "GPU" if "NVIDIA" in row["device"] else "CPU"
+
+
+def _flickr8k_lines(rows: Rows, nn_cider: float | None) -> list[str]:
+    """One line per model, beam size and device: the mean of the seeds in percent, each
+    seed's CIDEr-D, and how many seeds score above the nearest neighbour's CIDEr-D."""
+    groups: dict[tuple, Rows] = {}
+    for row in rows:
+        groups.setdefault((row["model"], row["beam_size"], _device(row)), []).append(row)
+    order = {m: i for i, m in enumerate(FLICKR8K_MODELS)}
+    lines = []
+    for (model, beam, device), group in sorted(
+        groups.items(), key=lambda g: (order[g[0][0]], g[0][2], g[0][1] or 0)
+    ):
+        group = sorted(group, key=lambda r: r["seed"] or 0)
+        means = [mean([r.get(k) for r in group]) for k in FLICKR8K_SCORES]
+        each = ", ".join(f"{100 * r['CIDEr']:.1f}"
+                         + ("" if r["seed"] is None else f" ({r['seed']})")
+                         for r in group)  # fmt: skip
+        above = "–"
+        if model != "nn" and nn_cider is not None:
+            above = f"{sum(r['CIDEr'] > nn_cider for r in group)} of {len(group)}"
+        cells = " | ".join("–" if m is None else f"{100 * m:.2f}" for m in means)
+        lines.append(f"| {model} | {beam or '–'} | {device} | {len(group)} | {cells} | {each} "
+                     f"| {above} |")  # fmt: skip
+    return lines
+
+
+def _nn_cider(rows: Rows) -> float | None:
+    """The nearest neighbour's test CIDEr-D among ``rows`` (it has no seed)."""
+    found = [r["CIDEr"] for r in rows if r["model"] == "nn" and r["variant"] == "recipe"]
+    return found[0] if found else None
+
+
+def _flickr8k_note(rows: Rows) -> str:
+    return (f"Test split, 1,000 images; scores in percent, the mean of the seeds. "
+            f"Trained on {machines(rows)}, precision {precisions(rows)}; "
+            f"commits {commits(rows)}; {timed(rows)}; `results/flickr8k.json` holds every "
+            f"row with its command.")  # fmt: skip
+
+
+def flickr8k(rows: Rows) -> str:
+    """Show, Attend and Tell's Flickr8k rows beside ours (``benchmarks/flickr8k.py``): the
+    recipe's models at beam 3 and the nearest neighbour, the mean of the seeds."""
+    head = [FLICKR8K_HEAD, "|" + " --- |" * 14]
+    for name, (b1, b2, b3, b4, meteor) in PAPER_FLICKR8K.items():
+        bleu = " | ".join(f"{b:.1f}" for b in (b1, b2, b3, b4))
+        head.append(f"| **paper: {name}** (Xu et al. 2015; BLEU without BP) | | | | {bleu} | "
+                    f"{meteor:.2f} | {b4:.1f} | | | | |")  # fmt: skip
+    recipe = [r for r in rows if r["variant"] == "recipe" and r["beam_size"] in (None, 3)]
+    lines = _flickr8k_lines(recipe, _nn_cider(rows))
+    return "\n".join([*head, *lines, "", _flickr8k_note(recipe)]) + "\n"
+
+
+def flickr8k_beams(rows: Rows) -> str:
+    """The soft model of the Flickr8k recipe decoded with 1, 3 and 5 beams."""
+    head = [FLICKR8K_HEAD, "|" + " --- |" * 14]
+    soft = [r for r in rows if r["variant"] == "recipe" and r["model"] == "soft"]
+    lines = _flickr8k_lines(soft, _nn_cider(rows))
+    return "\n".join([*head, *lines, "", _flickr8k_note(soft)]) + "\n"
+
+
+def flickr8k_brevity(rows: Rows) -> str:
+    """What BLEU without the brevity penalty rewards: the soft model's beam-3 test captions
+    as decoded and cut to their first N words (variants ``cutN``), scored both ways."""
+    lines = ["| captions | runs | words per caption | length ratio | brevity penalty | BLEU-1 "
+             "| BLEU-1 without BP | BLEU-4 | BLEU-4 without BP | METEOR | CIDEr-D |",
+             "|" + " --- |" * 11]  # fmt: skip
+    groups: dict[str, Rows] = {}
+    for row in rows:
+        cut = row["variant"].startswith("cut")
+        if row["model"] == "soft" and row["beam_size"] == 3 and (cut or row["variant"] == "recipe"):
+            groups.setdefault(row["variant"], []).append(row)
+    for variant in sorted(groups, key=lambda v: -1000 if v == "recipe" else -int(v[3:])):
+        group = groups[variant]
+        name = "as decoded" if variant == "recipe" else f"first {variant[3:]} words"
+        cells = [f"{mean([r['mean_words'] for r in group]):.1f}",
+                 *(f"{mean([r[k] for r in group]):.3f}"
+                   for k in ("Bleu_length_ratio", "Bleu_brevity_penalty")),
+                 *(f"{100 * mean([r[k] for r in group]):.2f}"
+                   for k in ("Bleu_1", "Bleu_1_no_bp", "Bleu_4", "Bleu_4_no_bp", "METEOR",
+                             "CIDEr"))]  # fmt: skip
+        lines.append(f"| {name} | {len(group)} | " + " | ".join(cells) + " |")
+    shown = [r for group in groups.values() for r in group]
+    return "\n".join([*lines, "", source_note(shown, "flickr8k")]) + "\n"
+
+
+def flickr8k_levers(rows: Rows) -> str:
+    """The Flickr8k soft model against the same model with one setting changed (rows of a
+    ``--variant``), beam 3, the seeds' mean in percent."""
+    lines = ["| variant | settings | trained on | seeds | BLEU-4 | METEOR | CIDEr-D | best "
+             "validation score (selected on) | CIDEr-D of each seed |",
+             "|" + " --- |" * 9]  # fmt: skip
+    groups: dict[tuple, Rows] = {}
+    for row in rows:
+        trained = not row["variant"].startswith("cut")  # cut captions are only scored
+        if row["model"] == "soft" and row["beam_size"] == 3 and trained:
+            groups.setdefault((row["variant"], _device(row)), []).append(row)
+    for (variant, device), group in sorted(
+        groups.items(), key=lambda g: (g[0][0] != "recipe", g[0])
+    ):
+        group = sorted(group, key=lambda r: r["seed"])
+        settings = [o for o in group[0]["overrides"] if not o.startswith(PLUMBING)]
+        scores = [mean([r[k] for r in group]) for k in ("Bleu_4", "METEOR", "CIDEr")]
+        val = mean([r["best_val"] for r in group])
+        each = ", ".join(f"{100 * r['CIDEr']:.1f} ({r['seed']})" for r in group)
+        lines.append(f"| {variant} | {', '.join(f'`{o}`' for o in settings) or 'the recipe'} | "
+                     f"{device} | {len(group)} | " + " | ".join(f"{100 * v:.2f}" for v in scores)
+                     + f" | {100 * val:.2f} ({group[0]['select_metric']}) | {each} |")  # fmt: skip
+    shown = [r for group in groups.values() for r in group]
+    return "\n".join([*lines, "", source_note(shown, "flickr8k")]) + "\n"
+
+
+def flickr8k_attention(rows: Rows) -> str:
+    """What the training loss reported of the attention maps at the first and last epoch of
+    each Flickr8k run that recorded it (beam-3 rows of the recipe): the doubly stochastic
+    penalty and hard attention's entropy, both per caption."""
+    lines = ["| model | seed | trained on | penalty: first epoch | last epoch "
+             "| entropy (nats): first epoch | last epoch | nll per word: first epoch "
+             "| last epoch |", "|" + " --- |" * 9]  # fmt: skip
+    kept = [r for r in rows if r.get("training") and r["variant"] == "recipe"
+            and r["beam_size"] == 3]  # fmt: skip
+    for row in sorted(kept, key=lambda r: (r["model"], _device(r), r["seed"])):
+        first, last = row["training"]["first_epoch"], row["training"]["last_epoch"]
+        cells = [row["model"], str(row["seed"]), _device(row)]
+        for key in ("penalty", "entropy", "nll_per_token"):
+            cells += [f"{e[key]:.2f}" if key in e else "–" for e in (first, last)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join([*lines, "", source_note(kept, "flickr8k")]) + "\n"
+
+
+def flickr8k_time(rows: Rows) -> str:
+    """The Flickr8k recipe's seconds per stage, per run, with the device and whether the run
+    had the machine to itself."""
+    lines = ["| model | seed | trained on | threads | timed alone | prepare s | extract s | "
+             "train s | evaluate s | whole recipe s |", "|" + " --- |" * 10]  # fmt: skip
+    order = {m: n for n, m in enumerate(FLICKR8K_MODELS)}
+    rows = sorted(rows, key=lambda r: (order[r["model"]], _device(r), r["seed"] or 0))
+    shown = [r for r in rows if r["variant"] == "recipe" and r["beam_size"] in (None, 3)]
+    for row in shown:
+        t = row["seconds"]
+        train = (t.get("first_stage") or 0) + t["train"]
+        lines.append(f"| {row['model']} | {row['seed'] if row['seed'] is not None else '–'} | "
+                     f"{row['device']} | {row['threads']} | "
+                     f"{'yes' if row['timed_alone'] else 'no'} "
+                     f"| {t['prepare']:.0f} | {t['extract']:.0f} | {train:.0f} | "
+                     f"{t.get('evaluate', 0):.0f} | {t.get('recipe', 0):.0f} |")  # fmt: skip
+    return "\n".join([*lines, "", source_note(shown, "flickr8k")]) + "\n"

@@ -1,0 +1,124 @@
+"""Attention grounding against COCO's boxes (``results/grounding.json``, rows of
+``tools/grounding_study.py``): per model and seed, per category and per word."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from tools.tables.common import Rows, portable, provenance, score, source_note
+
+GROUNDING_MAPS = ("model", "centre", "saliency", "even")
+
+
+def _grounding_groups(rows: Rows) -> dict[tuple[str, str], Rows]:
+    """The rows of each (model, variant), seeds in order."""
+    groups: dict[tuple[str, str], Rows] = {}
+    for row in sorted(rows, key=lambda r: (r["model"], r["variant"], r["seed"])):
+        groups.setdefault((row["model"], row["variant"]), []).append(row)
+    return groups
+
+
+def _grounding_verdict(model: str, group: Rows) -> str:
+    """Whether the model's pointing game beats the centre prior and its own saliency map on
+    every seed by more than the spread of its own score over the seeds."""
+    overall = [r["grounding"]["overall"] for r in group]
+    spread = statistics.stdev([o["model"]["pointing"] for o in overall]) if len(group) > 1 else 0
+    gaps, met = [], True
+    for baseline in ("centre", "saliency"):
+        diffs = [o["model"]["pointing"] - o[baseline]["pointing"] for o in overall]
+        met = met and all(d > spread for d in diffs)
+        gaps.append(f"{baseline} " + ", ".join(f"{d:+.3f}" for d in diffs))
+    masses = [o["model"]["mass"] - o["saliency"]["mass"] for o in overall]
+    return (f"**{model}**, the model's pointing game minus the baseline's, seed by seed: "
+            f"{'; '.join(gaps)}; the model's own spread over the seeds (standard deviation) "
+            f"{spread:.3f}: it {'beats' if met else 'does not beat'} both on every seed by more "
+            f"than that. Its mass in the boxes minus its saliency map's: "
+            + ", ".join(f"{d:+.3f}" for d in masses) + ".")  # fmt: skip
+
+
+def _decoding(row: dict[str, Any]) -> str:
+    decoding = row["decoding"]
+    return "greedy" if decoding["strategy"] == "greedy" else f"beam {decoding['beam_size']}"
+
+
+def grounding(rows: Rows) -> str:
+    """Attention grounding against COCO's boxes (``tools/grounding_study.py``): per model and
+    seed the words scored, the pointing game and the mass in the boxes of the model's maps
+    and of the baselines, the maps' median peak and mean entropy, then the verdict on the
+    target (the model beats the centre prior and its saliency map on every seed)."""
+    head = " | ".join(f"pointing {m}" for m in GROUNDING_MAPS) + " | " + " | ".join(
+        f"mass {m}" for m in GROUNDING_MAPS)  # fmt: skip
+    lines = [f"| model | seed | words | {head} | median peak | mean entropy | other maps "
+             "(pointing) | CIDEr-D |", "|" + " --- |" * 15]  # fmt: skip
+    verdicts = []
+    for (model, variant), group in _grounding_groups(rows).items():
+        name = model if variant == "recipe" else f"{model} ({variant})"
+        for row in group:
+            o = row["grounding"]["overall"]
+            others = ", ".join(f"{k} {o[k]['pointing']:.3f}" for k in o
+                               if k not in ("words", *GROUNDING_MAPS))  # fmt: skip
+            cells = [f"{o[m][k]:.3f}" for k in ("pointing", "mass") for m in GROUNDING_MAPS]
+            peak, entropy = o["model"]["median_peak"], o["model"]["mean_entropy"]
+            cider = score(row["scores"].get("CIDEr"))
+            cells += [f"{peak:.4f}", f"{entropy:.3f}", others or "–", cider]
+            lines.append(f"| {name} | {row['seed']} | {o['words']} | " + " | ".join(cells) + " |")
+        verdicts.append(_grounding_verdict(name, group))
+    first = rows[0]
+    grid, even = first["grounding"]["grid"], first["grounding"]["overall"]["even"]
+    lines += ["", *verdicts, "",
+              f"{len(rows)} rows of `results/grounding.json`: {provenance(rows)}. "
+              f"{first['images']} images, a {grid[0]} x {grid[1]} grid (an even map's peak is "
+              f"{even['median_peak']:.3f}, its entropy {even['mean_entropy']:.3f} nats); "
+              f"centre prior sd {first['grounding']['centre_sigma']} of the image's sides; "
+              f"decoded {_decoding(first)}. The first row's command: "
+              f"`{portable(first['command'])}`."]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def _pooled(groups: list[dict[str, Any]]) -> dict[str, Any]:
+    """One group's scores over seeds: words summed, each map's pointing weighted by words."""
+    words = sum(g["words"] for g in groups)
+    pooled = {"words": words, "seeds": len(groups)}
+    for m in GROUNDING_MAPS:
+        pooled[m] = sum(g[m]["pointing"] * g["words"] for g in groups) / words
+    return pooled
+
+
+def _grounding_breakdown(rows: Rows, key: str, label: str) -> str:
+    """Per category (``key`` = categories) or word (words), pooled over each model's seeds."""
+    lines = [f"| model | {label} | seeds | words | " + " | ".join(f"pointing {m}"
+             for m in GROUNDING_MAPS) + " | model minus the best baseline |",
+             "|" + " --- |" * (5 + len(GROUNDING_MAPS))]  # fmt: skip
+    for (model, variant), group in _grounding_groups(rows).items():
+        name = model if variant == "recipe" else f"{model} ({variant})"
+        found: dict[str, list[dict[str, Any]]] = {}
+        for row in group:
+            for item, scores in row["grounding"][key].items():
+                found.setdefault(item, []).append(scores)
+        pooled = {item: _pooled(g) for item, g in found.items()}
+        for item, p in sorted(pooled.items(), key=lambda kv: (-kv[1]["words"], kv[0])):
+            gap = p["model"] - max(p[m] for m in GROUNDING_MAPS if m != "model")
+            lines.append(f"| {name} | {item} | {p['seeds']} | {p['words']} | "
+                         + " | ".join(f"{p[m]:.2f}" for m in GROUNDING_MAPS)
+                         + f" | {gap:+.2f} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def grounding_categories(rows: Rows) -> str:
+    """:func:`grounding` per COCO category, pooled over the seeds (weighted by words)."""
+    table = _grounding_breakdown(rows, "categories", "category")
+    return f"{table}\n{source_note(rows, 'grounding')}\n"
+
+
+def grounding_words(rows: Rows) -> str:
+    """:func:`grounding` per generated word, pooled over the seeds, and the words that name a
+    category their photo lacks."""
+    table = _grounding_breakdown(rows, "words", "word")
+    absent: dict[str, int] = {}
+    for row in rows:
+        for word, count in row["grounding"]["absent"].items():
+            absent[word] = absent.get(word, 0) + count
+    listed = ", ".join(f"{w} {n}" for w, n in sorted(absent.items(), key=lambda kv: -kv[1]))
+    note = "Words that name a category their photo lacks (not scored, all rows)"
+    return f"{table}\n{note}: {listed}. {source_note(rows, 'grounding')}\n"

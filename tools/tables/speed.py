@@ -1,0 +1,190 @@
+"""The speed page's tables (``results/speed.json``: rows of ``benchmarks/time_to_quality.py``,
+``bench.py``, ``beam_floor.py`` and ``profile_epoch.py``, told apart by ``kind``)."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tools.tables.common import (
+    Rows,
+    commands,
+    header,
+    line,
+    portable,
+    provenance,
+    score,
+    torch_versions,
+)
+
+
+def _kind(rows: Rows, kind: str) -> Rows:
+    return [r for r in rows if r.get("kind") == kind]
+
+
+def _provenance(rows: Rows, what: str) -> str:
+    """One line: where the rows came from (machine, precision, timing, commits, commands)."""
+    flags = [r.get("timed_alone") for r in rows]
+    if not all(
+        isinstance(f, bool) for f in flags
+    ):  # the note's timing says how many rows recorded it
+        where = f": {provenance(rows)}"
+    else:
+        alone = "an otherwise idle machine" if all(flags) else "a machine doing other work too"
+        where = f", on {alone}: {provenance(rows, with_timing=False)}"
+    return (f"{len(rows)} {what} rows of `results/speed.json`{where}; torch "
+            f"{torch_versions(rows)}. Made by {commands(rows)}.")  # fmt: skip
+
+
+def speed_quality(rows: Rows) -> str:
+    """Time to quality (``benchmarks/time_to_quality.py``): each run's wall seconds and test
+    scores against its targets."""
+    rows = _kind(rows, "quality")
+    lines = header(["run", "target", "seconds", "test exact", "3 objects",
+                    "pointing: colour / size / shape", ""])  # fmt: skip
+    for r in rows:
+        t = r["target"]
+        target = f"≤ {t['seconds']:.0f} s; exact ≥ {t['exact']:.2f}"
+        if "three_objects" in t:
+            target += f", 3 objects ≥ {t['three_objects']:.2f}"
+        if "pointing" in t:
+            target += f", pointing ≥ {t['pointing']:.2f}"
+        pointing = r["pointing"] if r["recipe"] != "quickstart" else {}
+        cells = [
+            f"`{portable(r['run_command'])}`" if r["recipe"] == "quickstart" else r["name"],
+            target,
+            f"**{r['seconds']:.0f}**",
+            f"{r['exact']:.3f}",
+            score(r.get("three_objects")),
+            " / ".join(score(v) for v in pointing.values()) or "–",
+            "met" if r["met"] else "**not met**",
+        ]
+        lines.append(line(cells))
+    runs = commands([r for r in rows if r["recipe"] != "quickstart"], "run_command", ordered=True)
+    lines += [
+        "",
+        _provenance(rows, "time-to-quality") + f" The training runs: {runs}; each timed from "
+        "start to exit, then its `best.pt` scored on the test split (greedy).",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _seconds(value: float | None) -> str:
+    if value is None:
+        return "–"
+    return f"{value:.3g} s"
+
+
+def speed_bench(rows: Rows) -> str:
+    """Ours against the reference (``benchmarks/bench.py``): per size, device, precision and
+    task the median seconds of the reference, of ours and of ours compiled, and the ratios."""
+    rows = _kind(rows, "bench")
+    groups: dict[tuple, dict[tuple, dict[str, Any]]] = {}
+    for r in rows:
+        group = groups.setdefault((r["size"], r["device"], r["precision"], r["task"]), {})
+        group[(r["impl"], r["compiled"])] = r
+    lines = header(["size", "device", "precision", "task", "reference", "ours", "speed-up",
+                    "ours, compiled", "speed-up"])  # fmt: skip
+    for (size, device, precision, task), group in groups.items():
+        reference = (group.get(("reference", False)) or {}).get("median_s")
+        cells = [size, device, precision, task.replace("_", " "), _seconds(reference)]
+        for compiled in (False, True):
+            ours = (group.get(("ours", compiled)) or {}).get("median_s")
+            ratio = f"{reference / ours:.1f}×" if reference and ours else "–"
+            cells += [_seconds(ours), ratio]
+        lines.append(line(cells))
+    passed = all(r["checks_passed"] for r in rows)
+    lines += [
+        "",
+        _provenance(rows, "timing")
+        + (
+            " Ours and the reference agreed in every check of the run."
+            if passed
+            else " **Ours and the reference disagreed in a check.**"
+        ),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def speed_floor(rows: Rows) -> str:
+    """The beam-search floor (``benchmarks/beam_floor.py``): its parts, the floor, ours, and
+    the median ratio of ours to the floor over the rounds, per task, eager and compiled."""
+    rows = sorted(_kind(rows, "floor"), key=lambda r: -r["beam_size"])
+    columns = [(r, mode) for r in rows for mode in ("eager", "compiled")
+               if r.get(f"floor_{mode}") is not None]  # fmt: skip
+    names = [f"{'greedy' if r['beam_size'] == 1 else 'beam k=' + str(r['beam_size'])}, {mode}"
+             for r, mode in columns]  # fmt: skip
+    lines = ["| | " + " | ".join(names) + " |", "| --- |" + " --- |" * len(columns)]
+
+    def add(label: str, cell: Callable[[dict[str, Any], str], str]) -> None:
+        lines.append(f"| {label} | " + " | ".join(cell(r, m) for r, m in columns) + " |")
+
+    def parts(r: dict[str, Any], mode: str) -> str:
+        p = r["parts"]
+        if mode == "compiled":
+            return f"fused: {p['fused']:.2g} s"
+        return f"{p['add']:.2g} + {p['tanh']:.2g} + {p['projection']:.2g} s"
+
+    def ratio(r: dict[str, Any], mode: str) -> str:
+        ratios = r.get(f"ratios_{mode}")
+        if not ratios:
+            return "–"
+        return (f"**{statistics.median(ratios):.2f}×** (rounds {min(ratios):.2f}-"
+                f"{max(ratios):.2f}×)")  # fmt: skip
+
+    add("dense layers", lambda r, m: f"{r['parts']['dense']:.3g} s ({r['gflop']:.0f} GFLOP)"
+        if m == "eager" else "")  # fmt: skip
+    add("score: add + tanh + projection alone", parts)
+    add(
+        "score, the three passes in sequence",
+        lambda r, m: f"{r['parts']['sequence']:.3g} s" if m == "eager" else "",
+    )
+    add("word choice", lambda r, m: f"{r['parts']['choice']:.2g} s" if m == "eager" else "")
+    add("**floor** (each word's parts in turn)", lambda r, m: f"**{r[f'floor_{m}']:.3g} s**")
+    add("ours", lambda r, m: _seconds(r.get(f"ours_{m}")))
+    add("ours / floor, median of the rounds", ratio)
+    add("reference (`bench.py`)", lambda r, m: _seconds(r.get("reference_seconds")))
+
+    def allowed(r: dict[str, Any], mode: str) -> str:
+        reference = r.get("reference_seconds")
+        return f"{reference / r[f'floor_{mode}']:.1f}×" if reference else "–"
+
+    add("most speed-up the floor allows", allowed)
+    lines += ["", _provenance(rows, "floor") + f" {rows[0]['images']} images, "
+              f"{rows[0]['max_length']} words, COCO size; each round times the floor, then "
+              f"ours right after it."]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def speed_profile(rows: Rows) -> str:
+    """Where a training step's time goes (``benchmarks/profile_epoch.py``): the median
+    milliseconds of each phase per step, one column per measured configuration."""
+    rows = _kind(rows, "profile")
+
+    def label(r: dict[str, Any]) -> str:
+        words = [Path(r["config"]).stem, *r["overrides"]]
+        words.append("word loop" if r["step_loop"] else "all words at once")
+        words.append("channels-last" if r["channels_last"] else "NCHW")
+        return ", ".join(words)
+
+    lines = ["| phase (ms per step) | " + " | ".join(label(r) for r in rows) + " |",
+             "| --- |" + " --- |" * len(rows)]  # fmt: skip
+    phases = list(dict.fromkeys(name for r in rows for name in r["phases"]))
+    for name in phases:
+        cells = [f"{r['phases'][name] * 1e3:.0f}" if name in r["phases"] else "–" for r in rows]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines.append("| **step** | " + " | ".join(f"**{r['step_seconds'] * 1e3:.0f}**" for r in rows)
+                 + " |")  # fmt: skip
+    lines.append("| validation (decode + score), per epoch | " + " | ".join(
+        f"{(r['validation_decode_seconds'] + r['validation_score_seconds']):.1f} s" for r in rows)
+        + " |")  # fmt: skip
+    lines.append("| **epoch** | " + " | ".join(f"**{r['epoch_seconds']:.1f} s**" for r in rows)
+                 + " |")  # fmt: skip
+    lines += [
+        "",
+        _provenance(rows, "profile") + f" Medians of each run's timed steps; "
+        f"{rows[0]['steps_per_epoch']} steps per epoch, batch {rows[0]['batch_size']}.",
+    ]
+    return "\n".join(lines) + "\n"
