@@ -149,11 +149,12 @@ class Outcome:
         return round(sum(e.get("seconds", 0.0) for e in self.history), 2)
 
 
-def _flat(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def flat_settings(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested settings dict as dotted keys (``{"train": {"lr": 1}}`` -> ``{"train.lr": 1}``)."""
     flat = {}
     for key, value in values.items():
         if isinstance(value, dict):
-            flat.update(_flat(value, f"{prefix}{key}."))
+            flat.update(flat_settings(value, f"{prefix}{key}."))
         else:
             flat[f"{prefix}{key}"] = value
     return flat
@@ -165,7 +166,10 @@ def check_folder(spec: RunSpec, cfg: Config) -> None:
     saved = spec.folder / "config.yaml"
     if not spec.checked or not saved.is_file():
         return
-    had, wants = _flat(config_to_dict(load_config(saved))), _flat(config_to_dict(cfg))
+    had, wants = (
+        flat_settings(config_to_dict(load_config(saved))),
+        flat_settings(config_to_dict(cfg)),
+    )
     free = [k for k in wants if k.startswith("runtime.") or k in _FREE]
     changed = [k for k, v in wants.items() if k not in free and had.get(k, v) != v]
     if changed:

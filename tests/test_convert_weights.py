@@ -1,4 +1,4 @@
-"""tools/convert_weights.py: an old-layout MobileNetV2, rebuilt here from its documented
+"""tools.convert_weights: an old-layout MobileNetV2, rebuilt here from its documented
 structure, converts into torchvision's and computes the same; the real file converts and
 loads through the config; the command's refusals are one line."""
 
@@ -243,7 +243,7 @@ def test_the_old_layout_given_directly_says_to_convert(converted_file):
         build_model(_model_config(SHARED_WEIGHTS), vocab_size=10)
     message = str(refused.value)
     assert "\n" not in message and "older key layout" in message
-    assert "tools/convert_weights.py" in message and "--arch mobilenet_v2" in message
+    assert "python -m tools.convert_weights" in message and "--arch mobilenet_v2" in message
 
 
 def test_a_torchvision_weights_file_with_objects_is_refused_in_one_line(tmp_path):

@@ -77,7 +77,7 @@ def test_300_flickr8k_photos_from_the_official_text_files_to_caption_and_figure(
     (text / "Flickr8k.token.txt").write_text("\n".join(tokens) + "\n")
 
     weights = tmp_path / "mobilenet_v2.pt"
-    convert = [sys.executable, "tools/convert_weights.py", str(WEIGHTS), str(weights),
+    convert = [sys.executable, "-m", "tools.convert_weights", str(WEIGHTS), str(weights),
                "--arch", "mobilenet_v2"]  # fmt: skip
     subprocess.run(convert, cwd=ROOT, check=True, capture_output=True)
     data = tmp_path / "flickr8k"

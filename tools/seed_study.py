@@ -47,6 +47,7 @@ from benchmarks.study import (
     add_runner_options,
     add_seeds_option,
     fail,
+    flat_settings,
     parse_seeds,
     plan,
     refuse_plumbing,
@@ -78,16 +79,6 @@ __all__ = ["CONFIG", "PLUMBING", "StudyError", "centre_cell", "colour_probe", "p
 # --- settings of a run ------------------------------------------------------------------
 
 
-def _flat(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat = {}
-    for key, value in values.items():
-        if isinstance(value, dict):
-            flat.update(_flat(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
 def _text(value: Any) -> str:
     """A config value as ``--set`` takes it: ``[32,32,64,128]``, ``true``, ``null``, ``400``."""
     if isinstance(value, list):
@@ -103,7 +94,7 @@ def differences(base: Config, run: Config) -> dict[str, str]:
     """Every setting of ``run`` that ``base`` does not have, as key -> ``--set`` value, but
     the plumbing (seed, threads, paths) and what ``base`` leaves to be resolved (precision
     ``auto``)."""
-    before, after = _flat(config_to_dict(base)), _flat(config_to_dict(run))
+    before, after = flat_settings(config_to_dict(base)), flat_settings(config_to_dict(run))
     changed = {}
     for key, value in after.items():
         if key.startswith("runtime.") or key in PLUMBING or before.get(key) == value:
@@ -120,11 +111,11 @@ def overrides_of(config: Path, requested: list[str], run: Config | None) -> list
     folder's config shows differs from ``config``. A folder trained with another value than
     ``--set`` asks is refused."""
     keys = [".".join(parse_override(text)[0]) for text in requested]
-    asked = _flat(config_to_dict(load_config(config, requested)))
+    asked = flat_settings(config_to_dict(load_config(config, requested)))
     wanted = {key: _text(asked[key]) for key in keys}
     if run is None:
         return sorted(f"{k}={v}" for k, v in wanted.items())
-    has = _flat(config_to_dict(run))
+    has = flat_settings(config_to_dict(run))
     for key, value in wanted.items():
         if _text(has[key]) != value:
             raise StudyError(

@@ -183,7 +183,7 @@ def _load_torchvision(name: str, weights: str | None) -> tuple[nn.Module, tuple,
             raise ConfigError(
                 f"model.weights {weights} holds MobileNetV2 weights in an older key layout "
                 f"(features.N.conv.0 ... conv.7, not torchvision's conv.0.0, conv.0.1, ...): "
-                f"convert the file with `python tools/convert_weights.py {weights} OUT.pt "
+                f"convert the file with `python -m tools.convert_weights {weights} OUT.pt "
                 f"--arch mobilenet_v2` and set model.weights to OUT.pt"
             )
         try:
