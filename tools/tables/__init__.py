@@ -39,6 +39,7 @@ from tools.tables.flickr8k import (
     flickr8k_beams,
     flickr8k_brevity,
     flickr8k_levers,
+    flickr8k_targets,
     flickr8k_time,
 )
 from tools.tables.grounding import grounding, grounding_categories, grounding_words
@@ -99,6 +100,7 @@ TABLES: dict[str, Callable[[Rows], str]] = {
     "flickr8k_attention": flickr8k_attention,
     "flickr8k_brevity": flickr8k_brevity,
     "flickr8k_time": flickr8k_time,
+    "flickr8k_targets": flickr8k_targets,
     "grounding": grounding,
     "grounding_categories": grounding_categories,
     "grounding_words": grounding_words,
@@ -122,6 +124,7 @@ SOURCES = {
     "flickr8k_attention": "flickr8k",
     "flickr8k_brevity": "flickr8k",
     "flickr8k_time": "flickr8k",
+    "flickr8k_targets": "flickr8k",
     "grounding_categories": "grounding",
     "grounding_words": "grounding",
 }

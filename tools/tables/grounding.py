@@ -49,8 +49,8 @@ def grounding(rows: Rows) -> str:
     target (the model beats the centre prior and its saliency map on every seed)."""
     head = " | ".join(f"pointing {m}" for m in GROUNDING_MAPS) + " | " + " | ".join(
         f"mass {m}" for m in GROUNDING_MAPS)  # fmt: skip
-    lines = [f"| model | seed | words | {head} | median peak | mean entropy | other maps "
-             "(pointing) | CIDEr-D |", "|" + " --- |" * 15]  # fmt: skip
+    lines = [f"| model | seed | grid | words | {head} | median peak | mean entropy | other "
+             "maps (pointing) | CIDEr-D |", "|" + " --- |" * 16]  # fmt: skip
     verdicts = []
     for (model, variant), group in _grounding_groups(rows).items():
         name = model if variant == "recipe" else f"{model} ({variant})"
@@ -62,14 +62,20 @@ def grounding(rows: Rows) -> str:
             peak, entropy = o["model"]["median_peak"], o["model"]["mean_entropy"]
             cider = score(row["scores"].get("CIDEr"))
             cells += [f"{peak:.4f}", f"{entropy:.3f}", others or "–", cider]
-            lines.append(f"| {name} | {row['seed']} | {o['words']} | " + " | ".join(cells) + " |")
+            grid = "x".join(str(n) for n in row["grounding"]["grid"])
+            lines.append(f"| {name} | {row['seed']} | {grid} | {o['words']} | "
+                         + " | ".join(cells) + " |")  # fmt: skip
         verdicts.append(_grounding_verdict(name, group))
     first = rows[0]
-    grid, even = first["grounding"]["grid"], first["grounding"]["overall"]["even"]
+    evens = sorted({(tuple(r["grounding"]["grid"]),
+                     round(r["grounding"]["overall"]["even"]["median_peak"], 4),
+                     round(r["grounding"]["overall"]["even"]["mean_entropy"], 3))
+                    for r in rows})  # fmt: skip
+    even = "; ".join(f"{g[0]} x {g[1]}: peak {peak:.3f}, entropy {entropy:.3f} nats"
+                     for g, peak, entropy in evens)  # fmt: skip
     lines += ["", *verdicts, "",
               f"{len(rows)} rows of `results/grounding.json`: {provenance(rows)}. "
-              f"{first['images']} images, a {grid[0]} x {grid[1]} grid (an even map's peak is "
-              f"{even['median_peak']:.3f}, its entropy {even['mean_entropy']:.3f} nats); "
+              f"{first['images']} images; an even map's peak and entropy by grid: {even}; "
               f"centre prior sd {first['grounding']['centre_sigma']} of the image's sides; "
               f"decoded {_decoding(first)}. The first row's command: "
               f"`{portable(first['command'])}`."]  # fmt: skip
@@ -86,12 +92,15 @@ def _pooled(groups: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _grounding_breakdown(rows: Rows, key: str, label: str) -> str:
-    """Per category (``key`` = categories) or word (words), pooled over each model's seeds."""
+    """Per category (``key`` = categories) or word (words), pooled over each model's seeds
+    (the recipes' rows: a lever or another decoding is in :func:`grounding` only)."""
     lines = [f"| model | {label} | seeds | words | " + " | ".join(f"pointing {m}"
              for m in GROUNDING_MAPS) + " | model minus the best baseline |",
              "|" + " --- |" * (5 + len(GROUNDING_MAPS))]  # fmt: skip
     for (model, variant), group in _grounding_groups(rows).items():
-        name = model if variant == "recipe" else f"{model} ({variant})"
+        if variant != "recipe":  # the levers and other decodings: the first table only
+            continue
+        name = model
         found: dict[str, list[dict[str, Any]]] = {}
         for row in group:
             for item, scores in row["grounding"][key].items():
