@@ -39,6 +39,7 @@ from tools.tables.flickr8k import (
     flickr8k_beams,
     flickr8k_brevity,
     flickr8k_levers,
+    flickr8k_step_cost,
     flickr8k_targets,
     flickr8k_time,
 )
@@ -101,6 +102,7 @@ TABLES: dict[str, Callable[[Rows], str]] = {
     "flickr8k_brevity": flickr8k_brevity,
     "flickr8k_time": flickr8k_time,
     "flickr8k_targets": flickr8k_targets,
+    "flickr8k_step_cost": flickr8k_step_cost,
     "grounding": grounding,
     "grounding_categories": grounding_categories,
     "grounding_words": grounding_words,
@@ -125,6 +127,7 @@ SOURCES = {
     "flickr8k_brevity": "flickr8k",
     "flickr8k_time": "flickr8k",
     "flickr8k_targets": "flickr8k",
+    "flickr8k_step_cost": "speed",
     "grounding_categories": "grounding",
     "grounding_words": "grounding",
 }

@@ -246,3 +246,27 @@ def flickr8k_targets(rows: Rows) -> str:
                          f"{seconds:.0f} s | {seconds:.0f} s ({row['seed']}) "
                          f"| {met} |")  # fmt: skip
     return "\n".join([*lines, "", source_note(recipe, "flickr8k")]) + "\n"
+
+
+def flickr8k_step_cost(rows: Rows) -> str:
+    """A training step of each Flickr8k config on the cached grids (rows of
+    ``benchmarks/profile_epoch.py`` in ``results/speed.json`` whose config is a Flickr8k one):
+    the median over the repeats, and its ratio to the soft model's median."""
+    rows = [r for r in rows if r.get("kind") == "profile"
+            and r["config"].startswith("configs/flickr8k")]  # fmt: skip
+    groups: dict[str, Rows] = {}
+    for row in rows:
+        groups.setdefault(row["config"], []).append(row)
+    soft = groups.get("configs/flickr8k_mobilenet.yaml")
+    base = statistics.median(r["step_seconds"] for r in soft) if soft else None
+    lines = ["| config | repeats | step (s), median | each repeat (s) | to the soft model's step | "
+             "one epoch at that rate |", "|" + " --- |" * 6]  # fmt: skip
+    for config, group in sorted(groups.items(), key=lambda g: statistics.median(
+            r["step_seconds"] for r in g[1])):  # fmt: skip
+        step = statistics.median(r["step_seconds"] for r in group)
+        each = ", ".join(f"{r['step_seconds']:.2f}" for r in group)
+        ratio = "–" if base is None else f"{step / base:.1f}x"
+        epoch = step * group[0]["steps_per_epoch"]
+        lines.append(f"| `{config}` | {len(group)} | {step:.2f} | {each} | {ratio} | "
+                     f"{epoch / 60:.0f} min |")  # fmt: skip
+    return "\n".join([*lines, "", source_note(rows, "speed")]) + "\n"
