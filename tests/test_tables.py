@@ -313,3 +313,21 @@ def test_no_module_of_the_renderer_exceeds_400_lines() -> None:
     assert len(modules) > 5
     long = {m.name: n for m in modules if (n := len(m.read_text().splitlines())) > 400}
     assert long == {}
+
+
+def test_placeholders_and_templates_in_a_command_stay_as_they_are() -> None:
+    command = ("python -m tools.grounding_study --checkpoint 'RUNS/soft-seed{seed}/train/best.pt' "
+               "--out OUT/g --data SHARED/data/coco_mini")  # fmt: skip
+    assert common.portable(command) == command
+    assert common.portable("x --out /abs/folder/run") == "x --out OUT/run"
+
+
+def test_the_results_index_lists_every_file_with_its_commands(tmp_path: Path) -> None:
+    same = {"command": "python -m tools.a --out OUT/x"}
+    rows = [same, same, {"study": "python -m tools.b", "command": "captioning evaluate"}]
+    (tmp_path / "first.json").write_text(json.dumps(rows))
+    (tmp_path / "second.json").write_text("[]")
+    out = tools.tables.render("<!-- table: results_index -->\n<!-- end table -->\n", tmp_path)
+    assert "| [`results/first.json`](../results/first.json) | 3 | " in out
+    assert "`python -m tools.a --out OUT/x` (2)<br>`python -m tools.b` (1)" in out
+    assert "| [`results/second.json`](../results/second.json) | 0 | – |" in out

@@ -53,6 +53,7 @@ from tools.tables.hard import (
     hard_estimators_paper_wiring,
     hard_recipe,
 )
+from tools.tables.index import results_index
 from tools.tables.photo_sweep import photo_budget, photo_family, photo_sweep
 from tools.tables.photos import RECIPE_SCST, photo_budget_timed, photo_levers, photos  # noqa: F401
 from tools.tables.scst import scst_shapes
@@ -106,6 +107,7 @@ TABLES: dict[str, Callable[[Rows], str]] = {
     "grounding": grounding,
     "grounding_categories": grounding_categories,
     "grounding_words": grounding_words,
+    "results_index": results_index,
 }
 # tables whose rows are in another table's file
 SOURCES = {
@@ -130,6 +132,7 @@ SOURCES = {
     "flickr8k_step_cost": "speed",
     "grounding_categories": "grounding",
     "grounding_words": "grounding",
+    "results_index": "*",  # every results file
 }
 
 
@@ -152,6 +155,10 @@ def render(text: str, results: Path = ROOT / "results") -> str:
         if name not in TABLES:
             raise SystemExit(f"unknown table {name!r}; known: {', '.join(TABLES)}")
         source = SOURCES.get(name, name)
+        if source == "*":
+            files = [{"file": p.stem, "rows": load_rows(p.stem, results)}
+                     for p in sorted(results.glob("*.json"))]  # fmt: skip
+            return match.group(1) + TABLES[name](files) + match.group(4)
         if not (results / f"{source}.json").is_file():  # a study not yet run: say so
             return match.group(1) + f"(results/{source}.json is not there yet.)\n" + match.group(4)
         return match.group(1) + TABLES[name](load_rows(source, results)) + match.group(4)

@@ -34,8 +34,9 @@ PLUMBING = (
 
 # device values that name a kind of device, not a model: the row's CPU model is used instead
 _DEVICE_KINDS = {"cpu", "cuda", "gpu", "mps"}
-# an absolute path in a command: a "/" that does not continue a word or a relative path
-_ABSOLUTE = re.compile(r"(?<![\w.~/:-])/[^\s'\"`;,)]+")
+# an absolute path in a command: a "/" that does not continue a word, a relative path or a
+# ``{seed}`` template
+_ABSOLUTE = re.compile(r"(?<![\w.~/:}\]-])/[^\s'\"`;,)]+")
 
 
 def line(cells: list[str]) -> str:
