@@ -634,3 +634,27 @@ def test_profile_epoch_compiled_matches_the_eager_loss(tmp_path, capsys):
     assert result["compiled_loss_difference"] < 1e-4
     assert list(result["phases"]) == ["data", "forward, backward, optimiser"]
     assert "torch.compile" in capsys.readouterr().out
+
+
+@pytest.mark.slow  # six short trainings in subprocesses
+def test_two_jobs_times_each_arrangement_of_the_cores(tmp_path, monkeypatch):
+    """One job alone, then the jobs on every core each, then sharing them: one row each with
+    every job's steps per second; the table sets each sum against the job alone."""
+    from benchmarks import two_jobs
+    from captioning.data.shapes import generate_shapes
+
+    generate_shapes(tmp_path / "shapes", num_train=16, num_val=4, num_test=4, image_size=48)
+    monkeypatch.setattr(two_jobs.os, "sched_getaffinity", lambda pid: {0, 1})
+    config = str(Path(__file__).resolve().parent.parent / "configs" / "test_tiny.yaml")
+    speed = tmp_path / "speed.json"
+    code = two_jobs.main(["--config", config, "--set", f"data.root={tmp_path / 'shapes'}",
+                          "--steps", "2", "--results", str(speed)])  # fmt: skip
+    assert code == 0
+    rows = json.loads(speed.read_text())
+    assert [(r["jobs"], r["threads"]) for r in rows] == [(1, 2), (2, 2), (2, 1)]
+    for row in rows:
+        assert len(row["steps_per_s"]) == row["jobs"] and all(s > 0 for s in row["steps_per_s"])
+        assert row["steps_per_s_total"] == pytest.approx(sum(row["steps_per_s"]), abs=0.01)
+        assert row["precision"] == "fp32" and row["commit"] and str(tmp_path) not in str(row)
+    table = load_tool("tables").speed_sharing(rows)
+    assert "| 1 | 2 | " in table and "| 1.00x |" in table and "| 2 | 1 | " in table

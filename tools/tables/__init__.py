@@ -66,7 +66,13 @@ from tools.tables.shapes import (
     shapes_seeds,
     shapes_targets,
 )
-from tools.tables.speed import speed_bench, speed_floor, speed_profile, speed_quality
+from tools.tables.speed import (
+    speed_bench,
+    speed_floor,
+    speed_profile,
+    speed_quality,
+    speed_sharing,
+)
 
 DOCUMENTS = ("README.md", "docs/*.md")
 _BLOCK = re.compile(r"(<!-- table: (\w+) -->\n)(.*?)(<!-- end table -->)", re.S)
@@ -96,6 +102,7 @@ TABLES: dict[str, Callable[[Rows], str]] = {
     "speed_bench": speed_bench,
     "speed_floor": speed_floor,
     "speed_profile": speed_profile,
+    "speed_sharing": speed_sharing,
     "flickr8k": flickr8k,
     "flickr8k_beams": flickr8k_beams,
     "flickr8k_levers": flickr8k_levers,
@@ -123,6 +130,7 @@ SOURCES = {
     "speed_bench": "speed",
     "speed_floor": "speed",
     "speed_profile": "speed",
+    "speed_sharing": "speed",
     "flickr8k_beams": "flickr8k",
     "flickr8k_levers": "flickr8k",
     "flickr8k_attention": "flickr8k",

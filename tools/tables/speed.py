@@ -188,3 +188,23 @@ def speed_profile(rows: Rows) -> str:
         f"{rows[0]['steps_per_epoch']} steps per epoch, batch {rows[0]['batch_size']}.",
     ]
     return "\n".join(lines) + "\n"
+
+
+def speed_sharing(rows: Rows) -> str:
+    """Two trainings on one machine (``benchmarks/two_jobs.py``): each arrangement's jobs and
+    threads, each job's steps per second, their sum, and the sum against one job alone."""
+    rows = _kind(rows, "two_jobs")
+    if not rows:
+        return "No rows of `results/speed.json` yet: the command above writes them.\n"
+    alone = next((r["steps_per_s_total"] for r in rows if r["jobs"] == 1), None)
+    lines = ["| jobs side by side | threads each | steps/s of each job | steps/s in all | "
+             "to one job alone |", "| --- | --- | --- | --- | --- |"]  # fmt: skip
+    for row in rows:
+        each = ", ".join(f"{s:.2f}" for s in row["steps_per_s"])
+        ratio = "–" if not alone else f"{row['steps_per_s_total'] / alone:.2f}x"
+        lines.append(f"| {row['jobs']} | {row['threads']} | {each} | "
+                     f"{row['steps_per_s_total']:.2f} | {ratio} |")  # fmt: skip
+    configs = sorted({r["config"] for r in rows})
+    note = (f"{len(rows)} rows of `results/speed.json` ({', '.join(configs)}): "
+            f"{provenance(rows)}. Made by {commands(rows)}.")  # fmt: skip
+    return "\n".join([*lines, "", note]) + "\n"
