@@ -301,7 +301,10 @@ def test_every_committed_table_notes_its_provenance(name: str) -> None:
     if not (ROOT / "results" / f"{source}.json").is_file():
         pytest.skip(f"results/{source}.json is not committed")
     rows = tools.tables.load_rows(source)
-    note = _note(tools.tables.TABLES[name](rows))
+    table = tools.tables.TABLES[name](rows)
+    if table.startswith("No rows"):
+        pytest.skip(f"no rows of {name} in results/{source}.json")
+    note = _note(table)
     assert any(c in note for c in common.commits(rows).split(", ")), note
     assert any(p in note for p in common.precisions(rows).split(", ")), note
     assert "thread" in note, note
