@@ -28,6 +28,7 @@ from pathlib import Path
 from tools.tables.attention import (
     _chosen_lr,  # noqa: F401  (tools/compare_attention.py's choice is tested against it)
     attention_family,
+    attention_family_blocks,
     attention_family_sweep,
     multi_head,
 )
@@ -84,6 +85,7 @@ TABLES: dict[str, Callable[[Rows], str]] = {
     "serve_latency": serve_latency,
     "attention_family": attention_family,
     "attention_family_sweep": attention_family_sweep,
+    "attention_family_blocks": attention_family_blocks,
     "multi_head": multi_head,
     "hard_estimators": hard_estimators,
     "hard_estimators_paper_wiring": hard_estimators_paper_wiring,
@@ -121,6 +123,7 @@ SOURCES = {
     "photo_levers": "photos",
     "photo_budget_timed": "photos",
     "attention_family_sweep": "attention_family",
+    "attention_family_blocks": "attention_family",
     "multi_head": "attention_family",
     "photo_family": "photo_sweep",
     "shapes_recipe": "shapes_seeds",

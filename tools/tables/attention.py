@@ -34,6 +34,12 @@ def _chosen_lr(rows: Rows) -> float | None:
     return max(scored, key=lambda r: (r["val_select"], -r["lr"]))["lr"]
 
 
+def _plain(rows: Rows) -> Rows:
+    """The rows trained with plain blocks (the family's first study): rows of other blocks
+    are :func:`attention_family_blocks`'s."""
+    return [r for r in rows if r.get("blocks", "plain") == "plain"]
+
+
 def _members(rows: Rows) -> dict[str, Rows]:
     """The rows of each member, in the order the file holds them."""
     members: dict[str, Rows] = {}
@@ -51,6 +57,7 @@ def attention_family(rows: Rows) -> str:
     """The attention family on shapes (``tools/compare_attention.py``): one line per member
     at its chosen learning rate, test exact match as mean ± sd over the seeds and each seed,
     and the means of the other test scores; hard attention gets a line per decoding mode."""
+    rows = _plain(rows)
     head = ["member", "lr", "exact", "each seed", "exact, 3 objects",
             "pointing colour / size / shape", "pointing, local centre", "mass in box",
             "BLEU-4", "CIDEr-D", "parameters", "train time"]  # fmt: skip
@@ -115,6 +122,7 @@ def _family_note(rows: Rows) -> str:
 def multi_head(rows: Rows) -> str:
     """One head against H = 2, 4, 8 seed by seed, each at its chosen rate of the family study
     (``tools/compare_attention.py``): test exact match and the pointing game by word type."""
+    rows = _plain(rows)
     lines = [
         "| heads | lr | seed | exact | pointing colour / size / shape |",
         "| --- | --- | --- | --- | --- |",
@@ -144,6 +152,7 @@ def multi_head(rows: Rows) -> str:
 def attention_family_sweep(rows: Rows) -> str:
     """The attention family's learning-rate sweep: validation exact match of each member at
     each rate (the sweep's seed), the chosen rate in bold."""
+    rows = _plain(rows)
     sweep = [r for r in rows if r.get("phase") == "sweep"]
     lrs = sorted({r["lr"] for r in sweep})
     lines = header(["member", *(f"lr {lr:g}" for lr in lrs)])
@@ -171,3 +180,55 @@ def attention_family_sweep(rows: Rows) -> str:
         f"`results/attention_family.json`: {provenance(sweep)}."
     )
     return "\n".join(lines) + "\n"
+
+
+STALL = 0.5  # test exact match below which a run has stalled
+
+
+def attention_family_blocks(rows: Rows) -> str:
+    """The family members re-run with another block of the small CNN (rows with a
+    ``blocks`` other than plain), each at the rate its plain sweep chose, over more seeds: the
+    stalls (test exact match below 0.5) counted, every seed shown."""
+    rows = [r for r in rows if r.get("blocks", "plain") != "plain"]
+    head = ["member", "blocks", "lr", "seeds", "stalled", "exact", "each seed",
+            "pointing colour / size / shape", "CIDEr-D"]  # fmt: skip
+    lines = header(head)
+    for member, group in _members(rows).items():
+        group = sorted(group, key=lambda r: r["seed"])
+        tests = [r["test"] for r in group if "test" in r]
+        stalled = sum(1 for r in group if "test" not in r or r["test"]["exact"] < STALL)
+        each = ", ".join(f"{r['test']['exact']:.3f} ({r['seed']})" if "test" in r
+                         else f"failed ({r['seed']})" for r in group)  # fmt: skip
+        pointing = " / ".join(
+            score(mean([t[k] for t in tests]))
+            for k in ("pointing_color", "pointing_size", "pointing_shape")
+        )
+        lines.append(
+            line(
+                [
+                    member,
+                    group[0]["blocks"],
+                    f"{group[0]['lr']:g}",
+                    str(len(group)),
+                    f"{stalled} of {len(group)}",
+                    spread([t["exact"] for t in tests]),
+                    each,
+                    pointing,
+                    score(mean([t["CIDEr"] for t in tests])),
+                ]
+            )
+        )
+    if len(lines) == 2:
+        return "No rows of `results/attention_family.json` with other blocks yet.\n"
+    return (
+        "\n".join(
+            [
+                *lines,
+                "",
+                f"{len(rows)} rows of `results/attention_family.json`: "
+                f"{provenance(rows)}. Test split, greedy decoding; stalled: test exact "
+                f"match below {STALL}. Written by {commands(rows)}.",
+            ]
+        )
+        + "\n"
+    )

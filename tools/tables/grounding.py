@@ -125,9 +125,9 @@ def grounding_words(rows: Rows) -> str:
     category their photo lacks."""
     table = _grounding_breakdown(rows, "words", "word")
     absent: dict[str, int] = {}
-    for row in rows:
+    for row in (r for r in rows if r["variant"] == "recipe"):
         for word, count in row["grounding"]["absent"].items():
             absent[word] = absent.get(word, 0) + count
     listed = ", ".join(f"{w} {n}" for w, n in sorted(absent.items(), key=lambda kv: -kv[1]))
-    note = "Words that name a category their photo lacks (not scored, all rows)"
+    note = "Words that name a category their photo lacks (not scored; the recipes' rows)"
     return f"{table}\n{note}: {listed}. {source_note(rows, 'grounding')}\n"
