@@ -207,13 +207,25 @@ SAFE_ON_RESUME = frozenset({
 FREE_ON_INIT = frozenset({"model.dropout", "model.fine_tune", "model.weights"})
 
 
+# Model keys that build only the small CNN: with another encoder they shape nothing, so a
+# checkpoint that differs in them (an older format's default, say) is the same architecture.
+SMALL_CNN_ONLY = frozenset({"cnn_channels", "cnn_block"})
+
+
+def _builds_nothing(model: dict[str, Any]) -> frozenset[str]:
+    """The keys of a model section that its encoder does not use."""
+    return SMALL_CNN_ONLY if model.get("encoder") != "small_cnn" else frozenset()
+
+
 def load_init(cfg: Config, path: str) -> dict[str, Any]:
     """The checkpoint ``--init`` starts from, refused in one line when its model section
     differs from ``cfg``'s (other than :data:`FREE_ON_INIT`)."""
     payload = load_checkpoint(path)
     saved = _saved_config(payload, path)["model"]
     ours = config_to_dict(cfg)["model"]
-    changed = [k for k in saved if ours[k] != saved[k] and f"model.{k}" not in FREE_ON_INIT]
+    unused = _builds_nothing(saved) & _builds_nothing(ours)
+    changed = [k for k in saved if ours[k] != saved[k] and f"model.{k}" not in FREE_ON_INIT
+               and k not in unused]  # fmt: skip
     if changed:
         key = changed[0]
         raise CheckpointError(
@@ -231,11 +243,14 @@ def check_resume_config(cfg: Config, payload: dict[str, Any], path: str) -> None
     check_resumable(payload, path)
     saved = _saved_config(payload, path)
     ours = config_to_dict(cfg)
+    unused = {
+        f"model.{k}" for k in _builds_nothing(saved["model"]) & _builds_nothing(ours["model"])
+    }
     changed = [
         f"{section}.{key}"
         for section in ("data", "model", "train")
         for key, value in saved[section].items()
-        if ours[section][key] != value and f"{section}.{key}" not in SAFE_ON_RESUME
+        if ours[section][key] != value and f"{section}.{key}" not in SAFE_ON_RESUME | unused
     ]
     if changed:
         key = changed[0]

@@ -14,7 +14,7 @@ from captioning.config import load_config, replace_section
 from captioning.data import CaptionDataset, load_splits
 from captioning.data.shapes import generate_shapes
 from captioning.decoding import Decoded
-from captioning.errors import ConfigError
+from captioning.errors import CheckpointError, ConfigError
 from captioning.evaluate import evaluate_checkpoint
 from captioning.inference import (
     Caption,
@@ -215,3 +215,29 @@ def test_older_checkpoints_rebuild_their_small_cnn(tmp_path, version, block, old
 def test_the_retired_cnn_residual_key_names_its_successor():
     with pytest.raises(ConfigError, match="model.cnn_residual was replaced by model.cnn_block"):
         load_config(CONFIG, ["model.cnn_residual=false"])
+
+
+@pytest.mark.parametrize("encoder", ["small_cnn", "mobilenet_v2"])
+def test_init_and_resume_ignore_small_cnn_keys_of_another_encoder(tmp_path, encoder):
+    """A version-4 checkpoint says its small CNN's blocks even when its encoder is another
+    (``cnn_residual`` upgrades to ``cnn_block``); with another encoder those keys build
+    nothing, so --init and --resume accept today's default for them, and refuse it only for
+    a small CNN."""
+    from captioning.config import config_to_dict
+    from captioning.run_state import check_resume_config, load_init
+
+    ours = load_config(CONFIG, [f"model.encoder={encoder}", "model.weights=null"])
+    saved = config_to_dict(ours)
+    del saved["model"]["cnn_block"]
+    saved["model"]["cnn_residual"] = False  # upgraded to cnn_block plain
+    path = tmp_path / "old.pt"
+    torch.save({"format_version": 4, "model": {}, "config": saved, "vocab": ["<pad>"],
+                "epoch": 1, "step": 1, "optimizer": {}, "scheduler": {}, "objective": {},
+                "rng": {}}, path)  # fmt: skip
+    assert ours.model.cnn_block == "preact"
+    if encoder == "small_cnn":
+        with pytest.raises(CheckpointError, match="model.cnn_block is 'plain' in the checkpoint"):
+            load_init(ours, str(path))
+    else:
+        assert load_init(ours, str(path))["config"]["model"]["cnn_block"] == "plain"
+        check_resume_config(ours, load_checkpoint(path), str(path))
