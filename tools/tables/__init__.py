@@ -44,7 +44,12 @@ from tools.tables.flickr8k import (
     flickr8k_targets,
     flickr8k_time,
 )
-from tools.tables.grounding import grounding, grounding_categories, grounding_words
+from tools.tables.grounding import (
+    grounding,
+    grounding_categories,
+    grounding_levers,
+    grounding_words,
+)
 from tools.tables.hard import (
     ESTIMATOR_COLUMNS,  # noqa: F401  (tools/compare_estimators.py prints its columns)
     HARD_LR,  # noqa: F401
@@ -116,6 +121,7 @@ TABLES: dict[str, Callable[[Rows], str]] = {
     "grounding": grounding,
     "grounding_categories": grounding_categories,
     "grounding_words": grounding_words,
+    "grounding_levers": grounding_levers,
     "results_index": results_index,
 }
 # tables whose rows are in another table's file
@@ -143,6 +149,7 @@ SOURCES = {
     "flickr8k_step_cost": "speed",
     "grounding_categories": "grounding",
     "grounding_words": "grounding",
+    "grounding_levers": "grounding",
     "results_index": "*",  # every results file
 }
 

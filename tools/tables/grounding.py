@@ -131,3 +131,35 @@ def grounding_words(rows: Rows) -> str:
     listed = ", ".join(f"{w} {n}" for w, n in sorted(absent.items(), key=lambda kv: -kv[1]))
     note = "Words that name a category their photo lacks (not scored; the recipes' rows)"
     return f"{table}\n{note}: {listed}. {source_note(rows, 'grounding')}\n"
+
+
+def grounding_levers(rows: Rows) -> str:
+    """The soft model with one lever moved (rows of a ``--variant``) against the recipe: what
+    the lever changed in the checkpoint's settings, then over the seeds the mean pointing game
+    of the word maps and its margin over the centre prior and the saliency map, the mass in
+    the boxes, how peaked the maps are (against an even map on the same grid), and the
+    captions' CIDEr-D on the COCO photos."""
+    soft = [r for r in rows if r["model"] == "soft"]
+    recipe = next((r["settings"] for r in soft if r["variant"] == "recipe"), {})
+    lines = ["| variant | changed | seeds | pointing model | minus centre | minus saliency | "
+             "mass model | minus saliency | median peak (even map) | mean entropy | CIDEr-D |",
+             "|" + " --- |" * 11]  # fmt: skip
+    for (_, variant), group in _grounding_groups(soft).items():
+        overall = [r["grounding"]["overall"] for r in group]
+
+        def avg(map_: str, key: str, over: list[dict[str, Any]] = overall) -> float:
+            return statistics.mean(o[map_][key] for o in over)
+
+        changed = [f"`{k}={v}`" for k, v in group[0]["settings"].items()
+                   if k != "train.seed" and recipe.get(k) != v]  # fmt: skip
+        cells = [variant, ", ".join(changed) or "–", str(len(group)),
+                 f"{avg('model', 'pointing'):.3f}",
+                 f"{avg('model', 'pointing') - avg('centre', 'pointing'):+.3f}",
+                 f"{avg('model', 'pointing') - avg('saliency', 'pointing'):+.3f}",
+                 f"{avg('model', 'mass'):.3f}",
+                 f"{avg('model', 'mass') - avg('saliency', 'mass'):+.3f}",
+                 f"{avg('model', 'median_peak'):.4f} ({avg('even', 'median_peak'):.4f})",
+                 f"{avg('model', 'mean_entropy'):.3f}",
+                 score(statistics.mean(r["scores"]["CIDEr"] for r in group))]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join([*lines, "", source_note(soft, "grounding")]) + "\n"
