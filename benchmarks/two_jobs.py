@@ -24,7 +24,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.provenance import add_replace_option, add_result_options, portable, record
+from benchmarks.provenance import (
+    add_replace_option,
+    add_result_options,
+    device_name,
+    portable,
+    record,
+)
 from benchmarks.study_options import fail
 from captioning.errors import CaptioningError
 
@@ -67,6 +73,7 @@ def measure(config: str, overrides: list[str], jobs: int, steps: int) -> list[di
                 "kind": "two_jobs", "config": portable(config),
                 "overrides": [portable(o) for o in overrides], "jobs": count,
                 "threads": threads, "cores": cores, "precision": profiles[0].get("precision"),
+                "device": device_name(),
                 "step_seconds": seconds,
                 "steps_per_s": [round(1 / s, 3) for s in seconds],
                 "steps_per_s_total": round(sum(1 / s for s in seconds), 3),
