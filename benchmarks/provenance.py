@@ -219,7 +219,7 @@ def add_result_options(parser: argparse.ArgumentParser, what: str) -> None:
     parser.add_argument(
         "--results",
         type=Path,
-        help=f"also merge {what} into this results file (results/speed.json)",
+        help=f"also merge {what} into this results file (e.g. results/speed.json)",
     )
 
 

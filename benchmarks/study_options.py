@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
+from benchmarks.provenance import add_replace_option, add_result_options
 from benchmarks.results import PLUMBING
 from captioning.cli import add_set_option, positive_int
 from captioning.config import parse_override
@@ -63,19 +63,8 @@ def add_runner_options(parser: argparse.ArgumentParser, each: str = "every run")
     parser.add_argument(
         "--jobs", type=positive_int, default=1, help="runs side by side, one process each (1)"
     )
-    parser.add_argument(
-        "--machine-busy",
-        action="store_true",
-        help="other work runs beside this one: the rows are not timed alone",
-    )
-    parser.add_argument(
-        "--results", type=Path, help="also merge the rows into this results file (results/X.json)"
-    )
-    parser.add_argument(
-        "--replace",
-        action="store_true",
-        help="let a row replace one of the same key made under other settings",
-    )
+    add_result_options(parser, "the rows")
+    add_replace_option(parser)
 
 
 def refuse_plumbing(overrides: list[str], plumbing: tuple[str, ...] = PLUMBING) -> None:

@@ -40,6 +40,7 @@ from typing import Any
 
 from benchmarks import study
 from benchmarks.photos import nearest_neighbour, repository_path
+from benchmarks.provenance import add_replace_option, add_result_options
 from benchmarks.recipe_stages import extract_grids
 from benchmarks.results import Row
 from benchmarks.study import Evaluation, Outcome, RunSpec
@@ -161,17 +162,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--threads", type=positive_int,
                         help="train.threads of each job (cores // --parallel)")  # fmt: skip
     parser.add_argument("--extract", action="store_true", help="cache the grids; score nn")
-    parser.add_argument(
-        "--machine-busy",
-        action="store_true",
-        help="other work runs beside the sweep: the rows are not timed alone",
-    )
-    parser.add_argument(
-        "--results", type=Path, help="also merge the rows into this results file (results/X.json)"
-    )
-    parser.add_argument("--replace", action="store_true",
-                        help="let a row replace one of the same name and seed made under other "
-                             "settings")  # fmt: skip
+    add_result_options(parser, "the rows")
+    add_replace_option(parser)
     args = parser.parse_args(argv)
     try:
         args.job_list = json.loads(args.jobs.read_text(encoding="utf-8"))
