@@ -334,3 +334,26 @@ def test_the_results_index_lists_every_file_with_its_commands(tmp_path: Path) ->
     assert "| [`results/first.json`](../results/first.json) | 3 | " in out
     assert "`python -m tools.a --out OUT/x` (2)<br>`python -m tools.b` (1)" in out
     assert "| [`results/second.json`](../results/second.json) | 0 | – |" in out
+
+
+def test_flickr8k_targets_say_met_only_when_the_mean_reaches_the_target() -> None:
+    from tools.tables.flickr8k import flickr8k_targets
+
+    def row(model: str, seed: int | None, bleu4: float, cider: float) -> dict:
+        return {"variant": "recipe", "model": model, "seed": seed, "beam_size": 3,
+                "device": "Intel Xeon", "Bleu_4": bleu4, "METEOR": 0.19, "CIDEr": cider,
+                "timed_alone": False, "seconds": {}, "precision": "bf16", "threads": 2,
+                "commit": "abc1234"}  # fmt: skip
+
+    rows = [row("nn", None, 0.15, 0.43), row("soft", 0, 0.20, 0.50), row("soft", 1, 0.19, 0.46),
+            row("soft", 2, 0.20, 0.49)]  # fmt: skip
+    table = flickr8k_targets(rows)
+    assert "| soft attention by cross-entropy: BLEU-4 ≥ 19.5 | CPU | 3 | 19.67 |" in table
+    bleu = next(line for line in table.splitlines() if "BLEU-4 ≥ 19.5" in line)
+    assert bleu.endswith("| yes |")
+    # the worst seed (46.0) beats nn (43.0) by 3.0, more than the spread (2.08)
+    cider = next(line for line in table.splitlines() if "by more than the seed spread" in line)
+    assert "(2.08)" in cider and cider.endswith("| yes |")
+    rows[2]["CIDEr"] = 0.44  # now below the baseline's 43.0 + spread
+    cider = next(line for line in flickr8k_targets(rows).splitlines() if "seed spread" in line)
+    assert cider.endswith("| no |")
