@@ -58,6 +58,7 @@ def test_the_study_sweeps_chooses_on_val_adds_seeds_merges_and_resumes(
     assert row["overrides"][:3] == ["train.lr=0.002", "train.encoder_lr=0.002", "train.seed=1"]
     assert "train.threads=1" in row["overrides"] and f"data.root={tiny_shapes}" in row["overrides"]
     assert row["encoder_lr"] == 0.002 and row["select_metric"] == "exact_match"
+    assert row["blocks"] == "preact"  # the small CNN's, as the config resolved it
     assert row["val_select"] == 0.5 and set(row["val"]) == set(row["test"])
     assert 0 <= row["test"]["exact"] <= 1 and row["test"]["centre_pointing"] is None
     assert row["parameters"] > 0 and row["steps"] == 3 and row["steps_per_s"] > 0

@@ -34,3 +34,22 @@ def test_quickstart_trains_evaluates_and_draws(tiny_shapes, tmp_path, capsys, me
     # METEOR only when asked for; then it is a number, not "missing"
     assert ("METEOR" in printed) == meteor
     assert (metrics["METEOR"] is not None) == meteor
+
+
+def test_the_quickstart_trains_the_shipped_soft_config_as_it_is(tiny_shapes, tmp_path, monkeypatch):
+    """The seed study's ten seeds of configs/shapes_soft.yaml speak for the quickstart only
+    while it changes nothing but where the data lives."""
+    import captioning.quickstart as quick
+    from captioning.config import load_config
+
+    seen = {}
+
+    def stop(cfg, *args):
+        seen["cfg"] = cfg
+        raise KeyboardInterrupt  # no training: the config is all this test reads
+
+    monkeypatch.setattr(quick, "_run", stop)
+    with pytest.raises(KeyboardInterrupt):
+        quick.quickstart(out_dir=tmp_path / "quick", data_root=tiny_shapes)
+    shipped = Path(__file__).resolve().parent.parent / "configs" / "shapes_soft.yaml"
+    assert seen["cfg"] == load_config(shipped, [f"data.root={tiny_shapes}"])

@@ -141,6 +141,7 @@ def member_row(outcome: Outcome) -> dict[str, Any]:
         "seed": spec.seed,
         "select_metric": cfg.train.select_metric,
         "epochs": cfg.train.epochs,
+        "blocks": cfg.model.cnn_block,  # the small CNN's; the stall study compares them
     }
     if outcome.failed is not None:
         return {**row, "failed": outcome.failed}
