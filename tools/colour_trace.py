@@ -104,6 +104,7 @@ def stage_probes(model: Captioner, probe_set: ProbeSet) -> dict[str, float]:
             x = stage(x)
             maps[f"stage{i}"] = x.float()
         grid = model.encode(inputs).float()  # (B, L, D)
+        sharpness = first_word_map(model, grid)
     rows, cols = model.grid_shape
     maps["grid"] = grid.transpose(1, 2).reshape(len(inputs), -1, rows, cols)
     model.train(was_training)
@@ -113,7 +114,29 @@ def stage_probes(model: Captioner, probe_set: ProbeSet) -> dict[str, float]:
         probes[name] = round(
             colour_probe(features, labels, classes=classes, steps=TRACE_PROBE_STEPS), 4
         )
-    return probes
+    return {**probes, **sharpness}
+
+
+def first_word_map(model: Captioner, grid: torch.Tensor) -> dict[str, float]:
+    """How peaked the first word's attention map is, from the decoder's first state over the
+    ``grid`` (B, L, D): the mean of each map's largest weight (``first_peak``; an even map's is
+    1 / L), its mean entropy in nats (``first_entropy``) and the standard deviation of the
+    scores across the cells (``first_score_sd``). A score whose logits start large puts
+    nearly all the weight on one cell before the grid means anything, and its softmax then
+    passes almost no gradient to the other cells. Soft and hard attention (other
+    kinds: {}). The first word's query is h_0, as in the shapes configs' decoder."""
+    decoder = model.decoder
+    score = getattr(decoder.attention, "score", None)  # soft and hard attention's one score
+    if score is None:
+        return {}
+    state = decoder.init_state(grid)
+    keys = decoder._values_and_keys(grid, decoder.prepare(grid))[1]
+    scores = score(keys, state.h).float()  # (B, L)
+    alpha = torch.softmax(scores, dim=1)
+    entropy = -(alpha * alpha.clamp_min(1e-12).log()).sum(dim=1)
+    return {"first_peak": round(alpha.max(dim=1).values.mean().item(), 4),
+            "first_entropy": round(entropy.mean().item(), 4),
+            "first_score_sd": round(scores.std(dim=1).mean().item(), 4)}  # fmt: skip
 
 
 def trace_seed(spec: RunSpec, steps: list[int], probe_set: ProbeSet) -> list[dict[str, Any]]:

@@ -32,7 +32,7 @@ from tools.tables.attention import (
     attention_family_sweep,
     multi_head,
 )
-from tools.tables.colour_trace import colour_trace
+from tools.tables.colour_trace import colour_trace, score_start, score_trace
 from tools.tables.common import ROOT, Rows
 from tools.tables.flickr8k import (
     flickr8k,
@@ -100,6 +100,8 @@ TABLES: dict[str, Callable[[Rows], str]] = {
     "shapes_recipe": shapes_recipe,
     "shapes_targets": shapes_targets,
     "colour_trace": colour_trace,
+    "score_trace": score_trace,
+    "score_start": score_start,
     "photo_sweep": photo_sweep,
     "photo_family": photo_family,
     "photo_budget": photo_budget,
@@ -134,6 +136,8 @@ SOURCES = {
     "photo_family": "photo_sweep",
     "shapes_recipe": "shapes_seeds",
     "shapes_targets": "shapes_seeds",
+    "score_trace": "colour_trace",
+    "score_start": "colour_trace",
     "hard_recipe": "attention_family",
     "speed_quality": "speed",
     "speed_bench": "speed",

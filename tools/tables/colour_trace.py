@@ -3,13 +3,15 @@ rows of ``tools/colour_trace.py``)."""
 
 from __future__ import annotations
 
-from tools.tables.common import Rows, commands, provenance
+from tools.tables.common import Rows, commands, header, line, provenance, spread
 
 
 def colour_trace(rows: Rows) -> str:
     """The colour probe at each encoder stage over the first training steps
     (``tools/colour_trace.py``): one line per step, one column per (variant, seed) and stage
-    (the stem, the last block, the decoder's grid)."""
+    (the stem, the last block, the decoder's grid). Rows that also read the first word's map
+    are :func:`score_trace`'s."""
+    rows = [r for r in rows if "first_peak" not in r]
     runs = list(dict.fromkeys((r["variant"], r["seed"]) for r in rows))
     by = {(r["variant"], r["seed"], r["step"]): r for r in rows}
     last = max(int(k[5:]) for k in rows[0] if k.startswith("stage"))
@@ -34,4 +36,73 @@ def colour_trace(rows: Rows) -> str:
               f"the feature under each object's centre; each run stops after its last probe "
               f"(the seed study's rows are the whole runs). Re-run: "
               f"{commands(rows, ordered=True)}."]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def score_trace(rows: Rows) -> str:
+    """The traces that also read the first word's attention map (the scores of the family
+    that still stall): one line per step, per (variant, seed) the colour probe of the
+    decoder's grid and the first word's map's largest weight."""
+    rows = [r for r in _first_word_rows(rows) if r["variant"] not in _at_start_only(rows)]
+    if not rows:
+        return "No rows of `results/colour_trace.json` trace the first word's map yet.\n"
+    runs = list(dict.fromkeys((r["variant"], r["seed"]) for r in rows))
+    by = {(r["variant"], r["seed"], r["step"]): r for r in rows}
+    head = ["step"] + [f"{v} seed {s}: {label}" for v, s in runs
+                       for label in ("grid probe", "first word's peak")]  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for step in sorted({r["step"] for r in rows}):
+        cells = [str(step)]
+        for variant, seed in runs:
+            row = by.get((variant, seed, step))
+            cells += [f"{row['grid']:.2f}", f"{row['first_peak']:.3f}"] if row else ["–", "–"]
+        lines.append("| " + " | ".join(cells) + " |")
+    settings = "; ".join(
+        f"{v}: " + (", ".join(f"`{o}`" for o in o_list) or "the config as it is")
+        for v, o_list in {r["variant"]: r["overrides"] for r in rows}.items()
+    )
+    lines += ["", f"{len(rows)} rows of `results/colour_trace.json`, `{rows[0]['config']}` "
+              f"({settings}): {provenance(rows)}. Before each step: the colour probe of the "
+              f"decoder's grid (chance 0.167), as above, and the mean over 300 validation "
+              f"images of the first word's map's largest weight (an even map's: 1 / 36 = "
+              f"0.028). Re-run: {commands(rows, ordered=True)}."]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def _first_word_rows(rows: Rows) -> Rows:
+    return [r for r in rows if "first_peak" in r]
+
+
+def _at_start_only(rows: Rows) -> set[str]:
+    """The variants probed before the first step only (``--steps 0``)."""
+    steps: dict[str, set[int]] = {}
+    for r in _first_word_rows(rows):
+        steps.setdefault(r["variant"], set()).add(r["step"])
+    return {v for v, s in steps.items() if s == {0}}
+
+
+def score_start(rows: Rows) -> str:
+    """Each score's first-word map before any step (``--steps 0``), over its seeds: how peaked
+    the random network's attention starts."""
+    start = _at_start_only(rows)
+    rows = [r for r in _first_word_rows(rows) if r["variant"] in start]
+    if not rows:
+        return "No rows of `results/colour_trace.json` probe the start alone yet.\n"
+    lines = header(["variant", "settings", "seeds", "first word's peak", "each seed",
+                    "entropy (nats)", "score sd across cells"])  # fmt: skip
+    for variant in dict.fromkeys(r["variant"] for r in rows):
+        group = sorted((r for r in rows if r["variant"] == variant), key=lambda r: r["seed"])
+        lines.append(line([
+            variant,
+            ", ".join(f"`{o}`" for o in group[0]["overrides"]) or "the config as it is",
+            str(len(group)),
+            spread([r["first_peak"] for r in group]),
+            ", ".join(f"{r['first_peak']:.3f} ({r['seed']})" for r in group),
+            spread([r["first_entropy"] for r in group], 2),
+            spread([r["first_score_sd"] for r in group], 2),
+        ]))  # fmt: skip
+    lines += ["", f"{len(rows)} rows of `results/colour_trace.json`, `{rows[0]['config']}`: "
+              f"{provenance(rows)}. The random network before its first step, on 300 "
+              f"validation images; an even map's peak over the 6 x 6 grid is 1 / 36 = 0.028 "
+              f"and its entropy 3.58 nats. Re-run: {commands(rows, ordered=True)}."]  # fmt: skip
     return "\n".join(lines) + "\n"
