@@ -114,10 +114,12 @@ def trained_with(recipe: str) -> dict[str, Any]:
     """The config a recipe trains (the quickstart: the soft one), and the precision, device
     and threads it resolves to on this machine."""
     config = f"configs/shapes_{'soft' if recipe == 'quickstart' else recipe}.yaml"
-    train = load_config(ROOT / config).train
+    cfg = load_config(ROOT / config)
+    train = cfg.train
     device = resolve_device(train.device)
     return {
         "config": config,
+        "blocks": cfg.model.cnn_block,  # the small CNN's: they set a step's cost
         "precision": resolve_precision(train.precision, device),
         "device": device_name(device),
         "threads": train.threads or torch.get_num_threads(),

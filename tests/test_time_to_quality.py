@@ -102,7 +102,7 @@ def test_without_results_the_rows_stay_in_the_out_folder(tmp_path, monkeypatch) 
 
 def test_a_row_says_how_its_recipe_trains() -> None:
     fields = ttq.trained_with("quickstart")
-    assert fields["config"] == "configs/shapes_soft.yaml"
+    assert fields["config"] == "configs/shapes_soft.yaml" and fields["blocks"] == "preact"
     assert fields["precision"] in ("fp32", "bf16") and fields["device"] and fields["threads"]
 
 
