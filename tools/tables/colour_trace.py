@@ -42,20 +42,21 @@ def colour_trace(rows: Rows) -> str:
 def score_trace(rows: Rows) -> str:
     """The traces that also read the first word's attention map (the scores of the family
     that still stall): one line per step, per (variant, seed) the colour probe of the
-    decoder's grid and the first word's map's largest weight."""
+    decoder's grid, the first word's map's largest weight and its scores' spread."""
     rows = [r for r in _first_word_rows(rows) if r["variant"] not in _at_start_only(rows)]
     if not rows:
         return "No rows of `results/colour_trace.json` trace the first word's map yet.\n"
     runs = list(dict.fromkeys((r["variant"], r["seed"]) for r in rows))
     by = {(r["variant"], r["seed"], r["step"]): r for r in rows}
     head = ["step"] + [f"{v} seed {s}: {label}" for v, s in runs
-                       for label in ("grid probe", "first word's peak")]  # fmt: skip
+                       for label in ("grid probe", "first word's peak", "score sd")]  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for step in sorted({r["step"] for r in rows}):
         cells = [str(step)]
         for variant, seed in runs:
             row = by.get((variant, seed, step))
-            cells += [f"{row['grid']:.2f}", f"{row['first_peak']:.3f}"] if row else ["–", "–"]
+            cells += ([f"{row['grid']:.2f}", f"{row['first_peak']:.3f}",
+                       f"{row['first_score_sd']:.1f}"] if row else ["–"] * 3)  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     settings = "; ".join(
         f"{v}: " + (", ".join(f"`{o}`" for o in o_list) or "the config as it is")
@@ -65,7 +66,8 @@ def score_trace(rows: Rows) -> str:
               f"({settings}): {provenance(rows)}. Before each step: the colour probe of the "
               f"decoder's grid (chance 0.167), as above, and the mean over 300 validation "
               f"images of the first word's map's largest weight (an even map's: 1 / 36 = "
-              f"0.028). Re-run: {commands(rows, ordered=True)}."]  # fmt: skip
+              f"0.028) and the standard deviation of its scores across the cells. "
+              f"Re-run: {commands(rows, ordered=True)}."]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
