@@ -195,3 +195,20 @@ def test_the_table_counts_stalls_and_means_the_others(tables) -> None:
     assert "evaluated at 1234567+dirty" in text and "274 objects" in text
     assert "w400: `python -m tools.seed_study --out runs/seeds --variant w400 --seeds 0,1,2 " \
            "--set train.warmup_steps=400 --threads 1`" in text  # fmt: skip
+
+
+def test_the_targets_table_keeps_held_out_seeds_apart(tables) -> None:
+    def row(seed: int, exact: float, overrides: list[str]) -> dict:
+        return {**_row("v", seed, exact, 0.99), "overrides": overrides,
+                "test_exact_by_objects": {"3": exact - 0.02}, "train_seconds": 100.0 + seed,
+                "pointing": {"color": 0.97, "size": 0.96, "shape": 0.95}}  # fmt: skip
+
+    rows = [row(s, 0.98, []) for s in range(3)] + [row(11, 0.04, []), row(12, 0.97, [])]
+    rows.append(row(0, 0.99, ["model.cnn_block=residual"]))
+    lines = tables.shapes_targets(rows).splitlines()
+    assert lines[2].startswith("| `configs/shapes_soft.yaml` | preact (shipped) | 0, 1, 2 | 0 of 3 "
+                               "| 3 of 3 |")  # fmt: skip
+    assert lines[3].startswith("| `configs/shapes_soft.yaml` | preact (shipped), held-out seeds "
+                               "| 11, 12 | 1 of 2 | 1 of 2 |")  # fmt: skip
+    assert "| 0.040 | 0.020 |" in lines[3]
+    assert lines[4].startswith("| `configs/shapes_soft.yaml` | residual | 0 | 0 of 1 | 1 of 1 |")
