@@ -78,6 +78,10 @@ class ModelConfig:
     image_size: int = 224
     grid_size: int | None = None  # adaptive pooling to grid_size x grid_size; None keeps it
     fine_tune: str = "none"  # none | all | last_N (the last N stages)
+    # Leave out the backbone's last N stages. MobileNetV2's last is its 1 x 1 convolution
+    # to 1,280 channels, made for the classifier's global pooling; with 1 the grid is the
+    # 320 channels of its last inverted-residual block, at the same resolution.
+    drop_stages: int = 0
     positional: Literal["none", "learned", "sinusoidal"] = "none"
     cnn_channels: list[int] = field(default_factory=lambda: [32, 64, 128, 128])
     # the small CNN's blocks: preact (an identity shortcut), residual (a learnt projection
@@ -470,6 +474,7 @@ _RANGES: dict[str, tuple[float | None, float | None, str]] = {
     "model.hidden_dim": (1, None, ""),
     "model.dropout": (0, 1, "max"),
     "model.grid_layers": (0, None, ""),
+    "model.drop_stages": (0, None, ""),
     "model.grid_heads": (1, None, ""),
     "train.epochs": (1, None, ""),
     "train.batch_size": (1, None, ""),

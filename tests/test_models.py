@@ -194,6 +194,21 @@ def test_vgg19_conv5_4_grid_without_download():
     assert not any(p.requires_grad for p in enc.parameters())
 
 
+def test_drop_stages_takes_an_earlier_stages_grid():
+    whole = build_encoder("mobilenet_v2", image_size=64)
+    cut = build_encoder("mobilenet_v2", image_size=64, drop_stages=1)
+    assert (whole.out_channels, cut.out_channels) == (1280, 320)
+    assert cut.grid_shape == whole.grid_shape == (2, 2)  # the 1 x 1 head keeps the resolution
+    assert len(cut.stages) == len(whole.stages) - 1
+    with torch.no_grad():
+        grid = cut(torch.randint(0, 256, (2, 3, 64, 64)).float())
+    assert grid.shape == (2, 4, 320)
+    with pytest.raises(ConfigError, match="leaves nothing of mobilenet_v2's 19 stages"):
+        build_encoder("mobilenet_v2", drop_stages=19)
+    with pytest.raises(ConfigError, match="is for a pretrained backbone"):
+        build_encoder("small_cnn", cnn_channels=[8, 16], drop_stages=1)
+
+
 def test_bad_encoder_names_and_weights():
     with pytest.raises(Exception, match="not a torchvision model"):
         build_encoder("resnet9000")

@@ -97,6 +97,7 @@ def encoder_from_config(cfg: ModelConfig, runtime: RuntimeConfig | None = None) 
         grid_size=cfg.grid_size,
         positional=cfg.positional,
         fine_tune=cfg.fine_tune,
+        drop_stages=cfg.drop_stages,
         cnn_channels=cfg.cnn_channels,
         cnn_block=cfg.cnn_block,
         channels_last=runtime.channels_last,

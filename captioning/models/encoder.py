@@ -454,10 +454,16 @@ def build_encoder(
     cnn_channels: list[int] | None = None,
     cnn_block: str = "preact",
     channels_last: bool = True,
+    drop_stages: int = 0,
 ) -> Encoder:
     """An :class:`Encoder` by backbone name (``small_cnn``, ``vgg19``, ``resnet101``, ...);
-    ``channels_last`` runs its convolutions on NHWC tensors (see :class:`Encoder`)."""
+    ``channels_last`` runs its convolutions on NHWC tensors (see :class:`Encoder`);
+    ``drop_stages`` leaves out the backbone's last stages (its grid is then an earlier
+    stage's)."""
     if name == "small_cnn":
+        if drop_stages:
+            raise ConfigError("model.drop_stages is for a pretrained backbone; the small CNN's "
+                              "stages are model.cnn_channels")  # fmt: skip
         if weights and weights.lower() != "none":
             if not Path(weights).is_file():
                 raise ConfigError(f"model.weights file {weights} does not exist")
@@ -471,6 +477,14 @@ def build_encoder(
     else:
         model, mean, std = _load_torchvision(name, weights)
         stages = _cut_backbone(name, model)
+        if drop_stages:
+            kept = len(stages) - drop_stages
+            if kept < 1:
+                raise ConfigError(
+                    f"model.drop_stages={drop_stages} leaves nothing of {name}'s "
+                    f"{len(stages)} stages; drop at most {len(stages) - 1}"
+                )
+            stages = stages[:kept]
         with torch.no_grad():
             probe = torch.zeros(1, 3, 64, 64)
             for stage in stages:
