@@ -24,12 +24,12 @@ Each run is one row of ``--results FILE`` where given (results/attention_family.
 ``OUT/rows.json``: the member, the config and every override, the learning rate and seed,
 the phase, the validation and test scores, trainable parameters, train seconds and steps/s,
 the precision, threads and device, the commit, the command and the machine. Rows merge into
-the file by (member, lr, seed), so the study runs in pieces (``--only``) and resumes: the
-runner (:mod:`benchmarks.study`) evaluates a run folder ``OUT/MEMBER/lrLR-seedS`` that
-finished without retraining it, resumes one that stopped part-way from its ``last.pt``, and
-keeps the ``failed.json`` of one whose training diverged, whose row says so. ``--jobs N``
-trains N rates (then N seeds) side by side. The tables in docs/attention.md are rendered
-from results/attention_family.json.
+the file by (member, lr, seed, the small CNN's blocks), so the study runs in pieces
+(``--only``) and resumes: the runner (:mod:`benchmarks.study`) evaluates a run folder
+``OUT/MEMBER/lrLR-seedS`` that finished without retraining it, resumes one that stopped
+part-way from its ``last.pt``, and keeps the ``failed.json`` of one whose training diverged,
+whose row says so. ``--jobs N`` trains N rates (then N seeds) side by side. The tables in
+docs/attention.md are rendered from results/attention_family.json.
 """
 
 from __future__ import annotations
@@ -125,6 +125,12 @@ def member_spec(out: Path, member: str, lr: float, seed: int, extra: list[str]) 
     return RunSpec(member, config, tuple(overrides), seed, run_folder(out, member, lr, seed),
                    plumbing=(), evaluations=EVALUATIONS if hard else EVALUATIONS[:2],
                    meta={"lr": lr})  # fmt: skip
+
+
+def row_key(row: dict[str, Any]) -> tuple[str, float, int, str]:
+    """A row's identity in the results file: rows of the same member, rate and seed trained
+    with other blocks sit beside each other (rows before ``blocks`` was recorded: plain)."""
+    return row["member"], row["lr"], row["seed"], row.get("blocks", "plain")
 
 
 def member_row(outcome: Outcome) -> dict[str, Any]:
@@ -228,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         seeds = seeds_of(args)
         threads = threads_for(args.jobs, args.threads)
         recorder = Recorder.from_args("tools.compare_attention", argv, args,
-                                      lambda r: (r["member"], r["lr"], r["seed"]),
+                                      row_key,
                                       order=order)  # fmt: skip
 
         def run(phase: str, specs: list[RunSpec]) -> list[dict[str, Any]]:
