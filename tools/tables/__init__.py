@@ -32,7 +32,7 @@ from tools.tables.attention import (
     attention_family_sweep,
     multi_head,
 )
-from tools.tables.colour_trace import colour_trace, score_start, score_trace
+from tools.tables.colour_trace import colour_trace, family_trace, score_start, score_trace
 from tools.tables.common import ROOT, Rows
 from tools.tables.flickr8k import (
     flickr8k,
@@ -102,6 +102,7 @@ TABLES: dict[str, Callable[[Rows], str]] = {
     "colour_trace": colour_trace,
     "score_trace": score_trace,
     "score_start": score_start,
+    "family_trace": family_trace,
     "photo_sweep": photo_sweep,
     "photo_family": photo_family,
     "photo_budget": photo_budget,
@@ -138,6 +139,7 @@ SOURCES = {
     "shapes_targets": "shapes_seeds",
     "score_trace": "colour_trace",
     "score_start": "colour_trace",
+    "family_trace": "colour_trace",
     "hard_recipe": "attention_family",
     "speed_quality": "speed",
     "speed_bench": "speed",

@@ -5,13 +5,20 @@ from __future__ import annotations
 
 from tools.tables.common import Rows, commands, header, line, provenance, spread
 
+# the general score's maps beside a score that trains, and the family's seeds that stalled
+# with the shipped blocks, each beside a seed of the same member that trained
+SCORE_TRACE = ("general", "scaled_dot")
+FAMILY_TRACE = ("cosine", "none", "location")
+
 
 def colour_trace(rows: Rows) -> str:
     """The colour probe at each encoder stage over the first training steps
     (``tools/colour_trace.py``): one line per step, one column per (variant, seed) and stage
-    (the stem, the last block, the decoder's grid). Rows that also read the first word's map
-    are :func:`score_trace`'s."""
-    rows = [r for r in rows if "first_peak" not in r]
+    (the stem, the last block, the decoder's grid): the traces of the blocks. The family's
+    traces are :func:`score_trace`'s and :func:`family_trace`'s, the starts
+    :func:`score_start`'s."""
+    rows = [r for r in rows if r["variant"] not in (*SCORE_TRACE, *FAMILY_TRACE)
+            and r["variant"] not in _at_start_only(rows)]  # fmt: skip
     runs = list(dict.fromkeys((r["variant"], r["seed"]) for r in rows))
     by = {(r["variant"], r["seed"], r["step"]): r for r in rows}
     last = max(int(k[5:]) for k in rows[0] if k.startswith("stage"))
@@ -43,7 +50,7 @@ def score_trace(rows: Rows) -> str:
     """The traces that also read the first word's attention map (the scores of the family
     that still stall): one line per step, per (variant, seed) the colour probe of the
     decoder's grid, the first word's map's largest weight and its scores' spread."""
-    rows = [r for r in _first_word_rows(rows) if r["variant"] not in _at_start_only(rows)]
+    rows = [r for r in rows if r["variant"] in SCORE_TRACE]
     if not rows:
         return "No rows of `results/colour_trace.json` trace the first word's map yet.\n"
     runs = list(dict.fromkeys((r["variant"], r["seed"]) for r in rows))
@@ -68,6 +75,36 @@ def score_trace(rows: Rows) -> str:
               f"images of the first word's map's largest weight (an even map's: 1 / 36 = "
               f"0.028) and the standard deviation of its scores across the cells. "
               f"Re-run: {commands(rows, ordered=True)}."]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def family_trace(rows: Rows) -> str:
+    """The family's seeds that stalled with the shipped blocks beside a seed of the same
+    member that trained: one line per step, per (variant, seed) the colour probe of the last
+    block and of the decoder's grid."""
+    rows = [r for r in rows if r["variant"] in FAMILY_TRACE]
+    if not rows:
+        return "No rows of `results/colour_trace.json` trace the family's stalled seeds yet.\n"
+    runs = list(dict.fromkeys((r["variant"], r["seed"]) for r in rows))
+    by = {(r["variant"], r["seed"], r["step"]): r for r in rows}
+    last = max(int(k[5:]) for k in rows[0] if k.startswith("stage"))
+    head = ["step"] + [f"{v} seed {s}: {label}" for v, s in runs
+                       for label in ("last block", "grid")]  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for step in sorted({r["step"] for r in rows}):
+        cells = [str(step)]
+        for variant, seed in runs:
+            row = by.get((variant, seed, step))
+            cells += [f"{row[f'stage{last}']:.2f}", f"{row['grid']:.2f}"] if row else ["–"] * 2
+        lines.append("| " + " | ".join(cells) + " |")
+    settings = "; ".join(
+        f"{v}: " + (", ".join(f"`{o}`" for o in o_list) or "the config as it is")
+        for v, o_list in {r["variant"]: r["overrides"] for r in rows}.items()
+    )
+    lines += ["", f"{len(rows)} rows of `results/colour_trace.json`, `{rows[0]['config']}` "
+              f"({settings}): {provenance(rows)}. Held-out accuracy of the colour probe "
+              f"(chance 0.167) before each step, as above. Re-run: "
+              f"{commands(rows, ordered=True)}."]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
