@@ -81,7 +81,7 @@ def score_trace(rows: Rows) -> str:
 def family_trace(rows: Rows) -> str:
     """The family's seeds that stalled with the shipped blocks beside a seed of the same
     member that trained: one line per step, per (variant, seed) the colour probe of the last
-    block and of the decoder's grid."""
+    block and of the decoder's grid, and the first word's map's largest weight."""
     rows = [r for r in rows if r["variant"] in FAMILY_TRACE]
     if not rows:
         return "No rows of `results/colour_trace.json` trace the family's stalled seeds yet.\n"
@@ -89,13 +89,17 @@ def family_trace(rows: Rows) -> str:
     by = {(r["variant"], r["seed"], r["step"]): r for r in rows}
     last = max(int(k[5:]) for k in rows[0] if k.startswith("stage"))
     head = ["step"] + [f"{v} seed {s}: {label}" for v, s in runs
-                       for label in ("last block", "grid")]  # fmt: skip
+                       for label in ("last block", "grid", "first word's peak")]  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for step in sorted({r["step"] for r in rows}):
         cells = [str(step)]
         for variant, seed in runs:
             row = by.get((variant, seed, step))
-            cells += [f"{row[f'stage{last}']:.2f}", f"{row['grid']:.2f}"] if row else ["–"] * 2
+            if row is None:
+                cells += ["–"] * 3
+                continue
+            peak = f"{row['first_peak']:.2f}" if "first_peak" in row else "–"
+            cells += [f"{row[f'stage{last}']:.2f}", f"{row['grid']:.2f}", peak]
         lines.append("| " + " | ".join(cells) + " |")
     settings = "; ".join(
         f"{v}: " + (", ".join(f"`{o}`" for o in o_list) or "the config as it is")
@@ -103,7 +107,8 @@ def family_trace(rows: Rows) -> str:
     )
     lines += ["", f"{len(rows)} rows of `results/colour_trace.json`, `{rows[0]['config']}` "
               f"({settings}): {provenance(rows)}. Held-out accuracy of the colour probe "
-              f"(chance 0.167) before each step, as above. Re-run: "
+              f"(chance 0.167) before each step, as above, and the first word's map's largest "
+              f"weight (an even map's: 0.028; no attention has no map). Re-run: "
               f"{commands(rows, ordered=True)}."]  # fmt: skip
     return "\n".join(lines) + "\n"
 
