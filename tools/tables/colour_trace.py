@@ -3,12 +3,50 @@ rows of ``tools/colour_trace.py``)."""
 
 from __future__ import annotations
 
-from tools.tables.common import Rows, commands, header, line, provenance, spread
+from collections.abc import Callable
+
+from tools.tables.common import Row, Rows, commands, header, line, provenance, spread
 
 # the general score's maps beside a score that trains, and the family's seeds that stalled
 # with the shipped blocks, each beside a seed of the same member that trained
 SCORE_TRACE = ("general", "scaled_dot")
 FAMILY_TRACE = ("cosine", "none", "location")
+
+
+Column = tuple[str, Callable[[Row], str]]  # a label, and a row's cell
+
+
+def _grid(rows: Rows, columns: list[Column]) -> list[str]:
+    """One line per step and, per (variant, seed) in the rows' order, one cell per column
+    (– where the run has no row at that step)."""
+    runs = list(dict.fromkeys((r["variant"], r["seed"]) for r in rows))
+    by = {(r["variant"], r["seed"], r["step"]): r for r in rows}
+    head = ["step"] + [f"{v} seed {s}: {label}" for v, s in runs for label, _ in columns]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for step in sorted({r["step"] for r in rows}):
+        cells = [str(step)]
+        for variant, seed in runs:
+            row = by.get((variant, seed, step))
+            cells += [cell(row) if row else "–" for _, cell in columns]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def _settings(rows: Rows) -> str:
+    """Each variant's overrides, in the rows' order."""
+    return "; ".join(
+        f"{v}: " + (", ".join(f"`{o}`" for o in o_list) or "the config as it is")
+        for v, o_list in {r["variant"]: r["overrides"] for r in rows}.items()
+    )
+
+
+def _last_stage(rows: Rows) -> str:
+    return f"stage{max(int(k[5:]) for k in rows[0] if k.startswith('stage'))}"
+
+
+def _probe(key: str) -> Callable[[Row], str]:
+    """A row's colour probe at ``key`` (a stage, or the grid) as a cell."""
+    return lambda row: f"{row[key]:.2f}"
 
 
 def colour_trace(rows: Rows) -> str:
@@ -17,28 +55,14 @@ def colour_trace(rows: Rows) -> str:
     (the stem, the last block, the decoder's grid): the traces of the blocks. The family's
     traces are :func:`score_trace`'s and :func:`family_trace`'s, the starts
     :func:`score_start`'s."""
-    rows = [r for r in rows if r["variant"] not in (*SCORE_TRACE, *FAMILY_TRACE)
-            and r["variant"] not in _at_start_only(rows)]  # fmt: skip
-    runs = list(dict.fromkeys((r["variant"], r["seed"]) for r in rows))
-    by = {(r["variant"], r["seed"], r["step"]): r for r in rows}
-    last = max(int(k[5:]) for k in rows[0] if k.startswith("stage"))
-    stages = [("stage0", "stem"), (f"stage{last}", "last block"), ("grid", "grid")]
-    head = ["step"] + [f"{v} seed {s}: {label}" for v, s in runs for _, label in stages]
-    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
-    for step in sorted({r["step"] for r in rows}):
-        cells = [str(step)]
-        for variant, seed in runs:
-            row = by.get((variant, seed, step))
-            cells += [f"{row[k]:.2f}" if row else "–" for k, _ in stages]
-        lines.append("| " + " | ".join(cells) + " |")
-    overrides = {r["variant"]: r["overrides"] for r in rows}
-    settings = "; ".join(
-        f"{v}: " + (", ".join(f"`{o}`" for o in o_list) or "the config as it is")
-        for v, o_list in overrides.items()
-    )
-    first = rows[0]
-    lines += ["", f"{len(rows)} rows of `results/colour_trace.json`, `{first['config']}` "
-              f"({settings}): {provenance(rows)}. Held-out accuracy of the colour probe "
+    left_out = {*SCORE_TRACE, *FAMILY_TRACE, *_at_start_only(rows)}
+    rows = [r for r in rows if r["variant"] not in left_out]
+    last = _last_stage(rows)
+    columns = [("stem", _probe("stage0")), ("last block", _probe(last)),
+               ("grid", _probe("grid"))]  # fmt: skip
+    lines = _grid(rows, columns)
+    lines += ["", f"{len(rows)} rows of `results/colour_trace.json`, `{rows[0]['config']}` "
+              f"({_settings(rows)}): {provenance(rows)}. Held-out accuracy of the colour probe "
               f"(chance 0.167) before each step, on the objects of 300 validation images, from "
               f"the feature under each object's centre; each run stops after its last probe "
               f"(the seed study's rows are the whole runs). Re-run: "
@@ -53,25 +77,12 @@ def score_trace(rows: Rows) -> str:
     rows = [r for r in rows if r["variant"] in SCORE_TRACE]
     if not rows:
         return "No rows of `results/colour_trace.json` trace the first word's map yet.\n"
-    runs = list(dict.fromkeys((r["variant"], r["seed"]) for r in rows))
-    by = {(r["variant"], r["seed"], r["step"]): r for r in rows}
-    head = ["step"] + [f"{v} seed {s}: {label}" for v, s in runs
-                       for label in ("grid probe", "first word's peak", "score sd")]  # fmt: skip
-    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
-    for step in sorted({r["step"] for r in rows}):
-        cells = [str(step)]
-        for variant, seed in runs:
-            row = by.get((variant, seed, step))
-            cells += ([f"{row['grid']:.2f}", f"{row['first_peak']:.3f}",
-                       f"{row['first_score_sd']:.1f}"] if row else ["–"] * 3)  # fmt: skip
-        lines.append("| " + " | ".join(cells) + " |")
-    settings = "; ".join(
-        f"{v}: " + (", ".join(f"`{o}`" for o in o_list) or "the config as it is")
-        for v, o_list in {r["variant"]: r["overrides"] for r in rows}.items()
-    )
+    lines = _grid(rows, [("grid probe", _probe("grid")),
+                         ("first word's peak", lambda r: f"{r['first_peak']:.3f}"),
+                         ("score sd", lambda r: f"{r['first_score_sd']:.1f}")])  # fmt: skip
     lines += ["", f"{len(rows)} rows of `results/colour_trace.json`, `{rows[0]['config']}` "
-              f"({settings}): {provenance(rows)}. Before each step: the colour probe of the "
-              f"decoder's grid (chance 0.167), as above, and the mean over 300 validation "
+              f"({_settings(rows)}): {provenance(rows)}. Before each step: the colour probe of "
+              f"the decoder's grid (chance 0.167), as above, and the mean over 300 validation "
               f"images of the first word's map's largest weight (an even map's: 1 / 36 = "
               f"0.028) and the standard deviation of its scores across the cells. "
               f"Re-run: {commands(rows, ordered=True)}."]  # fmt: skip
@@ -85,28 +96,12 @@ def family_trace(rows: Rows) -> str:
     rows = [r for r in rows if r["variant"] in FAMILY_TRACE]
     if not rows:
         return "No rows of `results/colour_trace.json` trace the family's stalled seeds yet.\n"
-    runs = list(dict.fromkeys((r["variant"], r["seed"]) for r in rows))
-    by = {(r["variant"], r["seed"], r["step"]): r for r in rows}
-    last = max(int(k[5:]) for k in rows[0] if k.startswith("stage"))
-    head = ["step"] + [f"{v} seed {s}: {label}" for v, s in runs
-                       for label in ("last block", "grid", "first word's peak")]  # fmt: skip
-    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
-    for step in sorted({r["step"] for r in rows}):
-        cells = [str(step)]
-        for variant, seed in runs:
-            row = by.get((variant, seed, step))
-            if row is None:
-                cells += ["–"] * 3
-                continue
-            peak = f"{row['first_peak']:.2f}" if "first_peak" in row else "–"
-            cells += [f"{row[f'stage{last}']:.2f}", f"{row['grid']:.2f}", peak]
-        lines.append("| " + " | ".join(cells) + " |")
-    settings = "; ".join(
-        f"{v}: " + (", ".join(f"`{o}`" for o in o_list) or "the config as it is")
-        for v, o_list in {r["variant"]: r["overrides"] for r in rows}.items()
-    )
+    columns = [("last block", _probe(_last_stage(rows))), ("grid", _probe("grid")),
+               ("first word's peak",
+                lambda r: f"{r['first_peak']:.2f}" if "first_peak" in r else "–")]  # fmt: skip
+    lines = _grid(rows, columns)
     lines += ["", f"{len(rows)} rows of `results/colour_trace.json`, `{rows[0]['config']}` "
-              f"({settings}): {provenance(rows)}. Held-out accuracy of the colour probe "
+              f"({_settings(rows)}): {provenance(rows)}. Held-out accuracy of the colour probe "
               f"(chance 0.167) before each step, as above, and the first word's map's largest "
               f"weight (an even map's: 0.028; no attention has no map). Re-run: "
               f"{commands(rows, ordered=True)}."]  # fmt: skip
