@@ -214,3 +214,15 @@ def test_without_its_results_file_a_table_says_so(tables, tmp_path) -> None:
     assert "(results/attention_family.json is not there yet.)\n<!-- end" in tables.render(
         text, tmp_path
     )
+
+
+def test_rows_of_other_blocks_sit_beside_the_first_studys(study, tmp_path) -> None:
+    from benchmarks.results import write_results
+
+    path = tmp_path / "family.json"
+    old = {"member": "soft", "lr": 0.004, "seed": 0, "test": {"exact": 0.06}}  # before blocks
+    new = {**old, "blocks": "preact", "test": {"exact": 0.99}}
+    write_results(path, [old], study.row_key)
+    rows = write_results(path, [new], study.row_key)
+    assert [r["test"]["exact"] for r in rows] == [0.06, 0.99]
+    assert study.row_key(old) == ("soft", 0.004, 0, "plain")
