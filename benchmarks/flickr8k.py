@@ -66,6 +66,7 @@ logger = logging.getLogger("captioning")
 CONFIGS = {
     "none": ("configs/flickr8k_mobilenet.yaml", ["model.attention=none"]),
     "soft": ("configs/flickr8k_mobilenet.yaml", []),
+    "best": ("configs/flickr8k_best.yaml", []),
     "hard": ("configs/flickr8k_hard.yaml", []),
     "hard_exact": ("configs/flickr8k_hard_exact.yaml", []),
     "scst": ("configs/flickr8k_scst.yaml", []),
@@ -74,7 +75,8 @@ CONFIGS = {
 MODELS = ("nn", *CONFIGS)
 # a model trained from another's best.pt of the same seed
 FIRST_STAGE = {"scst": "soft", "finetune": "soft"}
-BEAMS = {"soft": (1, 3, 5)}  # other models: (3,)
+BEAMS = {"soft": (1, 3, 5), "best": (1, 3, 5)}  # other models: (3,)
+OWN_GRID = ("best",)  # models whose config caches a grid of its own; the others the recipe's
 RECIPE = "recipe"
 OWN = ("train.seed", "data.root", "model.weights")  # the study sets these itself
 
@@ -100,12 +102,28 @@ def prepare(shared: Path, out: Path) -> dict[str, Any]:
     return stages.seconds
 
 
-def extract(out: Path, overrides: list[str]) -> dict[str, Any]:
-    """Cache the frozen backbone's grids of every split (reused when there)."""
+def extract_stage(model: str) -> str:
+    """The name under which the stages record the extraction of ``model``'s grids: the
+    recipe's ``extract`` (every model extends its config); best's, whose grid is its own,
+    ``extract flickr8k_best``."""
+    return f"extract {Path(CONFIGS[model][0]).stem}" if model in OWN_GRID else "extract"
+
+
+def extract(out: Path, model: str, overrides: list[str]) -> dict[str, Any]:
+    """Cache the frozen backbone's grids of every split for ``model``'s config (reused when
+    there)."""
     stages, started = Stages(out), time.perf_counter()
-    if extract_grids(load_config(ROOT / CONFIGS["soft"][0], overrides)):
-        stages.record("extract", time.perf_counter() - started, **_host())
+    config = CONFIGS[model if model in OWN_GRID else "soft"][0]
+    if extract_grids(load_config(ROOT / config, overrides)):
+        stages.record(extract_stage(model), time.perf_counter() - started, **_host())
     return stages.seconds
+
+
+def stages_of(out: Path, model: str) -> dict[str, Any]:
+    """The recorded stages as ``model``'s recipe ran them: its own extraction as ``extract``."""
+    stages = dict(Stages(out).seconds)
+    stages["extract"] = stages.get(extract_stage(model))
+    return {k: v for k, v in stages.items() if not k.startswith("extract ")}
 
 
 def _host() -> dict[str, Any]:
@@ -185,7 +203,7 @@ def train_and_decode(spec: RunSpec) -> Outcome:
         "evaluate_seconds": decoded,
         **study.run_fields(outcome), "cpu": cpu_model(),
         **{k: spec.meta[k] for k in ("timed_alone", "commit", "command")},
-        "stages": Stages(spec.meta["out"]).seconds,
+        "stages": stages_of(spec.meta["out"], spec.name),
         "history": outcome.history,
     }  # fmt: skip
     (folder / "job.json").write_text(json.dumps(job, indent=1) + "\n")
@@ -354,7 +372,10 @@ def main(argv: list[str] | None = None) -> int:
         args.commit = recorder.stamp["commit"] = args.commit or recorder.stamp["commit"]
         args.command = recorder.stamp["command"]
         prepare(args.shared, args.out)
-        extract(args.out, job_settings(args.out, "soft", 0, args.overrides))
+        # the grids of the recipe (every model but best reads them) and of best, as asked
+        grids = {model if model in OWN_GRID else "soft" for model in args.models}
+        for model in sorted(grids, reverse=True):
+            extract(args.out, model, job_settings(args.out, model, 0, args.overrides))
         if not args.no_train:
             train_all(args, args.models, args.seeds)
         if args.no_score:

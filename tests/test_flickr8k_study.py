@@ -66,6 +66,19 @@ def test_a_second_stage_counts_its_first_stages_seconds(tmp_path):
     assert row["seconds"]["first_stage"] == 100.0 and row["seconds"]["recipe"] == 255.0
 
 
+def test_the_best_recipe_counts_its_own_extraction_not_the_recipes(tmp_path):
+    from benchmarks.recipe_stages import Stages
+
+    stages = Stages(tmp_path)
+    stages.record("prepare", 9.0)
+    stages.record("extract", 146.0)  # the recipe's 10 x 10 grids at 320 px
+    stages.record("extract flickr8k_best", 70.0)  # best's 7 x 7 grids at 224 px
+    assert flickr8k.stages_of(tmp_path, "best") == {"prepare": 9.0, "extract": 70.0}
+    for model in ("soft", "hard", "scst"):
+        assert flickr8k.stages_of(tmp_path, model) == {"prepare": 9.0, "extract": 146.0}
+    assert flickr8k.extract_stage("best") == "extract flickr8k_best"
+
+
 def test_commands_name_no_machine_path(tmp_path):
     out, shared = tmp_path / "out", tmp_path / "shared"
     argv = ["--shared", str(shared), "--out", str(out), "--set", f"x={out}/y"]
