@@ -222,7 +222,7 @@ def cmd_prepare_flickr8k(args: argparse.Namespace) -> int:
     from captioning.prepare.flickr import FLICKR8K_TOKENS, prepare_flickr8k
 
     summary = prepare_flickr8k(args.images, args.text, args.out, progress=not args.quiet)
-    _print_flickr(summary, f"{args.text}/{FLICKR8K_TOKENS}", "configs/flickr8k_mobilenet.yaml")
+    _print_flickr(summary, f"{args.text}/{FLICKR8K_TOKENS}", "configs/flickr8k_best.yaml")
     return 0
 
 

@@ -117,7 +117,7 @@ def test_the_cli_prints_what_it_wrote_and_the_next_command(tmp_path, capsys):
     assert code == 0
     assert "images train 3 (6 captions), val 2 (4 captions), test 2 (4 captions)" in out
     assert "2 rows skipped, 0 images without a caption, 3 split-file problems" in out
-    assert "captioning train --config configs/flickr8k_mobilenet.yaml --set" in out
+    assert "captioning train --config configs/flickr8k_best.yaml --set" in out
 
 
 @pytest.mark.slow

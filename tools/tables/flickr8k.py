@@ -7,8 +7,11 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+import yaml
+
 from tools.tables.common import (
     PLUMBING,
+    ROOT,
     Rows,
     commits,
     machines,
@@ -23,12 +26,27 @@ PAPER_FLICKR8K = {
     "soft": (67.0, 44.8, 29.9, 19.5, 18.93),
     "hard": (67.0, 45.7, 31.4, 21.3, 20.30),
 }
-FLICKR8K_MODELS = ("nn", "none", "soft", "hard", "hard_exact", "scst", "finetune")
+FLICKR8K_MODELS = ("nn", "none", "soft", "best", "hard", "hard_exact", "scst", "finetune")
 FLICKR8K_SCORES = ("Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "METEOR", "Bleu_4_no_bp",
                    "ROUGE_L", "CIDEr")  # fmt: skip
 FLICKR8K_HEAD = ("| model | beam | trained on | seeds | BLEU-1 | BLEU-2 | BLEU-3 | BLEU-4 | "
                  "METEOR | BLEU-4 without BP | ROUGE-L | CIDEr-D | CIDEr-D of each seed | "
                  "seeds above nn in CIDEr-D |")  # fmt: skip
+
+
+BEST_CONFIG = "configs/flickr8k_best.yaml"
+RECIPE = "recipe"  # the variant of rows trained by the shipped config files as they are
+
+
+def _own_keys(config: str) -> list[str]:
+    """The settings a config file sets itself, over the config it extends, as KEY=VALUE."""
+    own = yaml.safe_load((ROOT / config).read_text())
+    return [f"{section}.{key}={value}" for section, keys in own.items() if section != "base"
+            for key, value in keys.items()]  # fmt: skip
+
+
+def _seconds(value: float | None) -> str:
+    return "–" if value is None else f"{value:.0f}"
 
 
 def _device(row: dict[str, Any]) -> str:
@@ -62,7 +80,7 @@ def _flickr8k_lines(rows: Rows, nn_cider: float | None) -> list[str]:
 
 def _nn_cider(rows: Rows) -> float | None:
     """The nearest neighbour's test CIDEr-D among ``rows`` (it has no seed)."""
-    found = [r["CIDEr"] for r in rows if r["model"] == "nn" and r["variant"] == "recipe"]
+    found = [r["CIDEr"] for r in rows if r["model"] == "nn" and r["variant"] == RECIPE]
     return found[0] if found else None
 
 
@@ -81,15 +99,16 @@ def flickr8k(rows: Rows) -> str:
         bleu = " | ".join(f"{b:.1f}" for b in (b1, b2, b3, b4))
         head.append(f"| **paper: {name}** (Xu et al. 2015; BLEU without BP) | | | | {bleu} | "
                     f"{meteor:.2f} | {b4:.1f} | | | | |")  # fmt: skip
-    recipe = [r for r in rows if r["variant"] == "recipe" and r["beam_size"] in (None, 3)]
+    recipe = [r for r in rows if r["variant"] == RECIPE and r["beam_size"] in (None, 3)]
     lines = _flickr8k_lines(recipe, _nn_cider(rows))
     return "\n".join([*head, *lines, "", _flickr8k_note(recipe)]) + "\n"
 
 
 def flickr8k_beams(rows: Rows) -> str:
-    """The soft model of the Flickr8k recipe decoded with 1, 3 and 5 beams."""
+    """The soft models of the Flickr8k recipes (the recipe and best) decoded with 1, 3 and 5
+    beams."""
     head = [FLICKR8K_HEAD, "|" + " --- |" * 14]
-    soft = [r for r in rows if r["variant"] == "recipe" and r["model"] == "soft"]
+    soft = [r for r in rows if r["variant"] == RECIPE and r["model"] in ("soft", "best")]
     lines = _flickr8k_lines(soft, _nn_cider(rows))
     return "\n".join([*head, *lines, "", _flickr8k_note(soft)]) + "\n"
 
@@ -103,11 +122,11 @@ def flickr8k_brevity(rows: Rows) -> str:
     groups: dict[str, Rows] = {}
     for row in rows:
         cut = row["variant"].startswith("cut")
-        if row["model"] == "soft" and row["beam_size"] == 3 and (cut or row["variant"] == "recipe"):
+        if row["model"] == "soft" and row["beam_size"] == 3 and (cut or row["variant"] == RECIPE):
             groups.setdefault(row["variant"], []).append(row)
-    for variant in sorted(groups, key=lambda v: -1000 if v == "recipe" else -int(v[3:])):
+    for variant in sorted(groups, key=lambda v: -1000 if v == RECIPE else -int(v[3:])):
         group = groups[variant]
-        name = "as decoded" if variant == "recipe" else f"first {variant[3:]} words"
+        name = "as decoded" if variant == RECIPE else f"first {variant[3:]} words"
         cells = [f"{mean([r['mean_words'] for r in group]):.1f}",
                  *(f"{mean([r[k] for r in group]):.3f}"
                    for k in ("Bleu_length_ratio", "Bleu_brevity_penalty")),
@@ -132,13 +151,21 @@ def flickr8k_levers(rows: Rows) -> str:
             groups.setdefault((row["variant"], _device(row)), []).append(row)
         elif row["model"] == "finetune" and row["beam_size"] == 3:  # a second stage
             groups.setdefault(("finetune", _device(row)), []).append(row)
-    for (variant, device), group in sorted(
-        groups.items(), key=lambda g: (g[0][0] != "recipe", g[0])
-    ):
+        elif row["model"] == "best" and row["beam_size"] == 3:  # best, and levers over it
+            name = "best" if row["variant"] == RECIPE else row["variant"]
+            groups.setdefault((name, _device(row)), []).append(row)
+    for (variant, device), group in sorted(groups.items(), key=lambda g: (g[0][0] != RECIPE, g[0])):
         group = sorted(group, key=lambda r: r["seed"])
         settings = [f"`{o}`" for o in group[0]["overrides"] if not o.startswith(PLUMBING)]
         if variant == "finetune":
             settings = [f"`{group[0]['config']}`, from the recipe's `best.pt`"]
+        elif variant == "best":
+            settings = [f"`{BEST_CONFIG}`: " + ", ".join(f"`{o}`" for o in _own_keys(BEST_CONFIG))]
+        elif group[0]["model"] == "best":  # what a lever sets beyond best's own settings
+            own = {f"`{o}`" for o in _own_keys(BEST_CONFIG)}
+            extra = [o for o in settings if o not in own]
+            threads = f"trained on {group[0]['threads']} thread(s)"
+            settings = [f"`{BEST_CONFIG}` and {', '.join(extra) or threads}"]
         scores = [mean([r[k] for r in group]) for k in ("Bleu_4", "METEOR", "CIDEr")]
         val = mean([r["best_val"] for r in group])
         each = ", ".join(f"{100 * r['CIDEr']:.1f} ({r['seed']})" for r in group)
@@ -156,7 +183,7 @@ def flickr8k_attention(rows: Rows) -> str:
     lines = ["| model | seed | trained on | penalty: first epoch | last epoch "
              "| entropy (nats): first epoch | last epoch | nll per word: first epoch "
              "| last epoch |", "|" + " --- |" * 9]  # fmt: skip
-    kept = [r for r in rows if r.get("training") and r["variant"] == "recipe"
+    kept = [r for r in rows if r.get("training") and r["variant"] == RECIPE
             and r["beam_size"] == 3]  # fmt: skip
     for row in sorted(kept, key=lambda r: (r["model"], _device(r), r["seed"])):
         first, last = row["training"]["first_epoch"], row["training"]["last_epoch"]
@@ -174,15 +201,18 @@ def flickr8k_time(rows: Rows) -> str:
              "train s | evaluate s | whole recipe s |", "|" + " --- |" * 10]  # fmt: skip
     order = {m: n for n, m in enumerate(FLICKR8K_MODELS)}
     rows = sorted(rows, key=lambda r: (order[r["model"]], _device(r), r["seed"] or 0))
-    shown = [r for r in rows if r["variant"] == "recipe" and r["beam_size"] in (None, 3)]
+    shown = [r for r in rows if r["variant"] == RECIPE and r["beam_size"] in (None, 3)]
     for row in shown:
         t = row["seconds"]
         train = (t.get("first_stage") or 0) + t["train"]
+        # a stage not recorded (a run in a folder whose stages ran elsewhere) leaves no total
+        whole = t.get("recipe") if None not in (t.get("prepare"), t.get("extract")) else None
         lines.append(f"| {row['model']} | {row['seed'] if row['seed'] is not None else '–'} | "
                      f"{row['device']} | {row['threads']} | "
                      f"{'yes' if row['timed_alone'] else 'no'} "
-                     f"| {t['prepare']:.0f} | {t['extract']:.0f} | {train:.0f} | "
-                     f"{t.get('evaluate', 0):.0f} | {t.get('recipe', 0):.0f} |")  # fmt: skip
+                     f"| {_seconds(t.get('prepare'))} | {_seconds(t.get('extract'))} "
+                     f"| {train:.0f} | {_seconds(t.get('evaluate'))} "
+                     f"| {_seconds(whole)} |")  # fmt: skip
     return "\n".join([*lines, "", source_note(shown, "flickr8k")]) + "\n"
 
 
@@ -190,12 +220,14 @@ def flickr8k_time(rows: Rows) -> str:
 FLICKR8K_TARGETS = (
     ("soft attention by cross-entropy: BLEU-4 ≥ 19.5", "soft", "Bleu_4", 0.195),
     ("soft attention by cross-entropy: METEOR ≥ 18.93", "soft", "METEOR", 0.1893),
+    ("soft attention by cross-entropy, best recipe: BLEU-4 ≥ 19.5", "best", "Bleu_4", 0.195),
+    ("soft attention by cross-entropy, best recipe: METEOR ≥ 18.93", "best", "METEOR", 0.1893),
     ("hard attention: BLEU-4 ≥ 21.3", "hard", "Bleu_4", 0.213),
     ("hard attention: METEOR ≥ 20.30", "hard", "METEOR", 0.2030),
     ("self-critical training: BLEU-4 beyond both paper rows (> 21.3)", "scst", "Bleu_4", 0.213),
     ("self-critical training: METEOR beyond both paper rows (> 20.30)", "scst", "METEOR", 0.2030),
 )
-RECIPE_SECONDS = {"soft": 900, "hard": 1800}  # the whole recipe on a 2-core CPU
+RECIPE_SECONDS = {"soft": 900, "best": 900, "hard": 1800}  # the whole recipe, 2-core CPU
 
 
 def flickr8k_targets(rows: Rows) -> str:
@@ -203,7 +235,7 @@ def flickr8k_targets(rows: Rows) -> str:
     device (beam 3, standard BLEU), every seed's value, and whether the mean reaches it;
     then CIDEr-D against the baselines by more than the seed spread, and the recipe's time."""
     lines = ["| target | trained on | seeds | mean | each seed | met |", "|" + " --- |" * 6]
-    recipe = [r for r in rows if r["variant"] == "recipe" and r["beam_size"] in (None, 3)]
+    recipe = [r for r in rows if r["variant"] == RECIPE and r["beam_size"] in (None, 3)]
     groups: dict[tuple, Rows] = {}
     for row in recipe:
         groups.setdefault((row["model"], _device(row)), []).append(row)
@@ -219,7 +251,7 @@ def flickr8k_targets(rows: Rows) -> str:
                          f"| {met} |")  # fmt: skip
     baselines = {m: [r["CIDEr"] for r in recipe if r["model"] == m] for m in ("nn", "none")}
     best = max((mean(v) for v in baselines.values() if v), default=None)
-    for model in ("soft", "hard", "scst"):
+    for model in ("soft", "best", "hard", "scst"):
         for device in ("CPU", "GPU"):
             group = sorted(groups.get((model, device), []), key=lambda r: r["seed"])
             if len(group) < 2 or best is None:
