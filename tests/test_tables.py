@@ -357,3 +357,40 @@ def test_flickr8k_targets_say_met_only_when_the_mean_reaches_the_target() -> Non
     rows[2]["CIDEr"] = 0.44  # now below the baseline's 43.0 + spread
     cider = next(line for line in flickr8k_targets(rows).splitlines() if "seed spread" in line)
     assert cider.endswith("| no |")
+
+
+def test_flickr8k_levers_name_what_a_lever_sets_beyond_the_best_recipe() -> None:
+    from tools.tables.flickr8k import flickr8k_levers
+
+    def row(variant: str, overrides: list[str], threads: int = 1) -> dict:
+        return {"variant": variant, "model": "best", "seed": 0, "beam_size": 3,
+                "device": "Intel Xeon", "Bleu_4": 0.19, "METEOR": 0.19, "CIDEr": 0.46,
+                "best_val": 0.45, "select_metric": "CIDEr", "overrides": overrides,
+                "timed_alone": False, "precision": "bf16", "threads": threads,
+                "commit": "abc1234"}  # fmt: skip
+
+    own = ["model.image_size=224", "train.epochs=20"]  # configs/flickr8k_best.yaml's own
+    rows = [row("recipe", [], 2), row("best_ls", [*own, "train.label_smoothing=0.1"]),
+            row("one_thread", own)]  # fmt: skip
+    table = flickr8k_levers(rows)
+    lines = {line.split(" | ")[0]: line for line in table.splitlines()}
+    assert (
+        "`configs/flickr8k_best.yaml`: `model.image_size=224`, `train.epochs=20`" in lines["| best"]
+    )
+    assert "`configs/flickr8k_best.yaml` and `train.label_smoothing=0.1` |" in lines["| best_ls"]
+    assert "`configs/flickr8k_best.yaml` and trained on 1 thread(s) |" in lines["| one_thread"]
+
+
+def test_flickr8k_time_leaves_a_stage_not_recorded_and_its_total_blank() -> None:
+    from tools.tables.flickr8k import flickr8k_time
+
+    def row(seed: int, prepare: float | None) -> dict:
+        seconds = {"prepare": prepare, "extract": 72.0, "train": 651.0, "evaluate": 12.0,
+                   "recipe": 748.0 if prepare else 737.0}  # fmt: skip
+        return {"variant": "recipe", "model": "best", "seed": seed, "beam_size": 3,
+                "device": "Intel Xeon", "threads": 2, "timed_alone": seed == 0,
+                "seconds": seconds, "precision": "bf16", "commit": "abc1234"}  # fmt: skip
+
+    lines = flickr8k_time([row(0, 11.0), row(1, None)]).splitlines()
+    assert "| best | 0 | Intel Xeon | 2 | yes | 11 | 72 | 651 | 12 | 748 |" in lines
+    assert "| best | 1 | Intel Xeon | 2 | no | – | 72 | 651 | 12 | – |" in lines
