@@ -21,7 +21,9 @@ The models: ``nn`` (the consensus nearest neighbour, ``k`` chosen on the dev spl
 (the paper's REINFORCE, ``configs/flickr8k_hard.yaml``), ``hard_exact`` (hard attention by
 its exact marginal likelihood, ``configs/flickr8k_hard_exact.yaml``), and two second stages
 from the ``soft`` run of the same seed: ``scst`` (self-critical training,
-``configs/flickr8k_scst.yaml``) and ``finetune`` (``configs/flickr8k_finetune.yaml``).
+``configs/flickr8k_scst.yaml``) and ``finetune`` (``configs/flickr8k_finetune.yaml``);
+``best_finetune`` (``configs/flickr8k_best_finetune.yaml``) fine-tunes the ``best`` run of
+the same seed.
 
 Training goes through the study runner (:mod:`benchmarks.study`): ``--jobs N`` runs side by
 side (on one GPU, or one at a time on a CPU so that the times are a user's), each with
@@ -71,12 +73,15 @@ CONFIGS = {
     "hard_exact": ("configs/flickr8k_hard_exact.yaml", []),
     "scst": ("configs/flickr8k_scst.yaml", []),
     "finetune": ("configs/flickr8k_finetune.yaml", []),
+    "best_finetune": ("configs/flickr8k_best_finetune.yaml", []),
 }
 MODELS = ("nn", *CONFIGS)
 # a model trained from another's best.pt of the same seed
-FIRST_STAGE = {"scst": "soft", "finetune": "soft"}
+FIRST_STAGE = {"scst": "soft", "finetune": "soft", "best_finetune": "best"}
 BEAMS = {"soft": (1, 3, 5), "best": (1, 3, 5)}  # other models: (3,)
-OWN_GRID = ("best",)  # models whose config caches a grid of its own; the others the recipe's
+# the model whose cached grids a model's recipe extracts: best's own (7 x 7), the others the
+# recipe's (10 x 10); a fine-tuning stage reads photos, its recipe extracts its first stage's
+GRID_OF = {"best": "best", "best_finetune": "best"}
 RECIPE = "recipe"
 OWN = ("train.seed", "data.root", "model.weights")  # the study sets these itself
 
@@ -105,15 +110,21 @@ def prepare(shared: Path, out: Path) -> dict[str, Any]:
 def extract_stage(model: str) -> str:
     """The name under which the stages record the extraction of ``model``'s grids: the
     recipe's ``extract`` (every model extends its config); best's, whose grid is its own,
-    ``extract flickr8k_best``."""
-    return f"extract {Path(CONFIGS[model][0]).stem}" if model in OWN_GRID else "extract"
+    ``extract flickr8k_best``, for best and the stages after it."""
+    grid = grid_of(model)
+    return "extract" if grid == "soft" else f"extract {Path(CONFIGS[grid][0]).stem}"
+
+
+def grid_of(model: str) -> str:
+    """The model whose config's grids ``model``'s recipe caches (:data:`GRID_OF`)."""
+    return GRID_OF.get(model, "soft")
 
 
 def extract(out: Path, model: str, overrides: list[str]) -> dict[str, Any]:
     """Cache the frozen backbone's grids of every split for ``model``'s config (reused when
     there)."""
     stages, started = Stages(out), time.perf_counter()
-    config = CONFIGS[model if model in OWN_GRID else "soft"][0]
+    config = CONFIGS[grid_of(model)][0]
     if extract_grids(load_config(ROOT / config, overrides)):
         stages.record(extract_stage(model), time.perf_counter() - started, **_host())
     return stages.seconds
@@ -373,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
         args.command = recorder.stamp["command"]
         prepare(args.shared, args.out)
         # the grids of the recipe (every model but best reads them) and of best, as asked
-        grids = {model if model in OWN_GRID else "soft" for model in args.models}
+        grids = {grid_of(model) for model in args.models}
         for model in sorted(grids, reverse=True):
             extract(args.out, model, job_settings(args.out, model, 0, args.overrides))
         if not args.no_train:

@@ -73,10 +73,24 @@ def test_the_best_recipe_counts_its_own_extraction_not_the_recipes(tmp_path):
     stages.record("prepare", 9.0)
     stages.record("extract", 146.0)  # the recipe's 10 x 10 grids at 320 px
     stages.record("extract flickr8k_best", 70.0)  # best's 7 x 7 grids at 224 px
-    assert flickr8k.stages_of(tmp_path, "best") == {"prepare": 9.0, "extract": 70.0}
-    for model in ("soft", "hard", "scst"):
+    for model in ("best", "best_finetune"):  # best_finetune's recipe is best's, then more
+        assert flickr8k.stages_of(tmp_path, model) == {"prepare": 9.0, "extract": 70.0}
+    for model in ("soft", "hard", "scst", "finetune"):
         assert flickr8k.stages_of(tmp_path, model) == {"prepare": 9.0, "extract": 146.0}
     assert flickr8k.extract_stage("best") == "extract flickr8k_best"
+    assert flickr8k.grid_of("best_finetune") == "best" and flickr8k.grid_of("scst") == "soft"
+
+
+def test_the_fine_tuning_after_best_changes_only_the_encoder_and_the_schedule():
+    from captioning.config import load_config
+
+    root = Path(flickr8k.__file__).resolve().parents[1]
+    best = load_config(root / "configs/flickr8k_best.yaml")
+    after = load_config(root / flickr8k.CONFIGS["best_finetune"][0])
+    assert flickr8k.FIRST_STAGE["best_finetune"] == "best"
+    assert after.model.image_size == best.model.image_size == 224
+    assert after.model.fine_tune == "last_3" and after.train.epochs == 2
+    assert replace(after.model, fine_tune="none") == best.model
 
 
 def test_commands_name_no_machine_path(tmp_path):
