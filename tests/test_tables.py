@@ -379,6 +379,14 @@ def test_flickr8k_levers_name_what_a_lever_sets_beyond_the_best_recipe() -> None
     )
     assert "`configs/flickr8k_best.yaml` and `train.label_smoothing=0.1` |" in lines["| best_ls"]
     assert "`configs/flickr8k_best.yaml` and trained on 1 thread(s) |" in lines["| one_thread"]
+    # second stages name their config and the run they start from
+    stages = [{**row("recipe", []), "model": model, "config": f"configs/flickr8k_{model}.yaml"}
+              for model in ("finetune", "best_finetune")]  # fmt: skip
+    lines = {line.split(" | ")[0]: line for line in flickr8k_levers(stages).splitlines()}
+    assert "`configs/flickr8k_finetune.yaml`, from the recipe's `best.pt`" in lines["| finetune"]
+    assert (
+        "`configs/flickr8k_best_finetune.yaml`, from best's `best.pt`" in lines["| best_finetune"]
+    )
 
 
 def test_flickr8k_time_leaves_a_stage_not_recorded_and_its_total_blank() -> None:

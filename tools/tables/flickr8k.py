@@ -26,7 +26,8 @@ PAPER_FLICKR8K = {
     "soft": (67.0, 44.8, 29.9, 19.5, 18.93),
     "hard": (67.0, 45.7, 31.4, 21.3, 20.30),
 }
-FLICKR8K_MODELS = ("nn", "none", "soft", "best", "hard", "hard_exact", "scst", "finetune")
+FLICKR8K_MODELS = ("nn", "none", "soft", "best", "hard", "hard_exact", "scst", "finetune",
+                   "best_finetune")  # fmt: skip
 FLICKR8K_SCORES = ("Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "METEOR", "Bleu_4_no_bp",
                    "ROUGE_L", "CIDEr")  # fmt: skip
 FLICKR8K_HEAD = ("| model | beam | trained on | seeds | BLEU-1 | BLEU-2 | BLEU-3 | BLEU-4 | "
@@ -37,6 +38,8 @@ FLICKR8K_HEAD = ("| model | beam | trained on | seeds | BLEU-1 | BLEU-2 | BLEU-3
 # benchmarks/flickr8k.py's names (not imported: it loads torch, the tables need only rows)
 BEST_CONFIG = "configs/flickr8k_best.yaml"  # its model best
 RECIPE = "recipe"  # the variant of rows trained by the shipped config files as they are
+# the levers that are second stages, by the run whose best.pt they start from
+SECOND_STAGES = {"finetune": "the recipe", "best_finetune": "best"}
 
 
 def _own_keys(config: str) -> list[str]:
@@ -150,16 +153,16 @@ def flickr8k_levers(rows: Rows) -> str:
         trained = not row["variant"].startswith("cut")  # cut captions are only scored
         if row["model"] == "soft" and row["beam_size"] == 3 and trained:
             groups.setdefault((row["variant"], _device(row)), []).append(row)
-        elif row["model"] == "finetune" and row["beam_size"] == 3:  # a second stage
-            groups.setdefault(("finetune", _device(row)), []).append(row)
+        elif row["model"] in SECOND_STAGES and row["beam_size"] == 3:
+            groups.setdefault((row["model"], _device(row)), []).append(row)
         elif row["model"] == "best" and row["beam_size"] == 3:  # best, and levers over it
             name = "best" if row["variant"] == RECIPE else row["variant"]
             groups.setdefault((name, _device(row)), []).append(row)
     for (variant, device), group in sorted(groups.items(), key=lambda g: (g[0][0] != RECIPE, g[0])):
         group = sorted(group, key=lambda r: r["seed"])
         settings = [f"`{o}`" for o in group[0]["overrides"] if not o.startswith(PLUMBING)]
-        if variant == "finetune":
-            settings = [f"`{group[0]['config']}`, from the recipe's `best.pt`"]
+        if variant in SECOND_STAGES:
+            settings = [f"`{group[0]['config']}`, from {SECOND_STAGES[variant]}'s `best.pt`"]
         elif group[0]["model"] == "best":  # best's own settings, or a lever's beyond them
             own = [f"`{o}`" for o in _own_keys(BEST_CONFIG)]
             extra = [o for o in settings if o not in own]
