@@ -22,8 +22,9 @@ The models: ``nn`` (the consensus nearest neighbour, ``k`` chosen on the dev spl
 its exact marginal likelihood, ``configs/flickr8k_hard_exact.yaml``), and two second stages
 from the ``soft`` run of the same seed: ``scst`` (self-critical training,
 ``configs/flickr8k_scst.yaml``) and ``finetune`` (``configs/flickr8k_finetune.yaml``);
-``best_finetune`` (``configs/flickr8k_best_finetune.yaml``) fine-tunes the ``best`` run of
-the same seed.
+``best_scst`` and ``best_finetune`` (``configs/flickr8k_best_scst.yaml``,
+``configs/flickr8k_best_finetune.yaml``) are the same second stages from the ``best`` run of
+the same seed (``configs/flickr8k_best.yaml``).
 
 Training goes through the study runner (:mod:`benchmarks.study`): ``--jobs N`` runs side by
 side (on one GPU, or one at a time on a CPU so that the times are a user's), each with
@@ -73,15 +74,16 @@ CONFIGS = {
     "hard_exact": ("configs/flickr8k_hard_exact.yaml", []),
     "scst": ("configs/flickr8k_scst.yaml", []),
     "finetune": ("configs/flickr8k_finetune.yaml", []),
+    "best_scst": ("configs/flickr8k_best_scst.yaml", []),
     "best_finetune": ("configs/flickr8k_best_finetune.yaml", []),
 }
 MODELS = ("nn", *CONFIGS)
 # a model trained from another's best.pt of the same seed
-FIRST_STAGE = {"scst": "soft", "finetune": "soft", "best_finetune": "best"}
+FIRST_STAGE = {"scst": "soft", "finetune": "soft", "best_scst": "best", "best_finetune": "best"}
 BEAMS = {"soft": (1, 3, 5), "best": (1, 3, 5)}  # other models: (3,)
 # the model whose cached grids a model's recipe extracts: best's own (7 x 7), the others the
 # recipe's (10 x 10); a fine-tuning stage reads photos, its recipe extracts its first stage's
-GRID_OF = {"best": "best", "best_finetune": "best"}
+GRID_OF = {"best": "best", "best_scst": "best", "best_finetune": "best"}
 RECIPE = "recipe"
 OWN = ("train.seed", "data.root", "model.weights")  # the study sets these itself
 

@@ -73,7 +73,7 @@ def test_the_best_recipe_counts_its_own_extraction_not_the_recipes(tmp_path):
     stages.record("prepare", 9.0)
     stages.record("extract", 146.0)  # the recipe's 10 x 10 grids at 320 px
     stages.record("extract flickr8k_best", 70.0)  # best's 7 x 7 grids at 224 px
-    for model in ("best", "best_finetune"):  # best_finetune's recipe is best's, then more
+    for model in ("best", "best_scst", "best_finetune"):  # best's recipe, then a second stage
         assert flickr8k.stages_of(tmp_path, model) == {"prepare": 9.0, "extract": 70.0}
     for model in ("soft", "hard", "scst", "finetune"):
         assert flickr8k.stages_of(tmp_path, model) == {"prepare": 9.0, "extract": 146.0}
@@ -81,16 +81,19 @@ def test_the_best_recipe_counts_its_own_extraction_not_the_recipes(tmp_path):
     assert flickr8k.grid_of("best_finetune") == "best" and flickr8k.grid_of("scst") == "soft"
 
 
-def test_the_fine_tuning_after_best_changes_only_the_encoder_and_the_schedule():
+def test_the_second_stages_after_best_are_the_recipes_on_bests_grid():
     from captioning.config import load_config
 
     root = Path(flickr8k.__file__).resolve().parents[1]
     best = load_config(root / "configs/flickr8k_best.yaml")
-    after = load_config(root / flickr8k.CONFIGS["best_finetune"][0])
-    assert flickr8k.FIRST_STAGE["best_finetune"] == "best"
-    assert after.model.image_size == best.model.image_size == 224
-    assert after.model.fine_tune == "last_3" and after.train.epochs == 2
-    assert replace(after.model, fine_tune="none") == best.model
+    for stage in ("scst", "finetune"):
+        after = load_config(root / flickr8k.CONFIGS[f"best_{stage}"][0])
+        recipe = load_config(root / flickr8k.CONFIGS[stage][0])
+        assert flickr8k.FIRST_STAGE[f"best_{stage}"] == "best"
+        assert after.model.image_size == best.model.image_size == 224
+        assert after.train == recipe.train  # the recipe's second stage, as it is
+        assert replace(after.model, fine_tune="none") == best.model
+    assert load_config(root / "configs/flickr8k_best_scst.yaml").train.objective == "scst"
 
 
 def test_commands_name_no_machine_path(tmp_path):

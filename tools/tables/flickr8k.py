@@ -26,8 +26,8 @@ PAPER_FLICKR8K = {
     "soft": (67.0, 44.8, 29.9, 19.5, 18.93),
     "hard": (67.0, 45.7, 31.4, 21.3, 20.30),
 }
-FLICKR8K_MODELS = ("nn", "none", "soft", "best", "hard", "hard_exact", "scst", "finetune",
-                   "best_finetune")  # fmt: skip
+FLICKR8K_MODELS = ("nn", "none", "soft", "best", "hard", "hard_exact", "scst", "best_scst",
+                   "finetune", "best_finetune")  # fmt: skip
 FLICKR8K_SCORES = ("Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "METEOR", "Bleu_4_no_bp",
                    "ROUGE_L", "CIDEr")  # fmt: skip
 FLICKR8K_HEAD = ("| model | beam | trained on | seeds | BLEU-1 | BLEU-2 | BLEU-3 | BLEU-4 | "
