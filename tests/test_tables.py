@@ -389,6 +389,34 @@ def test_flickr8k_levers_name_what_a_lever_sets_beyond_the_best_recipe() -> None
     )
 
 
+def test_flickr8k_step_cost_compares_settings_with_the_soft_model_on_as_many_threads() -> None:
+    from tools.tables.flickr8k import flickr8k_step_cost
+
+    def row(config: str, step: float, threads: int, extra: tuple = ()) -> dict:
+        return {"kind": "profile", "config": f"configs/flickr8k_{config}.yaml",
+                "overrides": ["data.root=OUT/data", f"train.threads={threads}", *extra],
+                "threads": threads, "step_seconds": step, "steps_per_epoch": 188,
+                "precision": "bf16", "device": "Intel Xeon", "timed_alone": True,
+                "commit": "abc1234"}  # fmt: skip
+
+    wide = ("model.hidden_dim=1024",)
+    rows = [row("mobilenet", 0.4, 1), row("hard_exact", 12.0, 1), row("best", 0.2, 2),
+            row("best", 0.1, 2), row("best", 0.15, 2), row("best", 0.3, 2, wide)]  # fmt: skip
+    lines = flickr8k_step_cost(rows).splitlines()
+    assert (
+        "| `configs/flickr8k_hard_exact.yaml` | – | 1 | 1 | 12.00 | 12.00 | 30.0x | 38 min |"
+        in lines
+    )
+    assert (
+        "| `configs/flickr8k_best.yaml` | – | 2 | 3 | 0.15 | 0.20, 0.10, 0.15 | 1.0x | 28 s |"
+        in lines
+    )
+    assert (
+        "| `configs/flickr8k_best.yaml` | `model.hidden_dim=1024` | 2 | 1 | 0.30 | 0.30 | 2.0x "
+        "| 56 s |" in lines
+    )
+
+
 def test_flickr8k_time_leaves_a_stage_not_recorded_and_its_total_blank() -> None:
     from tools.tables.flickr8k import flickr8k_time
 

@@ -37,6 +37,7 @@ FLICKR8K_HEAD = ("| model | beam | trained on | seeds | BLEU-1 | BLEU-2 | BLEU-3
 
 # benchmarks/flickr8k.py's names (not imported: it loads torch, the tables need only rows)
 BEST_CONFIG = "configs/flickr8k_best.yaml"  # its model best
+SOFT_CONFIG = "configs/flickr8k_mobilenet.yaml"  # its model soft, the recipe
 RECIPE = "recipe"  # the variant of rows trained by the shipped config files as they are
 # the levers that are second stages, by the run whose best.pt they start from
 SECOND_STAGES = {"finetune": "the recipe", "best_finetune": "best"}
@@ -284,24 +285,33 @@ def flickr8k_targets(rows: Rows) -> str:
 
 
 def flickr8k_step_cost(rows: Rows) -> str:
-    """A training step of each Flickr8k config on the cached grids (rows of
-    ``benchmarks/profile_epoch.py`` in ``results/speed.json`` whose config is a Flickr8k one):
-    the median over the repeats, and its ratio to the soft model's median."""
+    """A training step of each Flickr8k config (and settings over it) on the cached grids
+    (rows of ``benchmarks/profile_epoch.py`` in ``results/speed.json`` whose config is a
+    Flickr8k one): the median over the repeats, and its ratio to the median of the soft
+    model timed on as many threads (the recipe's config where it was, else best's)."""
     rows = [r for r in rows if r.get("kind") == "profile"
             and r["config"].startswith("configs/flickr8k")]  # fmt: skip
-    groups: dict[str, Rows] = {}
+    groups: dict[tuple, Rows] = {}
     for row in rows:
-        groups.setdefault(row["config"], []).append(row)
-    soft = groups.get("configs/flickr8k_mobilenet.yaml")
-    base = statistics.median(r["step_seconds"] for r in soft) if soft else None
-    lines = ["| config | repeats | step (s), median | each repeat (s) | to the soft model's step | "
-             "one epoch at that rate |", "|" + " --- |" * 6]  # fmt: skip
-    for config, group in sorted(groups.items(), key=lambda g: statistics.median(
-            r["step_seconds"] for r in g[1])):  # fmt: skip
-        step = statistics.median(r["step_seconds"] for r in group)
+        extra = tuple(o for o in row["overrides"] if not o.startswith(PLUMBING))
+        groups.setdefault((row["config"], extra, row["threads"]), []).append(row)
+
+    def median(group: Rows) -> float:
+        return statistics.median(r["step_seconds"] for r in group)
+
+    lines = ["| config | settings over it | threads | repeats | step (s), median | each repeat (s) "
+             "| to the soft model's step | one epoch at that rate |",
+             "|" + " --- |" * 8]  # fmt: skip
+    for (config, extra, threads), group in sorted(
+            groups.items(), key=lambda g: (g[0][2], median(g[1]))):  # fmt: skip
+        soft = [groups.get((c, (), threads)) for c in (SOFT_CONFIG, BEST_CONFIG)]
+        base = next((median(g) for g in soft if g), None)
+        step = median(group)
         each = ", ".join(f"{r['step_seconds']:.2f}" for r in group)
         ratio = "–" if base is None else f"{step / base:.1f}x"
         epoch = step * group[0]["steps_per_epoch"]
-        lines.append(f"| `{config}` | {len(group)} | {step:.2f} | {each} | {ratio} | "
-                     f"{epoch / 60:.0f} min |")  # fmt: skip
+        settings = ", ".join(f"`{o}`" for o in extra) or "–"
+        rate = f"{epoch:.0f} s" if epoch < 600 else f"{epoch / 60:.0f} min"
+        lines.append(f"| `{config}` | {settings} | {threads} | {len(group)} | {step:.2f} | "
+                     f"{each} | {ratio} | {rate} |")  # fmt: skip
     return "\n".join([*lines, "", source_note(rows, "speed")]) + "\n"
