@@ -173,8 +173,9 @@ def run_spec_of(args: argparse.Namespace, model: str, seed: int) -> RunSpec:
     stage's ``best.pt`` for a second stage; decoded by :func:`train_and_decode`."""
     folder, first = run_dir(args.out, args.variant, model, seed), FIRST_STAGE.get(model)
     data = job_settings(args.out, model, seed, [])[:2]
-    init = None if first is None else run_dir(args.out, args.variant, first, seed)
-    meta = {"variant": args.variant, "out": args.out, "beams": BEAMS.get(model, (3,)),
+    init = None if first is None else run_dir(args.out, args.first_stage, first, seed)
+    meta = {"variant": args.variant, "first_stage": args.first_stage, "out": args.out,
+            "beams": BEAMS.get(model, (3,)),
             "timed_alone": not args.machine_busy and args.jobs == 1,
             "commit": args.commit, "command": args.command}  # fmt: skip
     return RunSpec(model, CONFIGS[model][0], (*CONFIGS[model][1], *args.overrides), seed,
@@ -206,6 +207,8 @@ def train_and_decode(spec: RunSpec) -> Outcome:
     summary, cfg = outcome.summary, outcome.cfg or spec.load()
     job = {
         "model": spec.name, "seed": spec.seed, "variant": spec.meta["variant"],
+        **({"first_stage_variant": spec.meta["first_stage"]}
+           if spec.name in FIRST_STAGE else {}),
         "config": spec.config, "settings": spec.settings(),
         "select_metric": cfg.train.select_metric,
         "best_val": summary.get("best_score"),
@@ -238,7 +241,7 @@ def train_all(args: argparse.Namespace, models: list[str], seeds: list[int]) -> 
             first = FIRST_STAGE.get(model)
             if first and first not in models:
                 missing = [s for s in seeds
-                           if not (run_dir(args.out, args.variant, first, s)
+                           if not (run_dir(args.out, args.first_stage, first, s)
                                    / "job.json").is_file()]  # fmt: skip
                 if missing:
                     raise CaptioningError(f"{model} starts from the {first} run of the same "
@@ -276,7 +279,11 @@ def rows_of_run(
     recipe seconds counting its first stage's training."""
     job = json.loads((folder / "job.json").read_text())
     first = FIRST_STAGE.get(job["model"])
-    done = folder.parent / f"{first}-seed{job['seed']}" / "job.json"
+    runs = folder.parent if job["variant"] == RECIPE else folder.parent.parent
+    first_variant = job.get("first_stage_variant", job["variant"])
+    done = (runs if first_variant == RECIPE else runs / first_variant) / (
+        f"{first}-seed{job['seed']}/job.json"
+    )
     seconds = 0.0 if first is None else json.loads(done.read_text())["train_seconds"]
     return rows_of_job(out, folder, job, refs, seconds, cuts)
 
@@ -345,6 +352,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     study.add_seeds_option(parser, "0,1,2", " (training seeds)")
     parser.add_argument("--variant", default=RECIPE,
                         help="a name for rows trained with --set overrides")  # fmt: skip
+    parser.add_argument("--first-stage", metavar="VARIANT",
+                        help="the variant of the first-stage runs a second stage starts "
+                             "from (default: --variant; recipe: the shipped recipes')")  # fmt: skip
     parser.add_argument("--no-score", action="store_true",
                         help="train and decode only; score later")  # fmt: skip
     parser.add_argument("--no-train", action="store_true",
@@ -366,6 +376,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(str(exc))
     if not args.variant.isidentifier():
         parser.error(f"--variant must be a plain name (letters, digits, _), got {args.variant!r}")
+    args.first_stage = args.first_stage or args.variant
+    if not args.first_stage.isidentifier():
+        parser.error(f"--first-stage must be a plain name, got {args.first_stage!r}")
     if args.no_train and args.no_score:
         parser.error("--no-train --no-score would do nothing")
     if args.variant != RECIPE and "nn" in args.models:

@@ -104,11 +104,12 @@ def test_commands_name_no_machine_path(tmp_path):
     )
 
 
-def _args(tmp_path, jobs=1, threads=None, overrides=()):
+def _args(tmp_path, jobs=1, threads=None, overrides=(), variant="recipe", first_stage=None):
     import argparse
 
-    return argparse.Namespace(out=tmp_path, variant="recipe", overrides=list(overrides),
-                              jobs=jobs, threads=threads, machine_busy=False, commit="abc",
+    return argparse.Namespace(out=tmp_path, variant=variant, overrides=list(overrides),
+                              first_stage=first_stage or variant, jobs=jobs, threads=threads,
+                              machine_busy=False, commit="abc",
                               command="python -m benchmarks.flickr8k")  # fmt: skip
 
 
@@ -146,6 +147,35 @@ def test_parallel_runs_share_the_cores_unless_the_user_says(
 def test_a_second_stage_needs_its_first(tmp_path):
     with pytest.raises(CaptioningError, match="add soft to --models"):
         flickr8k.train_all(_args(tmp_path), ["finetune"], [0])
+    # a lever of the second stage: its first stage is looked for in the variant's own runs
+    with pytest.raises(CaptioningError, match="add best to --models"):
+        flickr8k.train_all(_args(tmp_path, variant="lr"), ["best_scst"], [0])
+
+
+def test_a_second_stage_lever_can_start_from_the_recipes_first_stage(tmp_path):
+    first = finished_run(tmp_path, "best", 0, {1: "a dog"}, kind=flickr8k.device_kind())
+    args = _args(tmp_path, overrides=("train.lr=5e-5",), variant="lr", first_stage="recipe")
+    spec = flickr8k.run_spec_of(args, "best_scst", 0)
+    assert spec.init == first / "train" / "best.pt"
+    assert spec.folder == flickr8k.run_dir(tmp_path, "lr", "best_scst", 0) / "train"
+    assert spec.load().train.lr == 5e-5
+    parsed = flickr8k.parse_args(["--shared", "s", "--out", "o", "--models", "best_scst",
+                                  "--variant", "lr"])  # fmt: skip
+    assert parsed.first_stage == "lr"  # by default the first stage is the variant's own
+
+
+@pytest.mark.slow  # scores a run
+def test_a_second_stage_lever_counts_the_seconds_of_the_first_stage_it_started_from(tmp_path):
+    finished_run(tmp_path, "best", 0, {1: "a dog", 2: "a man", 3: "kids"})
+    folder = finished_run(tmp_path, "best_scst", 0, {1: "a dog runs", 2: "a man", 3: "kids"})
+    lever = folder.parent / "lr" / folder.name
+    lever.parent.mkdir()
+    folder.rename(lever)
+    job = json.loads((lever / "job.json").read_text())
+    job.update(variant="lr", first_stage_variant="recipe")
+    (lever / "job.json").write_text(json.dumps(job))
+    [row] = flickr8k.rows_of_run(tmp_path, lever, REFS)
+    assert row["seconds"]["first_stage"] == 100.0 and row["seconds"]["recipe"] == 255.0
 
 
 @pytest.mark.slow  # a tiny training and two decodings
