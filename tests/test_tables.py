@@ -387,6 +387,11 @@ def test_flickr8k_levers_name_what_a_lever_sets_beyond_the_best_recipe() -> None
     assert (
         "`configs/flickr8k_best_finetune.yaml`, from best's `best.pt`" in lines["| best_finetune"]
     )
+    # a second stage's own lever: its config and what the lever sets over it
+    lever = {**stages[1], "model": "best_scst", "config": "configs/flickr8k_best_scst.yaml",
+             "variant": "lr2e4", "overrides": ["data.root=OUT/data", "train.lr=2e-4"]}  # fmt: skip
+    lines = {line.split(" | ")[0]: line for line in flickr8k_levers([lever]).splitlines()}
+    assert "| `configs/flickr8k_best_scst.yaml` and `train.lr=2e-4` |" in lines["| lr2e4"]
 
 
 def test_flickr8k_step_cost_compares_settings_with_the_soft_model_on_as_many_threads() -> None:

@@ -40,7 +40,8 @@ BEST_CONFIG = "configs/flickr8k_best.yaml"  # its model best
 SOFT_CONFIG = "configs/flickr8k_mobilenet.yaml"  # its model soft, the recipe
 RECIPE = "recipe"  # the variant of rows trained by the shipped config files as they are
 # the levers that are second stages, by the run whose best.pt they start from
-SECOND_STAGES = {"finetune": "the recipe", "best_finetune": "best"}
+SECOND_STAGES = {"scst": "the recipe", "finetune": "the recipe", "best_scst": "best",
+                 "best_finetune": "best"}  # fmt: skip
 
 
 def _own_keys(config: str) -> list[str]:
@@ -154,16 +155,19 @@ def flickr8k_levers(rows: Rows) -> str:
         trained = not row["variant"].startswith("cut")  # cut captions are only scored
         if row["model"] == "soft" and row["beam_size"] == 3 and trained:
             groups.setdefault((row["variant"], _device(row)), []).append(row)
-        elif row["model"] in SECOND_STAGES and row["beam_size"] == 3:
-            groups.setdefault((row["model"], _device(row)), []).append(row)
+        elif row["model"] in SECOND_STAGES and row["beam_size"] == 3:  # and their levers
+            name = row["model"] if row["variant"] == RECIPE else row["variant"]
+            groups.setdefault((name, _device(row)), []).append(row)
         elif row["model"] == "best" and row["beam_size"] == 3:  # best, and levers over it
             name = "best" if row["variant"] == RECIPE else row["variant"]
             groups.setdefault((name, _device(row)), []).append(row)
     for (variant, device), group in sorted(groups.items(), key=lambda g: (g[0][0] != RECIPE, g[0])):
         group = sorted(group, key=lambda r: r["seed"])
         settings = [f"`{o}`" for o in group[0]["overrides"] if not o.startswith(PLUMBING)]
-        if variant in SECOND_STAGES:
-            settings = [f"`{group[0]['config']}`, from {SECOND_STAGES[variant]}'s `best.pt`"]
+        if group[0]["model"] in SECOND_STAGES:
+            model, config = group[0]["model"], f"`{group[0]['config']}`"
+            settings = [f"{config}, from {SECOND_STAGES[model]}'s `best.pt`" if variant == model
+                        else f"{config} and {', '.join(settings)}"]  # fmt: skip
         elif group[0]["model"] == "best":  # best's own settings, or a lever's beyond them
             own = [f"`{o}`" for o in _own_keys(BEST_CONFIG)]
             extra = [o for o in settings if o not in own]
