@@ -390,8 +390,13 @@ def test_flickr8k_levers_name_what_a_lever_sets_beyond_the_best_recipe() -> None
     # a second stage's own lever: its config and what the lever sets over it
     lever = {**stages[1], "model": "best_scst", "config": "configs/flickr8k_best_scst.yaml",
              "variant": "lr2e4", "overrides": ["data.root=OUT/data", "train.lr=2e-4"]}  # fmt: skip
-    lines = {line.split(" | ")[0]: line for line in flickr8k_levers([lever]).splitlines()}
+    hard = {**lever, "model": "hard", "config": "configs/flickr8k_hard.yaml", "variant": "recipe"}
+    hard7 = {**hard, "variant": "hard_grid7", "overrides": ["model.image_size=224"]}
+    table = flickr8k_levers([lever, hard, hard7])
+    lines = {line.split(" | ")[0]: line for line in table.splitlines()}
     assert "| `configs/flickr8k_best_scst.yaml` and `train.lr=2e-4` |" in lines["| lr2e4"]
+    assert "| hard | `configs/flickr8k_hard.yaml` |" in lines["| hard"]
+    assert "`configs/flickr8k_hard.yaml` and `model.image_size=224` |" in lines["| hard_grid7"]
 
 
 def test_flickr8k_step_cost_compares_settings_with_the_soft_model_on_as_many_threads() -> None:

@@ -42,6 +42,8 @@ RECIPE = "recipe"  # the variant of rows trained by the shipped config files as 
 # the levers that are second stages, by the run whose best.pt they start from
 SECOND_STAGES = {"scst": "the recipe", "finetune": "the recipe", "best_scst": "best",
                  "best_finetune": "best"}  # fmt: skip
+# the models of the levers table shown by their own config file, and their levers by it
+OWN_CONFIGS = ("hard", *SECOND_STAGES)
 
 
 def _own_keys(config: str) -> list[str]:
@@ -146,7 +148,8 @@ def flickr8k_brevity(rows: Rows) -> str:
 
 def flickr8k_levers(rows: Rows) -> str:
     """The Flickr8k soft model against the same model with one setting changed (rows of a
-    ``--variant``), beam 3, the seeds' mean in percent."""
+    ``--variant``), and hard attention and the second stages against theirs, beam 3, the
+    seeds' mean in percent."""
     lines = ["| variant | settings | trained on | seeds | BLEU-4 | METEOR | CIDEr-D | best "
              "validation score (selected on) | CIDEr-D of each seed |",
              "|" + " --- |" * 9]  # fmt: skip
@@ -155,7 +158,7 @@ def flickr8k_levers(rows: Rows) -> str:
         trained = not row["variant"].startswith("cut")  # cut captions are only scored
         if row["model"] == "soft" and row["beam_size"] == 3 and trained:
             groups.setdefault((row["variant"], _device(row)), []).append(row)
-        elif row["model"] in SECOND_STAGES and row["beam_size"] == 3:  # and their levers
+        elif row["model"] in OWN_CONFIGS and row["beam_size"] == 3:  # and their levers
             name = row["model"] if row["variant"] == RECIPE else row["variant"]
             groups.setdefault((name, _device(row)), []).append(row)
         elif row["model"] == "best" and row["beam_size"] == 3:  # best, and levers over it
@@ -164,9 +167,10 @@ def flickr8k_levers(rows: Rows) -> str:
     for (variant, device), group in sorted(groups.items(), key=lambda g: (g[0][0] != RECIPE, g[0])):
         group = sorted(group, key=lambda r: r["seed"])
         settings = [f"`{o}`" for o in group[0]["overrides"] if not o.startswith(PLUMBING)]
-        if group[0]["model"] in SECOND_STAGES:
+        if group[0]["model"] in OWN_CONFIGS:
             model, config = group[0]["model"], f"`{group[0]['config']}`"
-            settings = [f"{config}, from {SECOND_STAGES[model]}'s `best.pt`" if variant == model
+            start = f", from {SECOND_STAGES[model]}'s `best.pt`" if model in SECOND_STAGES else ""
+            settings = [config + start if variant == model
                         else f"{config} and {', '.join(settings)}"]  # fmt: skip
         elif group[0]["model"] == "best":  # best's own settings, or a lever's beyond them
             own = [f"`{o}`" for o in _own_keys(BEST_CONFIG)]
@@ -191,11 +195,15 @@ def flickr8k_attention(rows: Rows) -> str:
     lines = ["| model | seed | trained on | penalty: first epoch | last epoch "
              "| entropy (nats): first epoch | last epoch | nll per word: first epoch "
              "| last epoch |", "|" + " --- |" * 9]  # fmt: skip
-    kept = [r for r in rows if r.get("training") and r["variant"] == RECIPE
-            and r["beam_size"] == 3]  # fmt: skip
-    for row in sorted(kept, key=lambda r: (r["model"], _device(r), r["seed"])):
+    kept = [r for r in rows if r.get("training") and r["beam_size"] == 3
+            and (r["variant"] == RECIPE or r["model"] == "hard")]  # hard's levers too  # fmt: skip
+
+    def name(row: dict[str, Any]) -> str:
+        return row["model"] + ("" if row["variant"] == RECIPE else f" ({row['variant']})")
+
+    for row in sorted(kept, key=lambda r: (name(r), _device(r), r["seed"])):
         first, last = row["training"]["first_epoch"], row["training"]["last_epoch"]
-        cells = [row["model"], str(row["seed"]), _device(row)]
+        cells = [name(row), str(row["seed"]), _device(row)]
         for key in ("penalty", "entropy", "nll_per_token"):
             cells += [f"{e[key]:.2f}" if key in e else "–" for e in (first, last)]
         lines.append("| " + " | ".join(cells) + " |")
