@@ -196,7 +196,7 @@ def flickr8k_attention(rows: Rows) -> str:
              "| entropy (nats): first epoch | last epoch | nll per word: first epoch "
              "| last epoch |", "|" + " --- |" * 9]  # fmt: skip
     kept = [r for r in rows if r.get("training") and r["beam_size"] == 3
-            and (r["variant"] == RECIPE or r["model"] == "hard")]  # hard's levers too  # fmt: skip
+            and (r["variant"] == RECIPE or r["model"] == "hard")]  # fmt: skip
 
     def name(row: dict[str, Any]) -> str:
         return row["model"] + ("" if row["variant"] == RECIPE else f" ({row['variant']})")
