@@ -190,8 +190,8 @@ def flickr8k_levers(rows: Rows) -> str:
 
 def flickr8k_attention(rows: Rows) -> str:
     """What the training loss reported of the attention maps at the first and last epoch of
-    each Flickr8k run that recorded it (beam-3 rows of the recipe): the doubly stochastic
-    penalty and hard attention's entropy, both per caption."""
+    each Flickr8k run that recorded it (beam-3 rows of the recipe, and of hard attention's
+    levers): the doubly stochastic penalty and hard attention's entropy, both per caption."""
     lines = ["| model | seed | trained on | penalty: first epoch | last epoch "
              "| entropy (nats): first epoch | last epoch | nll per word: first epoch "
              "| last epoch |", "|" + " --- |" * 9]  # fmt: skip
