@@ -91,7 +91,9 @@ def test_the_second_stages_after_best_are_the_recipes_on_bests_grid():
         recipe = load_config(root / flickr8k.CONFIGS[stage][0])
         assert flickr8k.FIRST_STAGE[f"best_{stage}"] == "best"
         assert after.model.image_size == best.model.image_size == 224
-        assert after.train == recipe.train  # the recipe's second stage, as it is
+        # the recipe's second stage, self-critical training at the frameworks' learning rate
+        assert replace(after.train, lr=recipe.train.lr) == recipe.train
+        assert after.train.lr == (5e-5 if stage == "scst" else recipe.train.lr)
         assert replace(after.model, fine_tune="none") == best.model
     assert load_config(root / "configs/flickr8k_best_scst.yaml").train.objective == "scst"
 
