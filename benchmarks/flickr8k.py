@@ -56,6 +56,20 @@ from typing import Any
 import torch
 
 from benchmarks import study
+from benchmarks.flickr8k_runs import (
+    BEAMS,
+    CONFIGS,
+    FIRST_STAGE,
+    KINDS,
+    MODELS,
+    OWN,
+    RECIPE,
+    extract_stage,
+    first_stage_folder,
+    grid_of,
+    job_settings,
+    run_dir,
+)
 from benchmarks.flickr8k_scores import references, rows_of_job, score
 from benchmarks.provenance import ROOT, cpu_model, device_name, module_command
 from benchmarks.recipe_stages import Stages, consensus_predictions, convert_backbone, extract_grids
@@ -65,27 +79,6 @@ from captioning.config import load_config, parse_override
 from captioning.errors import CaptioningError
 
 logger = logging.getLogger("captioning")
-
-CONFIGS = {
-    "none": ("configs/flickr8k_mobilenet.yaml", ["model.attention=none"]),
-    "soft": ("configs/flickr8k_mobilenet.yaml", []),
-    "best": ("configs/flickr8k_best.yaml", []),
-    "hard": ("configs/flickr8k_hard.yaml", []),
-    "hard_exact": ("configs/flickr8k_hard_exact.yaml", []),
-    "scst": ("configs/flickr8k_scst.yaml", []),
-    "finetune": ("configs/flickr8k_finetune.yaml", []),
-    "best_scst": ("configs/flickr8k_best_scst.yaml", []),
-    "best_finetune": ("configs/flickr8k_best_finetune.yaml", []),
-}
-MODELS = ("nn", *CONFIGS)
-# a model trained from another's best.pt of the same seed
-FIRST_STAGE = {"scst": "soft", "finetune": "soft", "best_scst": "best", "best_finetune": "best"}
-BEAMS = {"soft": (1, 3, 5), "best": (1, 3, 5)}  # other models: (3,)
-# the model whose cached grids a model's recipe extracts: best's own (7 x 7), the others the
-# recipe's (10 x 10); a fine-tuning stage reads photos, its recipe extracts its first stage's
-GRID_OF = {"best": "best", "best_scst": "best", "best_finetune": "best"}
-RECIPE = "recipe"
-OWN = ("train.seed", "data.root", "model.weights")  # the study sets these itself
 
 
 def prepare(shared: Path, out: Path) -> dict[str, Any]:
@@ -107,19 +100,6 @@ def prepare(shared: Path, out: Path) -> dict[str, Any]:
     prepare_flickr8k(flickr / "Flicker8k_Dataset", flickr / "Flickr8k_text", data, progress=False)
     stages.record("prepare", time.perf_counter() - started, **_host())
     return stages.seconds
-
-
-def extract_stage(model: str) -> str:
-    """The name under which the stages record the extraction of ``model``'s grids: the
-    recipe's ``extract`` (every model extends its config); best's, whose grid is its own,
-    ``extract flickr8k_best``, for best and the stages after it."""
-    grid = grid_of(model)
-    return "extract" if grid == "soft" else f"extract {Path(CONFIGS[grid][0]).stem}"
-
-
-def grid_of(model: str) -> str:
-    """The model whose config's grids ``model``'s recipe caches (:data:`GRID_OF`)."""
-    return GRID_OF.get(model, "soft")
 
 
 def extract(out: Path, model: str, overrides: list[str]) -> dict[str, Any]:
@@ -146,26 +126,6 @@ def _host() -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- one run
-
-
-KINDS = ("cpu", "gpu")  # run folders by the device that trained them
-
-
-def device_kind() -> str:
-    return "gpu" if torch.cuda.is_available() else "cpu"
-
-
-def run_dir(out: Path, variant: str, model: str, seed: int, kind: str | None = None) -> Path:
-    """``OUT/runs/KIND[/VARIANT]/MODEL-seedS``: runs of one device kind side by side."""
-    runs = out / "runs" / (kind or device_kind())
-    return (runs if variant == RECIPE else runs / variant) / f"{model}-seed{seed}"
-
-
-def job_settings(out: Path, model: str, seed: int, overrides: list[str]) -> list[str]:
-    """The overrides of one run: the data and weights in ``OUT``, the model's own, the
-    study's ``--set`` lines and the seed."""
-    data = [f"data.root={out / 'data'}", f"model.weights={out / 'weights' / 'mobilenet_v2.pt'}"]
-    return [*data, *CONFIGS[model][1], *overrides, f"train.seed={seed}"]
 
 
 def run_spec_of(args: argparse.Namespace, model: str, seed: int) -> RunSpec:
@@ -278,13 +238,10 @@ def rows_of_run(
     """The rows of the finished run in ``folder`` (:func:`rows_of_job`), a second stage's
     recipe seconds counting its first stage's training."""
     job = json.loads((folder / "job.json").read_text())
-    first = FIRST_STAGE.get(job["model"])
-    runs = folder.parent if job["variant"] == RECIPE else folder.parent.parent
-    first_variant = job.get("first_stage_variant", job["variant"])
-    done = (runs if first_variant == RECIPE else runs / first_variant) / (
-        f"{first}-seed{job['seed']}/job.json"
+    first = first_stage_folder(folder, job)
+    seconds = (
+        0.0 if first is None else json.loads((first / "job.json").read_text())["train_seconds"]
     )
-    seconds = 0.0 if first is None else json.loads(done.read_text())["train_seconds"]
     return rows_of_job(out, folder, job, refs, seconds, cuts)
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import flickr8k, study
+from benchmarks import flickr8k, flickr8k_runs, study
 from benchmarks.provenance import usable_cores
 from captioning.errors import CaptioningError
 from captioning.metrics import caption_metrics
@@ -155,7 +155,7 @@ def test_a_second_stage_needs_its_first(tmp_path):
 
 
 def test_a_second_stage_lever_can_start_from_the_recipes_first_stage(tmp_path):
-    first = finished_run(tmp_path, "best", 0, {1: "a dog"}, kind=flickr8k.device_kind())
+    first = finished_run(tmp_path, "best", 0, {1: "a dog"}, kind=flickr8k_runs.device_kind())
     args = _args(tmp_path, overrides=("train.lr=5e-5",), variant="lr", first_stage="recipe")
     spec = flickr8k.run_spec_of(args, "best_scst", 0)
     assert spec.init == first / "train" / "best.pt"
