@@ -440,3 +440,36 @@ def test_flickr8k_time_leaves_a_stage_not_recorded_and_its_total_blank() -> None
     lines = flickr8k_time([row(0, 11.0), row(1, None)]).splitlines()
     assert "| best | 0 | Intel Xeon | 2 | yes | 11 | 72 | 651 | 12 | 748 |" in lines
     assert "| best | 1 | Intel Xeon | 2 | no | – | 72 | 651 | 12 | – |" in lines
+
+
+def test_flickr8k_attention_shows_hard_levers_and_leaves_out_self_critical_runs() -> None:
+    from tools.tables.flickr8k import flickr8k_attention
+
+    def row(model: str, variant: str = "recipe") -> dict:
+        trace = {"nll_per_token": 2.5, "penalty": 0.0 if "scst" in model else 28.5}
+        return {"variant": variant, "model": model, "seed": 0, "beam_size": 3,
+                "device": "Intel Xeon", "training": {"first_epoch": trace, "last_epoch": trace},
+                "precision": "bf16", "threads": 1, "timed_alone": False,
+                "commit": "abc1234"}  # fmt: skip
+
+    rows = [row("best"), row("best_scst"), row("scst"), row("hard", "hard_grid7"),
+            row("soft", "dsw0")]  # fmt: skip
+    names = [line.split(" | ")[0] for line in flickr8k_attention(rows).splitlines()[2:]
+             if line.startswith("| ")]  # fmt: skip
+    assert names == ["| best", "| hard (hard_grid7)"]
+
+
+def test_flickr8k_targets_hold_every_attending_model_to_the_cider_target() -> None:
+    from tools.tables.flickr8k import flickr8k_targets
+
+    def row(model: str, seed: int | None, cider: float) -> dict:
+        return {"variant": "recipe", "model": model, "seed": seed, "beam_size": 3,
+                "device": "Intel Xeon", "CIDEr": cider, "Bleu_4": 0.19, "METEOR": 0.19,
+                "timed_alone": False, "seconds": {}, "precision": "bf16", "threads": 1,
+                "commit": "abc1234"}  # fmt: skip
+
+    rows = [row("nn", None, 0.43), row("none", 0, 0.44), row("none", 1, 0.44),
+            row("best_finetune", 0, 0.47), row("best_finetune", 1, 0.471)]  # fmt: skip
+    lines = [line for line in flickr8k_targets(rows).splitlines() if "CIDEr-D above" in line]
+    assert len(lines) == 1 and lines[0].startswith("| best_finetune: CIDEr-D above nn and none")
+    assert lines[0].endswith("| yes |")
