@@ -68,7 +68,7 @@ class LossTerms:
     total: torch.Tensor
     nll: torch.Tensor  # mean per caption
     nll_per_token: torch.Tensor
-    penalty: torch.Tensor
+    penalty: torch.Tensor | None  # None: an objective without the doubly stochastic term
     tokens: int
     reinforce: torch.Tensor | None = None  # the score-function surrogate, mean per caption
     entropy: torch.Tensor | None = None  # attention entropy of the sampled steps

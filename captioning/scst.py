@@ -187,7 +187,7 @@ class SelfCriticalObjective:
             total=-(advantage * sequence).mean(),
             nll=-sequence.mean().detach(),
             nll_per_token=(-log_probs.sum() / max(num_tokens, 1)).detach(),
-            penalty=sequence.new_zeros(()),
+            penalty=None,  # the reward has no doubly stochastic term
             tokens=num_tokens,
             reward=rewards.mean().float(),
         )

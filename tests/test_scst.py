@@ -113,6 +113,8 @@ def test_a_step_raises_the_better_sample_and_lowers_the_worse(reward, baseline, 
     after = objective.sample_log_probs(model, images, None, samples)[0].sum(dim=1).detach()
     rewards = reward(samples.tokens, samples.lengths, [0, 0])
     assert rewards[0] > objective.scalars()["baseline"] > rewards[1] - 1e-12
+    # the reward has no doubly stochastic term, so the log reports none (not a zero)
+    assert "penalty" not in terms.scalars() and "reward" in terms.scalars()
     assert after[0] > before[0] + 1e-3  # the caption that beat its baseline
     assert after[1] < before[1] - 1e-3  # the one that fell short
 
