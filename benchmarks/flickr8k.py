@@ -333,6 +333,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(str(exc))
     if not args.variant.isidentifier():
         parser.error(f"--variant must be a plain name (letters, digits, _), got {args.variant!r}")
+    if args.first_stage and not set(args.models) & set(FIRST_STAGE):
+        parser.error(
+            f"--first-stage names where a second stage starts, and --models has none; "
+            f"add one of {', '.join(FIRST_STAGE)} or leave --first-stage out"
+        )
     args.first_stage = args.first_stage or args.variant
     if not args.first_stage.isidentifier():
         parser.error(f"--first-stage must be a plain name, got {args.first_stage!r}")

@@ -166,6 +166,14 @@ def test_a_second_stage_lever_can_start_from_the_recipes_first_stage(tmp_path):
     assert parsed.first_stage == "lr"  # by default the first stage is the variant's own
 
 
+def test_first_stage_without_a_second_stage_is_refused(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        flickr8k.parse_args(["--shared", "s", "--out", "o", "--models", "best",
+                             "--first-stage", "recipe"])  # fmt: skip
+    assert exit_info.value.code == 2
+    assert "--models has none; add one of scst" in capsys.readouterr().err
+
+
 @pytest.mark.slow  # scores a run
 def test_a_second_stage_lever_counts_the_seconds_of_the_first_stage_it_started_from(tmp_path):
     finished_run(tmp_path, "best", 0, {1: "a dog", 2: "a man", 3: "kids"})
