@@ -108,7 +108,10 @@ def test_epoch_figures_follow_the_caption_rule(shapes, tmp_path, monkeypatch):
         return real(result, grid_shape, out_dir, stem, **kwargs)
 
     monkeypatch.setattr(train_module, "draw_attention", spy)
-    fit(tiny(shapes, "train.epochs=1", "decode.min_length=2"), out_dir=tmp_path / "run")
+    fit(
+        tiny(shapes, "train.epochs=1", "decode.min_length=2", "train.figure_every_epoch=true"),
+        out_dir=tmp_path / "run",
+    )
     (result, stem), = drawn  # fmt: skip
     assert stem == "epoch_001" and (tmp_path / "run" / "figures" / "epoch_001.png").is_file()
     assert "<end>" not in result.words and len(result.words) == result.alphas.shape[0]

@@ -1,5 +1,8 @@
+import io
 import json
+import logging
 import math
+import threading
 
 import pytest
 from pycocoevalcap import eval as cocoeval
@@ -343,3 +346,45 @@ def test_bleu_without_the_brevity_penalty_is_the_papers_form():
     scores = caption_metrics(long, refs, meteor=False)
     assert scores["Bleu_brevity_penalty"] == 1.0
     assert all(scores[f"Bleu_{n}_no_bp"] == scores[f"Bleu_{n}"] for n in range(1, 5))
+
+
+class _FakeProcess:
+    def __init__(self):
+        self.killed = False
+        self.stdin, self.stdout, self.stderr = (io.BytesIO() for _ in range(3))
+
+    def kill(self):
+        self.killed = True
+
+    def wait(self):
+        return 0
+
+
+def test_one_meteor_process_serves_every_score_and_a_failed_one_is_replaced(monkeypatch, caplog):
+    started = []
+
+    class Scorer:
+        def __init__(self):
+            self.lock, self.meteor_p, self.fail = threading.Lock(), _FakeProcess(), False
+            started.append(self)
+
+        def compute_score(self, gts, res):
+            self.lock.acquire()  # held when it raises, as pycocoevalcap's scorer does
+            if self.fail:
+                raise BrokenPipeError("the JVM went away")
+            self.lock.release()
+            return 0.25, [0.25] * len(gts)
+
+    monkeypatch.setattr(captions_module, "Meteor", Scorer)
+    monkeypatch.setattr(captions_module, "_meteor_scorer", None)
+    gts, res = {1: ["a red circle"]}, {1: ["a circle"]}
+    assert captions_module._meteor(gts, res) == captions_module._meteor(gts, res) == 0.25
+    assert len(started) == 1  # the second score reused the first process
+    started[0].fail = True
+    with caplog.at_level(logging.WARNING, logger="captioning"):
+        assert captions_module._meteor(gts, res) is None
+    assert "METEOR failed, reported as None: BrokenPipeError" in caplog.text
+    assert started[0].meteor_p.killed and not started[0].lock.locked()
+    assert captions_module._meteor(gts, res) == 0.25 and len(started) == 2  # a fresh one
+    captions_module._stop_meteor()  # what the process does at exit
+    assert started[1].meteor_p.killed and captions_module._meteor_scorer is None

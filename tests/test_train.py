@@ -34,14 +34,14 @@ def params(model_state):
 
 
 def test_fit_writes_the_run_folder(shapes, tmp_path):
-    summary = fit(tiny(shapes), out_dir=tmp_path / "run")
+    summary = fit(tiny(shapes, "train.figure_every_epoch=true"), out_dir=tmp_path / "run")
     run = tmp_path / "run"
     for name in ("config.yaml", "last.pt", "best.pt"):
         assert (run / name).is_file(), name
     assert list(run.glob("events.out.tfevents.*"))
     assert sorted(p.name for p in (run / "figures").iterdir()) == ["epoch_001.png", "epoch_002.png"]
     assert summary["epochs"] == 2 and len(summary["history"]) == 2
-    assert load_config(run / "config.yaml") == tiny(shapes)
+    assert load_config(run / "config.yaml") == tiny(shapes, "train.figure_every_epoch=true")
     payload = load_checkpoint(run / "last.pt")
     assert payload["epoch"] == 2 and payload["step"] == 2 * 3  # 24 images / batch 8
     assert payload["vocab"][:4] == ["<pad>", "<start>", "<end>", "<unk>"]

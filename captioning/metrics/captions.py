@@ -8,6 +8,7 @@ Without Java it still works, with a Python tokenizer and without METEOR.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import io
@@ -18,6 +19,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import unicodedata
 from collections.abc import Hashable, Mapping, Sequence
 from typing import TypeVar
@@ -182,29 +184,55 @@ def _check_inputs(predictions: Mapping[int, str], references: Mapping[int, Seque
             raise CaptioningError(f"image id {image_id!r} has an empty list of references")
 
 
+# One METEOR process per Python process, started at the first score and kept: starting it (the
+# JVM and the paraphrase tables) takes seconds, a score of a thousand captions a fraction of one,
+# so a study that scores many runs pays the start once. Stopped at exit, and after any failure,
+# so the next score starts a fresh one.
+_meteor_scorer: Meteor | None = None
+_meteor_start = threading.Lock()
+
+
 def _meteor(gts: dict[int, list[str]], res: dict[int, list[str]]) -> float | None:
+    global _meteor_scorer
     # A broken METEOR (e.g. a JVM that cannot get its 2 GB heap) must not stop an evaluation.
-    try:
-        scorer = Meteor()
-    except Exception as error:
-        logger.warning("METEOR failed to start, reported as None: %s", _one_line(error))
-        return None
+    with _meteor_start:
+        if _meteor_scorer is None:
+            try:
+                _meteor_scorer = Meteor()
+            except Exception as error:
+                logger.warning("METEOR failed to start, reported as None: %s", _one_line(error))
+                return None
+        scorer = _meteor_scorer
     try:
         score, _ = scorer.compute_score(gts, res)
         return float(score)
     except Exception as error:
+        _stop_meteor(scorer)
         logger.warning("METEOR failed, reported as None: %s", _one_line(error))
         return None
-    finally:
-        # compute_score holds its lock when it raises, and Meteor.__del__ takes the same lock to
-        # stop the Java process: without this, garbage collection would hang forever.
-        if scorer.lock.locked():
-            scorer.lock.release()
-        process = scorer.meteor_p
-        process.kill()
-        process.wait()
-        for stream in (process.stdin, process.stdout, process.stderr):
-            stream.close()
+
+
+def _stop_meteor(scorer: Meteor | None = None) -> None:
+    """Stop ``scorer`` (by default the kept one), and forget it if it is the kept one."""
+    global _meteor_scorer
+    with _meteor_start:
+        scorer = scorer or _meteor_scorer
+        if scorer is None:
+            return
+        if scorer is _meteor_scorer:
+            _meteor_scorer = None
+    # compute_score holds its lock when it raises, and Meteor.__del__ takes the same lock to
+    # stop the Java process: without this, garbage collection would hang forever.
+    if scorer.lock.locked():
+        scorer.lock.release()
+    process = scorer.meteor_p
+    process.kill()
+    process.wait()
+    for stream in (process.stdin, process.stdout, process.stderr):
+        stream.close()
+
+
+atexit.register(_stop_meteor)
 
 
 def _spice(gts: dict[int, list[str]], res: dict[int, list[str]]) -> float:
