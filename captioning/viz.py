@@ -640,12 +640,17 @@ def attention_grid_figure(
     return _save_png(fig, path)
 
 
+# zlib's fastest level: a photo's figure is written in about half the time of PIL's default
+# level 6, and is about a tenth larger (every epoch of a training writes one).
+_PNG_COMPRESSION = 1
+
+
 def _save_png(fig: Figure, path: str | Path) -> Path:
     """Write ``fig`` at ``path`` (parent folders created) and free it."""
     try:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, format="png", dpi=_DPI)
+        fig.savefig(path, format="png", dpi=_DPI, pil_kwargs={"compress_level": _PNG_COMPRESSION})
     finally:
         fig.clear()
     return path

@@ -223,6 +223,14 @@ def test_grid_figure_on_a_photo_sized_image_and_many_words(tmp_path):
         png.load()
 
 
+def test_figures_are_written_at_zlibs_fastest_level(tmp_path):
+    path = attention_grid_figure(_photo(), _words(3), _alphas(3), GRID, tmp_path / "f.png")
+    data = path.read_bytes()
+    idat = data.index(b"IDAT") + 4  # the chunk's data: a zlib stream
+    assert data[idat] & 0x0F == 8  # deflate
+    assert data[idat + 1] >> 6 == 0  # FLEVEL 0: the fastest levels (PIL's default 6 writes 2)
+
+
 def test_grid_figure_is_safe_in_threads(tmp_path):
     errors: list[BaseException] = []
 
