@@ -74,6 +74,6 @@ def first_stage_folder(folder: Path, job: dict[str, Any]) -> Path | None:
     first = FIRST_STAGE.get(job["model"])
     if first is None:
         return None
-    runs = folder.parent if job["variant"] == RECIPE else folder.parent.parent
+    runs = folder.parent if job["variant"] == RECIPE else folder.parent.parent  # OUT/runs/KIND
     variant = job.get("first_stage_variant", job["variant"])
-    return (runs if variant == RECIPE else runs / variant) / f"{first}-seed{job['seed']}"
+    return run_dir(runs.parent.parent, variant, first, job["seed"], kind=runs.name)
