@@ -24,7 +24,8 @@ from the ``soft`` run of the same seed: ``scst`` (self-critical training,
 ``configs/flickr8k_scst.yaml``) and ``finetune`` (``configs/flickr8k_finetune.yaml``);
 ``best_scst`` and ``best_finetune`` (``configs/flickr8k_best_scst.yaml``,
 ``configs/flickr8k_best_finetune.yaml``) are the same second stages from the ``best`` run of
-the same seed (``configs/flickr8k_best.yaml``).
+the same seed (``configs/flickr8k_best.yaml``), and ``best_exact`` is hard attention by the
+exact marginal from it (``configs/flickr8k_best_exact.yaml``).
 
 Training goes through the study runner (:mod:`benchmarks.study`): ``--jobs N`` runs side by
 side (on one GPU, or one at a time on a CPU so that the times are a user's), each with

@@ -213,7 +213,10 @@ class HardAttentionObjective:
         penalty = doubly_stochastic_penalty(output.alphas, mask)
         if output.log_probs is None:  # the expected context or the exact marginal
             self._pending = None
-            return caption_terms(nll, penalty, self.cfg.doubly_stochastic_weight, mask)
+            terms = caption_terms(nll, penalty, self.cfg.doubly_stochastic_weight, mask)
+            if plan.hard.mode == "marginal":  # the maps the marginal sums over, as sampled
+                terms.entropy = attention_entropy(output.alphas, mask).mean().detach()
+            return terms
         step_mask = mask * output.sampled.float()
         sampled = _Sampled(output, mask, nll, penalty, step_mask, step_mask.sum(dim=1) > 0)
         return _ESTIMATORS[self.estimator](self, sampled, plan.repeat)

@@ -71,7 +71,7 @@ class LossTerms:
     penalty: torch.Tensor | None  # None: an objective without the doubly stochastic term
     tokens: int
     reinforce: torch.Tensor | None = None  # the score-function surrogate, mean per caption
-    entropy: torch.Tensor | None = None  # attention entropy of the sampled steps
+    entropy: torch.Tensor | None = None  # attention entropy of the sampled (or summed) steps
     reward: torch.Tensor | None = None  # mean log p(y | a, s) of the captions that sampled
 
     def scalars(self) -> dict[str, float]:

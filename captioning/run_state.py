@@ -205,6 +205,10 @@ SAFE_ON_RESUME = frozenset({
 # What --init may change in the model section: none of these changes a weight's shape or
 # meaning (dropout, which layers train, where pretrained weights would have come from).
 FREE_ON_INIT = frozenset({"model.dropout", "model.fine_tune", "model.weights"})
+# Attention kinds --init may swap for one another: soft and hard attention score the cells
+# with the same weights and differ only in how the context is formed from the map, so a hard
+# model may start from a soft model's weights (and back).
+SAME_WEIGHTS_ATTENTION = frozenset({"soft", "hard"})
 
 
 # Model keys that build only the small CNN: with another encoder they shape nothing, so a
@@ -224,8 +228,9 @@ def load_init(cfg: Config, path: str) -> dict[str, Any]:
     saved = _saved_config(payload, path)["model"]
     ours = config_to_dict(cfg)["model"]
     unused = _builds_nothing(saved) & _builds_nothing(ours)
+    swapped = {saved.get("attention"), ours["attention"]} <= SAME_WEIGHTS_ATTENTION
     changed = [k for k in saved if ours[k] != saved[k] and f"model.{k}" not in FREE_ON_INIT
-               and k not in unused]  # fmt: skip
+               and k not in unused and not (k == "attention" and swapped)]  # fmt: skip
     if changed:
         key = changed[0]
         raise CheckpointError(

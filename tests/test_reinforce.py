@@ -213,6 +213,11 @@ def test_exact_marginal_matches_enumeration():
     assert float(terms.total) == pytest.approx(-float(marginal.detach()), abs=1e-6)
     assert terms.reinforce is None and terms.reward is None  # nothing was sampled
     assert (flat_grad(terms.total, params) - exact).abs().max() < 1e-6
+    # the entropy of the maps it sums over, per caption, as the sampling estimators report it
+    alphas = decoder(features, TOKENS[:, :-1], EXPECTATION).alphas  # (1, T, L)
+    entropy = -(alphas * alphas.log()).sum()
+    assert float(terms.entropy) == pytest.approx(float(entropy), abs=1e-9)
+    assert 0 < float(terms.entropy) < STEPS * math.log(CELLS)
 
 
 def test_gumbel_bias_is_measured(problem):

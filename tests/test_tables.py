@@ -348,7 +348,7 @@ def test_flickr8k_targets_say_met_only_when_the_mean_reaches_the_target() -> Non
     rows = [row("nn", None, 0.15, 0.43), row("soft", 0, 0.20, 0.50), row("soft", 1, 0.19, 0.46),
             row("soft", 2, 0.20, 0.49)]  # fmt: skip
     table = flickr8k_targets(rows)
-    assert "| soft attention by cross-entropy: BLEU-4 ≥ 19.5 | CPU | 3 | 19.67 |" in table
+    assert "| soft attention by cross-entropy: BLEU-4 ≥ 19.5 | Intel CPU | 3 | 19.67 |" in table
     bleu = next(line for line in table.splitlines() if "BLEU-4 ≥ 19.5" in line)
     assert bleu.endswith("| yes |")
     # the worst seed (46.0) beats nn (43.0) by 3.0, more than the spread (2.08)
@@ -357,6 +357,13 @@ def test_flickr8k_targets_say_met_only_when_the_mean_reaches_the_target() -> Non
     rows[2]["CIDEr"] = 0.44  # now below the baseline's 43.0 + spread
     cider = next(line for line in flickr8k_targets(rows).splitlines() if "seed spread" in line)
     assert cider.endswith("| no |")
+    # a second host's rows are its own group, never averaged with the first's
+    other = {**row("soft", 0, 0.10, 0.40), "device": "AMD EPYC", "precision": "fp32"}
+    lines = [line for line in flickr8k_targets([*rows, other]).splitlines()
+             if line.startswith("| soft attention by cross-entropy: BLEU-4")]  # fmt: skip
+    assert lines[0].startswith("| soft attention by cross-entropy: BLEU-4 ≥ 19.5 | AMD CPU | 1 "
+                               "| 10.00 |")  # fmt: skip
+    assert "| Intel CPU | 3 | 19.67 |" in lines[1] and len(lines) == 2
 
 
 def test_flickr8k_levers_name_what_a_lever_sets_beyond_the_best_recipe() -> None:
@@ -414,16 +421,18 @@ def test_flickr8k_step_cost_compares_settings_with_the_soft_model_on_as_many_thr
             row("best", 0.1, 2), row("best", 0.15, 2), row("best", 0.3, 2, wide)]  # fmt: skip
     lines = flickr8k_step_cost(rows).splitlines()
     assert (
-        "| `configs/flickr8k_hard_exact.yaml` | – | 1 | 1 | 12.00 | 12.00 | 30.0x | 38 min |"
+        "| `configs/flickr8k_hard_exact.yaml` | – | Intel CPU | 1 | 1 | 12.00 | 12.00 | 30.0x "
+        "| 38 min |"
         in lines
     )
     assert (
-        "| `configs/flickr8k_best.yaml` | – | 2 | 3 | 0.15 | 0.20, 0.10, 0.15 | 1.0x | 28 s |"
+        "| `configs/flickr8k_best.yaml` | – | Intel CPU | 2 | 3 | 0.15 | 0.20, 0.10, 0.15 | 1.0x "
+        "| 28 s |"
         in lines
     )
     assert (
-        "| `configs/flickr8k_best.yaml` | `model.hidden_dim=1024` | 2 | 1 | 0.30 | 0.30 | 2.0x "
-        "| 56 s |" in lines
+        "| `configs/flickr8k_best.yaml` | `model.hidden_dim=1024` | Intel CPU | 2 | 1 | 0.30 "
+        "| 0.30 | 2.0x | 56 s |" in lines
     )
 
 

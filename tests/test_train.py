@@ -195,6 +195,32 @@ def test_init_starts_a_new_run_from_the_weights(shapes, one_epoch, tmp_path, mon
     assert any(not torch.equal(v, initial["model"][k]) for k, v in payload["model"].items())
 
 
+def test_hard_attention_starts_from_a_soft_models_weights(shapes, one_epoch, tmp_path):
+    """Soft and hard attention score the cells with the same weights, so --init may swap one
+    for the other; an attention with other weights (none) is refused by name."""
+    from captioning import train
+
+    loaded = {}
+    real = train.load_weights
+
+    def spy(model, payload, path):
+        real(model, payload, path)
+        loaded.update({k: v.clone() for k, v in model.state_dict().items()})
+
+    initial = load_checkpoint(one_epoch)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(train, "load_weights", spy)
+        fit(tiny(shapes, "model.attention=hard", "train.epochs=1"), out_dir=tmp_path / "hard",
+            init=str(one_epoch))  # fmt: skip
+    assert loaded.keys() == initial["model"].keys()
+    assert all(torch.equal(loaded[k], v) for k, v in initial["model"].items())
+    hard = load_checkpoint(tmp_path / "hard" / "last.pt")
+    assert hard["config"]["model"]["attention"] == "hard"
+    with pytest.raises(CheckpointError, match="model.attention is 'soft' in the checkpoint and "
+                                              "'none' here"):  # fmt: skip
+        fit(tiny(shapes, "model.attention=none"), out_dir=tmp_path / "none", init=str(one_epoch))
+
+
 def test_init_refuses_another_architecture_and_resume_in_one_line(
     shapes, one_epoch, tmp_path, capsys
 ):
