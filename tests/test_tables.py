@@ -422,13 +422,11 @@ def test_flickr8k_step_cost_compares_settings_with_the_soft_model_on_as_many_thr
     lines = flickr8k_step_cost(rows).splitlines()
     assert (
         "| `configs/flickr8k_hard_exact.yaml` | – | Intel CPU | 1 | 1 | 12.00 | 12.00 | 30.0x "
-        "| 38 min |"
-        in lines
+        "| 38 min |" in lines
     )
     assert (
         "| `configs/flickr8k_best.yaml` | – | Intel CPU | 2 | 3 | 0.15 | 0.20, 0.10, 0.15 | 1.0x "
-        "| 28 s |"
-        in lines
+        "| 28 s |" in lines
     )
     assert (
         "| `configs/flickr8k_best.yaml` | `model.hidden_dim=1024` | Intel CPU | 2 | 1 | 0.30 "
