@@ -445,8 +445,8 @@ def test_flickr8k_time_leaves_a_stage_not_recorded_and_its_total_blank() -> None
                 "seconds": seconds, "precision": "bf16", "commit": "abc1234"}  # fmt: skip
 
     lines = flickr8k_time([row(0, 11.0), row(1, None)]).splitlines()
-    assert "| best | 0 | Intel Xeon | 2 | yes | 11 | 72 | 651 | 12 | 748 |" in lines
-    assert "| best | 1 | Intel Xeon | 2 | no | – | 72 | 651 | 12 | – |" in lines
+    assert "| best | 0 | Intel Xeon | bf16 | 2 | yes | 11 | 72 | 651 | 12 | 748 |" in lines
+    assert "| best | 1 | Intel Xeon | bf16 | 2 | no | – | 72 | 651 | 12 | – |" in lines
 
 
 def test_flickr8k_attention_shows_hard_levers_and_leaves_out_self_critical_runs() -> None:

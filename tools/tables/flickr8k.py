@@ -65,9 +65,14 @@ def _device(row: dict[str, Any]) -> str:
     return f"{row['device'].split()[0].replace('(R)', '')} CPU"
 
 
+def _last_gpu(device: str) -> tuple[bool, str]:
+    """A device's place in the tables: the CPUs by name, then the GPU."""
+    return device == "GPU", device
+
+
 def _devices(groups: dict[tuple, Rows]) -> list[str]:
-    """The devices among ``groups`` keyed (..., device): the CPUs, then the GPU."""
-    return sorted({key[-1] for key in groups}, key=lambda d: (d == "GPU", d))
+    """The devices among ``groups`` keyed (..., device), in table order."""
+    return sorted({key[-1] for key in groups}, key=_last_gpu)
 
 
 def _flickr8k_lines(rows: Rows, nn_cider: float | None) -> list[str]:
@@ -79,7 +84,7 @@ def _flickr8k_lines(rows: Rows, nn_cider: float | None) -> list[str]:
     order = {m: i for i, m in enumerate(FLICKR8K_MODELS)}
     lines = []
     for (model, beam, device), group in sorted(
-        groups.items(), key=lambda g: (order[g[0][0]], g[0][2], g[0][1] or 0)
+        groups.items(), key=lambda g: (order[g[0][0]], _last_gpu(g[0][2]), g[0][1] or 0)
     ):
         group = sorted(group, key=lambda r: r["seed"] or 0)
         means = [mean([r.get(k) for r in group]) for k in FLICKR8K_SCORES]
@@ -173,7 +178,9 @@ def flickr8k_levers(rows: Rows) -> str:
         elif row["model"] == "best" and row["beam_size"] == 3:  # best, and levers over it
             name = "best" if row["variant"] == RECIPE else row["variant"]
             groups.setdefault((name, _device(row)), []).append(row)
-    for (variant, device), group in sorted(groups.items(), key=lambda g: (g[0][0] != RECIPE, g[0])):
+    for (variant, device), group in sorted(
+        groups.items(), key=lambda g: (g[0][0] != RECIPE, g[0][0], _last_gpu(g[0][1]))
+    ):
         group = sorted(group, key=lambda r: r["seed"])
         settings = [f"`{o}`" for o in group[0]["overrides"] if not o.startswith(PLUMBING)]
         if group[0]["model"] in OWN_CONFIGS:
@@ -212,7 +219,7 @@ def flickr8k_attention(rows: Rows) -> str:
     def name(row: dict[str, Any]) -> str:
         return row["model"] + ("" if row["variant"] == RECIPE else f" ({row['variant']})")
 
-    for row in sorted(kept, key=lambda r: (name(r), _device(r), r["seed"])):
+    for row in sorted(kept, key=lambda r: (name(r), _last_gpu(_device(r)), r["seed"])):
         first, last = row["training"]["first_epoch"], row["training"]["last_epoch"]
         cells = [name(row), str(row["seed"]), _device(row)]
         for key in ("penalty", "entropy", "nll_per_token"):
@@ -224,10 +231,11 @@ def flickr8k_attention(rows: Rows) -> str:
 def flickr8k_time(rows: Rows) -> str:
     """The Flickr8k recipe's seconds per stage, per run, with the device and whether the run
     had the machine to itself."""
-    lines = ["| model | seed | trained on | threads | timed alone | prepare s | extract s | "
-             "train s | evaluate s | whole recipe s |", "|" + " --- |" * 10]  # fmt: skip
+    lines = ["| model | seed | trained on | precision | threads | timed alone | prepare s "
+             "| extract s | train s | evaluate s | whole recipe s |",
+             "|" + " --- |" * 11]  # fmt: skip
     order = {m: n for n, m in enumerate(FLICKR8K_MODELS)}
-    rows = sorted(rows, key=lambda r: (order[r["model"]], _device(r), r["seed"] or 0))
+    rows = sorted(rows, key=lambda r: (order[r["model"]], _last_gpu(_device(r)), r["seed"] or 0))
     shown = [r for r in rows if r["variant"] == RECIPE and r["beam_size"] in (None, 3)]
     for row in shown:
         t = row["seconds"]
@@ -235,7 +243,7 @@ def flickr8k_time(rows: Rows) -> str:
         # a stage not recorded (a run in a folder whose stages ran elsewhere) leaves no total
         whole = t.get("recipe") if None not in (t.get("prepare"), t.get("extract")) else None
         lines.append(f"| {row['model']} | {row['seed'] if row['seed'] is not None else '–'} | "
-                     f"{row['device']} | {row['threads']} | "
+                     f"{row['device']} | {row['precision']} | {row['threads']} | "
                      f"{'yes' if row['timed_alone'] else 'no'} "
                      f"| {_seconds(t.get('prepare'))} | {_seconds(t.get('extract'))} "
                      f"| {train:.0f} | {_seconds(t.get('evaluate'))} "
@@ -316,7 +324,8 @@ def flickr8k_targets(rows: Rows) -> str:
             met = "yes" if seconds <= limit else "no"
             lines.append(f"| {model}: the whole recipe on a 2-core CPU in ≤ {limit // 60} "
                          f"minutes (extraction, the host's yardstick: "
-                         f"{row['seconds']['extract']:.0f} s) | {_device(row)}, timed alone | 1 | "
+                         f"{row['seconds']['extract']:.0f} s) | {_device(row)} "
+                         f"({row['precision']}), timed alone | 1 | "
                          f"{seconds:.0f} s | {seconds:.0f} s ({row['seed']}) "
                          f"| {met} |")  # fmt: skip
     return "\n".join([*lines, "", source_note(recipe, "flickr8k")]) + "\n"
