@@ -366,6 +366,24 @@ def test_flickr8k_targets_say_met_only_when_the_mean_reaches_the_target() -> Non
     assert "| Intel CPU | 3 | 19.67 |" in lines[1] and len(lines) == 2
 
 
+def test_the_flickr8k_headline_shows_the_models_of_three_seeds_and_the_neighbour() -> None:
+    from tools.tables.flickr8k import flickr8k, flickr8k_headline
+
+    def row(model: str, seed: int | None, device: str = "Intel Xeon") -> dict:
+        return {"variant": "recipe", "model": model, "seed": seed, "beam_size": 3,
+                "device": device, "Bleu_4": 0.19, "METEOR": 0.19, "CIDEr": 0.46,
+                "timed_alone": False, "precision": "bf16", "threads": 2,
+                "commit": "abc1234"}  # fmt: skip
+
+    rows = [{**row("nn", None), "beam_size": None}, *(row("best", s) for s in range(3)),
+            row("best", 0, "AMD EPYC"),
+            row("best_exact", 0, "AMD EPYC")]  # fmt: skip
+    every = [line.split(" | ")[:3] for line in flickr8k(rows).splitlines()[4:-2]]
+    headline = [line.split(" | ")[:3] for line in flickr8k_headline(rows).splitlines()[4:-2]]
+    assert ["| best", "3", "AMD CPU"] in every and ["| best_exact", "3", "AMD CPU"] in every
+    assert headline == [["| nn", "–", "Intel CPU"], ["| best", "3", "Intel CPU"]]
+
+
 def test_flickr8k_levers_name_what_a_lever_sets_beyond_the_best_recipe() -> None:
     from tools.tables.flickr8k import flickr8k_levers
 

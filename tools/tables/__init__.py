@@ -39,6 +39,7 @@ from tools.tables.flickr8k import (
     flickr8k_attention,
     flickr8k_beams,
     flickr8k_brevity,
+    flickr8k_headline,
     flickr8k_levers,
     flickr8k_step_cost,
     flickr8k_targets,
@@ -114,6 +115,7 @@ TABLES: dict[str, Callable[[Rows], str]] = {
     "speed_profile": speed_profile,
     "speed_sharing": speed_sharing,
     "flickr8k": flickr8k,
+    "flickr8k_headline": flickr8k_headline,
     "flickr8k_beams": flickr8k_beams,
     "flickr8k_levers": flickr8k_levers,
     "flickr8k_attention": flickr8k_attention,
@@ -129,6 +131,7 @@ TABLES: dict[str, Callable[[Rows], str]] = {
 }
 # tables whose rows are in another table's file
 SOURCES = {
+    "flickr8k_headline": "flickr8k",
     "photo_levers": "photos",
     "photo_budget_timed": "photos",
     "attention_family_sweep": "attention_family",

@@ -30,10 +30,12 @@ def _grounding_verdict(model: str, group: Rows) -> str:
         met = met and all(d > spread for d in diffs)
         gaps.append(f"{baseline} " + ", ".join(f"{d:+.3f}" for d in diffs))
     masses = [o["model"]["mass"] - o["saliency"]["mass"] for o in overall]
+    verdict = (f"the model's own spread over the seeds (standard deviation) {spread:.3f}: it "
+               f"{'beats' if met else 'does not beat'} both on every seed by more than that"
+               if len(group) > 1 else
+               "one seed, so no spread to beat them by: a screen, not a verdict")  # fmt: skip
     return (f"**{model}**, the model's pointing game minus the baseline's, seed by seed: "
-            f"{'; '.join(gaps)}; the model's own spread over the seeds (standard deviation) "
-            f"{spread:.3f}: it {'beats' if met else 'does not beat'} both on every seed by more "
-            f"than that. Its mass in the boxes minus its saliency map's: "
+            f"{'; '.join(gaps)}; {verdict}. Its mass in the boxes minus its saliency map's: "
             + ", ".join(f"{d:+.3f}" for d in masses) + ".")  # fmt: skip
 
 
