@@ -220,8 +220,10 @@ def test_the_table_puts_the_papers_rows_beside_ours():
         "| **paper: soft** (Xu et al. 2015; BLEU without BP) | | | | 67.0 | 44.8 | 29.9 | 19.5 |"
     )
     assert paper + " 18.93 |" in text
-    line = "| soft | 3 | CPU | 2 | 60.00 | 40.00 | 27.00 | 18.50 | 19.00 | 18.50 | 45.00 | 46.00 |"
-    assert line + " 45.0 (0), 47.0 (1) |" in text
+    line = (
+        "| soft | 3 | Xeon CPU | 2 | 60.00 | 40.00 | 27.00 | 18.50 | 19.00 | 18.50 | 45.00 | 46.00"
+    )
+    assert line + " | 45.0 (0), 47.0 (1) |" in text
     assert "Xeon (2 threads), precision bf16; commits abcdef0" in text
 
 
