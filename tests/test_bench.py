@@ -511,6 +511,7 @@ def test_the_benchmarks_run_as_modules_from_the_repository_root():
 # --------------------------------------------------------------------------- beam floor
 
 
+@pytest.mark.slow  # times beam search against its floor
 def test_beam_floor_bounds_the_speed_up_from_a_bench_file(tmp_path, capsys):
     results = {"measurements": [
         {"size": "coco", "device": "cpu", "precision": "fp32", "task": "beam2",

@@ -114,6 +114,9 @@ def terminate_training(shapes, run: Path, marks: Path, where: str, stop_at: int 
     return child.returncode, err
 
 
+# Two trainings in a child process; its sibling below (a signal during a checkpoint write)
+# stays in the default suite.
+@pytest.mark.slow
 def test_sigterm_after_a_step_stops_like_ctrl_c_and_the_run_resumes(shapes, tmp_path):
     run = tmp_path / "run"
     # After the first step of epoch 2: epoch 1's checkpoints are whole, nothing else is.

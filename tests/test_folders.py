@@ -120,6 +120,7 @@ def test_a_folder_another_command_wrote_is_refused(tiny_checkpoint, tiny_shapes,
     assert listing(run) == before
 
 
+@pytest.mark.slow  # two quickstarts with their figures
 def test_quickstart_run_again_removes_only_what_it_wrote(tiny_shapes, tmp_path, capsys):
     out = tmp_path / "quick"
     args = ["quickstart", "--out", str(out), "--data-root", str(tiny_shapes), "--config", TINY,
@@ -350,8 +351,11 @@ sys.exit(main(sys.argv[2:]))
 """
 
 
-@pytest.mark.parametrize("name, code, said", [("SIGTERM", 143, "terminated"),
-                                               ("SIGINT", 130, "interrupted")])  # fmt: skip
+# A child process each; SIGINT in the default suite, SIGTERM with the slow tests.
+@pytest.mark.parametrize("name, code, said", [
+    pytest.param("SIGTERM", 143, "terminated", marks=pytest.mark.slow),
+    ("SIGINT", 130, "interrupted"),
+])  # fmt: skip
 def test_extract_features_stopped_by_a_signal_leaves_no_partial_file(tiny_shapes, tmp_path,
                                                                      name, code, said):  # fmt: skip
     script = tmp_path / "stopping.py"

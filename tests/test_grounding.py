@@ -254,6 +254,7 @@ def test_evaluate_writes_grounding_for_a_local_model(tiny_local_checkpoint, tmp_
     assert overall["local_centre"]["mass"] is None
 
 
+@pytest.mark.slow  # an evaluation with its figures on a second folder
 def test_evaluate_scores_another_data_set_through_set(tiny_checkpoint, tiny_shapes, tmp_path):
     # the shapes test split laid out as COCO 2017 is: no train or val files, images in NAME/
     data = tmp_path / "coco"
