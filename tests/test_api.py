@@ -189,6 +189,7 @@ def test_a_local_model_reports_its_centres(local, images):
         result.plot_heads()
 
 
+@pytest.mark.slow  # every head's figure for two models (the plain caption verb stays)
 def test_the_caption_verb_writes_heads_figures_and_json(multi_head, local, images, tmp_path,
                                                         capsys):  # fmt: skip
     out = tmp_path / "att"

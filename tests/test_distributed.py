@@ -75,11 +75,9 @@ FAMILY = {
 VARIANTS.update(FAMILY)
 
 
-# Each run starts torchrun twice (about 8 s on 2 cores): soft attention stays in the default
-# suite, the hard-attention estimators and the attention family run with the slow tests.
-@pytest.mark.parametrize("variant", [
-    name if name == "soft" else pytest.param(name, marks=pytest.mark.slow) for name in VARIANTS
-])  # fmt: skip
+# Each run starts torchrun twice (8 to 20 s on 2 cores): they run with the slow tests.
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", VARIANTS)
 def test_two_processes_match_one_with_the_global_batch(shapes, tmp_path, variant):
     extra = VARIANTS[variant]
     result = torchrun(

@@ -195,6 +195,7 @@ def test_evaluate_matches_pycocoevalcap_on_the_predictions_file(trained, tmp_pat
         assert metrics[key] == pytest.approx(evaluator.eval[key], abs=1e-9), key
 
 
+@pytest.mark.slow  # four evaluations through the CLI, METEOR's Java each time
 def test_evaluate_cli_beam_and_table(trained, tmp_path, capsys):
     _, checkpoint = trained
     code = main(["evaluate", "--checkpoint", str(checkpoint), "--split", "val",
