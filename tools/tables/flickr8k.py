@@ -5,6 +5,7 @@ attention penalty over training and each run's time."""
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 from typing import Any
 
 import yaml
@@ -123,9 +124,7 @@ def flickr8k(rows: Rows, min_seeds: int = 1) -> str:
         head.append(f"| **paper: {name}** (Xu et al. 2015; BLEU without BP) | | | | {bleu} | "
                     f"{meteor:.2f} | {b4:.1f} | | | | |")  # fmt: skip
     recipe = [r for r in rows if r["variant"] == RECIPE and r["beam_size"] in (None, 3)]
-    counts: dict[tuple, int] = {}
-    for row in recipe:
-        counts[row["model"], _device(row)] = counts.get((row["model"], _device(row)), 0) + 1
+    counts = Counter((r["model"], _device(r)) for r in recipe)
     recipe = [r for r in recipe
               if r["seed"] is None or counts[r["model"], _device(r)] >= min_seeds]  # fmt: skip
     lines = _flickr8k_lines(recipe, _nn_cider(rows))
