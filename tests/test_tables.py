@@ -498,3 +498,17 @@ def test_flickr8k_targets_hold_every_attending_model_to_the_cider_target() -> No
     lines = [line for line in flickr8k_targets(rows).splitlines() if "CIDEr-D above" in line]
     assert len(lines) == 1 and lines[0].startswith("| best_finetune: CIDEr-D above nn and none")
     assert lines[0].endswith("| yes |")
+
+
+def test_the_grounding_verdict_needs_two_seeds_for_a_spread() -> None:
+    from tools.tables.grounding import _grounding_verdict
+
+    def row(model: float) -> dict:
+        maps = {"model": (model, 0.30), "centre": (0.50, 0.25), "saliency": (0.40, 0.20)}
+        return {"grounding": {"overall": {k: {"pointing": p, "mass": m}
+                                          for k, (p, m) in maps.items()}}}  # fmt: skip
+
+    one = _grounding_verdict("hard", [row(0.60)])
+    assert "one seed, so no spread to beat them by" in one and "0.000" not in one
+    three = _grounding_verdict("soft", [row(0.60), row(0.62), row(0.64)])
+    assert "standard deviation) 0.020: it beats both on every seed" in three
