@@ -437,6 +437,8 @@ def test_flickr8k_step_cost_compares_settings_with_the_soft_model_on_as_many_thr
     wide = ("model.hidden_dim=1024",)
     rows = [row("mobilenet", 0.4, 1), row("hard_exact", 12.0, 1), row("best", 0.2, 2),
             row("best", 0.1, 2), row("best", 0.15, 2), row("best", 0.3, 2, wide)]  # fmt: skip
+    # a row that names only the device type is labelled by its machine's CPU
+    rows[-1] |= {"device": "cpu", "machine": {"cpu": "Intel(R) Xeon(R) Processor"}}
     lines = flickr8k_step_cost(rows).splitlines()
     assert (
         "| `configs/flickr8k_hard_exact.yaml` | – | Intel CPU | 1 | 1 | 12.00 | 12.00 | 30.0x "

@@ -61,9 +61,12 @@ def _seconds(value: float | None) -> str:
 def _device(row: dict[str, Any]) -> str:
     """Where a row was trained: the GPU, or the CPU by its maker, so that the rows of two
     hosts (with their own precision and speed) stay apart."""
-    if "NVIDIA" in row["device"]:
+    name = row["device"]
+    if name == "cpu":  # a profile row names the device type; its machine names the CPU
+        name = row.get("machine", {}).get("cpu", name)
+    if "NVIDIA" in name:
         return "GPU"
-    return f"{row['device'].split()[0].replace('(R)', '')} CPU"
+    return f"{name.split()[0].replace('(R)', '')} CPU"
 
 
 def _last_gpu(device: str) -> tuple[bool, str]:
