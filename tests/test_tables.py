@@ -514,3 +514,27 @@ def test_the_grounding_verdict_needs_two_seeds_for_a_spread() -> None:
     assert "one seed, so no spread to beat them by" in one and "0.000" not in one
     three = _grounding_verdict("soft", [row(0.60), row(0.62), row(0.64)])
     assert "standard deviation) 0.020: it beats both on every seed" in three
+
+
+def test_flickr8k_dev_decode_sets_each_seeds_choice_beside_three_beams_on_the_same_runs() -> None:
+    from tools.tables.flickr8k_decoding import flickr8k_dev_decode
+
+    def row(seed: int, variant: str, bleu: float, beam: int | None, chosen=None) -> dict:
+        return {"variant": variant, "model": "best", "seed": seed, "beam_size": beam,
+                "Bleu_4": bleu, "METEOR": 0.19, "CIDEr": 0.46, "device": "AMD EPYC",
+                "precision": "fp32", "threads": 2, "timed_alone": False, "commit": "abc1234",
+                **({"decode": {"beam_size": chosen[0], "length_penalty": chosen[1]}}
+                   if chosen else {})}  # fmt: skip
+
+    rows = [
+        row(0, "recipe", 0.187, 3),
+        row(1, "recipe", 0.190, 3),
+        row(0, "recipe", 0.19, 5),
+        row(0, "dev_decode", 0.192, None, (5, 0.0)),
+        row(1, "dev_decode", 0.196, None, (7, 0.5)),
+        row(2, "dev_decode", 0.30, None, (5, 0.0)),
+    ]  # fmt: skip  (seed 2: no 3-beam row)
+    lines = flickr8k_dev_decode(rows).splitlines()
+    assert lines[2] == ("| best | AMD CPU | 2 | 5, 0 (0), 7, 0.5 (1) | 19.40 | 18.85 | 19.00 "
+                        "| 19.00 | 46.00 | 46.00 | 19.20 (0), 19.60 (1) |")  # fmt: skip
+    assert len(lines) == 5  # the head, one line, a blank and the note

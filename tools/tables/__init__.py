@@ -38,13 +38,13 @@ from tools.tables.flickr8k import (
     flickr8k,
     flickr8k_attention,
     flickr8k_beams,
-    flickr8k_brevity,
     flickr8k_headline,
     flickr8k_levers,
     flickr8k_step_cost,
     flickr8k_targets,
     flickr8k_time,
 )
+from tools.tables.flickr8k_decoding import flickr8k_brevity, flickr8k_dev_decode
 from tools.tables.grounding import (
     grounding,
     grounding_categories,
@@ -117,6 +117,7 @@ TABLES: dict[str, Callable[[Rows], str]] = {
     "flickr8k": flickr8k,
     "flickr8k_headline": flickr8k_headline,
     "flickr8k_beams": flickr8k_beams,
+    "flickr8k_dev_decode": flickr8k_dev_decode,
     "flickr8k_levers": flickr8k_levers,
     "flickr8k_attention": flickr8k_attention,
     "flickr8k_brevity": flickr8k_brevity,
@@ -150,6 +151,7 @@ SOURCES = {
     "speed_profile": "speed",
     "speed_sharing": "speed",
     "flickr8k_beams": "flickr8k",
+    "flickr8k_dev_decode": "flickr8k",
     "flickr8k_levers": "flickr8k",
     "flickr8k_attention": "flickr8k",
     "flickr8k_brevity": "flickr8k",

@@ -1,6 +1,6 @@
 """Show, Attend and Tell's Flickr8k rows beside ours (``results/flickr8k.json``, rows of
-``benchmarks/flickr8k.py``): the recipe, its beams, BLEU's brevity penalty, its levers, the
-attention penalty over training and each run's time."""
+``benchmarks/flickr8k.py``): the recipe, its beams, its levers, the attention penalty over
+training, each run's time and the targets (captions decoded otherwise: flickr8k_decoding)."""
 
 from __future__ import annotations
 
@@ -147,31 +147,6 @@ def flickr8k_beams(rows: Rows) -> str:
     soft = [r for r in rows if r["variant"] == RECIPE and r["model"] in ("soft", "best")]
     lines = _flickr8k_lines(soft, _nn_cider(rows))
     return "\n".join([*head, *lines, "", _flickr8k_note(soft)]) + "\n"
-
-
-def flickr8k_brevity(rows: Rows) -> str:
-    """What BLEU without the brevity penalty rewards: the soft model's beam-3 test captions
-    as decoded and cut to their first N words (variants ``cutN``), scored both ways."""
-    lines = ["| captions | runs | words per caption | length ratio | brevity penalty | BLEU-1 "
-             "| BLEU-1 without BP | BLEU-4 | BLEU-4 without BP | METEOR | CIDEr-D |",
-             "|" + " --- |" * 11]  # fmt: skip
-    groups: dict[str, Rows] = {}
-    for row in rows:
-        cut = row["variant"].startswith("cut")
-        if row["model"] == "soft" and row["beam_size"] == 3 and (cut or row["variant"] == RECIPE):
-            groups.setdefault(row["variant"], []).append(row)
-    for variant in sorted(groups, key=lambda v: -1000 if v == RECIPE else -int(v[3:])):
-        group = groups[variant]
-        name = "as decoded" if variant == RECIPE else f"first {variant[3:]} words"
-        cells = [f"{mean([r['mean_words'] for r in group]):.1f}",
-                 *(f"{mean([r[k] for r in group]):.3f}"
-                   for k in ("Bleu_length_ratio", "Bleu_brevity_penalty")),
-                 *(f"{100 * mean([r[k] for r in group]):.2f}"
-                   for k in ("Bleu_1", "Bleu_1_no_bp", "Bleu_4", "Bleu_4_no_bp", "METEOR",
-                             "CIDEr"))]  # fmt: skip
-        lines.append(f"| {name} | {len(group)} | " + " | ".join(cells) + " |")
-    shown = [r for group in groups.values() for r in group]
-    return "\n".join([*lines, "", source_note(shown, "flickr8k")]) + "\n"
 
 
 def flickr8k_levers(rows: Rows) -> str:

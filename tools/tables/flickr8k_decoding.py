@@ -1,0 +1,68 @@
+"""How the Flickr8k captions score when decoded otherwise than the recipe's 3 beams
+(``results/flickr8k.json``): with the beam size and length penalty chosen on the dev split
+(rows of ``benchmarks/flickr8k_decoding.py``), and cut to their first words, which shows
+what BLEU without the brevity penalty rewards."""
+
+from __future__ import annotations
+
+from tools.tables.common import Rows, mean, source_note
+from tools.tables.flickr8k import FLICKR8K_MODELS, RECIPE, _device, _last_gpu
+
+DEV_DECODE = "dev_decode"  # benchmarks/flickr8k_decoding.py's variant
+
+
+def flickr8k_dev_decode(rows: Rows) -> str:
+    """Decoding chosen on the dev split (rows of ``benchmarks/flickr8k_decoding.py``) against
+    the recipe's 3 beams on the same runs: the setting each seed's dev split chose, and the
+    test scores' means in percent."""
+    lines = ["| model | trained on | seeds | chosen on the dev split: beams, length penalty "
+             "(seed) | BLEU-4 | at 3 beams | METEOR | at 3 beams | CIDEr-D | at 3 beams "
+             "| BLEU-4 of each seed |", "|" + " --- |" * 11]  # fmt: skip
+    recipe = {(r["model"], r["seed"], _device(r)): r for r in rows
+              if r["variant"] == RECIPE and r["beam_size"] == 3}  # fmt: skip
+    groups: dict[tuple, Rows] = {}
+    for row in rows:
+        if row["variant"] == DEV_DECODE and (row["model"], row["seed"], _device(row)) in recipe:
+            groups.setdefault((row["model"], _device(row)), []).append(row)
+    if not groups:
+        return "No rows of `results/flickr8k.json` with decoding chosen on the dev split yet.\n"
+    order = {m: i for i, m in enumerate(FLICKR8K_MODELS)}
+    for (model, device), group in sorted(
+        groups.items(), key=lambda g: (order[g[0][0]], _last_gpu(g[0][1]))
+    ):
+        group = sorted(group, key=lambda r: r["seed"])
+        base = [recipe[model, r["seed"], device] for r in group]
+        chosen = ", ".join(f"{r['decode']['beam_size']}, {r['decode']['length_penalty']:g} "
+                           f"({r['seed']})" for r in group)  # fmt: skip
+        cells = [f"{100 * mean([r[k] for r in g]):.2f}"
+                 for k in ("Bleu_4", "METEOR", "CIDEr") for g in (group, base)]  # fmt: skip
+        each = ", ".join(f"{100 * r['Bleu_4']:.2f} ({r['seed']})" for r in group)
+        lines.append(f"| {model} | {device} | {len(group)} | {chosen} | "
+                     + " | ".join(cells) + f" | {each} |")  # fmt: skip
+    shown = [r for group in groups.values() for r in group]
+    return "\n".join([*lines, "", source_note(shown, "flickr8k")]) + "\n"
+
+
+def flickr8k_brevity(rows: Rows) -> str:
+    """What BLEU without the brevity penalty rewards: the soft model's beam-3 test captions
+    as decoded and cut to their first N words (variants ``cutN``), scored both ways."""
+    lines = ["| captions | runs | words per caption | length ratio | brevity penalty | BLEU-1 "
+             "| BLEU-1 without BP | BLEU-4 | BLEU-4 without BP | METEOR | CIDEr-D |",
+             "|" + " --- |" * 11]  # fmt: skip
+    groups: dict[str, Rows] = {}
+    for row in rows:
+        cut = row["variant"].startswith("cut")
+        if row["model"] == "soft" and row["beam_size"] == 3 and (cut or row["variant"] == RECIPE):
+            groups.setdefault(row["variant"], []).append(row)
+    for variant in sorted(groups, key=lambda v: -1000 if v == RECIPE else -int(v[3:])):
+        group = groups[variant]
+        name = "as decoded" if variant == RECIPE else f"first {variant[3:]} words"
+        cells = [f"{mean([r['mean_words'] for r in group]):.1f}",
+                 *(f"{mean([r[k] for r in group]):.3f}"
+                   for k in ("Bleu_length_ratio", "Bleu_brevity_penalty")),
+                 *(f"{100 * mean([r[k] for r in group]):.2f}"
+                   for k in ("Bleu_1", "Bleu_1_no_bp", "Bleu_4", "Bleu_4_no_bp", "METEOR",
+                             "CIDEr"))]  # fmt: skip
+        lines.append(f"| {name} | {len(group)} | " + " | ".join(cells) + " |")
+    shown = [r for group in groups.values() for r in group]
+    return "\n".join([*lines, "", source_note(shown, "flickr8k")]) + "\n"
