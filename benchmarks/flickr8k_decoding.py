@@ -164,8 +164,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--beams", type=parse_numbers(int), default=[3, 5, 7, 10],
                         help="beam sizes to try on the dev split (3,5,7,10)")  # fmt: skip
-    parser.add_argument("--length-penalties", type=parse_numbers(float), default=[0.0, 0.5, 1.0],
-                        help="GNMT length penalties to try (0,0.5,1)")  # fmt: skip
+    parser.add_argument("--length-penalties", type=parse_numbers(float), default=[0.0, 1.0],
+                        help="GNMT length penalties to try (0,1)")  # fmt: skip
     parser.add_argument("--select", default="Bleu_4", choices=("Bleu_4", "CIDEr", "ROUGE_L"),
                         help="the dev score that chooses (Bleu_4, the paper's choice of "
                              "checkpoint)")  # fmt: skip
