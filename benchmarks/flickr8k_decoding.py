@@ -16,7 +16,7 @@ One row per run goes to ``--results`` (else ``OUT/rows.json``), with variant ``-
 (``dev_decode``), ``beam_size`` null and the chosen setting under ``decode``, every dev score
 of the grid under ``dev_grid``, the test scores as in the study's rows, and the training's
 device, precision and threads (the rows merge with the study's by variant, model, seed, beam
-and device).
+and device). They record no seconds: a stopped sweep goes on where it stopped.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ import argparse
 import json
 import logging
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -53,20 +52,17 @@ def setting_name(beam: int, penalty: float) -> str:
 
 
 def decode(checkpoint: Path, split: str, beam: int, penalty: float, folder: Path,
-           meteor: bool) -> tuple[dict[int, str], float]:  # fmt: skip
-    """The captions of ``split`` at one setting (read back when an earlier call wrote them),
-    and the seconds the decoding took (0 when read back)."""
+           meteor: bool) -> dict[int, str]:  # fmt: skip
+    """The captions of ``split`` at one setting (read back when an earlier call wrote them:
+    a stopped sweep goes on where it stopped, so the rows record no seconds)."""
     from captioning.evaluate import evaluate_checkpoint
 
     found = folder / "predictions.json"
-    started = time.perf_counter()
     if not found.is_file():
         evaluate_checkpoint(checkpoint, split=split, beam_size=beam, meteor=meteor,
                             progress=False, out_dir=folder,
                             overrides=[f"decode.length_penalty={penalty}"])  # fmt: skip
-    seconds = time.perf_counter() - started
-    captions = {p["image_id"]: p["caption"] for p in json.loads(found.read_text())}
-    return captions, round(seconds, 2)
+    return {p["image_id"]: p["caption"] for p in json.loads(found.read_text())}
 
 
 def choose(dev: dict[tuple[int, float], dict[str, Any]], metric: str) -> tuple[int, float]:
@@ -88,12 +84,11 @@ def row_of_run(args: argparse.Namespace, folder: Path, refs: dict, dev_refs: dic
     """Decode the dev split over the grid, choose, decode and score the test split."""
     job = json.loads((folder / "job.json").read_text())
     checkpoint = folder / "train" / "best.pt"
-    dev, seconds = {}, 0.0
+    dev = {}
     for beam, penalty in grid_of(args.beams, args.length_penalties):
         out = folder / "decoding" / f"val_{setting_name(beam, penalty)}"
-        captions, took = decode(checkpoint, "val", beam, penalty, out, meteor=False)
+        captions = decode(checkpoint, "val", beam, penalty, out, meteor=False)
         dev[beam, penalty] = _quick_scores(captions, dev_refs)
-        seconds += took
         logger.info(
             "%s seed %d, dev, %s: %s %.4f",
             job["model"],
@@ -104,7 +99,7 @@ def row_of_run(args: argparse.Namespace, folder: Path, refs: dict, dev_refs: dic
         )
     beam, penalty = choose(dev, args.select)
     out = folder / "decoding" / f"test_{setting_name(beam, penalty)}"
-    captions, took = decode(checkpoint, "test", beam, penalty, out, meteor=False)
+    captions = decode(checkpoint, "test", beam, penalty, out, meteor=False)
     return {
         "variant": args.variant, "model": job["model"], "seed": job["seed"], "beam_size": None,
         "decode": {"beam_size": beam, "length_penalty": penalty,
@@ -113,7 +108,6 @@ def row_of_run(args: argparse.Namespace, folder: Path, refs: dict, dev_refs: dic
         "dev_grid": {setting_name(b, a): {k: round(s[k], 5) for k in METRICS}
                      for (b, a), s in sorted(dev.items())},
         **{k: job[k] for k in ("select_metric", "best_val", "best_epoch", "epochs", "steps")},
-        "seconds": {"dev_grid": round(seconds, 1), "evaluate": took},
         "config": job["config"],
         "overrides": [portable(o, {"OUT": args.out}) for o in job["settings"]],
         **{k: job[k] for k in ("precision", "device", "threads")},
@@ -178,9 +172,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="with --results: also replace rows made under other settings",
     )
-    parser.add_argument("--machine-busy", action="store_true",
-                        help="other work ran beside this one: the rows say they were not "
-                             "timed alone")  # fmt: skip
     args = parser.parse_args(argv)
     args.models = [m for m in args.models.split(",") if m]
     unknown = sorted(set(args.models) - set(MODELS[1:]))
@@ -193,6 +184,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if not args.variant.isidentifier():
         parser.error(f"--variant must be a plain name (letters, digits, _), got {args.variant!r}")
     args.jobs = 1
+    args.machine_busy = True  # the rows record no seconds, so none claims to be timed alone
     return args
 
 
