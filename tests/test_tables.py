@@ -535,6 +535,6 @@ def test_flickr8k_dev_decode_sets_each_seeds_choice_beside_three_beams_on_the_sa
         row(2, "dev_decode", 0.30, None, (5, 0.0)),
     ]  # fmt: skip  (seed 2: no 3-beam row)
     lines = flickr8k_dev_decode(rows).splitlines()
-    assert lines[2] == ("| best | AMD CPU | 2 | 5, 0 (0), 7, 0.5 (1) | 19.40 | 18.85 | 19.00 "
+    assert lines[2] == ("| best | AMD CPU | 2 | 5 / 0 (0), 7 / 0.5 (1) | 19.40 | 18.85 | 19.00 "
                         "| 19.00 | 46.00 | 46.00 | 19.20 (0), 19.60 (1) |")  # fmt: skip
     assert len(lines) == 5  # the head, one line, a blank and the note

@@ -15,7 +15,7 @@ def flickr8k_dev_decode(rows: Rows) -> str:
     """Decoding chosen on the dev split (rows of ``benchmarks/flickr8k_decoding.py``) against
     the recipe's 3 beams on the same runs: the setting each seed's dev split chose, and the
     test scores' means in percent."""
-    lines = ["| model | trained on | seeds | chosen on the dev split: beams, length penalty "
+    lines = ["| model | trained on | seeds | chosen on the dev split: beams / length penalty "
              "(seed) | BLEU-4 | at 3 beams | METEOR | at 3 beams | CIDEr-D | at 3 beams "
              "| BLEU-4 of each seed |", "|" + " --- |" * 11]  # fmt: skip
     recipe = {(r["model"], r["seed"], _device(r)): r for r in rows
@@ -32,7 +32,7 @@ def flickr8k_dev_decode(rows: Rows) -> str:
     ):
         group = sorted(group, key=lambda r: r["seed"])
         base = [recipe[model, r["seed"], device] for r in group]
-        chosen = ", ".join(f"{r['decode']['beam_size']}, {r['decode']['length_penalty']:g} "
+        chosen = ", ".join(f"{r['decode']['beam_size']} / {r['decode']['length_penalty']:g} "
                            f"({r['seed']})" for r in group)  # fmt: skip
         cells = [f"{100 * mean([r[k] for r in g]):.2f}"
                  for k in ("Bleu_4", "METEOR", "CIDEr") for g in (group, base)]  # fmt: skip
