@@ -41,7 +41,8 @@ The rows (one per model, seed and beam size) go to ``--results FILE`` where give
 (results/flickr8k.json), else to ``OUT/rows.json``; they merge by (variant, model, seed,
 beam, device), and a row made under other settings is replaced only with ``--replace``.
 ``--variant NAME`` marks rows trained with ``--set`` overrides (a lever tried against the
-recipe).
+recipe). :mod:`benchmarks.flickr8k_decoding` decodes finished runs again with the beam size
+and length penalty chosen on the dev split.
 """
 
 from __future__ import annotations
