@@ -52,9 +52,10 @@ def setting_name(beam: int, penalty: float) -> str:
 
 
 def decode(checkpoint: Path, split: str, beam: int, penalty: float, folder: Path,
-           meteor: bool) -> dict[int, str]:  # fmt: skip
-    """The captions of ``split`` at one setting (read back when an earlier call wrote them:
-    a stopped sweep goes on where it stopped, so the rows record no seconds)."""
+           meteor: bool) -> tuple[dict[int, str], dict[str, Any]]:  # fmt: skip
+    """The captions of ``split`` at one setting and the scores the evaluation wrote beside
+    them (read back when an earlier call wrote them: a stopped sweep goes on where it
+    stopped, so the rows record no seconds)."""
     from captioning.evaluate import evaluate_checkpoint
 
     found = folder / "predictions.json"
@@ -62,7 +63,8 @@ def decode(checkpoint: Path, split: str, beam: int, penalty: float, folder: Path
         evaluate_checkpoint(checkpoint, split=split, beam_size=beam, meteor=meteor,
                             progress=False, out_dir=folder,
                             overrides=[f"decode.length_penalty={penalty}"])  # fmt: skip
-    return {p["image_id"]: p["caption"] for p in json.loads(found.read_text())}
+    captions = {p["image_id"]: p["caption"] for p in json.loads(found.read_text())}
+    return captions, json.loads((folder / "metrics.json").read_text())
 
 
 def choose(dev: dict[tuple[int, float], dict[str, Any]], metric: str) -> tuple[int, float]:
@@ -80,15 +82,14 @@ def run_folder(out: Path, model: str, seed: int, variant: str) -> Path | None:
     return None
 
 
-def row_of_run(args: argparse.Namespace, folder: Path, refs: dict, dev_refs: dict) -> dict:
+def row_of_run(args: argparse.Namespace, folder: Path, refs: dict) -> dict:
     """Decode the dev split over the grid, choose, decode and score the test split."""
     job = json.loads((folder / "job.json").read_text())
     checkpoint = folder / "train" / "best.pt"
     dev = {}
     for beam, penalty in grid_of(args.beams, args.length_penalties):
         out = folder / "decoding" / f"val_{setting_name(beam, penalty)}"
-        captions = decode(checkpoint, "val", beam, penalty, out, meteor=False)
-        dev[beam, penalty] = _quick_scores(captions, dev_refs)
+        _, dev[beam, penalty] = decode(checkpoint, "val", beam, penalty, out, meteor=False)
         logger.info(
             "%s seed %d, dev, %s: %s %.4f",
             job["model"],
@@ -99,7 +100,7 @@ def row_of_run(args: argparse.Namespace, folder: Path, refs: dict, dev_refs: dic
         )
     beam, penalty = choose(dev, args.select)
     out = folder / "decoding" / f"test_{setting_name(beam, penalty)}"
-    captions = decode(checkpoint, "test", beam, penalty, out, meteor=False)
+    captions, _ = decode(checkpoint, "test", beam, penalty, out, meteor=False)
     return {
         "variant": args.variant, "model": job["model"], "seed": job["seed"], "beam_size": None,
         "decode": {"beam_size": beam, "length_penalty": penalty,
@@ -113,13 +114,6 @@ def row_of_run(args: argparse.Namespace, folder: Path, refs: dict, dev_refs: dic
         **{k: job[k] for k in ("precision", "device", "threads")},
         "trained_at": job["commit"],
     }  # fmt: skip
-
-
-def _quick_scores(captions: dict[int, str], refs: dict) -> dict[str, Any]:
-    """BLEU, ROUGE-L and CIDEr-D of ``captions`` (no METEOR: the grid does not need it)."""
-    from captioning.metrics import caption_metrics
-
-    return caption_metrics(captions, refs, meteor=False)
 
 
 def _key(row: dict[str, Any]) -> tuple:
@@ -208,8 +202,8 @@ def main(argv: list[str] | None = None) -> int:
                                           f"python -m benchmarks.flickr8k first")  # fmt: skip
                 folders.append(folder)
         recorder = study.Recorder.from_args("benchmarks.flickr8k_decoding", argv, args, _key)
-        refs, dev_refs = references(args.out, "test"), references(args.out, "val")
-        rows = [row_of_run(args, folder, refs, dev_refs) for folder in folders]
+        refs = references(args.out, "test")
+        rows = [row_of_run(args, folder, refs) for folder in folders]
         recorder.write(rows)
     except CaptioningError as exc:
         return study.fail(exc)

@@ -60,7 +60,8 @@ def test_the_dev_split_chooses_and_the_test_split_is_scored_once(tmp_path, monke
     def fake_decode(checkpoint, split, beam, penalty, out, meteor):
         assert checkpoint == folder / "train" / "best.pt"
         decoded.append((split, beam, penalty))
-        return {1: said[beam, penalty], 2: "a man rides a bike"}
+        captions = {1: said[beam, penalty], 2: "a man rides a bike"}
+        return captions, caption_metrics(captions, REFS, meteor=False)  # as evaluate writes
 
     monkeypatch.setattr(decoding, "decode", fake_decode)
     results = tmp_path / "rows.json"
