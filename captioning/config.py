@@ -82,6 +82,12 @@ class ModelConfig:
     # to 1,280 channels, made for the classifier's global pooling; with 1 the grid is the
     # 320 channels of its last inverted-residual block, at the same resolution.
     drop_stages: int = 0
+    # A two-level encoder: "where" from the grid, "what" from the backbone's whole depth.
+    # With a summary, the stages that drop_stages leaves out still run, on the grid, and
+    # their output pooled to one vector per image (MobileNetV2's 1,280 channels) goes to the
+    # initial state (init), to the deep output beside the attended context (output), or both;
+    # the grid the decoder attends over stays the earlier stage's (docs/grounding.md).
+    summary: Literal["none", "init", "output", "both"] = "none"
     positional: Literal["none", "learned", "sinusoidal"] = "none"
     cnn_channels: list[int] = field(default_factory=lambda: [32, 64, 128, 128])
     # the small CNN's blocks: preact (an identity shortcut), residual (a learnt projection
@@ -115,7 +121,10 @@ class ModelConfig:
     # The paper feeds the context z_t into the LSTM; false keeps it in the output layer only,
     # so the LSTM never stores what it saw and each word must come from its own glimpse.
     context_to_lstm: bool = True
-    init_state: Literal["tanh", "linear"] = "tanh"
+    # h_0, c_0 from the image (tanh or linear of the mean cell, or of the summary when it
+    # goes to init) or learned (one trained pair for every image: the decoder knows nothing
+    # of the image before its first glimpse)
+    init_state: Literal["tanh", "linear", "learned"] = "tanh"
     dropout: float = 0.5
 
 
@@ -424,6 +433,7 @@ def _validate(cfg: Config) -> None:
         raise ConfigError(f"train.device must be auto, cpu, cuda, cuda:N or mps, "
                           f"got {quote(cfg.train.device)}")  # fmt: skip
     check_heads(cfg.model.attention, cfg.model.heads)
+    _validate_summary(cfg.model)
     if cfg.model.values == "projected" and cfg.model.attention == "none":
         raise ConfigError("model.values=projected averages values by attention weights; "
                           "model.attention=none has none (use soft or hard)")  # fmt: skip
@@ -441,6 +451,30 @@ def _validate(cfg: Config) -> None:
     if set(cfg.data.splits) - {"train", "val", "test"}:
         extra = sorted(set(cfg.data.splits) - {"train", "val", "test"})
         raise ConfigError(f"data.splits keys must be train, val, test; got {extra}")
+
+
+def _validate_summary(model: ModelConfig) -> None:
+    """The summary's settings that cannot work together."""
+    if model.summary in ("init", "both") and model.init_state == "learned":
+        raise ConfigError(
+            f"model.summary={model.summary} computes the initial state from the image, "
+            f"model.init_state=learned keeps it from the image: set model.summary=output "
+            f"(or none), or model.init_state=tanh"
+        )
+    if model.summary in ("output", "both") and not model.deep_output:
+        raise ConfigError(
+            f"model.summary={model.summary} adds the summary to the deep output: set "
+            f"model.deep_output=true, or model.summary=init"
+        )
+    if model.summary != "none" and model.encoder == "small_cnn":
+        raise ConfigError(
+            "model.summary pools a pretrained backbone's later stages; the small CNN has "
+            "none to spare (set model.summary=none)"
+        )
+    if model.summary != "none" and model.grid_layers:
+        raise ConfigError(
+            "model.summary and model.grid_layers do not combine yet: set one of them off"
+        )
 
 
 def check_heads(attention: str, heads: int) -> None:

@@ -58,7 +58,10 @@ CACHE = Writer("extract-features", holds_only(("*.npy", "*.json", "*.json.tmp"),
 def encoder_fingerprint(encoder: Encoder) -> str:
     """A hex digest of everything that decides the backbone grid of an image."""
     digest = hashlib.sha256()
-    digest.update(repr((encoder.image_size, encoder.grid_shape, encoder.out_channels)).encode())
+    shape = (encoder.image_size, encoder.grid_shape, encoder.out_channels)
+    if encoder.summary_rows:  # the caches of encoders without a summary keep their names
+        shape = (*shape, encoder.summary_dim)
+    digest.update(repr(shape).encode())
     for name, tensor in sorted(encoder.state_dict().items()):
         if name == "positions":  # added after the cache, and may train
             continue
@@ -191,7 +194,7 @@ def extract_features(
         meta = {
             "format_version": FORMAT_VERSION,
             "split": split,
-            "shape": [len(kept), encoder.num_cells, encoder.out_channels],
+            "shape": [len(kept), encoder.num_rows, encoder.out_channels],
             "dtype": "float16",
             "image_ids": kept,
             "encoder": cfg.model.encoder,
@@ -294,7 +297,7 @@ def _fill(
 ) -> np.ndarray:
     """Write each batch's grids into their rows of a new (count, L, D) float16 array at
     ``partial_path``; returns which rows were written."""
-    shape = (count, encoder.num_cells, encoder.out_channels)
+    shape = (count, encoder.num_rows, encoder.out_channels)
     split = partial_path.name.removesuffix(".partial.npy")
     array = np.lib.format.open_memmap(partial_path, mode="w+", dtype=np.float16, shape=shape)
     written = np.zeros(count, dtype=bool)

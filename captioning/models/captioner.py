@@ -98,6 +98,7 @@ def encoder_from_config(cfg: ModelConfig, runtime: RuntimeConfig | None = None) 
         positional=cfg.positional,
         fine_tune=cfg.fine_tune,
         drop_stages=cfg.drop_stages,
+        summary=cfg.summary != "none",
         cnn_channels=cfg.cnn_channels,
         cnn_block=cfg.cnn_block,
         channels_last=runtime.channels_last,
@@ -136,6 +137,9 @@ def build_model(
         dropout=cfg.dropout,
         value_dim=cfg.value_dim if cfg.values == "projected" else None,
         parallel=runtime.parallel_decoder,
+        summary_dim=encoder.summary_dim,
+        summary_rows=encoder.summary_rows,
+        summary=cfg.summary,
     )
     grid = None
     if cfg.grid_layers:

@@ -9,9 +9,16 @@ At step t, with the previous word y_{t-1} and state (h_{t-1}, c_{t-1}):
                or softmax(W h_t)                                       (no deep output)
 
 h_0, c_0 = tanh(W_h mean_i a_i), tanh(W_c mean_i a_i) (``init_state: tanh``, the authors'
-code) or without the tanh (``linear``). :meth:`Decoder.step` is the one-word function that
-decoding reuses; :meth:`Decoder.forward` (teacher forcing) runs the same pieces over a whole
-caption and computes the output layer once for all steps.
+code), without the tanh (``linear``), or one learned pair for every image (``learned``).
+
+A two-level encoder adds a summary s of the image (the backbone's whole depth pooled; see
+:class:`captioning.models.encoder.Encoder`) after the grid's cells: the attention sees only
+the cells, s replaces the mean cell in the initial state (``summary: init``) and/or enters
+the deep output as ``L_s s`` beside ``L_z z_t`` (``summary: output``).
+
+:meth:`Decoder.step` is the one-word function that decoding reuses; :meth:`Decoder.forward`
+(teacher forcing) runs the same pieces over a whole caption and computes the output layer
+once for all steps.
 
 Without the context in the LSTM (``context_to_lstm=False``), h_1..h_T under teacher forcing
 do not depend on the attention, so :meth:`Decoder.forward` needs no loop over words
@@ -34,6 +41,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from captioning.models.attention import EXPECTATION, AttentionOutput, HardContext, groups
+from captioning.models.encoder import split_summary
 from captioning.models.trace import AttentionTrace
 
 # Cells per chunk of the exact marginal are chosen so that a chunk's (rows, steps, cells,
@@ -113,6 +121,10 @@ class Decoder(nn.Module):
             (the same numbers as the step loop to 1e-5, and the same trained weights, as
             tests check). False forces the step loop, which the paper's wiring always uses;
             the exact marginal always runs all words at once.
+        summary_dim: S, the size of the image's summary packed after the grid's cells
+            (0: none), in ``summary_rows`` rows of D channels.
+        summary: where the summary goes: ``init`` (the initial state), ``output`` (the
+            deep output), ``both``, or ``none``.
     """
 
     def __init__(
@@ -129,6 +141,9 @@ class Decoder(nn.Module):
         dropout: float = 0.5,
         value_dim: int | None = None,
         parallel: bool = True,
+        summary_dim: int = 0,
+        summary_rows: int = 0,
+        summary: str = "none",
     ) -> None:
         super().__init__()
         self.parallel = parallel
@@ -136,8 +151,22 @@ class Decoder(nn.Module):
         self.hidden_dim = hidden_dim
         self.attention = attention
         self.embedding = nn.Embedding(vocab_size, embed_dim)
-        self.init_h = nn.Linear(feature_dim, hidden_dim)
-        self.init_c = nn.Linear(feature_dim, hidden_dim)
+        if summary not in ("none", "init", "output", "both"):
+            raise ValueError(f"summary must be none, init, output or both, got {summary!r}")
+        if summary != "none" and not (summary_dim and summary_rows):
+            raise ValueError(f"summary={summary} needs an encoder with a summary")
+        self.summary_dim, self.summary_rows = summary_dim, summary_rows
+        self.learned_init = init_state == "learned"
+        if self.learned_init:
+            if summary in ("init", "both"):
+                raise ValueError("a learned initial state does not read the summary")
+            self.initial_h = nn.Parameter(torch.zeros(hidden_dim))
+            self.initial_c = nn.Parameter(torch.zeros(hidden_dim))
+        else:
+            init_dim = summary_dim if summary in ("init", "both") else feature_dim
+            self.init_h = nn.Linear(init_dim, hidden_dim)
+            self.init_c = nn.Linear(init_dim, hidden_dim)
+        self.init_from_summary = summary in ("init", "both")
         self.init_activation = torch.tanh if init_state == "tanh" else nn.Identity()
         self.value_proj = nn.Linear(feature_dim, value_dim) if value_dim else None
         context_dim = value_dim or feature_dim
@@ -157,15 +186,34 @@ class Decoder(nn.Module):
             self.out = nn.Linear(embed_dim, vocab_size)
         else:
             self.out = nn.Linear(hidden_dim, vocab_size)
+        self.summary_to_out = None
+        if summary in ("output", "both"):
+            if not deep_output:
+                raise ValueError("summary=output needs deep_output=True")
+            self.summary_to_out = nn.Linear(summary_dim, embed_dim, bias=False)
 
     # ------------------------------------------------------------------ pieces
 
+    def split(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The grid cells (B, L, D) the attention sees and the summary (B, S) or None."""
+        return split_summary(features, self.summary_rows, self.summary_dim)
+
     def init_state(self, features: torch.Tensor, per_image: int = 1) -> DecoderState:
-        """h_0, c_0 from the mean grid feature. ``features`` (B, L, D); with ``per_image``
-        G > 1, G rows per image (B*G, image-major), one for each caption decoded from it."""
-        mean = features.mean(dim=1)  # (B, D)
+        """h_0, c_0 from the mean grid feature (or the summary, or learned). ``features``
+        (B, L, D); with ``per_image`` G > 1, G rows per image (B*G, image-major), one for
+        each caption decoded from it."""
+        cells, summary = self.split(features)
+        if self.learned_init:
+            shape = (features.shape[0] * per_image, self.hidden_dim)
+            dtype = torch.get_autocast_dtype(features.device.type)
+            if not torch.is_autocast_enabled(features.device.type):
+                dtype = features.dtype
+            return DecoderState(
+                self.initial_h.to(dtype).expand(shape), self.initial_c.to(dtype).expand(shape)
+            )
+        source = summary if self.init_from_summary else cells.mean(dim=1)  # (B, S or D)
         state = DecoderState(
-            self.init_activation(self.init_h(mean)), self.init_activation(self.init_c(mean))
+            self.init_activation(self.init_h(source)), self.init_activation(self.init_c(source))
         )
         if per_image == 1:
             return state
@@ -176,16 +224,18 @@ class Decoder(nn.Module):
         """The attention keys, computed once per batch: (B, L, D) → (B, L, K). With
         key-value attention the values come first: (B, L, V + K), one tensor, so that beam
         search selects both at once."""
-        keys = self.attention.project_keys(features)
+        cells, _ = self.split(features)
+        keys = self.attention.project_keys(cells)
         if self.value_proj is None:
             return keys
-        return torch.cat([self.value_proj(features), keys], dim=-1)
+        return torch.cat([self.value_proj(cells), keys], dim=-1)
 
     def _values_and_keys(
         self, features: torch.Tensor, prepared: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """What the context averages (the features, or their values) and the score's keys,
         from :meth:`prepare`'s tensor."""
+        features, _ = self.split(features)
         if self.value_proj is None:
             return features, prepared
         size = self.value_proj.out_features
@@ -213,6 +263,16 @@ class Decoder(nn.Module):
         inputs = torch.cat([embedded, context], dim=1) if self.context_to_lstm else embedded
         h, c = self.lstm(inputs, (state.h, state.c))
         return DecoderState(h, c), attended, context, beta_mean
+
+    def lead(self, embedded: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        """The deep output's terms that depend on neither h nor z: ``E y`` (R, [T,] E), plus
+        ``L_s s`` when the summary goes to the output (R rows: G per image of ``features``)."""
+        _, summary = self.split(features)
+        if self.summary_to_out is None or summary is None:
+            return embedded
+        term = self.summary_to_out(summary)  # (B, E)
+        term = term.repeat_interleave(groups(term, embedded.shape[0]), dim=0)  # (R, E)
+        return embedded + (term.unsqueeze(1) if embedded.dim() == 3 else term)
 
     def output(
         self, embedded: torch.Tensor, hidden: torch.Tensor, context: torch.Tensor
@@ -330,13 +390,14 @@ class Decoder(nn.Module):
         embedded = self.embedding(tokens)  # (B, E)
         previous = state.h
         state, attended, context, _ = self._advance(embedded, state, features, keys, hard)
+        lead = self.lead(embedded, features)
         if hard.mode != "marginal":
-            return StepOutput(self.output(embedded, state.h, context), state, attended)
+            return StepOutput(self.output(lead, state.h, context), state, attended)
         values, _ = self._values_and_keys(features, keys)
         rows = values.repeat_interleave(tokens.shape[0] // values.shape[0], dim=0)
         beta = torch.sigmoid(self.gate(previous)).unsqueeze(1) if self.gate is not None else None
         logits = self._marginal(
-            embedded.unsqueeze(1), state.h.unsqueeze(1), beta, rows, attended.alpha.unsqueeze(1)
+            lead.unsqueeze(1), state.h.unsqueeze(1), beta, rows, attended.alpha.unsqueeze(1)
         ).squeeze(1)  # (B, V)
         return StepOutput(logits, state, attended)
 
@@ -397,7 +458,7 @@ class Decoder(nn.Module):
                 log_probs.append(attended.log_prob)
                 sampled.append(attended.sampled)
         logits = self.output(
-            embedded, torch.stack(hiddens, dim=1), torch.stack(contexts, dim=1)
+            self.lead(embedded, features), torch.stack(hiddens, dim=1), torch.stack(contexts, dim=1)
         )  # (B, T, V)
         hard_rows = bool(log_probs)
         return DecoderOutput(
@@ -444,15 +505,16 @@ class Decoder(nn.Module):
             sampled=per_step(attended.sampled),
             betas=beta.view(batch, steps),
         )
+        lead = self.lead(embedded, features)  # (B, T, E)
         if hard.mode != "marginal":
-            output.logits = self.output(embedded, hiddens, context.view(batch, steps, -1))
+            output.logits = self.output(lead, hiddens, context.view(batch, steps, -1))
             return output
         gate = None
         if self.gate is not None:
             gate = torch.sigmoid(self.gate(queries)).view(batch, steps, -1)  # (B, T, 1|D)
         rows = values.repeat_interleave(groups(values, batch), dim=0)  # (B*G, L, D): per row
         output.target_log_probs = self._marginal(
-            embedded, hiddens, gate, rows, trace.alpha, targets
+            lead, hiddens, gate, rows, trace.alpha, targets
         )  # (B, T)
         return output
 

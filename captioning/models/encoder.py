@@ -7,6 +7,7 @@ weights it was built with (torchvision's ``weights.transforms()`` convention).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import pickle
@@ -16,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 import torchvision
 from PIL import Image
 from torch import nn
@@ -254,6 +256,14 @@ class Encoder(nn.Module):
         channels_last: run the convolutions on channels-last (NHWC) tensors, which oneDNN on
             the CPU and cuDNN with tensor cores both prefer (the small CNN's step: about 15%
             less time on the CPU, see docs/speed.md); the grid is the same either way.
+        summary_stages: the backbone's later stages, run on the last stage's output and
+            averaged over their cells into one vector per image (what the image shows, beside
+            the grid that says where); None: no summary. They never train.
+
+    With a summary, :meth:`backbone` returns the S summary channels packed after the L grid
+    cells as ``summary_rows`` = ceil(S / D) extra rows of D channels (zero-padded), so that
+    every path that carries a grid (the feature cache, batches, beam search's rows per
+    image) carries the summary with it; :func:`split_summary` takes them apart.
     """
 
     def __init__(
@@ -267,9 +277,11 @@ class Encoder(nn.Module):
         positional: str = "none",
         fine_tune: str = "none",
         channels_last: bool = True,
+        summary_stages: list[nn.Module] | None = None,
     ) -> None:
         super().__init__()
         self.stages = nn.ModuleList(stages)
+        self.summary_stages = nn.ModuleList(summary_stages) if summary_stages else None
         self.channels_last = channels_last
         self.out_channels = out_channels
         self.image_size = image_size
@@ -282,14 +294,24 @@ class Encoder(nn.Module):
                 for stage in self.stages:
                     stage.eval()
                     probe = stage(probe)
+                summary = probe
+                for stage in self.summary_stages or []:
+                    stage.eval()
+                    summary = stage(summary)
                 probe = self.pool(probe)
             except RuntimeError as exc:  # a stage's output would be smaller than 1 x 1
                 raise ConfigError(
                     f"model.image_size={image_size} is too small for this encoder (a stage's "
                     f"output would be empty); use a larger image size"
                 ) from exc
+        self.summary_dim = int(summary.shape[1]) if self.summary_stages is not None else 0
+        self.summary_rows = -(-self.summary_dim // out_channels)  # ceil(S / D)
+        if self.summary_stages is not None:
+            self.summary_stages.requires_grad_(False)
         if channels_last:
             self.stages.to(memory_format=torch.channels_last)
+            if self.summary_stages is not None:
+                self.summary_stages.to(memory_format=torch.channels_last)
         self.grid_shape = (int(probe.shape[2]), int(probe.shape[3]))
         num_cells = self.grid_shape[0] * self.grid_shape[1]
         if positional == "learned":
@@ -323,11 +345,18 @@ class Encoder(nn.Module):
         # Frozen stages stay in eval mode so their BatchNorm statistics never drift.
         for stage in list(self.stages)[: self.frozen_stages]:
             stage.eval()
+        if self.summary_stages is not None:
+            self.summary_stages.eval()
         return self
 
     @property
     def num_cells(self) -> int:
         return self.grid_shape[0] * self.grid_shape[1]
+
+    @property
+    def num_rows(self) -> int:
+        """The rows of :meth:`backbone`'s output: the L cells and the summary's rows."""
+        return self.num_cells + self.summary_rows
 
     def transform(self, image: Image.Image) -> torch.Tensor:
         """A PIL RGB image → uint8 tensor (3, S, S), S = ``image_size``."""
@@ -344,7 +373,7 @@ class Encoder(nn.Module):
         if self.training:
             raise RuntimeError("fold BatchNorms only into an encoder in eval mode")
         folded = 0
-        for stage in list(self.stages)[: self.frozen_stages]:
+        for stage in [*list(self.stages)[: self.frozen_stages], *(self.summary_stages or [])]:
             for module in stage.modules():  # the stage itself first
                 if isinstance(module, nn.Sequential):
                     folded += _fold_in_sequence(module)
@@ -352,6 +381,8 @@ class Encoder(nn.Module):
                     folded += module.fold_batch_norm()
         if folded and self.channels_last:
             self.stages.to(memory_format=torch.channels_last)  # the folded weights too
+            if self.summary_stages is not None:
+                self.summary_stages.to(memory_format=torch.channels_last)
         return folded
 
     @property
@@ -365,9 +396,13 @@ class Encoder(nn.Module):
 
     def add_positions(self, grid: torch.Tensor) -> torch.Tensor:
         """Backbone grid (B, L, D) → features (B, L, D) with the position codes added
-        (cached grids come in here: learned positions keep training)."""
+        (cached grids come in here: learned positions keep training); a summary's rows
+        after the L cells get none."""
         if self.positions is None:
             return grid
+        if self.summary_rows:
+            cells, summary = grid[:, : self.num_cells], grid[:, self.num_cells :]
+            return torch.cat([cells + self.positions.to(grid.dtype), summary], dim=1)
         return grid + self.positions.to(grid.dtype)
 
     def backbone(self, images: torch.Tensor) -> torch.Tensor:
@@ -382,8 +417,28 @@ class Encoder(nn.Module):
                     x = stage(x)
         for stage in list(self.stages)[frozen:]:
             x = stage(x)
-        x = self.pool(x)  # (B, D, h, w)
-        return x.flatten(2).transpose(1, 2).contiguous()  # (B, L, D)
+        grid = self.pool(x).flatten(2).transpose(1, 2)  # (B, L, D)
+        if self.summary_stages is None:
+            return grid.contiguous()
+        with torch.no_grad() if frozen == len(self.stages) else contextlib.nullcontext():
+            for stage in self.summary_stages:
+                x = stage(x)
+        summary = x.float().mean(dim=(2, 3)).to(grid.dtype)  # (B, S)
+        padding = self.summary_rows * grid.shape[2] - self.summary_dim
+        rows = F.pad(summary, (0, padding)).view(grid.shape[0], self.summary_rows, -1)
+        return torch.cat([grid, rows], dim=1)  # (B, L + summary_rows, D)
+
+
+def split_summary(
+    features: torch.Tensor, summary_rows: int, summary_dim: int
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:meth:`Encoder.backbone`'s rows (B, L + R, D) → the grid cells (B, L, D) and the
+    summary (B, S), or the features themselves and None when there are no summary rows."""
+    if not summary_rows:
+        return features, None
+    cells = features[:, :-summary_rows]
+    summary = features[:, -summary_rows:].flatten(1)[:, :summary_dim]
+    return cells, summary
 
 
 def _fold_in_sequence(sequence: nn.Sequential) -> int:
@@ -455,11 +510,14 @@ def build_encoder(
     cnn_block: str = "preact",
     channels_last: bool = True,
     drop_stages: int = 0,
+    summary: bool = False,
 ) -> Encoder:
     """An :class:`Encoder` by backbone name (``small_cnn``, ``vgg19``, ``resnet101``, ...);
     ``channels_last`` runs its convolutions on NHWC tensors (see :class:`Encoder`);
     ``drop_stages`` leaves out the backbone's last stages (its grid is then an earlier
-    stage's)."""
+    stage's); ``summary`` keeps them to pool the whole backbone into one vector per image
+    (see :class:`Encoder`)."""
+    dropped: list[nn.Module] = []
     if name == "small_cnn":
         if drop_stages:
             raise ConfigError("model.drop_stages is for a pretrained backbone; the small CNN's "
@@ -484,12 +542,16 @@ def build_encoder(
                     f"model.drop_stages={drop_stages} leaves nothing of {name}'s "
                     f"{len(stages)} stages; drop at most {len(stages) - 1}"
                 )
-            stages = stages[:kept]
+            stages, dropped = stages[:kept], stages[kept:]
         with torch.no_grad():
             probe = torch.zeros(1, 3, 64, 64)
             for stage in stages:
                 stage.eval()
                 probe = stage(probe)
         channels = int(probe.shape[1])
+    if summary and name == "small_cnn":
+        raise ConfigError("model.summary pools a pretrained backbone's later stages; the "
+                          "small CNN has none to spare (set model.summary=none)")  # fmt: skip
+    summary_stages = (dropped or [nn.Identity()]) if summary else None
     return Encoder(stages, channels, image_size, mean, std, grid_size, positional, fine_tune,
-                   channels_last)  # fmt: skip
+                   channels_last, summary_stages)  # fmt: skip
