@@ -88,6 +88,12 @@ class ModelConfig:
     # initial state (init), to the deep output beside the attended context (output), or both;
     # the grid the decoder attends over stays the earlier stage's (docs/grounding.md).
     summary: Literal["none", "init", "output", "both"] = "none"
+    # Halve the backbone's output stride (32 → 16, DeepLab's "atrous" trick): the last
+    # downsampling convolution keeps its input's resolution and the convolutions after it
+    # are dilated by 2, so the same weights give a grid twice as fine (14 x 14 at 224 px for
+    # MobileNetV2 and ResNets, the paper's grid size) of the same late, semantic features.
+    # null keeps the backbone's own stride.
+    output_stride: int | None = None
     positional: Literal["none", "learned", "sinusoidal"] = "none"
     cnn_channels: list[int] = field(default_factory=lambda: [32, 64, 128, 128])
     # the small CNN's blocks: preact (an identity shortcut), residual (a learnt projection
@@ -150,6 +156,9 @@ class TrainConfig:
     # only train, which saves validation's decoding and scoring on short schedules
     val_every: int = 1
     doubly_stochastic_weight: float = 1.0  # λ of the doubly stochastic attention penalty
+    # w of the soft attention maps' entropy (nats, summed over a caption's words) added to the
+    # cross-entropy: above 0 each word pays for spreading its map (docs/grounding.md)
+    attention_entropy_weight: float = 0.0
     # cross-entropy objective only: the share of each target's probability spread evenly
     # over the vocabulary (Szegedy et al. 2016); 0 trains on the plain likelihood
     label_smoothing: float = 0.0
@@ -509,6 +518,7 @@ _RANGES: dict[str, tuple[float | None, float | None, str]] = {
     "model.dropout": (0, 1, "max"),
     "model.grid_layers": (0, None, ""),
     "model.drop_stages": (0, None, ""),
+    "model.output_stride": (1, None, ""),
     "model.grid_heads": (1, None, ""),
     "train.epochs": (1, None, ""),
     "train.batch_size": (1, None, ""),
@@ -524,6 +534,7 @@ _RANGES: dict[str, tuple[float | None, float | None, str]] = {
     "train.val_every": (1, None, ""),
     "train.val_max_images": (1, None, ""),
     "train.doubly_stochastic_weight": (0, None, ""),
+    "train.attention_entropy_weight": (0, None, ""),
     "train.label_smoothing": (0, 1, "max"),
     "train.reinforce_weight": (0, None, ""),
     "train.entropy_weight": (0, None, ""),

@@ -92,9 +92,11 @@ def caption_loss(
     pad_id: int,
     penalty_weight: float = 1.0,
     label_smoothing: float = 0.0,
+    entropy_weight: float = 0.0,
 ) -> LossTerms:
-    """Soft (or no) attention: NLL + lambda * the doubly stochastic penalty, per caption,
-    averaged over captions. A hard model's sampled output gives its likelihood given the
+    """Soft (or no) attention: NLL + lambda * the doubly stochastic penalty (+ w * the
+    entropy of each word's map, summed over the words), per caption, averaged over
+    captions. A hard model's sampled output gives its likelihood given the
     samples here; its estimator terms come from :mod:`captioning.hard_attention`.
 
     Args:
@@ -103,6 +105,8 @@ def caption_loss(
         pad_id: the padding id; those positions count nowhere.
         label_smoothing: trains on the smoothed cross-entropy; the logged NLL stays the
             plain one.
+        entropy_weight: w of the maps' entropy (nats, summed over the words); 0 leaves it
+            out of the loss (it is logged all the same).
     """
     mask = (targets != pad_id).float()  # (B, T)
     trained = None
@@ -111,7 +115,12 @@ def caption_loss(
     else:
         nll = token_nll(output.logits, targets, mask)  # (B, T)
     penalty = doubly_stochastic_penalty(output.alphas, mask)  # (B,)
-    return caption_terms(nll, penalty, penalty_weight, mask, trained=trained)
+    terms = caption_terms(nll, penalty, penalty_weight, mask, trained=trained)
+    entropy = attention_entropy(output.alphas.float(), mask)  # (B,)
+    if entropy_weight > 0:
+        terms.total = terms.total + entropy_weight * entropy.mean()
+    terms.entropy = entropy.mean().detach()  # nats a caption, as hard attention logs it
+    return terms
 
 
 def caption_terms(
@@ -145,6 +154,7 @@ class CrossEntropyObjective:
     Args:
         penalty_weight: lambda of the doubly stochastic penalty.
         label_smoothing: the share of each target's probability spread over the vocabulary.
+        entropy_weight: w of the attention maps' entropy (see :func:`caption_loss`).
         device, precision: where and in which precision the forward pass runs.
     """
 
@@ -154,9 +164,11 @@ class CrossEntropyObjective:
         device: torch.device,
         precision: str,
         label_smoothing: float = 0.0,
+        entropy_weight: float = 0.0,
     ) -> None:
         self.penalty_weight = penalty_weight
         self.label_smoothing = label_smoothing
+        self.entropy_weight = entropy_weight
         self.device = device
         self.precision = precision
 
@@ -179,6 +191,7 @@ class CrossEntropyObjective:
             Vocabulary.pad_id,
             self.penalty_weight,
             label_smoothing=self.label_smoothing,
+            entropy_weight=self.entropy_weight,
         )
 
     def commit(self) -> None:

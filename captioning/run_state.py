@@ -159,6 +159,7 @@ def build_objective(
         device,
         cfg.train.precision,
         label_smoothing=cfg.train.label_smoothing,
+        entropy_weight=cfg.train.attention_entropy_weight,
     )
 
 

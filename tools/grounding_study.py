@@ -55,6 +55,8 @@ LEVERS = (
     "model.score",
     "model.context_to_lstm",
     "train.doubly_stochastic_weight",
+    "train.attention_entropy_weight",
+    "model.output_stride",
     "train.objective",
     "train.hard_estimator",
     "train.epochs",

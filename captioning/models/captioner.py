@@ -99,6 +99,7 @@ def encoder_from_config(cfg: ModelConfig, runtime: RuntimeConfig | None = None) 
         fine_tune=cfg.fine_tune,
         drop_stages=cfg.drop_stages,
         summary=cfg.summary != "none",
+        output_stride=cfg.output_stride,
         cnn_channels=cfg.cnn_channels,
         cnn_block=cfg.cnn_block,
         channels_last=runtime.channels_last,

@@ -228,6 +228,41 @@ def _cut_backbone(name: str, model: nn.Module) -> list[nn.Module]:
     raise ConfigError(f"model.encoder {name!r}: do not know where its convolutional stages end")
 
 
+def halve_stride(stages: list[nn.Module]) -> None:
+    """Make the last downsampling of ``stages`` keep its resolution and dilate every
+    convolution after it by 2 (padding to match), so the output grid doubles in each
+    direction while every convolution keeps its weights and sees the same neighbourhood in
+    the image (Chen et al. 2017, DeepLabv3's output stride 16). In place."""
+    modules = [
+        m for stage in stages for m in stage.modules() if isinstance(m, nn.Conv2d | nn.MaxPool2d)
+    ]
+    strided = [i for i, m in enumerate(modules) if _stride(m) == 2]
+    if not strided:
+        raise ConfigError("model.output_stride: the backbone has no stride-2 layer to undo")
+    last = strided[-1]
+    # a residual block downsamples on two paths (the 3 x 3 convolution and the 1 x 1
+    # shortcut): every stride-2 layer of the block that holds the last one
+    stage = next(st for st in stages if any(m is modules[last] for m in st.modules()))
+    block = stage
+    if isinstance(stage, nn.Sequential):  # a stage of blocks (a ResNet's layer4)
+        block = next(c for c in stage.children() if any(m is modules[last] for m in c.modules()))
+    inside = [m for m in block.modules()]
+    first = min(i for i in strided if any(modules[i] is m for m in inside))
+    for i, module in enumerate(modules):
+        if i >= first and _stride(module) == 2:
+            module.stride = 1 if isinstance(module, nn.MaxPool2d) else (1, 1)
+        elif i > last and isinstance(module, nn.Conv2d) and module.kernel_size[0] > 1:
+            module.dilation = tuple(2 * d for d in module.dilation)
+            module.padding = tuple(
+                d * (k - 1) // 2 for d, k in zip(module.dilation, module.kernel_size)
+            )
+
+
+def _stride(module: nn.Module) -> int:
+    stride = module.stride
+    return int(stride[0] if isinstance(stride, tuple) else stride)
+
+
 def sinusoidal_positions(height: int, width: int, dim: int) -> torch.Tensor:
     """2-D sine/cosine position codes: half the channels encode the row, half the column."""
     if dim % 4:
@@ -461,6 +496,24 @@ def _fold_in_sequence(sequence: nn.Sequential) -> int:
     return folded
 
 
+def _set_output_stride(name: str, stages: list[nn.Module], output_stride: int) -> None:
+    """Halve ``stages``' output stride once, when ``output_stride`` asks for half of it."""
+    with torch.no_grad():
+        probe = torch.zeros(1, 3, 64, 64)
+        for stage in stages:
+            stage.eval()
+            probe = stage(probe)
+    native = 64 // probe.shape[-1]
+    if output_stride == native:
+        return
+    if output_stride != native // 2:
+        raise ConfigError(
+            f"model.output_stride={output_stride}: {name}'s grid has stride {native}; "
+            f"set {native // 2} (a grid twice as fine) or leave it null"
+        )
+    halve_stride(stages)
+
+
 def read_weights(path: str | Path, name: str | None = None) -> Any:
     """A weights file read as plain data only (``torch.load(weights_only=True)``): a file
     from a stranger cannot run code.
@@ -511,6 +564,7 @@ def build_encoder(
     channels_last: bool = True,
     drop_stages: int = 0,
     summary: bool = False,
+    output_stride: int | None = None,
 ) -> Encoder:
     """An :class:`Encoder` by backbone name (``small_cnn``, ``vgg19``, ``resnet101``, ...);
     ``channels_last`` runs its convolutions on NHWC tensors (see :class:`Encoder`);
@@ -535,6 +589,8 @@ def build_encoder(
     else:
         model, mean, std = _load_torchvision(name, weights)
         stages = _cut_backbone(name, model)
+        if output_stride is not None:
+            _set_output_stride(name, stages, output_stride)
         if drop_stages:
             kept = len(stages) - drop_stages
             if kept < 1:
