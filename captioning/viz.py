@@ -91,11 +91,23 @@ DIM_GLOW = 0.15
 # a Gaussian of this many cells' standard deviation, then resized to the image.
 _SMOOTH_PIXELS_PER_CELL = 16
 _SMOOTH_SIGMA_CELLS = 0.5
-_LEGEND_DIM = "brightness: attention relative to each word's own peak, dimmed 0 to bright 1"
-_LEGEND_COLOUR = "colour: attention relative to each word's own peak, 0 to 1"
-_LEGEND_PEAK = "(max w): the word's highest weight on one cell"
+_LEGEND_DIM = {
+    "caption": "brightness: attention on one scale for every word, 1 at the caption's highest "
+    "weight",
+    "word": "brightness: attention relative to each word's own peak, dimmed 0 to bright 1",
+}
+_LEGEND_COLOUR = {
+    "caption": "colour: attention on one scale for every word, 1 at the caption's highest weight",
+    "word": "colour: attention relative to each word's own peak, 0 to 1",
+}
 
 Style = Literal["dim", "colour"]
+# How bright a word's map is drawn: "caption" puts every word of a figure on one scale (its
+# highest weight is 1), so an even map looks flat and dim beside a peaked one; "word" scales
+# each map by its own peak, which shows the shape of a map but draws an even map as brightly
+# as a peaked one.
+Scale = Literal["caption", "word"]
+SCALES = ("caption", "word")
 
 
 # --- inputs ---------------------------------------------------------------------------------
@@ -321,12 +333,13 @@ def dim_array(
     heat: np.ndarray,
     floor: float = DIM_FLOOR,
     glow: float = DIM_GLOW,
+    peak: float | None = None,
 ) -> np.ndarray:
     """The image bright where ``heat`` is high and dimmed where it is low (the paper's look).
 
-    With ``m = heat / heat.max()``, each pixel is first multiplied by
-    ``floor + (1 - floor) * m`` (the word's peak keeps the photo's own brightness, a place
-    with no attention keeps ``floor`` of it), then lightened toward white by
+    With ``m = heat / peak`` (``peak``: the map's own maximum unless given), each pixel is
+    first multiplied by ``floor + (1 - floor) * m`` (the word's peak keeps the photo's own
+    brightness, a place with no attention keeps ``floor`` of it), then lightened toward white by
     ``glow * m ** 2``, so that the attended region stands out even on a dark photo. An
     all-zero map dims everything.
 
@@ -338,6 +351,8 @@ def dim_array(
         floor: the brightness kept where the attention is zero, in [0, 1].
         glow: how far the peak is lightened toward white, in [0, 1]; 0 keeps the photo's
             own pixels there.
+        peak: the heat drawn at full brightness (values above it too); None: the map's
+            own maximum. One peak for several maps puts them on one scale.
 
     Returns:
         uint8 RGB pixels of shape ``(H, W, 3)``.
@@ -347,7 +362,7 @@ def dim_array(
             is outside [0, 1].
     """
     pixels = _rgb(image).astype(np.float64)
-    relative = _relative(heat, pixels.shape[:2])[:, :, None]  # (H, W, 1)
+    relative = _relative(heat, pixels.shape[:2], peak)[:, :, None]  # (H, W, 1)
     for name, value in (("floor", floor), ("glow", glow)):
         if not 0.0 <= value <= 1.0:
             raise ValueError(f"{name} must be in [0, 1], got {value}")
@@ -356,14 +371,16 @@ def dim_array(
     return np.clip(np.rint(lit), 0, 255).astype(np.uint8)
 
 
-def _relative(heat: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-    """``heat`` divided by its own maximum, in [0, 1]; zeros when it is all zero."""
+def _relative(heat: np.ndarray, shape: tuple[int, ...], peak: float | None = None) -> np.ndarray:
+    """``heat`` divided by ``peak`` (None: its own maximum), clipped to [0, 1]; zeros when
+    the peak is not positive."""
     heat = np.asarray(heat, dtype=np.float64)
     if heat.shape != tuple(shape):
         raise ValueError(
             f"heat has shape {heat.shape} but the image is {tuple(shape)} (height, width)"
         )
-    peak = float(heat.max()) if heat.size else 0.0
+    if peak is None:
+        peak = float(heat.max()) if heat.size else 0.0
     return np.clip(heat / peak, 0.0, 1.0) if peak > 0 else np.zeros_like(heat)
 
 
@@ -372,6 +389,7 @@ def overlay_array(
     heat: np.ndarray,
     cmap: str | Colormap = "jet",
     opacity: float = 0.6,
+    peak: float | None = None,
 ) -> np.ndarray:
     """Blend a colour-mapped heat map over an image.
 
@@ -379,11 +397,12 @@ def overlay_array(
         image: a PIL image of any mode, or an ``(H, W)`` / ``(H, W, 3)`` / ``(H, W, 4)``
             array (uint8, or floats in [0, 1]).
         heat: non-negative ``(H, W)`` map, e.g. from :func:`upsample_attention` at the
-            image's size. It is scaled by its own maximum, so each word uses the full
-            colour range whatever its peak weight; an all-zero map shows as the colormap's
-            low end.
+            image's size. It is scaled by ``peak`` (by default its own maximum, so each
+            word uses the full colour range whatever its peak weight); an all-zero map shows
+            as the colormap's low end.
         cmap: a matplotlib colormap or its registered name.
         opacity: weight of the heat colours, 0 (image only) to 1 (heat only).
+        peak: the heat given the colormap's high end; None: the map's own maximum.
 
     Returns:
         uint8 RGB pixels of shape ``(H, W, 3)``.
@@ -393,7 +412,7 @@ def overlay_array(
             outside [0, 1].
     """
     pixels = _rgb(image).astype(np.float64) / 255.0
-    scaled = _relative(heat, pixels.shape[:2])
+    scaled = _relative(heat, pixels.shape[:2], peak)
     if not 0.0 <= opacity <= 1.0:
         raise ValueError(f"opacity must be in [0, 1], got {opacity}")
     colormap = matplotlib.colormaps[cmap] if isinstance(cmap, str) else cmap
@@ -418,8 +437,27 @@ def _text(value: str) -> str:
     return unicodedata.normalize("NFC", str(value))
 
 
+def _check_scale(scale: str) -> str:
+    if scale not in SCALES:
+        raise ValueError(f"scale must be one of {', '.join(map(repr, SCALES))}; got {scale!r}")
+    return scale
+
+
 def _peak_label(alpha: np.ndarray) -> str:
-    return f"max {float(alpha.max()):.2f}"
+    """The map's largest weight as a multiple of an even map's (1 / L): ``7.3x even``."""
+    return f"{float(alpha.max()) * alpha.size:.1f}x even"
+
+
+def _heats(
+    maps: Sequence[np.ndarray], grid_shape: tuple[int, int], size: tuple[int, int], smooth: bool,
+    scale: str,
+) -> tuple[list[np.ndarray], float | None]:  # fmt: skip
+    """Each map upsampled to ``size``, and the peak they are drawn against: the highest of
+    them all (``scale="caption"``) or None (each its own)."""
+    heats = [upsample_attention(alpha, grid_shape, size, smooth=smooth) for alpha in maps]
+    if scale == "word" or not heats:
+        return heats, None
+    return heats, max(float(heat.max()) for heat in heats)
 
 
 def _cell_rectangle(
@@ -574,7 +612,12 @@ def _scale_ramp(style: str, steps: int = 256) -> np.ndarray:
 
 
 def _draw_legend(
-    fig: Figure, layout: _PanelLayout, style: str, n_cells: int, objects: bool = False
+    fig: Figure,
+    layout: _PanelLayout,
+    style: str,
+    n_cells: int,
+    objects: bool = False,
+    scale: str = "caption",
 ) -> None:
     """The scale under the panels: a ramp from 0 to 1 with its ends named, and one wrapped
     line saying what brightness (or colour) and the titles' ``max`` mean. Drawn in figure
@@ -594,22 +637,19 @@ def _draw_legend(
     middle = to_y(bar_y + bar_h / 2)
     fig.text(to_x(centre - bar_w / 2 - 0.06), middle, low, ha="right", va="center", fontsize=9)
     fig.text(to_x(centre + bar_w / 2 + 0.06), middle, high, ha="left", va="center", fontsize=9)
-    meaning = _LEGEND_DIM if style == "dim" else _LEGEND_COLOUR
-    note = f"{meaning}; max: the word's largest weight on one of the {n_cells} cells"
+    meaning = (_LEGEND_DIM if style == "dim" else _LEGEND_COLOUR)[scale]
+    note = (f"{meaning}; Nx even: the word's largest weight on one of the {n_cells} cells, "
+            f"as a multiple of an even map's 1/{n_cells}")  # fmt: skip
     if objects:
         note += f"; {_LEGEND_OBJECTS}"
     fig.text(0.5, to_y(0.34), textwrap.fill(note, max(30, int(layout.fig_w * 15))),
              ha="center", va="top", fontsize=8, color="0.2", parse_math=False)  # fmt: skip
 
 
-def _draw_map(
-    ax, pixels: np.ndarray, alpha: np.ndarray, grid_shape: tuple[int, int], smooth: bool,
-    style: str,
-) -> None:  # fmt: skip
-    """One word's map over the image on ``ax``, as ``style`` draws it."""
-    height, width = pixels.shape[:2]
-    heat = upsample_attention(alpha, grid_shape, (width, height), smooth=smooth)
-    ax.imshow(_STYLES[style](pixels, heat))
+def _draw_map(ax, pixels: np.ndarray, heat: np.ndarray, style: str, peak: float | None) -> None:
+    """One word's upsampled map over the image on ``ax``, as ``style`` draws it against
+    ``peak`` (None: its own maximum)."""
+    ax.imshow(_STYLES[style](pixels, heat, peak=peak))
 
 
 def attention_grid_figure(
@@ -625,6 +665,7 @@ def attention_grid_figure(
     centres: torch.Tensor | np.ndarray | None = None,
     style: Style = "dim",
     boxes: Sequence[Sequence[Sequence[float]]] | None = None,
+    scale: Scale = "caption",
 ) -> Path:
     """Write :func:`attention_grid` (the image and one attention panel per word) as a PNG.
 
@@ -636,7 +677,7 @@ def attention_grid_figure(
     """
     fig = attention_grid(image, words, alphas, grid_shape, smooth=smooth,
                          chosen_cells=chosen_cells, columns=columns, title=title,
-                         centres=centres, style=style, boxes=boxes)  # fmt: skip
+                         centres=centres, style=style, boxes=boxes, scale=scale)  # fmt: skip
     return _save_png(fig, path)
 
 
@@ -668,13 +709,18 @@ def attention_grid(
     centres: torch.Tensor | np.ndarray | None = None,
     style: Style = "dim",
     boxes: Sequence[Sequence[Sequence[float]]] | None = None,
+    scale: Scale = "caption",
 ) -> Figure:
     """A figure of the image and one attention panel per word (no pyplot involved).
 
     The first panel is the plain image, titled with the caption (or ``title``); then one
-    panel per word, titled with the word and its largest weight (``sân (max 0.31)``): the
-    whole image, bright where the word's attention (upsampled, relative to its own peak) is
-    high and dimmed to a fifth where it is zero, as a scale under the panels says. Panels
+    panel per word, titled with the word and its largest weight as a multiple of an even
+    map's (``sân (7.3x even)``): the whole image, bright where the word's attention
+    (upsampled) is high and dimmed to a fifth where it is zero, as a scale under the panels
+    says. Every word is drawn on one scale (``scale="caption"``: the caption's highest
+    weight is full brightness), so a word that spreads its attention evenly looks flat and
+    dim beside one that looks at a place; ``scale="word"`` draws each map against its own
+    peak instead. Panels
     fill rows of ``columns``, so a long caption makes a taller figure.
 
     Args:
@@ -694,6 +740,8 @@ def attention_grid(
         style: ``"dim"`` (:func:`dim_array`) or ``"colour"`` (:func:`overlay_array`).
         boxes: per word, the boxes of the objects it names (none for other words), each
             (x, y, width, height) as shares of the image; outlined in yellow on its panel.
+        scale: ``"caption"`` (one brightness scale for every word) or ``"word"`` (each
+            map against its own peak).
 
     Returns:
         A matplotlib :class:`~matplotlib.figure.Figure` with an Agg canvas.
@@ -701,18 +749,20 @@ def attention_grid(
     Raises:
         ValueError: ``words``, ``alphas``, ``chosen_cells``, ``centres`` and ``boxes``
             disagree in length, a row of ``alphas`` does not match ``grid_shape``, a chosen cell is
-            outside the grid, ``columns`` is below 1 or ``style`` is unknown.
+            outside the grid, ``columns`` is below 1, or ``style`` or ``scale`` is unknown.
     """
     words, maps, cells = _check_caption(words, alphas, grid_shape, chosen_cells)
     centres = _check_centres(centres, len(words))
     boxes = _check_boxes(boxes, len(words))
     grid_shape = _check_grid(grid_shape)
     style = _check_style(style)
+    scale = _check_scale(scale)
     if columns < 1:
         raise ValueError(f"columns must be at least 1, got {columns}")
     shown = _fit(image, 1, _MAX_DISPLAY_SIDE)
     width, height = shown.size
     pixels = np.asarray(shown)
+    heats, peak = _heats(maps, grid_shape, (width, height), smooth, scale)
     n_panels = 1 + len(words)
     heading = title if title is not None else " ".join(words)
     layout = _PanelLayout.make(n_panels, columns, width, height, heading)
@@ -730,11 +780,11 @@ def attention_grid(
             ax.set_title(layout.heading, fontsize=10, parse_math=False)
             continue
         t = panel - 1
-        _draw_map(ax, pixels, maps[t], grid_shape, smooth, style)
+        _draw_map(ax, pixels, heats[t], style, peak)
         _draw_marks(ax, t, cells, centres, boxes, grid_shape, (width, height))
         ax.set_title(f"{_text(words[t])} ({_peak_label(maps[t])})", fontsize=11,
                      parse_math=False)  # fmt: skip
-    _draw_legend(fig, layout, style, grid_shape[0] * grid_shape[1], any(boxes or []))
+    _draw_legend(fig, layout, style, grid_shape[0] * grid_shape[1], any(boxes or []), scale)
     return fig
 
 
@@ -767,6 +817,7 @@ def heads_figure(
     smooth: bool = True,
     title: str | None = None,
     style: Style = "dim",
+    scale: Scale = "caption",
 ) -> Path:
     """Write :func:`heads_grid` (one row of per-word panels per head, and their mean) as a
     PNG at ``path`` (missing parent folders are created).
@@ -774,7 +825,8 @@ def heads_figure(
     Returns:
         ``path`` as a :class:`Path`.
     """
-    return _save_png(heads_grid(image, words, heads, grid_shape, smooth, title, style), path)
+    fig = heads_grid(image, words, heads, grid_shape, smooth, title, style, scale)
+    return _save_png(fig, path)
 
 
 def heads_grid(
@@ -785,11 +837,13 @@ def heads_grid(
     smooth: bool = True,
     title: str | None = None,
     style: Style = "dim",
+    scale: Scale = "caption",
 ) -> Figure:
     """A figure of where each head of a multi-head model looked for each word: one row per
     head, then a row of their mean (the map the other figures show), one column per word.
-    Each panel is drawn as in :func:`attention_grid` and labelled below with its largest
-    weight; a scale under the panels says what brightness means.
+    Each panel is drawn as in :func:`attention_grid` (``scale="caption"``: every panel on
+    one scale) and labelled below with its largest weight as a multiple of an even map's; a
+    scale under the panels says what brightness means.
 
     Args:
         image: the captioned image, any size and mode.
@@ -810,6 +864,7 @@ def heads_grid(
     """
     grid_shape = _check_grid(grid_shape)
     style = _check_style(style)
+    scale = _check_scale(scale)
     words = [str(word) for word in words]
     array = _as_numpy(heads, "heads")
     if not words:
@@ -826,6 +881,8 @@ def heads_grid(
     shown = _fit(image, 1, _MAX_DISPLAY_SIDE)
     width, height = shown.size
     pixels = np.asarray(shown)
+    heats, peak = _heats([a for maps in rows for a in maps], grid_shape, (width, height),
+                         smooth, scale)  # fmt: skip
     heading = title if title is not None else " ".join(words)
     layout = _PanelLayout.make(len(rows) * len(words), len(words), width, height, heading,
                                panel_inches=1.6, heading_panels=len(words))  # fmt: skip
@@ -839,7 +896,7 @@ def heads_grid(
         for t, alpha in enumerate(maps):
             ax = fig.add_subplot(gs[r, t])
             _blank_axes(ax)
-            _draw_map(ax, pixels, alpha, grid_shape, smooth, style)
+            _draw_map(ax, pixels, heats[r * len(words) + t], style, peak)
             if r == 0:
                 ax.set_title(_text(words[t]), fontsize=10, parse_math=False)
             if t == 0:
@@ -847,7 +904,7 @@ def heads_grid(
             ax.set_xlabel(_peak_label(alpha), fontsize=8, labelpad=2)
     fig.text(0.5, 1 - 0.06 / layout.fig_h, layout.heading, ha="center", va="top",
              fontsize=10, parse_math=False)  # fmt: skip
-    _draw_legend(fig, layout, style, grid_shape[0] * grid_shape[1])
+    _draw_legend(fig, layout, style, grid_shape[0] * grid_shape[1], scale=scale)
     return fig
 
 
@@ -905,14 +962,16 @@ def attention_gif(
     frame_ms: int = 800,
     centres: torch.Tensor | np.ndarray | None = None,
     style: Style = "dim",
+    scale: Scale = "caption",
 ) -> Path:
     """Write an animated GIF that shows each word over its attention, one frame per word.
 
     Frames are the whole image (rescaled so its longer side is between 320 and 640 pixels)
     with the word's attention drawn over it as in :func:`attention_grid_figure`, the word
     written at the bottom, ``t/T`` in a corner and a note on the scale in the other
-    (``bright = attended, max weight 0.31``: the word's largest weight on one cell). The
-    animation loops forever.
+    (``bright = attended, peak 7.3x even``: the word's largest weight on one cell, as a
+    multiple of an even map's), every frame on one brightness scale unless ``scale="word"``.
+    The animation loops forever.
 
     Args:
         image: the captioned image, any size and mode.
@@ -941,20 +1000,22 @@ def attention_gif(
     centres = _check_centres(centres, len(words))
     grid_shape = _check_grid(grid_shape)
     style = _check_style(style)
+    scale = _check_scale(scale)
     if not words:
         raise ValueError("attention_gif needs at least one word: a GIF cannot have no frames")
     if frame_ms <= 0:
         raise ValueError(f"frame_ms must be positive, got {frame_ms}")
     shown = _fit(image, _GIF_MIN_SIDE, _GIF_MAX_SIDE)
     pixels = np.asarray(shown)
-    scale = "bright = attended" if style == "dim" else "colour = attention"
+    meaning = "bright = attended" if style == "dim" else "colour = attention"
+    heats, peak = _heats(maps, grid_shape, shown.size, smooth, scale)
     frames = [
         _gif_frame(
             pixels,
-            _STYLES[style](pixels, upsample_attention(maps[t], grid_shape, shown.size, smooth)),
+            _STYLES[style](pixels, heats[t], peak=peak),
             words[t],
             f"{t + 1}/{len(words)}",
-            f"{scale}, max weight {float(maps[t].max()):.2f}",
+            f"{meaning}, peak {_peak_label(maps[t])}",
             None if cells is None else cells[t],
             grid_shape,
             None if centres is None else centres[t],

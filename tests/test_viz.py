@@ -325,13 +325,13 @@ def _heads(n_words: int, n_heads: int) -> np.ndarray:
 
 def test_heads_figure_has_a_row_per_head_and_the_mean(tmp_path):
     heads = _heads(4, 3)
-    fig = heads_grid(_photo(), _words(4), heads, GRID, smooth=False)
+    fig = heads_grid(_photo(), _words(4), heads, GRID, smooth=False, scale="word")
     assert len(fig.axes) == 4 * 4  # 3 heads and the mean, 4 words each
     assert [ax.get_ylabel() for ax in fig.axes[::4]] == ["head 1", "head 2", "head 3", "mean"]
     assert [ax.get_title() for ax in fig.axes[:4]] == _words(4)
     # the mean row shows the mean of the heads: the same panel as the mean map drawn alone
     mean = heads.mean(axis=1)
-    alone = attention_grid(_photo(), _words(4), mean, GRID, smooth=False)
+    alone = attention_grid(_photo(), _words(4), mean, GRID, smooth=False, scale="word")
     np.testing.assert_array_equal(fig.axes[12].images[0].get_array(),
                                   alone.axes[1].images[0].get_array())  # fmt: skip
     path = heads_figure(_photo(), _words(4), torch.from_numpy(heads).reshape(4, 3, *GRID), GRID,
@@ -461,16 +461,36 @@ def test_figures_state_their_scale_and_each_words_peak():
     alphas = _alphas(3)
     fig = attention_grid(_photo(), ["một", "sân", "<end>"], alphas, GRID)
     titles = [ax.get_title() for ax in fig.axes[1:]]
-    assert titles == [f"{word} (max {alphas[t].max():.2f})"
+    assert titles == [f"{word} ({alphas[t].max() * L:.1f}x even)"
                       for t, word in enumerate(["một", "sân", "<end>"])]  # fmt: skip
     texts = [text.get_text() for text in fig.texts]
     assert "dimmed 0" in texts and "1 bright" in texts
-    assert any("attention relative to each word's own peak" in t and "15 cells" in t
-               for t in texts)  # fmt: skip
+    assert any("one scale for every word" in t and "15 cells" in t for t in texts)
+    fig = attention_grid(_photo(), ["một", "sân", "<end>"], alphas, GRID, scale="word")
+    assert any("relative to each word's own peak" in t.get_text() for t in fig.texts)
     heads = _heads(2, 3)
     fig = heads_grid(_photo(), _words(2), heads, GRID)
-    assert fig.axes[0].get_xlabel() == f"max {heads[0, 0].max():.2f}"
+    assert fig.axes[0].get_xlabel() == f"{heads[0, 0].max() * L:.1f}x even"
     assert "dimmed 0" in [text.get_text() for text in fig.texts]
+    with pytest.raises(ValueError, match="scale must be one of 'caption', 'word'; got 'x'"):
+        attention_grid(_photo(), _words(2), _alphas(2), GRID, scale="x")
+
+
+def test_an_even_map_is_drawn_dim_beside_a_peaked_one():
+    # the first word looks at one cell, the second spreads evenly over the 15
+    image = _grey((360, 240))
+    alphas = np.stack([_one_hot(7), np.full(L, 1.0 / L)])
+    fig = attention_grid(image, ["dog", "a"], alphas, GRID, smooth=False)
+    peaked, even = (fig.axes[i].images[0].get_array()[:, :, 0].astype(int) for i in (1, 2))
+    assert fig.axes[2].get_title() == "a (1.0x even)"
+    assert fig.axes[1].get_title() == "dog (15.0x even)"
+    assert peaked.max() >= 120  # the attended cell keeps the photo's brightness
+    # on the caption's scale the even map is 1/15 of the peak: nowhere near full brightness
+    assert even.max() <= 120 * (DIM_FLOOR + (1 - DIM_FLOOR) / L) + 3
+    assert even.max() - even.min() <= 2  # and flat, not a vignette
+    # on each word's own scale the even map is drawn at full brightness everywhere
+    fig = attention_grid(image, ["dog", "a"], alphas, GRID, smooth=False, scale="word")
+    assert fig.axes[2].images[0].get_array()[:, :, 0].min() >= 118
 
 
 def test_colour_style_keeps_the_old_overlay():
@@ -479,8 +499,12 @@ def test_colour_style_keeps_the_old_overlay():
     fig = attention_grid(image, _words(2), alphas, GRID, style="colour")
     heat = upsample_attention(alphas[1], GRID, image.size)
     np.testing.assert_array_equal(fig.axes[2].images[0].get_array(), overlay_array(image, heat))
-    dimmed = attention_grid(image, _words(2), alphas, GRID)
+    dimmed = attention_grid(image, _words(2), alphas, GRID, scale="word")
     np.testing.assert_array_equal(dimmed.axes[2].images[0].get_array(), dim_array(image, heat))
+    peak = max(upsample_attention(a, GRID, image.size).max() for a in alphas)
+    shared = attention_grid(image, _words(2), alphas, GRID)  # one scale for the caption
+    np.testing.assert_array_equal(shared.axes[2].images[0].get_array(),
+                                  dim_array(image, heat, peak=peak))  # fmt: skip
     with pytest.raises(ValueError, match="style must be one of 'dim', 'colour'; got 'jet'"):
         attention_grid(image, _words(2), alphas, GRID, style="jet")
 
@@ -517,7 +541,7 @@ def test_vietnamese_draws_without_missing_glyphs(tmp_path):
         heads_figure(_photo(), words[:3], _heads(3, 2), GRID, tmp_path / "vi.png")
     assert [str(w.message) for w in caught] == []
     # drawn composed, so that each letter is one DejaVu glyph with its marks in place
-    assert fig.axes[1].get_title() == f"một (max {alphas[0].max():.2f})"
+    assert fig.axes[1].get_title() == f"một ({alphas[0].max() * L:.1f}x even)"
     assert fig.axes[0].get_title().replace("\n", " ") == VIETNAMESE
 
 
