@@ -49,6 +49,7 @@ from tools.tables.grounding import (
     grounding,
     grounding_categories,
     grounding_levers,
+    grounding_looks,
     grounding_words,
 )
 from tools.tables.hard import (
@@ -128,6 +129,7 @@ TABLES: dict[str, Callable[[Rows], str]] = {
     "grounding_categories": grounding_categories,
     "grounding_words": grounding_words,
     "grounding_levers": grounding_levers,
+    "grounding_looks": grounding_looks,
     "results_index": results_index,
 }
 # tables whose rows are in another table's file
@@ -161,6 +163,7 @@ SOURCES = {
     "grounding_categories": "grounding",
     "grounding_words": "grounding",
     "grounding_levers": "grounding",
+    "grounding_looks": "grounding",
     "results_index": "*",  # every results file
 }
 

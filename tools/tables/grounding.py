@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 from typing import Any
 
@@ -165,3 +166,67 @@ def grounding_levers(rows: Rows) -> str:
                  score(statistics.mean(r["scores"]["CIDEr"] for r in group))]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join([*lines, "", source_note(soft, "grounding")]) + "\n"
+
+
+# The models of the "attention that looks" study (docs/grounding.md): the shipped 7 x 7
+# recipe and the levers measured against it, in the order the study tried them.
+LOOKS = ("best", "s16", "os16", "os16_ent", "best_exact", "os16_ent_hard")
+
+
+def _even(row: dict[str, Any]) -> tuple[float, float]:
+    """An even map's peak (1 / L) and entropy (ln L) on the row's grid."""
+    cells = row["grounding"]["grid"][0] * row["grounding"]["grid"][1]
+    return 1.0 / cells, math.log(cells)
+
+
+def grounding_looks(rows: Rows) -> str:
+    """Where each lever of the study leaves the maps, seed by seed, against the targets:
+    the median peak and mean entropy of every word's map and of the grounded words' maps as
+    a ratio to an even map's on the same grid, the pointing game against the centre prior
+    and the model's saliency map, and the mass in the boxes against the centre prior's."""
+    picked = [r for r in rows if r["variant"] in LOOKS]
+    lines = ["| model | seed | grid | peak, all words (x even) | entropy, all words (% of even) "
+             "| peak, grounded (x even) | entropy, grounded (% of even) | pointing model / "
+             "centre / saliency | mass / centre's | CIDEr-D |", "|" + " --- |" * 10]  # fmt: skip
+    verdicts = []
+    order = {v: i for i, v in enumerate(LOOKS)}
+    groups = _grounding_groups(picked)
+    for (model, variant), group in sorted(groups.items(), key=lambda kv: order[kv[0][1]]):
+        name = f"{model} ({variant})"
+        peaks, entropies, pointing, masses = [], [], [], []
+        for row in group:
+            peak, entropy = _even(row)
+            g = row["grounding"]
+            o, every = g["overall"], g["all_words"]
+            peaks.append(every["median_peak"] / peak)
+            entropies.append(o["model"]["mean_entropy"] / entropy)
+            pointing.append(tuple(o[m]["pointing"] for m in ("model", "centre", "saliency")))
+            masses.append(o["model"]["mass"] / o["centre"]["mass"])
+            lines.append(
+                f"| {name} | {row['seed']} | {g['grid'][0]}x{g['grid'][1]} | "
+                f"{every['median_peak'] / peak:.1f} | "
+                f"{100 * every['mean_entropy'] / entropy:.0f} | "
+                f"{o['model']['median_peak'] / peak:.1f} | "
+                f"{100 * o['model']['mean_entropy'] / entropy:.0f} | "
+                + " / ".join(f"{p:.3f}" for p in pointing[-1])
+                + f" | {masses[-1]:.2f} | {score(row['scores'].get('CIDEr'))} |"
+            )  # fmt: skip
+        spread = statistics.stdev([p[0] for p in pointing]) if len(group) > 1 else math.inf
+        checks = {
+            "peak ≥ 5x even": all(p >= 5 for p in peaks),
+            "grounded entropy ≤ 80%": all(e <= 0.8 for e in entropies),
+            "pointing above centre and saliency by more than the spread": all(
+                p[0] - max(p[1], p[2]) > spread for p in pointing
+            ),
+            "mass ≥ 1.25x centre's": all(m >= 1.25 for m in masses),
+        }
+        met = [k for k, ok in checks.items() if ok]
+        missed = [k for k, ok in checks.items() if not ok]
+        verdicts.append(
+            f"**{name}**, {len(group)} seed{'s' * (len(group) > 1)}: "
+            + (f"meets {', '.join(met)} on every seed" if met else "meets no target on every seed")
+            + (f"; misses {', '.join(missed)}" if missed else "")
+            + "."
+        )
+    note = source_note(picked, "grounding")
+    return "\n".join([*lines, "", *verdicts, "", note]) + "\n"
