@@ -92,18 +92,19 @@ DIM_GLOW = 0.15
 _SMOOTH_PIXELS_PER_CELL = 16
 _SMOOTH_SIGMA_CELLS = 0.5
 _LEGEND_DIM = {
-    "caption": "brightness: attention on one scale for every word, 1 at the caption's highest "
-    "weight",
+    "caption": "brightness: attention on one scale for every word, 1 at the median of the "
+    "words' peaks",
     "word": "brightness: attention relative to each word's own peak, dimmed 0 to bright 1",
 }
 _LEGEND_COLOUR = {
-    "caption": "colour: attention on one scale for every word, 1 at the caption's highest weight",
+    "caption": "colour: attention on one scale for every word, 1 at the median of the words' peaks",
     "word": "colour: attention relative to each word's own peak, 0 to 1",
 }
 
 Style = Literal["dim", "colour"]
-# How bright a word's map is drawn: "caption" puts every word of a figure on one scale (its
-# highest weight is 1), so an even map looks flat and dim beside a peaked one; "word" scales
+# How bright a word's map is drawn: "caption" puts every word of a figure on one scale (the
+# median of the words' peaks is 1; higher peaks saturate), so an even map looks flat and dim
+# beside a peaked one; "word" scales
 # each map by its own peak, which shows the shape of a map but draws an even map as brightly
 # as a peaked one.
 Scale = Literal["caption", "word"]
@@ -452,12 +453,13 @@ def _heats(
     maps: Sequence[np.ndarray], grid_shape: tuple[int, int], size: tuple[int, int], smooth: bool,
     scale: str,
 ) -> tuple[list[np.ndarray], float | None]:  # fmt: skip
-    """Each map upsampled to ``size``, and the peak they are drawn against: the highest of
-    them all (``scale="caption"``) or None (each its own)."""
+    """Each map upsampled to ``size``, and the peak they are drawn against: the median of
+    their peaks (``scale="caption"``: a word that looks harder than most saturates, one that
+    spreads its attention stays dim) or None (each its own)."""
     heats = [upsample_attention(alpha, grid_shape, size, smooth=smooth) for alpha in maps]
     if scale == "word" or not heats:
         return heats, None
-    return heats, max(float(heat.max()) for heat in heats)
+    return heats, float(np.median([heat.max() for heat in heats]))
 
 
 def _cell_rectangle(
@@ -717,10 +719,10 @@ def attention_grid(
     panel per word, titled with the word and its largest weight as a multiple of an even
     map's (``sân (7.3x even)``): the whole image, bright where the word's attention
     (upsampled) is high and dimmed to a fifth where it is zero, as a scale under the panels
-    says. Every word is drawn on one scale (``scale="caption"``: the caption's highest
-    weight is full brightness), so a word that spreads its attention evenly looks flat and
-    dim beside one that looks at a place; ``scale="word"`` draws each map against its own
-    peak instead. Panels
+    says. Every word is drawn on one scale (``scale="caption"``: the median of the words'
+    peaks is full brightness, higher peaks saturate), so a word that spreads its attention
+    evenly looks flat and dim beside one that looks at a place; ``scale="word"`` draws each
+    map against its own peak instead. Panels
     fill rows of ``columns``, so a long caption makes a taller figure.
 
     Args:
