@@ -1,0 +1,144 @@
+"""The levers of attention that looks: a two-level encoder (a summary of the image beside an
+earlier stage's grid), a halved output stride, a learned initial state and the maps'
+entropy in the loss."""
+
+import math
+
+import pytest
+import torch
+
+from captioning.config import DecodeConfig, ModelConfig, load_config
+from captioning.decoding import decode
+from captioning.errors import ConfigError
+from captioning.losses import attention_entropy, caption_loss
+from captioning.models import build_model
+from captioning.models.encoder import build_encoder, split_summary
+
+VOCAB = 30
+
+
+def _model(**settings) -> torch.nn.Module:
+    torch.manual_seed(0)
+    cfg = ModelConfig(encoder="mobilenet_v2", weights=None, image_size=64, attention_dim=16,
+                      embed_dim=16, hidden_dim=24, context_to_lstm=False, dropout=0.0,
+                      **settings)  # fmt: skip
+    return build_model(cfg, VOCAB).eval()
+
+
+def _images(count: int = 2) -> torch.Tensor:
+    return torch.rand(count, 3, 64, 64, generator=torch.Generator().manual_seed(1)) * 255
+
+
+def test_the_summary_rides_after_the_cells_and_the_attention_never_sees_it():
+    model = _model(drop_stages=5, summary="output")
+    encoder = model.encoder
+    # stride 16 at 64 px: a 4 x 4 grid of 96 channels, then 1,280 summary channels in 14 rows
+    assert encoder.grid_shape == (4, 4) and encoder.out_channels == 96
+    assert (encoder.summary_dim, encoder.summary_rows, encoder.num_rows) == (1280, 14, 30)
+    grid = encoder.backbone(_images())
+    assert grid.shape == (2, 30, 96)
+    cells, summary = split_summary(grid, 14, 1280)
+    # the summary is the dropped stages run on the grid's stage and averaged over their cells
+    with torch.no_grad():
+        x = (_images() - encoder.mean) / encoder.std
+        for stage in encoder.stages:
+            x = stage(x)
+        expected = x
+        for stage in encoder.summary_stages:
+            expected = stage(expected)
+    torch.testing.assert_close(cells, x.flatten(2).transpose(1, 2))
+    torch.testing.assert_close(summary, expected.mean(dim=(2, 3)))
+    assert torch.all(grid[:, -1, 1280 - 13 * 96 :] == 0)  # the last row's padding
+    tokens = torch.randint(4, VOCAB, (2, 6))
+    with torch.no_grad():
+        before = model(None, tokens, grid=grid)
+        changed = grid.clone()
+        changed[:, 16:] = torch.randn_like(changed[:, 16:])  # another summary, same cells
+        after = model(None, tokens, grid=changed)
+    torch.testing.assert_close(before.alphas, after.alphas)  # where it looks: the cells alone
+    assert before.alphas.shape == (2, 5, 16)
+    assert not torch.allclose(before.logits, after.logits)  # what it says: the summary too
+
+
+@pytest.mark.parametrize("summary", ["init", "output", "both"])
+def test_a_summary_model_decodes_as_it_trains(summary):
+    """Beam search and greedy decoding carry the summary with each image's rows, and teacher
+    forcing gives the step loop's numbers."""
+    model = _model(drop_stages=5, summary=summary)
+    features = model.encode(grid=model.encoder.backbone(_images(3)))
+    tokens = torch.randint(4, VOCAB, (3, 7))
+    with torch.no_grad():
+        parallel = model.decoder(features, tokens)
+        model.decoder.parallel = False
+        stepped = model.decoder(features, tokens)
+    torch.testing.assert_close(parallel.logits, stepped.logits, atol=1e-5, rtol=1e-4)
+    greedy = decode(model.decoder, features, DecodeConfig(strategy="greedy", max_length=5))
+    one_beam = decode(model.decoder, features,
+                      DecodeConfig(strategy="beam", beam_size=1, max_length=5))  # fmt: skip
+    assert greedy.tokens.tolist() == one_beam.tokens.tolist()
+    beams = decode(model.decoder, features, DecodeConfig(strategy="beam", beam_size=3))
+    assert beams.trace.alpha.shape[-1] == 16
+
+
+def test_a_learned_initial_state_knows_nothing_of_the_image():
+    model = _model(drop_stages=5, summary="output", init_state="learned")
+    features = model.encode(grid=model.encoder.backbone(_images()))
+    state = model.decoder.init_state(features)
+    assert torch.equal(state.h[0], state.h[1]) and torch.equal(state.c[0], state.c[1])
+    assert not hasattr(model.decoder, "init_h")
+    # it trains
+    tokens = torch.randint(4, VOCAB, (2, 6))
+    loss = model(None, tokens, grid=model.encoder.backbone(_images())).logits.logsumexp(-1).sum()
+    loss.backward()
+    assert model.decoder.initial_h.grad is not None and model.decoder.initial_h.grad.abs().sum() > 0
+
+
+def test_output_stride_16_doubles_the_grid_with_the_same_weights():
+    torch.manual_seed(0)
+    native = build_encoder("mobilenet_v2", None, 64)
+    torch.manual_seed(0)
+    finer = build_encoder("mobilenet_v2", None, 64, output_stride=16)
+    assert native.grid_shape == (2, 2) and finer.grid_shape == (4, 4)
+    for (name, a), (_, b) in zip(native.state_dict().items(), finer.state_dict().items()):
+        assert torch.equal(a, b), name
+    depthwise = finer.stages[15].conv[1][0]
+    assert depthwise.dilation == (2, 2) and depthwise.padding == (2, 2)
+    assert finer.stages[14].conv[1][0].stride == (1, 1)
+    # a ResNet downsamples on both paths of its block: both keep their resolution
+    resnet = build_encoder("resnet18", None, 64, output_stride=16)
+    assert resnet.grid_shape == (4, 4)
+    with pytest.raises(ConfigError, match="model.output_stride=8: mobilenet_v2's grid has stride"):
+        build_encoder("mobilenet_v2", None, 64, output_stride=8)
+    assert build_encoder("mobilenet_v2", None, 64, output_stride=32).grid_shape == (2, 2)
+
+
+def test_the_entropy_term_adds_each_words_map_entropy():
+    model = _model(drop_stages=5)
+    tokens = torch.tensor([[1, 5, 6, 7, 2, 0], [1, 8, 9, 2, 0, 0]])
+    with torch.no_grad():
+        output = model(None, tokens, grid=model.encoder.backbone(_images()))
+    targets = tokens[:, 1:]
+    plain = caption_loss(output, targets, 0, penalty_weight=0.0)
+    paying = caption_loss(output, targets, 0, penalty_weight=0.0, entropy_weight=0.5)
+    mask = (targets != 0).float()
+    entropy = attention_entropy(output.alphas, mask)  # (B,) nats a caption
+    torch.testing.assert_close(paying.total - plain.total, 0.5 * entropy.mean())
+    # an untrained model's maps are near even: close to ln 16 a word, over 4 and 3 words
+    assert abs(float(plain.entropy) - 3.5 * math.log(16)) < 0.5
+    assert float(plain.entropy) == pytest.approx(float(entropy.mean()))
+
+
+def test_settings_that_cannot_work_together_are_refused(tmp_path):
+    base = tmp_path / "c.yaml"
+    base.write_text("model:\n  encoder: mobilenet_v2\n  weights: null\n")
+    cases = {
+        ("model.summary=both", "model.init_state=learned"): "model.init_state=learned keeps it",
+        ("model.summary=output", "model.deep_output=false"): "set model.deep_output=true",
+        ("model.summary=init", "model.encoder=small_cnn"): "the small CNN has none to spare",
+        ("model.summary=init", "model.grid_layers=1"): "do not combine yet",
+        ("model.output_stride=0",): "model.output_stride",
+        ("train.attention_entropy_weight=-1",): "train.attention_entropy_weight",
+    }
+    for overrides, message in cases.items():
+        with pytest.raises(ConfigError, match=message):
+            load_config(base, list(overrides))
