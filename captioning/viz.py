@@ -717,13 +717,9 @@ def attention_grid(
 
     The first panel is the plain image, titled with the caption (or ``title``); then one
     panel per word, titled with the word and its largest weight as a multiple of an even
-    map's (``sân (7.3x even)``): the whole image, bright where the word's attention
-    (upsampled) is high and dimmed to a fifth where it is zero, as a scale under the panels
-    says. Every word is drawn on one scale (``scale="caption"``: the median of the words'
-    peaks is full brightness, higher peaks saturate), so a word that spreads its attention
-    evenly looks flat and dim beside one that looks at a place; ``scale="word"`` draws each
-    map against its own peak instead. Panels
-    fill rows of ``columns``, so a long caption makes a taller figure.
+    map's (``sân (7.3x even)``): the image bright where the word's attention is high and
+    dimmed to a fifth where it is zero, every word on one scale (:data:`Scale`), as a scale
+    under the panels says. Panels fill rows of ``columns``.
 
     Args:
         image: the captioned image, any size and mode.
@@ -731,19 +727,15 @@ def attention_grid(
         alphas: ``(T, L)`` or ``(T, grid_h, grid_w)`` weights with ``T = len(words)``;
             ``alphas[t]`` is the attention used to produce ``words[t]``.
         grid_shape: ``(grid_h, grid_w)``, the encoder's feature-map shape.
-        smooth: smooth maps if True, blocky per-cell maps if False (see
-            :func:`upsample_attention`).
-        chosen_cells: for hard attention, the flat index of the cell sampled (or the argmax)
-            for each word; that cell is outlined on the word's panel.
-        columns: panels per row.
-        title: the first panel's title instead of the caption.
+        smooth: smooth maps if True, blocky per-cell maps if False.
+        chosen_cells: for hard attention, each word's sampled (or argmax) cell, outlined.
+        columns, title: panels per row; the first panel's title instead of the caption.
         centres: for local attention, ``(T, 2)`` the centre (row, column, in cells) the
             model predicted for each word; a cross marks it on the word's panel.
         style: ``"dim"`` (:func:`dim_array`) or ``"colour"`` (:func:`overlay_array`).
         boxes: per word, the boxes of the objects it names (none for other words), each
             (x, y, width, height) as shares of the image; outlined in yellow on its panel.
-        scale: ``"caption"`` (one brightness scale for every word) or ``"word"`` (each
-            map against its own peak).
+        scale: ``"caption"`` or ``"word"`` (:data:`Scale`).
 
     Returns:
         A matplotlib :class:`~matplotlib.figure.Figure` with an Agg canvas.
@@ -757,8 +749,7 @@ def attention_grid(
     centres = _check_centres(centres, len(words))
     boxes = _check_boxes(boxes, len(words))
     grid_shape = _check_grid(grid_shape)
-    style = _check_style(style)
-    scale = _check_scale(scale)
+    style, scale = _check_style(style), _check_scale(scale)
     if columns < 1:
         raise ValueError(f"columns must be at least 1, got {columns}")
     shown = _fit(image, 1, _MAX_DISPLAY_SIDE)
@@ -865,8 +856,7 @@ def heads_grid(
             not match ``grid_shape``, or ``style`` is unknown.
     """
     grid_shape = _check_grid(grid_shape)
-    style = _check_style(style)
-    scale = _check_scale(scale)
+    style, scale = _check_style(style), _check_scale(scale)
     words = [str(word) for word in words]
     array = _as_numpy(heads, "heads")
     if not words:
@@ -971,9 +961,8 @@ def attention_gif(
     Frames are the whole image (rescaled so its longer side is between 320 and 640 pixels)
     with the word's attention drawn over it as in :func:`attention_grid_figure`, the word
     written at the bottom, ``t/T`` in a corner and a note on the scale in the other
-    (``bright = attended, peak 7.3x even``: the word's largest weight on one cell, as a
-    multiple of an even map's), every frame on one brightness scale unless ``scale="word"``.
-    The animation loops forever.
+    (``bright = attended, peak 7.3x even``), every frame on one brightness scale unless
+    ``scale="word"``. The animation loops forever.
 
     Args:
         image: the captioned image, any size and mode.
@@ -1001,8 +990,7 @@ def attention_gif(
     words, maps, cells = _check_caption(words, alphas, grid_shape, chosen_cells)
     centres = _check_centres(centres, len(words))
     grid_shape = _check_grid(grid_shape)
-    style = _check_style(style)
-    scale = _check_scale(scale)
+    style, scale = _check_style(style), _check_scale(scale)
     if not words:
         raise ValueError("attention_gif needs at least one word: a GIF cannot have no frames")
     if frame_ms <= 0:
