@@ -51,6 +51,7 @@ from tools.tables.grounding import (
     grounding_levers,
     grounding_looks,
     grounding_words,
+    looks_screen,
 )
 from tools.tables.hard import (
     ESTIMATOR_COLUMNS,  # noqa: F401  (tools/compare_estimators.py prints its columns)
@@ -130,6 +131,7 @@ TABLES: dict[str, Callable[[Rows], str]] = {
     "grounding_words": grounding_words,
     "grounding_levers": grounding_levers,
     "grounding_looks": grounding_looks,
+    "looks_screen": looks_screen,
     "results_index": results_index,
 }
 # tables whose rows are in another table's file

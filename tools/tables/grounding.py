@@ -230,3 +230,29 @@ def grounding_looks(rows: Rows) -> str:
         )
     note = source_note(picked, "grounding")
     return "\n".join([*lines, "", *verdicts, "", note]) + "\n"
+
+
+def looks_screen(rows: Rows) -> str:
+    """The stride-16 grid's screen (``results/looks_screen.json``): each variant's best
+    validation CIDEr-D seed by seed, and the greedy test scores of the seeds whose test
+    split was decoded."""
+    lines = ["| variant | settings over `configs/flickr8k_best.yaml` | validation CIDEr-D of "
+             "each seed | mean | greedy test BLEU-4 / METEOR / CIDEr-D (seeds decoded) |",
+             "|" + " --- |" * 5]  # fmt: skip
+    groups: dict[str, Rows] = {}
+    for row in rows:
+        groups.setdefault(row["variant"], []).append(row)
+    for variant, group in groups.items():
+        group = sorted(group, key=lambda r: r["seed"])
+        vals = [100 * r["best_val"] for r in group]
+        tested = [r for r in group if r["test_greedy"]]
+        test = "–"
+        if tested:
+            means = [statistics.mean(100 * r["test_greedy"][k] for r in tested)
+                     for k in ("Bleu_4", "METEOR", "CIDEr")]  # fmt: skip
+            test = " / ".join(f"{m:.2f}" for m in means) + " (" + ", ".join(
+                str(r["seed"]) for r in tested) + ")"  # fmt: skip
+        each = ", ".join(f"{v:.2f} ({r['seed']})" for v, r in zip(vals, group))
+        settings = ", ".join(f"`{o}`" for o in group[0]["overrides"])
+        lines.append(f"| {variant} | {settings} | {each} | {statistics.mean(vals):.2f} | {test} |")
+    return "\n".join([*lines, "", source_note(rows, "looks_screen")]) + "\n"
