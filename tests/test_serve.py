@@ -179,6 +179,10 @@ def test_the_page_info_and_examples(server, model, images):
     with urllib.request.urlopen(server + info["examples"][0]["url"], timeout=30) as example:
         assert example.read() == open(images[0], "rb").read()
     assert request(f"{server}/api/examples/7") == (404, {"error": "no example 7: there are 3"})
+    # not a number of examples, however long: a 404 that names it, never a 500
+    for name in ("9" * 5000, "-1", "x", "%C2%B2", "1e3"):
+        status, answer = request(f"{server}/api/examples/{name}")
+        assert status == 404 and "examples are numbered from 0" in answer["error"], name
 
 
 def test_a_hard_attention_model_offers_its_decode_modes(tiny_hard_checkpoint, images):

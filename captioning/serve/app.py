@@ -142,7 +142,11 @@ def create_app(model: CaptionModel, settings: ServeSettings | None = None) -> St
         return JSONResponse(model_info(model, settings))
 
     async def example(request: Request) -> Response:
-        index = request.path_params["index"]
+        # read as text: Starlette's int convertor turns 5,000 digits into a ValueError (a 500)
+        name = request.path_params["index"]
+        if not (name.isascii() and name.isdigit() and len(name) <= 9):
+            raise BadRequest(404, f"no example {name[:20]!r}: examples are numbered from 0")
+        index = int(name)
         if index >= len(settings.examples):
             raise BadRequest(404, f"no example {index}: there are {len(settings.examples)}")
         found = still_example(settings.examples[index], pinned[index])
@@ -158,7 +162,7 @@ def create_app(model: CaptionModel, settings: ServeSettings | None = None) -> St
     routes = [
         Route("/", index),
         Route("/api/info", info),
-        Route("/api/examples/{index:int}", example),
+        Route("/api/examples/{index}", example),
         Route("/api/caption", captioning.answer, methods=["POST"]),
     ]
     middleware = [Middleware(GuardMiddleware, hosts=settings.hosts)]
