@@ -142,3 +142,24 @@ def test_settings_that_cannot_work_together_are_refused(tmp_path):
     for overrides, message in cases.items():
         with pytest.raises(ConfigError, match=message):
             load_config(base, list(overrides))
+
+
+def test_hard_attentions_exact_marginal_carries_the_summary():
+    """The marginal over cells adds the summary's output term once, outside the sum: the
+    teacher-forced marginal equals the one decoding computes word by word."""
+    from captioning.models.attention import HardContext
+
+    model = _model(drop_stages=5, summary="both", attention="hard")
+    grid = model.encoder.backbone(_images())
+    tokens = torch.randint(4, VOCAB, (2, 6))
+    marginal = HardContext(mode="marginal")
+    with torch.no_grad():
+        forced = model(None, tokens, grid=grid, hard=marginal).target_log_probs  # (2, 5)
+        features = model.encode(grid=grid)
+        keys, state = model.decoder.prepare(features), model.decoder.init_state(features)
+        stepped = []
+        for t in range(5):
+            out = model.decoder.step(tokens[:, t], state, features, keys, marginal)
+            stepped.append(out.logits.gather(1, tokens[:, t + 1 : t + 2]).squeeze(1))
+            state = out.state
+    torch.testing.assert_close(torch.stack(stepped, dim=1), forced, atol=1e-5, rtol=1e-5)
