@@ -110,6 +110,11 @@ def test_output_stride_16_doubles_the_grid_with_the_same_weights():
     with pytest.raises(ConfigError, match="model.output_stride=8: mobilenet_v2's grid has stride"):
         build_encoder("mobilenet_v2", None, 64, output_stride=8)
     assert build_encoder("mobilenet_v2", None, 64, output_stride=32).grid_shape == (2, 2)
+    # VGG-19 already ends at stride 16 (its last pool is left out); stride 8 would need its
+    # fourth pool undone, which dilation cannot do
+    assert build_encoder("vgg11", None, 64, output_stride=16).grid_shape == (4, 4)
+    with pytest.raises(ConfigError, match="last downsampling is a pooling layer"):
+        build_encoder("vgg11", None, 64, output_stride=8)
 
 
 def test_the_entropy_term_adds_each_words_map_entropy():

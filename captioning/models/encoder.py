@@ -240,6 +240,11 @@ def halve_stride(stages: list[nn.Module]) -> None:
     if not strided:
         raise ConfigError("model.output_stride: the backbone has no stride-2 layer to undo")
     last = strided[-1]
+    if isinstance(modules[last], nn.MaxPool2d):  # a 2 x 2 pool at stride 1 would lose a row
+        raise ConfigError(
+            "model.output_stride: this backbone's last downsampling is a pooling layer, "
+            "which dilation cannot undo; leave model.output_stride null"
+        )
     # a residual block downsamples on two paths (the 3 x 3 convolution and the 1 x 1
     # shortcut): every stride-2 layer of the block that holds the last one
     stage = next(st for st in stages if any(m is modules[last] for m in st.modules()))
@@ -250,7 +255,7 @@ def halve_stride(stages: list[nn.Module]) -> None:
     first = min(i for i in strided if any(modules[i] is m for m in inside))
     for i, module in enumerate(modules):
         if i >= first and _stride(module) == 2:
-            module.stride = 1 if isinstance(module, nn.MaxPool2d) else (1, 1)
+            module.stride = (1, 1)
         elif i > last and isinstance(module, nn.Conv2d) and module.kernel_size[0] > 1:
             module.dilation = tuple(2 * d for d in module.dilation)
             module.padding = tuple(
