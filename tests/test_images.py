@@ -7,11 +7,14 @@ import pytest
 from PIL import Image, ImageFile, features
 
 from captioning.data.images import (
+    MAX_JPEG_SCANS,
     NOT_AN_IMAGE,
     ImageLimits,
     check_image,
     check_images,
+    jpeg_scans,
     load_image,
+    load_image_bytes,
 )
 from captioning.errors import CaptioningError, DataError
 
@@ -403,3 +406,40 @@ def test_a_png_whose_text_chunk_inflates_past_the_limit_is_a_bad_image(tmp_path)
     assert check_image(path) is not None  # and back
     good = _save(Image.new("RGB", (W, H)), tmp_path / "good.png")
     assert check_images([path, good]) == [(path, check_image(path))]
+
+
+def _progressive(path, repeats: int = 0) -> bytes:
+    """A progressive JPEG with its last scan repeated ``repeats`` more times (libjpeg decodes
+    each repeat as another pass over the whole image)."""
+    pixels = np.random.default_rng(0).integers(0, 256, (96, 128, 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(path, "JPEG", progressive=True, quality=90)
+    data = path.read_bytes()
+    last, end = data.rfind(b"\xff\xda"), data.rfind(b"\xff\xd9")
+    data = data[:end] + data[last:end] * repeats + data[end:]
+    path.write_bytes(data)
+    return data
+
+
+def test_a_jpeg_with_too_many_scans_is_refused_before_decoding(tmp_path):
+    plain = tmp_path / "plain.jpg"
+    data = _progressive(plain)
+    assert 2 <= jpeg_scans(plain) <= 20  # what an encoder writes
+    assert load_image(plain).size == (128, 96)
+    bomb = tmp_path / "bomb.jpg"
+    data = _progressive(bomb, repeats=MAX_JPEG_SCANS)
+    assert jpeg_scans(bomb) > MAX_JPEG_SCANS
+    for load in (lambda: load_image(bomb), lambda: load_image_bytes(data, "bomb.jpg")):
+        with pytest.raises(DataError, match=f"bomb.jpg: JPEG has [0-9,]+ scans, more than the "
+                                            f"{MAX_JPEG_SCANS}"):  # fmt: skip
+            load()
+    assert "scans" in check_image(bomb)
+    # an open file is read from its start and left where it was
+    with open(bomb, "rb") as handle:
+        handle.seek(7)
+        assert jpeg_scans(handle) == jpeg_scans(bomb) and handle.tell() == 7
+
+
+def test_scans_are_counted_across_chunk_boundaries(tmp_path, monkeypatch):
+    path = tmp_path / "x.jpg"
+    path.write_bytes(b"\x00" * ((1 << 20) - 1) + b"\xff\xda" + b"\xff\xda")
+    assert jpeg_scans(path) == 2

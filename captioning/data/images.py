@@ -25,6 +25,10 @@ from captioning.progress import progress_bar
 # others, and some run a program on the file (EPS and PostScript run Ghostscript) or are no
 # picture (PDF, ICNS, ...): a file in any of them is "not an image" before anything is decoded.
 FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF")
+# libjpeg walks every block of a progressive image once per scan, and a scan can be a few
+# bytes: a 125 KB file that repeats one scan 1,000 times costs 11 s of CPU to decode. A
+# camera or an editor writes about ten scans; libjpeg-turbo's own tools cap them too.
+MAX_JPEG_SCANS = 100
 # What a browser is told each format is (a JPEG with a multi-picture extension opens as MPO).
 MIME_TYPES = {"JPEG": "image/jpeg", "MPO": "image/jpeg", "PNG": "image/png", "WEBP": "image/webp",
               "GIF": "image/gif", "BMP": "image/bmp", "TIFF": "image/tiff"}  # fmt: skip
@@ -259,6 +263,8 @@ def _decode(
         ) from err
     with image:
         _check_pixels(image, limits)
+        if image.format in ("JPEG", "MPO"):
+            _check_scans(source)
         if reduce_to is not None and image.format in ("JPEG", "MPO"):
             image.draft(None, (2 * reduce_to, 2 * reduce_to))  # DCT scaling: 1/2, 1/4, 1/8
         with reserve(image.width * image.height) if reserve else nullcontext():
@@ -282,6 +288,40 @@ def _too_large() -> str:
     """Pillow's own limit, met only when data.max_image_pixels is set above it."""
     return (f"image is too large to decode safely (more than {2 * Image.MAX_IMAGE_PIXELS:,} "
             "pixels); resize it")  # fmt: skip
+
+
+def jpeg_scans(source: str | Path | BinaryIO) -> int:
+    """The start-of-scan markers in a JPEG file (a path, or a binary file, read from its
+    start and left where it was), counted as the bytes FF DA: inside entropy-coded data an
+    FF byte is always followed by 00 or a restart marker, so every FF DA starts a scan (or
+    one of an embedded thumbnail). Read in chunks, so a large file costs no memory."""
+    handle = open(source, "rb") if isinstance(source, str | Path) else source  # noqa: SIM115
+    position = None if handle is not source else handle.tell()
+    try:
+        handle.seek(0)
+        count, previous = 0, b""
+        while chunk := handle.read(1 << 20):
+            count += (previous + chunk).count(b"\xff\xda")
+            previous = chunk[-1:] if chunk.endswith(b"\xff") else b""
+        return count
+    finally:
+        if position is None:
+            handle.close()
+        else:
+            handle.seek(position)
+
+
+def _check_scans(source: str | Path | BinaryIO) -> None:
+    """Refuse a JPEG with more scans than :data:`MAX_JPEG_SCANS`, before decoding it."""
+    try:
+        scans = jpeg_scans(source)
+    except OSError as err:
+        raise _Problem(f"cannot read file ({err.strerror or 'input/output error'})") from err
+    if scans > MAX_JPEG_SCANS:
+        raise _Problem(
+            f"JPEG has {scans:,} scans, more than the {MAX_JPEG_SCANS} any camera or editor "
+            "writes (each one costs a pass over the whole image); save it again as a JPEG"
+        )
 
 
 def _check_pixels(image: Image.Image, limits: ImageLimits) -> None:
