@@ -251,8 +251,15 @@ def lock_folder(folder: Path, words: FolderWords) -> Any:
 
     path = folder / LOCK
     try:
-        handle = open(path, "a+")  # noqa: SIM115 (held open for the whole run)
+        # never through a link: a .lock that points at a user's file would truncate it
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o666)
+        handle = os.fdopen(fd, "a+")  # held open for the whole run
     except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise CaptioningError(
+                f"{words.name} {folder} holds a {LOCK} that is a symbolic link, which this "
+                f"command will not write through; remove it or choose another {words.flag}"
+            ) from exc
         raise CaptioningError(f"cannot write in {words.name} {folder} ({exc.strerror}); "
                               f"choose another {words.flag}") from exc  # fmt: skip
     try:

@@ -220,6 +220,22 @@ def test_a_start_that_fails_leaves_no_lock_or_marker_behind(tmp_path, capsys):
     assert not (tmp_path / "new").exists()
 
 
+def test_a_lock_that_is_a_link_is_never_written_through(tmp_path, capsys):
+    """A folder already marked for a verb, whose .lock links to a user's file: the verb
+    refuses in one line and the user's file keeps its bytes."""
+    out = tmp_path / "q"
+    assert main(["shapes", "--out", str(out), "--train", "2", "--val", "1", "--test", "1",
+                 "--image-size", "48"]) == 0  # fmt: skip
+    precious = tmp_path / "notes.txt"
+    precious.write_text("my notes\n")
+    (out / ".lock").unlink(missing_ok=True)
+    (out / ".lock").symlink_to(precious)
+    assert main(["shapes", "--out", str(out), "--train", "2", "--val", "1", "--test", "1",
+                 "--image-size", "48"]) == 2  # fmt: skip
+    assert "holds a .lock that is a symbolic link" in one_error(capsys)
+    assert precious.read_text() == "my notes\n"
+
+
 # --------------------------------------------------------------------------- atomic writes
 
 
