@@ -77,11 +77,20 @@ def positive_int(text: str) -> int:
     return value
 
 
+def beam_size(text: str) -> int:
+    """``--beam-size``: a whole number from 1 to 64 (past that, a beam search only holds more
+    memory, and a large one runs out of it after the model has loaded)."""
+    value = positive_int(text)
+    if value > 64:
+        raise argparse.ArgumentTypeError(f"must be at most 64, got {text!r}")
+    return value
+
+
 def _add_checkpoint_args(parser: argparse.ArgumentParser) -> None:
     """A checkpoint, where it runs, and how it decodes (see ``inference.with_decoding``)."""
     parser.add_argument("--checkpoint", required=True, help="a best.pt or last.pt file")
-    parser.add_argument("--beam-size", type=positive_int, default=None,
-                        help="beam search with this many beams (1 = greedy)")  # fmt: skip
+    parser.add_argument("--beam-size", type=beam_size, default=None,
+                        help="beam search with this many beams (1 greedy; 64 at most)")  # fmt: skip
     parser.add_argument("--hard-context", choices=["expectation", "argmax", "sample", "marginal"],
                         default=None,
                         help="hard attention: the expected context (the authors'), the most "

@@ -552,7 +552,7 @@ _RANGES: dict[str, tuple[float | None, float | None, str]] = {
     "train.threads": (1, None, ""),
     "train.seed": (0, 2**63 - 1, ""),
     "train.log_every": (1, None, ""),
-    "decode.beam_size": (1, None, ""),
+    "decode.beam_size": (1, 64, ""),  # beams past 64 only hold more memory
     "decode.max_length": (1, None, ""),
     "decode.min_length": (0, None, ""),
     "decode.length_penalty": (0, None, ""),

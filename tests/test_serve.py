@@ -216,3 +216,32 @@ def test_a_missing_extra_is_named_in_one_line(monkeypatch):
         CaptioningError, match=r"needs the serve extra .*pip install -e '.\[serve\]'"
     ):
         require()
+
+
+def test_a_checkpoints_own_beam_is_kept_within_what_the_page_offers(model):
+    """A client that sends no beam size gets the model's, but never more beams than
+    /api/info advertises; one that asks for more is refused."""
+    from dataclasses import replace
+
+    from captioning.serve.app import BadRequest, decoding_fields
+
+    settings = ServeSettings(max_beam_size=8)
+    wide = replace(model.config.decode, strategy="beam", beam_size=40)
+    original = model.config.decode
+    model.config.decode = wide
+    try:
+        assert decoding_fields({}, model, settings) == {"beam_size": 8}
+        assert decoding_fields({"beam_size": "3"}, model, settings) == {"beam_size": 3}
+        with pytest.raises(BadRequest, match="from 1 to 8"):
+            decoding_fields({"beam_size": "9"}, model, settings)
+        model.config.decode = replace(wide, beam_size=5)
+        assert decoding_fields({}, model, settings) == {}  # the model's own 5
+    finally:
+        model.config.decode = original
+
+
+def test_the_cli_bounds_the_beam(capsys, tiny_checkpoint, images):
+    with pytest.raises(SystemExit) as stopped:
+        main(["caption", images[0], "--checkpoint", str(tiny_checkpoint), "--beam-size", "65"])
+    assert stopped.value.code == 2
+    assert "--beam-size: must be at most 64, got '65'" in capsys.readouterr().err

@@ -351,6 +351,10 @@ def decoding_fields(form: FormData, model: CaptionModel, settings: ServeSettings
                 400, f"beam_size must be a whole number from 1 to {settings.max_beam_size}"
             )
         decoding["beam_size"] = int(text)
+    else:  # the model's own, within what the page offers
+        decode = model.config.decode
+        if decode.strategy == "beam" and decode.beam_size > settings.max_beam_size:
+            decoding["beam_size"] = settings.max_beam_size
     mode = form.get("hard_context")
     if mode not in (None, "") and model.hard_attention:
         allowed = hard_contexts(model)
