@@ -370,3 +370,16 @@ def test_meteor_is_left_out_for_captions_that_are_not_english(trained, tmp_path,
     metrics = evaluate_checkpoint(vietnamese, split="test", progress=False)
     assert "METEOR" not in metrics and "CIDEr" in metrics
     assert "METEOR" not in format_table(metrics)
+
+
+def test_an_instances_file_the_user_names_and_that_is_missing_is_an_error(
+    tiny_checkpoint, tiny_shapes, tmp_path, capsys
+):
+    out = tmp_path / "eval"
+    code = main(["evaluate", "--checkpoint", str(tiny_checkpoint), "--split", "test",
+                 "--set", f"data.root={tiny_shapes}",
+                 "--set", "data.instances=instances_{split}.json", "--out", str(out)])  # fmt: skip
+    assert code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert "data.instances=instances_{split}.json names no file for split 'test'" in lines[-1]
+    assert not (out / "grounding.json").exists()

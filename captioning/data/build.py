@@ -25,6 +25,10 @@ def resolve(root: str | Path, path: str) -> Path:
     return Path(path) if Path(path).is_absolute() else Path(root) / path
 
 
+# The instances file a COCO layout has where it has one; another pattern is one a user named.
+DEFAULT_INSTANCES = DataConfig.instances
+
+
 def _read_coco_splits(cfg: DataConfig) -> dict[str, list[ImageRecord]]:
     need_instances = bool(cfg.categories)
     splits = {}
@@ -43,6 +47,11 @@ def _read_coco_splits(cfg: DataConfig) -> dict[str, list[ImageRecord]]:
                     raise DataError(
                         f"{instances}: data.categories needs the instances file of split "
                         f"{split!r}; set data.instances to its path pattern"
+                    )
+                if cfg.instances != DEFAULT_INSTANCES:  # a file the user named: never ignored
+                    raise DataError(
+                        f"{instances}: data.instances={cfg.instances} names no file for split "
+                        f"{split!r}; fix the pattern, or set data.instances=null"
                     )
                 instances = None
         elif need_instances:
