@@ -39,11 +39,19 @@ CONFIG_FILE = "config.yaml"
 RUN_FOLDER = FolderWords("run folder", "training", "--out")
 
 
+# What training writes into its folder; an unmarked folder that holds anything else is not
+# an earlier run, whatever else it holds (a user's own config.yaml beside their notes).
+TRAINING_WRITES = (CONFIG_FILE, "last.pt", "best.pt", ".*.pt.*.tmp", ".*.tmp", "summary.json",
+                   "failed.json", "events.out.tfevents.*", "figures")  # fmt: skip
+
+
 def _earlier_training(folder: Path) -> bool:
-    """A run folder from before folders were marked: training always locked it, and wrote
-    its config or a checkpoint there (other files may have joined them since)."""
+    """A run folder from before folders were marked: training always locked it, wrote its
+    config or a checkpoint there, and nothing but what training writes is in it."""
     written = (CONFIG_FILE, "last.pt", "best.pt", ".*.pt.*.tmp")
-    return (folder / LOCK).is_file() and any(any(folder.glob(name)) for name in written)
+    if not (folder / LOCK).is_file() or not any(any(folder.glob(n)) for n in written):
+        return False
+    return holds_only(TRAINING_WRITES, "*")(folder)
 
 
 TRAIN = Writer("train", _earlier_training)

@@ -94,6 +94,23 @@ def test_a_folder_a_person_made_is_refused_and_left_as_it_was(
     assert sorted(p.name for p in folder.iterdir()) == ["notes.txt", "photo.png"]
 
 
+def test_a_lock_and_a_config_beside_a_users_notes_are_not_an_earlier_run(
+    tiny_shapes, tmp_path, capsys
+):
+    """An unmarked folder counts as an earlier training run only when it holds nothing
+    but what training writes: a user's config.yaml beside their notes stays theirs."""
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / ".lock").write_text("")
+    (folder / "config.yaml").write_text("my: settings\n")
+    (folder / "notes").write_text("my notes\n")
+    before = listing(folder)
+    assert main(argv("train", folder, tmp_path / "x.pt", tiny_shapes, tmp_path)) == 2
+    assert "already holds files that `captioning train` did not write" in one_error(capsys)
+    assert listing(folder) == before
+    assert (folder / "config.yaml").read_text() == "my: settings\n"
+
+
 @pytest.mark.parametrize("where", ["cwd", "home"])
 def test_quickstart_refuses_the_current_folder_and_home(tiny_shapes, tmp_path, capsys,
                                                         monkeypatch, where):  # fmt: skip
