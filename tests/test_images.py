@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import math
 import warnings
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -443,3 +445,26 @@ def test_scans_are_counted_across_chunk_boundaries(tmp_path, monkeypatch):
     path = tmp_path / "x.jpg"
     path.write_bytes(b"\x00" * ((1 << 20) - 1) + b"\xff\xda" + b"\xff\xda")
     assert jpeg_scans(path) == 2
+
+
+@pytest.mark.parametrize("mode, info, share", [
+    ("I;16", {}, 6 / 4),
+    ("P", {"transparency": 0}, 5 / 4),
+    ("P", {}, 1.0),
+    ("RGB", {}, 1.0),
+])  # fmt: skip
+def test_the_pixels_reserved_count_what_converting_holds(tmp_path, mode, info, share):
+    """load_image_bytes reserves the picture's pixels in 4-byte units: more for the modes
+    whose conversion to RGB holds more than 4 bytes a pixel."""
+    image = Image.new(mode, (40, 25))
+    path = tmp_path / "x.png"
+    image.save(path, **info)
+    asked = []
+
+    @contextmanager
+    def reserve(pixels):
+        asked.append(pixels)
+        yield
+
+    load_image_bytes(path.read_bytes(), "x.png", reserve=reserve)
+    assert asked == [math.ceil(40 * 25 * share)]

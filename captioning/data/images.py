@@ -267,7 +267,7 @@ def _decode(
             _check_scans(source)
         if reduce_to is not None and image.format in ("JPEG", "MPO"):
             image.draft(None, (2 * reduce_to, 2 * reduce_to))  # DCT scaling: 1/2, 1/4, 1/8
-        with reserve(image.width * image.height) if reserve else nullcontext():
+        with reserve(_pixels_held(image)) if reserve else nullcontext():
             try:
                 image.load()
             except Image.DecompressionBombError as err:
@@ -288,6 +288,19 @@ def _too_large() -> str:
     """Pillow's own limit, met only when data.max_image_pixels is set above it."""
     return (f"image is too large to decode safely (more than {2 * Image.MAX_IMAGE_PIXELS:,} "
             "pixels); resize it")  # fmt: skip
+
+
+def _pixels_held(image: Image.Image) -> int:
+    """What decoding and converting ``image`` holds at its peak, counted in the 4-byte
+    pixels of an RGB picture (the unit of the web demo's pixel budget): a 16-bit grey image
+    converts through 6 bytes a pixel, a palette with transparency through 5 (RGBA beside the
+    palette's indices), every other mode through at most 4."""
+    pixels = image.width * image.height
+    if image.mode.startswith("I;16"):
+        return -(-pixels * 6 // 4)
+    if image.mode in ("P", "PA") and (image.mode == "PA" or "transparency" in image.info):
+        return -(-pixels * 5 // 4)
+    return pixels
 
 
 def jpeg_scans(source: str | Path | BinaryIO) -> int:
