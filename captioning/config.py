@@ -827,7 +827,10 @@ def save_config(cfg: Config, path: str | Path) -> None:
             permission).
     """
     try:
-        Path(path).write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+        from captioning.runtime import open_unlinked
+
+        with open_unlinked(path, text=True) as handle:  # never through a link left there
+            handle.write(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
     except OSError as exc:
         raise ConfigError(
             f"{path}: cannot write ({exc.strerror or exc}); free some space or choose another --out"

@@ -47,6 +47,7 @@ from matplotlib.transforms import Bbox, TransformedBbox
 from PIL import Image
 
 from captioning.errors import ConfigError
+from captioning.runtime import open_unlinked
 
 if TYPE_CHECKING:
     from captioning.models.trace import AttentionTrace
@@ -693,7 +694,9 @@ def _save_png(fig: Figure, path: str | Path) -> Path:
     try:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, format="png", dpi=_DPI, pil_kwargs={"compress_level": _PNG_COMPRESSION})
+        with open_unlinked(path) as handle:  # a link there is refused, not written through
+            fig.savefig(handle, format="png", dpi=_DPI,
+                        pil_kwargs={"compress_level": _PNG_COMPRESSION})  # fmt: skip
     finally:
         fig.clear()
     return path
@@ -1014,14 +1017,9 @@ def attention_gif(
     ]
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    frames[0].save(
-        path,
-        format="GIF",
-        save_all=True,
-        append_images=frames[1:],
-        duration=int(frame_ms),
-        loop=0,
-    )
+    with open_unlinked(path) as handle:
+        frames[0].save(handle, format="GIF", save_all=True, append_images=frames[1:],
+                       duration=int(frame_ms), loop=0)  # fmt: skip
     return path
 
 

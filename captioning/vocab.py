@@ -167,7 +167,10 @@ class Vocabulary:
     def save(self, path: str | Path) -> None:
         """Write the words as a JSON list, one a line, in UTF-8 (letters, not escapes)."""
         text = json.dumps(self.itos, indent=0, ensure_ascii=False) + "\n"
-        Path(path).write_text(text, encoding="utf-8")
+        from captioning.runtime import open_unlinked
+
+        with open_unlinked(path, text=True) as handle:  # never through a link left there
+            handle.write(text)
 
     @classmethod
     def load(cls, path: str | Path) -> Vocabulary:

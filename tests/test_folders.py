@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from PIL import Image
 
 from captioning import api
@@ -250,6 +251,40 @@ def test_a_lock_that_is_a_link_is_never_written_through(tmp_path, capsys):
     assert main(["shapes", "--out", str(out), "--train", "2", "--val", "1", "--test", "1",
                  "--image-size", "48"]) == 2  # fmt: skip
     assert "holds a .lock that is a symbolic link" in one_error(capsys)
+    assert precious.read_text() == "my notes\n"
+
+
+def test_no_file_is_written_through_a_link_left_in_a_commands_folder(tmp_path, capsys):
+    """The figures, a shapes image and its annotations, a vocabulary and a config are
+    opened without following links: a link where one will go is refused in one line and
+    the file it points at keeps its bytes."""
+    from captioning.config import Config, save_config
+    from captioning.runtime import open_unlinked
+    from captioning.viz import attention_gif, attention_grid_figure
+    from captioning.vocab import Vocabulary
+
+    precious = tmp_path / "notes.txt"
+    precious.write_text("my notes\n")
+    image = Image.new("RGB", (48, 32))
+    alphas = torch.full((1, 6), 1 / 6)
+    writers = {
+        "figure.png": lambda p: attention_grid_figure(image, ["a"], alphas, (2, 3), p),
+        "anim.gif": lambda p: attention_gif(image, ["a"], alphas, (2, 3), p),
+        "vocab.json": lambda p: Vocabulary(["<pad>", "<start>", "<end>", "<unk>"]).save(p),
+        "config.yaml": lambda p: save_config(Config(), p),
+        "raw": lambda p: open_unlinked(p).close(),
+    }
+    for name, write in writers.items():
+        link = tmp_path / name
+        link.symlink_to(precious)
+        with pytest.raises(CaptioningError, match="is a symbolic link, which this command"):
+            write(link)
+        assert precious.read_text() == "my notes\n", name
+    images = tmp_path / "shapes" / "images" / "train"
+    images.mkdir(parents=True)
+    (images / "train_000000.png").symlink_to(precious)
+    with pytest.raises(CaptioningError, match="is a symbolic link, which this command"):
+        generate_shapes(tmp_path / "shapes", num_train=1, num_val=1, num_test=1, image_size=48)
     assert precious.read_text() == "my notes\n"
 
 

@@ -52,6 +52,7 @@ from PIL import Image, ImageDraw
 
 from captioning.errors import DataError
 from captioning.progress import progress_bar
+from captioning.runtime import open_unlinked
 from captioning.vocab import tokenize
 
 # Bright, well-separated colours (nearest-colour lookup stays unambiguous under the jitter and
@@ -494,7 +495,8 @@ def _make_image(
 
     file_name = f"{split}_{index:06d}.png"
     # No pnginfo: PIL then writes no text chunks, so the bytes depend on the pixels only.
-    Image.fromarray(_render(rng, image_size, drawn), "RGB").save(image_dir / file_name, "PNG")
+    with open_unlinked(image_dir / file_name) as handle:  # never through a link left there
+        Image.fromarray(_render(rng, image_size, drawn), "RGB").save(handle, "PNG")
 
     if mode == "canonical":
         pieces = _canonical_captions(objects)
@@ -548,7 +550,7 @@ def _generate_split(
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
-    with open(path, "w", encoding="utf-8") as f:
+    with open_unlinked(path, text=True) as f:
         f.write(json.dumps(data, separators=(",", ":")))  # json.dump encodes in Python
         f.write("\n")
 
