@@ -451,5 +451,5 @@ def test_the_serve_extra_floors_keep_out_versions_with_advisories():
     serve = text[text.index("serve = [") : text.index("]", text.index("serve = ["))]
     floors = {name: tuple(map(int, floor.split(".")))
               for name, floor in re.findall(r'"([a-z0-9-]+)>=([0-9.]+)"', serve)}  # fmt: skip
-    assert floors["starlette"] >= (0, 49, 1) and floors["h11"] >= (0, 16)
-    assert floors["python-multipart"] >= (0, 0, 28)
+    assert floors["starlette"] >= (1, 3, 1) and floors["h11"] >= (0, 16)
+    assert floors["python-multipart"] >= (0, 0, 31)
