@@ -45,7 +45,7 @@ from benchmarks.provenance import (
 from benchmarks.study import Recorder
 from captioning.config import load_config
 from captioning.errors import CaptioningError
-from captioning.runtime import resolve_device, resolve_precision
+from captioning.runtime import marked_verb, resolve_device, resolve_precision
 
 DEFAULT_RUNS = "soft:0,soft:1,hard:0,hard:1,quickstart"
 # the targets a user is promised (docs/speed.md): seconds, and the least test scores
@@ -126,11 +126,26 @@ def trained_with(recipe: str) -> dict[str, Any]:
     }
 
 
+def remove_own(folder: Path, verb: str) -> None:
+    """Remove ``folder`` before a run writes it afresh, only when it is missing or marked as
+    written by ``captioning VERB`` (a folder of this benchmark's own earlier run).
+
+    Raises:
+        CaptioningError: ``folder`` holds anything else; nothing was removed.
+    """
+    if not folder.exists():
+        return
+    if marked_verb(folder) != verb:
+        raise CaptioningError(f"{folder} holds files that `captioning {verb}` did not write; "
+                              "nothing was removed: choose another --out")  # fmt: skip
+    shutil.rmtree(folder)
+
+
 def run_one(recipe: str, seed: int | None, out: Path, python: str) -> dict[str, Any]:
     """Time one run and score what it left."""
     if recipe == "quickstart":
         folder, data = out / "quickstart", out / "quickstart_data"
-        shutil.rmtree(data, ignore_errors=True)  # written afresh, as on a fresh clone
+        remove_own(data, "shapes")  # written afresh, as on a fresh clone
         words = [python, "-m", "captioning", "quickstart", "--quiet", "--out", str(folder),
                  "--data-root", str(data)]  # fmt: skip
         seconds = _timed(words, out / "quickstart.log")
@@ -140,7 +155,7 @@ def run_one(recipe: str, seed: int | None, out: Path, python: str) -> dict[str, 
         from captioning.evaluate import evaluate_checkpoint
 
         folder = out / f"{recipe}_s{seed}"
-        shutil.rmtree(folder, ignore_errors=True)
+        remove_own(folder, "train")
         words = [python, "-m", "captioning", "train", "--quiet", "--config",
                  f"configs/shapes_{recipe}.yaml", "--set", f"train.seed={seed}", "--out",
                  str(folder)]  # fmt: skip

@@ -114,3 +114,22 @@ def test_a_failed_command_names_itself_and_its_log(tmp_path) -> None:
     assert log.read_text().strip() == "ok"
     with pytest.raises(ttq.Failed, match=f"exited with 3; see {log}"):
         ttq._timed([sys.executable, "-c", "import sys; print('bad'); sys.exit(3)"], log)
+
+
+def test_a_run_folder_is_removed_only_when_it_is_its_verbs(tmp_path):
+    from benchmarks.time_to_quality import remove_own
+    from captioning.errors import CaptioningError
+
+    mine = tmp_path / "soft_s0"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    with pytest.raises(CaptioningError, match="did not write; nothing was removed"):
+        remove_own(mine, "train")
+    assert (mine / "notes.txt").read_text() == "mine"
+    (mine / ".captioning").write_text("shapes\n")  # another verb's
+    with pytest.raises(CaptioningError):
+        remove_own(mine, "train")
+    (mine / ".captioning").write_text("train\n")
+    remove_own(mine, "train")
+    assert not mine.exists()
+    remove_own(tmp_path / "never", "train")  # a missing folder is fine
