@@ -453,3 +453,17 @@ def test_the_serve_extra_floors_keep_out_versions_with_advisories():
               for name, floor in re.findall(r'"([a-z0-9-]+)>=([0-9.]+)"', serve)}  # fmt: skip
     assert floors["starlette"] >= (1, 3, 1) and floors["h11"] >= (0, 16)
     assert floors["python-multipart"] >= (0, 0, 31)
+
+
+def test_an_example_is_served_from_the_bytes_it_was_checked_in(images, tmp_path):
+    from captioning.serve.origins import read_example
+
+    folder = tmp_path / "test"
+    folder.mkdir()
+    shutil.copy(images[0], folder / "a.png")
+    pinned = os.path.realpath(folder / "a.png")
+    data, media_type = read_example(str(folder / "a.png"), pinned)
+    assert data == (folder / "a.png").read_bytes() and media_type == "image/png"
+    (folder / "a.png").write_bytes(b"\x89PNG not really")  # checked in what is read
+    assert read_example(str(folder / "a.png"), pinned) is None
+    assert read_example(str(folder / "b.png"), pinned) is None  # another file

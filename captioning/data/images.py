@@ -142,11 +142,13 @@ def load_image_bytes(
         raise DataError(f"{name}: {problem}") from problem.__cause__
 
 
-def image_type(path: str | Path) -> str | None:
-    """The MIME type of an image file in one of :data:`FORMATS`, from its header alone;
-    None for anything else (a missing file, another format, a folder)."""
+def image_type(path: str | Path | BinaryIO) -> str | None:
+    """The MIME type of an image file (a path, or a binary file) in one of
+    :data:`FORMATS`, from its header alone; None for anything else (a missing file, another
+    format, a folder)."""
     try:
-        _check_file(path)
+        if isinstance(path, str | Path):
+            _check_file(path)
         with Image.open(path, formats=FORMATS) as image:
             return MIME_TYPES.get(image.format or "")
     except (_Problem, OSError, ValueError, SyntaxError):

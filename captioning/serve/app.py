@@ -44,7 +44,7 @@ from starlette.exceptions import HTTPException
 from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import FileResponse, HTMLResponse, JSONResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from captioning.api import Caption, CaptionModel
@@ -59,7 +59,7 @@ from captioning.serve.origins import (
     example_images,
     guarded,
     page_policy,
-    still_example,
+    read_example,
 )
 
 logger = logging.getLogger("captioning")
@@ -149,10 +149,11 @@ def create_app(model: CaptionModel, settings: ServeSettings | None = None) -> St
         index = int(name)
         if index >= len(settings.examples):
             raise BadRequest(404, f"no example {index}: there are {len(settings.examples)}")
-        found = still_example(settings.examples[index], pinned[index])
+        found = await run_in_threadpool(read_example, settings.examples[index], pinned[index])
         if found is None:
             raise BadRequest(404, f"example {index} is no longer an image on disk")
-        return FileResponse(found.path, media_type=found.media_type)
+        content, media_type = found
+        return Response(content, media_type=media_type)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

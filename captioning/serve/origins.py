@@ -9,18 +9,20 @@
   ``Content-Security-Policy`` (:func:`page_policy`).
 - :func:`example_images`: the page's example files come only from the checkpoint's test
   image folder (after resolving links) and only when they are images by their content;
-  :func:`still_example` checks each again when it is asked for.
+  :func:`read_example` checks each again when it is asked for, in the bytes it serves.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import io
 import ipaddress
 import logging
 import os
 import re
 import socket
+import stat
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePath
@@ -293,9 +295,26 @@ def checked_example(path: str, folders: Sequence[Path]) -> Example | None:
     return None if media_type is None else Example(real, media_type)
 
 
-def still_example(path: str, pinned: str) -> Example | None:
-    """``path`` as an :class:`Example` when, links resolved, it is still the file ``pinned``
-    (where it led when the demo started) and an image by its content; else None (a link
-    swapped in since, a folder moved, a file removed or no longer an image)."""
-    found = checked_example(path, [Path(pinned).parent])
-    return found if found is not None and found.path == pinned else None
+# An example image is served from memory, read once from the file it was checked in.
+MAX_EXAMPLE_BYTES = 32 * 2**20
+
+
+def read_example(path: str, pinned: str) -> tuple[bytes, str] | None:
+    """The bytes and media type of example ``path``, read from one open of the file
+    ``pinned`` (where it led when the demo started) and checked in what was read: the file
+    served is the file checked, whatever is swapped in at ``path`` meanwhile. None for a
+    link swapped in since, a file removed, moved, grown past :data:`MAX_EXAMPLE_BYTES` or no
+    longer an image."""
+    if os.path.realpath(path) != pinned:
+        return None
+    try:
+        fd = os.open(pinned, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as handle:
+        status = os.fstat(handle.fileno())
+        if not stat.S_ISREG(status.st_mode) or status.st_size > MAX_EXAMPLE_BYTES:
+            return None
+        data = handle.read(MAX_EXAMPLE_BYTES + 1)
+    media_type = image_type(io.BytesIO(data))
+    return None if media_type is None or len(data) > MAX_EXAMPLE_BYTES else (data, media_type)
