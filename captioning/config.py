@@ -20,6 +20,7 @@ from typing import Any, Literal
 import yaml
 
 from captioning.errors import ConfigError
+from captioning.files import open_unlinked
 
 
 @dataclass
@@ -827,8 +828,6 @@ def save_config(cfg: Config, path: str | Path) -> None:
             permission).
     """
     try:
-        from captioning.runtime import open_unlinked
-
         with open_unlinked(path, text=True) as handle:  # never through a link left there
             handle.write(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
     except OSError as exc:

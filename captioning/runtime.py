@@ -182,26 +182,6 @@ def _an(flag: str) -> str:
     return "an" if flag.lstrip("-")[:1] in "aeiou" else "a"
 
 
-def open_unlinked(path: str | Path, text: bool = False) -> Any:
-    """``open(path, "w" or "wb")`` that never follows a symbolic link at ``path``: a link
-    left in a folder a command writes (pointing at a user's file) is refused in one line
-    instead of written through.
-
-    Raises:
-        CaptioningError: ``path`` is a symbolic link, or cannot be opened for writing.
-    """
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o666)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise CaptioningError(
-                f"{path} is a symbolic link, which this command will not write through; "
-                f"remove it or choose another folder"
-            ) from exc
-        raise _cannot_write(Path(path), exc) from exc
-    return os.fdopen(fd, "w", encoding="utf-8") if text else os.fdopen(fd, "wb")
-
-
 def write_atomically(path: str | Path, content: str | bytes) -> Path:
     """Write ``content`` (text as UTF-8) to ``path`` through a temporary file in the same
     folder, flushed, synced and then renamed over ``path``: a crash, a kill or a full disk

@@ -47,7 +47,7 @@ from matplotlib.transforms import Bbox, TransformedBbox
 from PIL import Image
 
 from captioning.errors import ConfigError
-from captioning.runtime import open_unlinked
+from captioning.files import open_unlinked
 
 if TYPE_CHECKING:
     from captioning.models.trace import AttentionTrace

@@ -20,6 +20,7 @@ from pathlib import Path
 from nltk.tokenize import TreebankWordTokenizer
 
 from captioning.errors import DataError
+from captioning.files import open_unlinked
 
 PAD, START, END, UNK = "<pad>", "<start>", "<end>", "<unk>"
 SPECIALS = (PAD, START, END, UNK)
@@ -167,8 +168,6 @@ class Vocabulary:
     def save(self, path: str | Path) -> None:
         """Write the words as a JSON list, one a line, in UTF-8 (letters, not escapes)."""
         text = json.dumps(self.itos, indent=0, ensure_ascii=False) + "\n"
-        from captioning.runtime import open_unlinked
-
         with open_unlinked(path, text=True) as handle:  # never through a link left there
             handle.write(text)
 

@@ -259,7 +259,7 @@ def test_no_file_is_written_through_a_link_left_in_a_commands_folder(tmp_path, c
     opened without following links: a link where one will go is refused in one line and
     the file it points at keeps its bytes."""
     from captioning.config import Config, save_config
-    from captioning.runtime import open_unlinked
+    from captioning.files import open_unlinked
     from captioning.viz import attention_gif, attention_grid_figure
     from captioning.vocab import Vocabulary
 

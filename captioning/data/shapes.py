@@ -51,8 +51,8 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from captioning.errors import DataError
+from captioning.files import open_unlinked
 from captioning.progress import progress_bar
-from captioning.runtime import open_unlinked
 from captioning.vocab import tokenize
 
 # Bright, well-separated colours (nearest-colour lookup stays unambiguous under the jitter and
