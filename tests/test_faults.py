@@ -3,6 +3,7 @@ config sections given as values, an --attention-dir that is a file; and the depe
 floors past the known flaws."""
 
 import errno
+import io
 import os
 import re
 import signal
@@ -393,11 +394,13 @@ def test_a_full_disk_during_a_checkpoint_write_is_one_line_and_keeps_the_last_on
 
 
 def test_a_full_disk_when_writing_the_runs_config_is_one_line(tmp_path, monkeypatch):
+    import captioning.config
     from captioning.config import ConfigError, save_config
 
-    def full(self, *args, **kwargs):
-        raise OSError(errno.ENOSPC, "No space left on device")
+    class Full(io.StringIO):
+        def write(self, text):
+            raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(Path, "write_text", full)
+    monkeypatch.setattr(captioning.config, "open_unlinked", lambda path, text=False: Full())
     with pytest.raises(ConfigError, match=r"config.yaml: cannot write \(No space left on device\)"):
         save_config(load_config(None, []), tmp_path / "config.yaml")

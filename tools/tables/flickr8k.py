@@ -171,7 +171,9 @@ def flickr8k_levers(rows: Rows) -> str:
         groups.items(), key=lambda g: (g[0][0] != RECIPE, g[0][0], _last_gpu(g[0][1]))
     ):
         group = sorted(group, key=lambda r: r["seed"])
-        settings = [f"`{o}`" for o in group[0]["overrides"] if not o.startswith(PLUMBING)]
+        # the attention is plumbing for the study's own models (none), a lever for a variant
+        settings = [f"`{o}`" for o in group[0]["overrides"]
+                    if not o.startswith(PLUMBING) or o.startswith("model.attention=")]  # fmt: skip
         if group[0]["model"] in OWN_CONFIGS:
             model, config = group[0]["model"], f"`{group[0]['config']}`"
             start = f", from {SECOND_STAGES[model]}'s `best.pt`" if model in SECOND_STAGES else ""
@@ -224,7 +226,8 @@ def flickr8k_time(rows: Rows) -> str:
              "| extract s | train s | evaluate s | whole recipe s |",
              "|" + " --- |" * 11]  # fmt: skip
     order = {m: n for n, m in enumerate(FLICKR8K_MODELS)}
-    rows = sorted(rows, key=lambda r: (order[r["model"]], _last_gpu(_device(r)), r["seed"] or 0))
+    rows = sorted(rows, key=lambda r: (order.get(r["model"], len(order)), _last_gpu(_device(r)),
+                                       r["seed"] or 0))  # fmt: skip
     shown = [r for r in rows if r["variant"] == RECIPE and r["beam_size"] in (None, 3)]
     for row in shown:
         t = row["seconds"]
