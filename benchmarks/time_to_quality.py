@@ -136,8 +136,10 @@ def remove_own(folder: Path, verb: str) -> None:
     if not folder.exists():
         return
     if marked_verb(folder) != verb:
-        raise CaptioningError(f"{folder} holds files that `captioning {verb}` did not write; "
-                              "nothing was removed: choose another --out")  # fmt: skip
+        raise CaptioningError(
+            f"{folder} holds files that `captioning {verb}` did not write; "
+            "nothing was removed: choose another --out"
+        )
     shutil.rmtree(folder)
 
 

@@ -89,8 +89,12 @@ def beam_size(text: str) -> int:
 def _add_checkpoint_args(parser: argparse.ArgumentParser) -> None:
     """A checkpoint, where it runs, and how it decodes (see ``inference.with_decoding``)."""
     parser.add_argument("--checkpoint", required=True, help="a best.pt or last.pt file")
-    parser.add_argument("--beam-size", type=beam_size, default=None,
-                        help="beam search with this many beams (1 greedy; 64 at most)")  # fmt: skip
+    parser.add_argument(
+        "--beam-size",
+        type=beam_size,
+        default=None,
+        help="beam search with this many beams (1 greedy; 64 at most)",
+    )
     parser.add_argument("--hard-context", choices=["expectation", "argmax", "sample", "marginal"],
                         default=None,
                         help="hard attention: the expected context (the authors'), the most "

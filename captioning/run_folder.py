@@ -41,8 +41,17 @@ RUN_FOLDER = FolderWords("run folder", "training", "--out")
 
 # What training writes into its folder; an unmarked folder that holds anything else is not
 # an earlier run, whatever else it holds (a user's own config.yaml beside their notes).
-TRAINING_WRITES = (CONFIG_FILE, "last.pt", "best.pt", ".*.pt.*.tmp", ".*.tmp", "summary.json",
-                   "failed.json", "events.out.tfevents.*", "figures")  # fmt: skip
+TRAINING_WRITES = (
+    CONFIG_FILE,
+    "last.pt",
+    "best.pt",
+    ".*.pt.*.tmp",
+    ".*.tmp",
+    "summary.json",
+    "failed.json",
+    "events.out.tfevents.*",
+    "figures",
+)
 
 
 def _earlier_training(folder: Path) -> bool:

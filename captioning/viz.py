@@ -451,9 +451,12 @@ def _peak_label(alpha: np.ndarray) -> str:
 
 
 def _heats(
-    maps: Sequence[np.ndarray], grid_shape: tuple[int, int], size: tuple[int, int], smooth: bool,
+    maps: Sequence[np.ndarray],
+    grid_shape: tuple[int, int],
+    size: tuple[int, int],
+    smooth: bool,
     scale: str,
-) -> tuple[list[np.ndarray], float | None]:  # fmt: skip
+) -> tuple[list[np.ndarray], float | None]:
     """Each map upsampled to ``size``, and the peak they are drawn against: the median of
     their peaks (``scale="caption"``: a word that looks harder than most saturates, one that
     spreads its attention stays dim) or None (each its own)."""
@@ -641,8 +644,10 @@ def _draw_legend(
     fig.text(to_x(centre - bar_w / 2 - 0.06), middle, low, ha="right", va="center", fontsize=9)
     fig.text(to_x(centre + bar_w / 2 + 0.06), middle, high, ha="left", va="center", fontsize=9)
     meaning = (_LEGEND_DIM if style == "dim" else _LEGEND_COLOUR)[scale]
-    note = (f"{meaning}; Nx even: the word's largest weight on one of the {n_cells} cells, "
-            f"as a multiple of an even map's 1/{n_cells}")  # fmt: skip
+    note = (
+        f"{meaning}; Nx even: the word's largest weight on one of the {n_cells} cells, "
+        f"as a multiple of an even map's 1/{n_cells}"
+    )
     if objects:
         note += f"; {_LEGEND_OBJECTS}"
     fig.text(0.5, to_y(0.34), textwrap.fill(note, max(30, int(layout.fig_w * 15))),
@@ -695,8 +700,9 @@ def _save_png(fig: Figure, path: str | Path) -> Path:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         with open_unlinked(path) as handle:  # a link there is refused, not written through
-            fig.savefig(handle, format="png", dpi=_DPI,
-                        pil_kwargs={"compress_level": _PNG_COMPRESSION})  # fmt: skip
+            fig.savefig(
+                handle, format="png", dpi=_DPI, pil_kwargs={"compress_level": _PNG_COMPRESSION}
+            )
     finally:
         fig.clear()
     return path
@@ -876,8 +882,9 @@ def heads_grid(
     shown = _fit(image, 1, _MAX_DISPLAY_SIDE)
     width, height = shown.size
     pixels = np.asarray(shown)
-    heats, peak = _heats([a for maps in rows for a in maps], grid_shape, (width, height),
-                         smooth, scale)  # fmt: skip
+    heats, peak = _heats(
+        [a for maps in rows for a in maps], grid_shape, (width, height), smooth, scale
+    )
     heading = title if title is not None else " ".join(words)
     layout = _PanelLayout.make(len(rows) * len(words), len(words), width, height, heading,
                                panel_inches=1.6, heading_panels=len(words))  # fmt: skip
@@ -1018,8 +1025,14 @@ def attention_gif(
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open_unlinked(path) as handle:
-        frames[0].save(handle, format="GIF", save_all=True, append_images=frames[1:],
-                       duration=int(frame_ms), loop=0)  # fmt: skip
+        frames[0].save(
+            handle,
+            format="GIF",
+            save_all=True,
+            append_images=frames[1:],
+            duration=int(frame_ms),
+            loop=0,
+        )
     return path
 
 

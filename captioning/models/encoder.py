@@ -611,8 +611,10 @@ def build_encoder(
                 probe = stage(probe)
         channels = int(probe.shape[1])
     if summary and name == "small_cnn":
-        raise ConfigError("model.summary pools a pretrained backbone's later stages; the "
-                          "small CNN has none to spare (set model.summary=none)")  # fmt: skip
+        raise ConfigError(
+            "model.summary pools a pretrained backbone's later stages; the "
+            "small CNN has none to spare (set model.summary=none)"
+        )
     summary_stages = (dropped or [nn.Identity()]) if summary else None
     return Encoder(stages, channels, image_size, mean, std, grid_size, positional, fine_tune,
                    channels_last, summary_stages)  # fmt: skip

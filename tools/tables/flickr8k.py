@@ -172,8 +172,11 @@ def flickr8k_levers(rows: Rows) -> str:
     ):
         group = sorted(group, key=lambda r: r["seed"])
         # the attention is plumbing for the study's own models (none), a lever for a variant
-        settings = [f"`{o}`" for o in group[0]["overrides"]
-                    if not o.startswith(PLUMBING) or o.startswith("model.attention=")]  # fmt: skip
+        settings = [
+            f"`{o}`"
+            for o in group[0]["overrides"]
+            if not o.startswith(PLUMBING) or o.startswith("model.attention=")
+        ]
         if group[0]["model"] in OWN_CONFIGS:
             model, config = group[0]["model"], f"`{group[0]['config']}`"
             start = f", from {SECOND_STAGES[model]}'s `best.pt`" if model in SECOND_STAGES else ""
@@ -226,8 +229,10 @@ def flickr8k_time(rows: Rows) -> str:
              "| extract s | train s | evaluate s | whole recipe s |",
              "|" + " --- |" * 11]  # fmt: skip
     order = {m: n for n, m in enumerate(FLICKR8K_MODELS)}
-    rows = sorted(rows, key=lambda r: (order.get(r["model"], len(order)), _last_gpu(_device(r)),
-                                       r["seed"] or 0))  # fmt: skip
+    rows = sorted(
+        rows,
+        key=lambda r: (order.get(r["model"], len(order)), _last_gpu(_device(r)), r["seed"] or 0),
+    )
     shown = [r for r in rows if r["variant"] == RECIPE and r["beam_size"] in (None, 3)]
     for row in shown:
         t = row["seconds"]

@@ -185,9 +185,12 @@ def grounding_looks(rows: Rows) -> str:
     a ratio to an even map's on the same grid, the pointing game against the centre prior
     and the model's saliency map, and the mass in the boxes against the centre prior's."""
     picked = [r for r in rows if r["variant"] in LOOKS]
-    lines = ["| model | seed | grid | peak, all words (x even) | entropy, all words (% of even) "
-             "| peak, grounded (x even) | entropy, grounded (% of even) | pointing model / "
-             "centre / saliency | mass / centre's | CIDEr-D |", "|" + " --- |" * 10]  # fmt: skip
+    lines = [
+        "| model | seed | grid | peak, all words (x even) | entropy, all words (% of even) "
+        "| peak, grounded (x even) | entropy, grounded (% of even) | pointing model / "
+        "centre / saliency | mass / centre's | CIDEr-D |",
+        "|" + " --- |" * 10,
+    ]
     verdicts = []
     order = {v: i for i, v in enumerate(LOOKS)}
     groups = _grounding_groups(picked)
@@ -210,7 +213,7 @@ def grounding_looks(rows: Rows) -> str:
                 f"{100 * o['model']['mean_entropy'] / entropy:.0f} | "
                 + " / ".join(f"{p:.3f}" for p in pointing[-1])
                 + f" | {masses[-1]:.2f} | {score(row['scores'].get('CIDEr'))} |"
-            )  # fmt: skip
+            )
         spread = statistics.stdev([p[0] for p in pointing]) if len(group) > 1 else math.inf
         checks = {
             "peak ≥ 5x even": all(p >= 5 for p in peaks),
@@ -236,9 +239,11 @@ def looks_screen(rows: Rows) -> str:
     """The stride-16 grid's screen (``results/looks_screen.json``): each variant's best
     validation CIDEr-D seed by seed, and the greedy test scores of the seeds whose test
     split was decoded."""
-    lines = ["| variant | settings over `configs/flickr8k_best.yaml` | validation CIDEr-D of "
-             "each seed | mean | greedy test BLEU-4 / METEOR / CIDEr-D (seeds decoded) |",
-             "|" + " --- |" * 5]  # fmt: skip
+    lines = [
+        "| variant | settings over `configs/flickr8k_best.yaml` | validation CIDEr-D of "
+        "each seed | mean | greedy test BLEU-4 / METEOR / CIDEr-D (seeds decoded) |",
+        "|" + " --- |" * 5,
+    ]
     groups: dict[str, Rows] = {}
     for row in rows:
         groups.setdefault(row["variant"], []).append(row)
@@ -248,10 +253,16 @@ def looks_screen(rows: Rows) -> str:
         tested = [r for r in group if r["test_greedy"]]
         test = "–"
         if tested:
-            means = [statistics.mean(100 * r["test_greedy"][k] for r in tested)
-                     for k in ("Bleu_4", "METEOR", "CIDEr")]  # fmt: skip
-            test = " / ".join(f"{m:.2f}" for m in means) + " (" + ", ".join(
-                str(r["seed"]) for r in tested) + ")"  # fmt: skip
+            means = [
+                statistics.mean(100 * r["test_greedy"][k] for r in tested)
+                for k in ("Bleu_4", "METEOR", "CIDEr")
+            ]
+            test = (
+                " / ".join(f"{m:.2f}" for m in means)
+                + " ("
+                + ", ".join(str(r["seed"]) for r in tested)
+                + ")"
+            )
         each = ", ".join(f"{v:.2f} ({r['seed']})" for v, r in zip(vals, group))
         settings = ", ".join(f"`{o}`" for o in group[0]["overrides"])
         lines.append(f"| {variant} | {settings} | {each} | {statistics.mean(vals):.2f} | {test} |")
