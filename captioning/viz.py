@@ -982,11 +982,9 @@ def attention_gif(
         grid_shape: ``(grid_h, grid_w)``, the encoder's feature-map shape.
         path: where to write the GIF; missing parent folders are created.
         smooth: smooth maps if True, blocky per-cell maps if False.
-        chosen_cells: for hard attention, the flat cell index chosen for each word; it is
-            outlined in that word's frame.
+        chosen_cells: for hard attention, each word's chosen cell, outlined in its frame.
         frame_ms: how long each frame is shown, in milliseconds.
-        centres: for local attention, ``(T, 2)`` each word's predicted centre (row,
-            column, in cells), marked with a cross.
+        centres: for local attention, ``(T, 2)`` each word's centre (row, column), a cross.
         style: ``"dim"`` or ``"colour"``, as in :func:`attention_grid`.
 
     Returns:
