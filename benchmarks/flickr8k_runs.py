@@ -24,13 +24,24 @@ CONFIGS = {
 }
 MODELS = ("nn", *CONFIGS)
 # a model trained from another's best.pt of the same seed
-FIRST_STAGE = {"scst": "soft", "finetune": "soft", "best_scst": "best", "best_finetune": "best",
-               "best_exact": "best", "best_hard": "best"}  # fmt: skip
+FIRST_STAGE = {
+    "scst": "soft",
+    "finetune": "soft",
+    "best_scst": "best",
+    "best_finetune": "best",
+    "best_exact": "best",
+    "best_hard": "best",
+}
 BEAMS = {"soft": (1, 3, 5), "best": (1, 3, 5)}  # other models: (3,)
 # the model whose cached grids a model's recipe extracts: best's own (7 x 7), the others the
 # recipe's (10 x 10); a fine-tuning stage reads photos, its recipe extracts its first stage's
-GRID_OF = {"best": "best", "best_scst": "best", "best_finetune": "best", "best_exact": "best",
-           "best_hard": "best"}  # fmt: skip
+GRID_OF = {
+    "best": "best",
+    "best_scst": "best",
+    "best_finetune": "best",
+    "best_exact": "best",
+    "best_hard": "best",
+}
 RECIPE = "recipe"
 OWN = ("train.seed", "data.root", "model.weights")  # the study sets these itself
 

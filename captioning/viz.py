@@ -683,9 +683,20 @@ def attention_grid_figure(
     Returns:
         ``path`` as a :class:`Path`.
     """
-    fig = attention_grid(image, words, alphas, grid_shape, smooth=smooth,
-                         chosen_cells=chosen_cells, columns=columns, title=title,
-                         centres=centres, style=style, boxes=boxes, scale=scale)  # fmt: skip
+    fig = attention_grid(
+        image,
+        words,
+        alphas,
+        grid_shape,
+        smooth=smooth,
+        chosen_cells=chosen_cells,
+        columns=columns,
+        title=title,
+        centres=centres,
+        style=style,
+        boxes=boxes,
+        scale=scale,
+    )
     return _save_png(fig, path)
 
 

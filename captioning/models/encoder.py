@@ -616,5 +616,15 @@ def build_encoder(
             "small CNN has none to spare (set model.summary=none)"
         )
     summary_stages = (dropped or [nn.Identity()]) if summary else None
-    return Encoder(stages, channels, image_size, mean, std, grid_size, positional, fine_tune,
-                   channels_last, summary_stages)  # fmt: skip
+    return Encoder(
+        stages,
+        channels,
+        image_size,
+        mean,
+        std,
+        grid_size,
+        positional,
+        fine_tune,
+        channels_last,
+        summary_stages,
+    )

@@ -41,8 +41,14 @@ BEST_CONFIG = "configs/flickr8k_best.yaml"  # its model best
 SOFT_CONFIG = "configs/flickr8k_mobilenet.yaml"  # its model soft, the recipe
 RECIPE = "recipe"  # the variant of rows trained by the shipped config files as they are
 # the levers that are second stages, by the run whose best.pt they start from
-SECOND_STAGES = {"scst": "the recipe", "finetune": "the recipe", "best_scst": "best",
-                 "best_finetune": "best", "best_exact": "best", "best_hard": "best"}  # fmt: skip
+SECOND_STAGES = {
+    "scst": "the recipe",
+    "finetune": "the recipe",
+    "best_scst": "best",
+    "best_finetune": "best",
+    "best_exact": "best",
+    "best_hard": "best",
+}
 # the models of the levers table shown by their own config file, and their levers by it
 OWN_CONFIGS = ("hard", *SECOND_STAGES)
 
