@@ -10,14 +10,10 @@ upgraded when they are read.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import pickle
 import random
-import signal
 import tempfile
-import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +21,8 @@ import numpy as np
 import torch
 
 from captioning.config import rename_legacy_keys
-from captioning.errors import CheckpointError, Terminated
+from captioning.errors import CheckpointError
+from captioning.signals import signals_deferred
 
 # 2: renamed config keys (see captioning.config.RENAMED_KEYS); ``rng`` is a list with one
 #    state per process (version 1: one dict, and every rank's in ``rng_ranks`` under DDP).
@@ -76,7 +73,7 @@ def save_atomically(data: Any, path: str | Path) -> None:
     """``torch.save(data)`` to ``path`` through a temporary file in the same folder, synced
     and then renamed: a crash mid-write leaves the previous file (or none) in place, never a
     half-written one. Missing parent folders are created. Ctrl-C and SIGTERM wait until
-    the write is done (see :func:`signals_deferred`)."""
+    the write is done (see :func:`captioning.signals.signals_deferred`)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with signals_deferred():
@@ -100,50 +97,6 @@ def remove_partial_writes(folder: str | Path) -> list[Path]:
         tmp.unlink(missing_ok=True)
         removed.append(tmp)
     return removed
-
-
-DEFERRED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-
-@contextlib.contextmanager
-def signals_deferred() -> Iterator[None]:
-    """Hold back Ctrl-C (SIGINT) and SIGTERM until the block is done, then deliver them to
-    the handlers that were in place: a file write is never cut in the middle. Only the main
-    thread can do this; elsewhere the block runs as it is."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    received: list[int] = []
-    previous = {
-        signum: signal.signal(signum, lambda signum, frame: received.append(signum))
-        for signum in DEFERRED_SIGNALS
-    }
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
-    for signum in dict.fromkeys(received):
-        signal.raise_signal(signum)  # Ctrl-C: KeyboardInterrupt; SIGTERM: see sigterm_raises
-
-
-@contextlib.contextmanager
-def sigterm_raises() -> Iterator[None]:
-    """Within the block, SIGTERM (how a cluster preempts a job, and what ``kill`` sends)
-    raises :class:`captioning.errors.Terminated`, which unwinds like Ctrl-C: a checkpoint
-    write finishes, temporary files go, locks are released. Main thread only."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def terminate(signum: int, frame: Any) -> None:
-        raise Terminated
-
-    previous = signal.signal(signal.SIGTERM, terminate)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from captioning.errors import CaptioningError, ConfigError, Terminated
+from captioning.signals import stops_on_signals
 
 if TYPE_CHECKING:
     from captioning.api import Caption, CaptionModel
@@ -677,11 +678,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     _setup_logging()
     func: Callable[[argparse.Namespace], int] = args.func
     try:
-        return func(args)
+        with stops_on_signals():
+            return func(args)
     except CaptioningError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except Terminated:  # SIGTERM during training
+    except Terminated:  # SIGTERM
         print("terminated", file=sys.stderr)
         return 143
     except KeyboardInterrupt:

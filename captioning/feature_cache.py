@@ -27,7 +27,6 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from captioning.checkpoint import sigterm_raises
 from captioning.config import Config
 from captioning.data import CaptionDataset, collate, drop_bad_images, load_splits
 from captioning.data.images import ImageLimits
@@ -46,6 +45,7 @@ from captioning.runtime import (
     seed_everything,
     write_atomically,
 )
+from captioning.signals import sigterm_raises
 from captioning.vocab import SPECIALS, Vocabulary
 
 logger = logging.getLogger("captioning")

@@ -24,12 +24,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
-from captioning.checkpoint import (
-    load_checkpoint,
-    save_checkpoint,
-    signals_deferred,
-    sigterm_raises,
-)
+from captioning.checkpoint import load_checkpoint, save_checkpoint
 from captioning.config import Config, replace_section
 from captioning.data import (
     CaptionBatchSampler,
@@ -61,6 +56,7 @@ from captioning.progress import progress_bar
 from captioning.run_folder import claim_run_dir, write_config
 from captioning.run_state import Run, check_resume_config, load_init, resume_run
 from captioning.runtime import resolve_precision, seed_everything
+from captioning.signals import signals_deferred, sigterm_raises
 from captioning.vocab import Vocabulary
 
 logger = logging.getLogger("captioning")

@@ -2,6 +2,7 @@ import importlib.util
 import json
 import logging
 import os
+import signal
 from pathlib import Path
 from types import ModuleType
 
@@ -97,6 +98,36 @@ def coco2014(tmp_path) -> Path:
 @pytest.fixture(autouse=True)
 def _captioning_logs(caplog):
     caplog.set_level(logging.INFO, logger="captioning")
+
+
+def signal_dispositions() -> dict[str, object]:
+    """Ctrl-C's and SIGTERM's Python handlers, and whether the kernel has each ignored or
+    caught (a disposition set from C, or inherited, shows only there)."""
+    dispositions: dict[str, object] = {}
+    masks = {}
+    status = Path("/proc/self/status")
+    if status.is_file():
+        for line in status.read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key in ("SigIgn", "SigCgt"):
+                masks[key] = int(value, 16)
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        dispositions[signum.name] = signal.getsignal(signum)
+        for key, mask in masks.items():
+            dispositions[f"{signum.name} {key}"] = bool(mask >> (signum - 1) & 1)
+    return dispositions
+
+
+@pytest.fixture(autouse=True)
+def _signals_restored(request):
+    """Every test leaves Ctrl-C and SIGTERM as it found them: a handler or an ignored signal
+    left behind would be inherited by the next test's child processes."""
+    before = signal_dispositions()
+    yield
+    after = signal_dispositions()
+    assert after == before, (
+        f"{request.node.nodeid} changed signal dispositions: {before} -> {after}"
+    )
 
 
 @pytest.fixture(scope="session")

@@ -7,6 +7,7 @@ demo cannot keep."""
 from __future__ import annotations
 
 import base64
+import email
 import hashlib
 import logging
 import os
@@ -212,7 +213,9 @@ def test_past_the_connection_limit_requests_are_refused(model):
         idle = [connect(url) for _ in range(2)]
         state = server.server.server_state
         wait_until(lambda: len(state.connections) == 2)
-        assert send(url, path="/api/info")[0] == 503  # the third connection: at the limit
+        status, headers, _ = send(url, path="/api/info")  # the third connection: at the limit
+        assert status == 503
+        assert_guarded(headers)  # uvicorn's own answer, with the demo's security headers
         extra = [connect(url) for _ in range(2)]  # the fourth is closed as it opens
         assert closed_by_server(extra[1], 2.0) is not None
         for conn in [*idle, *extra]:
@@ -341,6 +344,30 @@ def test_posts_from_pages_of_other_origins_are_refused(server, images):
                           b'demo\'s own page, or a client that is no browser"}')  # fmt: skip
     assert caption(**{"Sec-Fetch-Site": "cross-site"})[0] == 403
     assert send(server, path="/api/info", headers={"Origin": "http://evil.example"})[0] == 200
+
+
+def assert_guarded(headers) -> None:
+    assert headers["X-Content-Type-Options"] == "nosniff"
+    assert headers["X-Frame-Options"] == "DENY"
+    assert headers["Referrer-Policy"] == "no-referrer"
+    assert headers["Content-Security-Policy"] == "default-src 'none'; frame-ancestors 'none'"
+
+
+@pytest.mark.parametrize(
+    "request_line", [b"GET /\x00 HTTP/1.1", b"NOT HTTP AT ALL", b"GET / HTTP/9"]
+)
+def test_a_request_uvicorn_cannot_parse_is_a_400_with_the_security_headers(server, request_line):
+    with connect(server) as conn:
+        conn.sendall(request_line + b"\r\nHost: 127.0.0.1\r\n\r\n")
+        reply = b""
+        while chunk := conn.recv(65536):
+            reply += chunk
+    head, _, body = reply.partition(b"\r\n\r\n")
+    status, *lines = head.decode("latin-1").split("\r\n")
+    assert status.startswith("HTTP/1.1 400"), reply
+    assert_guarded(email.message_from_string("\r\n".join(lines)))
+    assert b"Traceback" not in body
+    assert send(server, path="/api/info")[0] == 200  # and the demo is up
 
 
 def test_a_request_without_a_host_is_a_400_and_a_foreign_one_learns_no_names(server):

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import h11
 import uvicorn
 from starlette.applications import Starlette
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -22,7 +23,7 @@ from captioning.api import CaptionModel, load
 from captioning.errors import CaptioningError
 from captioning.runtime import in_passing_thread
 from captioning.serve.app import ServeSettings, create_app, settings_for
-from captioning.serve.origins import HostAllowList
+from captioning.serve.origins import HostAllowList, guarded
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -122,9 +123,23 @@ class DeadlineProtocol(H11Protocol):
         """Set the deadline for what comes after ``cycle``: a new request's exchange, or
         once an answer has ended, the next request's headers."""
         if self.cycle is not cycle:  # the headers of a request have come in
+            _guard_answer(self.cycle)
             self._watch(self.request_timeout)
         elif answered:
             self._watch(self.limits.header_timeout)
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to a request it cannot parse, with the demo's security headers."""
+        headers = guarded(
+            [(b"content-type", b"text/plain; charset=utf-8"), (b"connection", b"close")]
+        )
+        for event in (
+            h11.Response(status_code=400, headers=headers, reason=b"Bad Request"),
+            h11.Data(data=msg.encode("ascii")),
+            h11.EndOfMessage(),
+        ):
+            self.transport.write(self.conn.send(event))
+        self.transport.close()
 
     def _watch(self, seconds: float | None) -> None:
         """Close the connection in ``seconds`` (None: never), in place of any earlier time."""
@@ -136,6 +151,19 @@ class DeadlineProtocol(H11Protocol):
         self._deadline = None
         if not self.transport.is_closing():
             self.transport.close()
+
+
+def _guard_answer(cycle: Any) -> None:
+    """Give every answer of ``cycle`` the demo's security headers: the app's own have them,
+    uvicorn's (its 503 at the connection limit, its 500) do not."""
+    send = cycle.send
+
+    async def guarded_send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": guarded(list(message.get("headers", [])))}
+        await send(message)
+
+    cycle.send = guarded_send
 
 
 def uvicorn_config(
