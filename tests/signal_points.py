@@ -160,7 +160,13 @@ def run_points(
         err_file = work / f"{verb}{index:03d}.err"
         argv = verb_argv(verb, shapes, folder)
         code, _, sent = fork_run(argv, err_file, getattr(signal, name), after, background)
-        row = {"verb": verb, "background": background, "signal": name, "at": round(after, 3), "length": round(length, 3)}
+        row = {
+            "verb": verb,
+            "background": background,
+            "signal": name,
+            "at": round(after, 3),
+            "length": round(length, 3),
+        }
         row.update(judge(verb, name, folder, code, sent, err_file.read_text()))
         row.update(finish(verb, shapes, folder, final, work / f"{verb}{index:03d}.resume.err"))
         row["ok"] = row["ok"] and row["finishes"]
@@ -197,8 +203,11 @@ def main() -> int:
     parser.add_argument("--shapes", type=Path, help="a shapes data set (made if not given)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, help="the rows as JSON")
-    parser.add_argument("--background", action="store_true",
-                        help="start each run as `command &` in a script does (Ctrl-C ignored)")  # fmt: skip
+    parser.add_argument(
+        "--background",
+        action="store_true",
+        help="start each run as `command &` in a script does (Ctrl-C ignored)",
+    )
     args = parser.parse_args()
     import torch
 
@@ -206,6 +215,7 @@ def main() -> int:
     import captioning.cli
     import captioning.feature_cache
     import captioning.train  # noqa: F401  (imported once: a child starts where a run starts)
+
     shapes = args.shapes
     if shapes is None:
         from captioning.data.shapes import generate_shapes
@@ -216,8 +226,11 @@ def main() -> int:
     if args.out:
         args.out.write_text(json.dumps(rows, indent=1))
     bad = [row for row in rows if not row["ok"]]
-    print(f"{len(rows) - len(bad)} of {len(rows)} runs kept their promise; "
-          f"{sum(row['lost'] for row in rows)} lost the signal", file=sys.stderr)  # fmt: skip
+    print(
+        f"{len(rows) - len(bad)} of {len(rows)} runs kept their promise; "
+        f"{sum(row['lost'] for row in rows)} lost the signal",
+        file=sys.stderr,
+    )
     return 1 if bad else 0
 
 

@@ -18,11 +18,26 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def points(tmp_path: Path, verb: str, count: int, *extra: str) -> list[dict]:
     rows = tmp_path / "rows.json"
-    argv = ["--verb", verb, "--points", str(count), "--work", str(tmp_path / "work"),
-            "--out", str(rows), *extra]  # fmt: skip
+    argv = [
+        "--verb",
+        verb,
+        "--points",
+        str(count),
+        "--work",
+        str(tmp_path / "work"),
+        "--out",
+        str(rows),
+        *extra,
+    ]
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    result = subprocess.run([sys.executable, "-m", "tests.signal_points", *argv], cwd=ROOT,
-                            env=env, capture_output=True, text=True, timeout=3000)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-m", "tests.signal_points", *argv],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=3000,
+    )
     assert rows.exists(), result.stderr[-3000:]
     return json.loads(rows.read_text())
 

@@ -117,16 +117,24 @@ sys.exit(main(sys.argv[3:]))
 """
 
 
-@pytest.mark.parametrize("name, where, code, said", [
-    ("SIGINT", "step", 130, "interrupted"),
-    ("SIGTERM", "config", 143, "terminated"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "name, where, code, said",
+    [
+        ("SIGINT", "step", 130, "interrupted"),
+        ("SIGTERM", "config", 143, "terminated"),
+    ],
+)
 def test_a_background_training_stops_with_its_line(tiny_shapes, tmp_path, name, where, code, said):
     run = tmp_path / "run"
     argv = ["train", "--config", TINY, "--set", f"data.root={tiny_shapes}", "--out", str(run)]
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    result = subprocess.run([sys.executable, "-c", CHILD, name, where, *argv], env=env,
-                            capture_output=True, text=True, timeout=300)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-c", CHILD, name, where, *argv],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == code, result.stderr[-2000:]
     assert result.stderr.strip().splitlines()[-1] == said
     assert "Traceback" not in result.stderr
