@@ -9,8 +9,10 @@ turn): uploads a worst-case file (a PNG at the pixel cap, 8000 x 8000; the same 
 decompression bomb past the cap; 10 MB of nothing; a large photo; a progressive JPEG at the
 demo's progressive bound, 4000 x 4000, and one past it), uploads a small image, sends its
 body a few bytes at a time, hangs up half-way through its upload or once it is sent, or sends
-half its headers and nothing more (slowloris). Checks, each in the report: no answer is a 500
-(or another 5xx but 503); every request is answered 200, 4xx or 503, or closed by the server
+half its headers and nothing more (slowloris); three of them (``--scan-bombs``) upload a JPEG
+whose one scan is repeated a thousand times. Checks, each in the report: no answer is a 500
+(or another 5xx but 503); every small image is answered 200 or 503 within its deadline; every
+scan bomb is refused with a 4xx; every request is answered 200, 4xx or 503, or closed by the server
 within its deadline (half-sent headers within the header deadline); the server's peak
 resident memory stays under 2 GiB; its log holds no traceback; and it still answers
 afterwards. Prints the report as JSON (and, with ``--results FILE``, writes it there with the
@@ -38,6 +40,7 @@ from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +116,17 @@ def progressive_jpeg(side: int, mode: str = "RGB") -> bytes:
     """A progressive JPEG of ``side`` x ``side``: decoded through whole-image buffers."""
     picture = Image.linear_gradient("L").resize((side, side)).convert(mode)
     return encoded(picture, "JPEG", progressive=True, quality=75)
+
+
+def scan_bomb(side: int = 4000, repeats: int = 1000) -> bytes:
+    """A progressive JPEG of ``side`` x ``side`` with its shortest scan (a few dozen bytes)
+    repeated ``repeats`` more times: libjpeg would walk the whole image once a scan, about
+    10 s of CPU for a file of about 100 KB. The demo refuses it before decoding."""
+    data = encoded(Image.new("L", (side, side), 128), "JPEG", progressive=True, quality=75)
+    end = data.rfind(b"\xff\xd9")
+    starts = [i for i in range(end) if data[i : i + 2] == b"\xff\xda"]
+    scans = [data[a:b] for a, b in zip(starts, [*starts[1:], end])]
+    return data[:end] + min(scans, key=len) * repeats + data[end:]
 
 
 def uploads() -> dict[str, bytes]:
@@ -289,17 +303,32 @@ def still_up(port: int, small: bytes) -> dict[str, int | None]:
     return {"info": info.status, "caption": caption.status}
 
 
-def stress(checkpoint: Path, count: int, folder: Path) -> dict[str, Any]:
-    """Run ``count`` clients against a server of ``checkpoint``; the report."""
+SCAN_BOMB = "a JPEG scan bomb"
+
+
+def line_up(
+    kinds: list[tuple[str, Callable[[int], Outcome]]], count: int, bombs: int, bomb: bytes
+) -> list[Callable[[int], Outcome]]:
+    """``count`` clients, the kinds taken in turn, with ``bombs`` of them (spread evenly)
+    uploading the scan bomb ``bomb`` instead."""
+    body, content_type = form(bomb)
+    bomber = partial(talk, kind=SCAN_BOMB, data=request_head(content_type, len(body)), rest=body)
+    places = {count * k // bombs for k in range(bombs)} if bombs else set()
+    return [bomber if i in places else kinds[i % len(kinds)][1] for i in range(count)]
+
+
+def stress(checkpoint: Path, count: int, folder: Path, bombs: int = 3) -> dict[str, Any]:
+    """Run ``count`` clients against a server of ``checkpoint``, ``bombs`` of them JPEG
+    scan bombs; the report."""
     bodies = uploads()
-    kinds = clients(bodies)
+    lined_up = line_up(clients(bodies), count, bombs, scan_bomb())
     port = free_port()
     log = folder / "server.log"
     server = start_server(checkpoint, port, log)
     try:
         started = time.monotonic()
         with ThreadPoolExecutor(count) as pool:
-            outcomes = list(pool.map(lambda i: kinds[i % len(kinds)][1](port), range(count)))
+            outcomes = list(pool.map(lambda client: client(port), lined_up))
         seconds = time.monotonic() - started
         peak = peak_rss(server.pid)
         after = still_up(port, bodies["small image"])
@@ -332,8 +361,16 @@ def report(outcomes: list[Outcome], seconds: float, peak: int, after: dict[str, 
                   and not o.kind.startswith("hang up")]  # fmt: skip
     slowloris = [o for o in outcomes if o.kind == "half the headers"]
     tracebacks = [line for line in log.splitlines() if "Traceback" in line or "ERROR" in line]
+    normal = [o for o in outcomes if o.kind == "small image"]
+    bombs = [o for o in outcomes if o.kind == SCAN_BOMB]
     checks = {
         "no 5xx but 503": all(s < 500 or s == 503 for s in statuses),
+        "every small image answered 200 or 503 within its deadline": all(
+            o.status in (200, 503) and o.seconds <= REQUEST_TIMEOUT for o in normal
+        ),
+        "every scan bomb refused with a 4xx": all(
+            o.status is not None and 400 <= o.status < 500 for o in bombs
+        ),
         "every request answered or closed by the server": not unanswered,
         "half-sent headers closed at the header deadline": all(
             o.closed and o.seconds <= HEADER_TIMEOUT + 2 for o in slowloris
@@ -364,6 +401,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkpoint", type=Path, default=None,
                         help="the model (default: a tiny one, trained first)")  # fmt: skip
     parser.add_argument("--clients", type=int, default=300, help="clients at once (default 300)")
+    parser.add_argument("--scan-bombs", type=int, default=3,
+                        help="of them, how many upload a JPEG scan bomb (default 3)")  # fmt: skip
     parser.add_argument(
         "--results",
         "--out",
@@ -376,11 +415,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.clients < 1:
         parser.error(f"--clients must be at least 1, got {args.clients}")
+    if not 0 <= args.scan_bombs <= args.clients:
+        parser.error(f"--scan-bombs must be from 0 to --clients, got {args.scan_bombs}")
     if args.checkpoint is not None and not args.checkpoint.is_file():
         parser.error(f"--checkpoint {args.checkpoint}: no such file")
     with tempfile.TemporaryDirectory() as scratch:
         checkpoint = args.checkpoint or tiny_checkpoint(Path(scratch))
-        result = stress(checkpoint, args.clients, Path(scratch))
+        result = stress(checkpoint, args.clients, Path(scratch), args.scan_bombs)
     result.update(command=module_command("benchmarks.serve_stress", argv), commit=git_commit(),
                   **machine(), device=device_name("cpu"),
                   timed_alone=not args.machine_busy)  # fmt: skip

@@ -380,7 +380,7 @@ def rename_legacy_keys(values: dict[str, Any]) -> dict[str, Any]:
 
 def _unknown_key(key: str, valid: list[str], prefix: str) -> ConfigError:
     key = key if len(key) <= 60 else key[:57] + "..."
-    full = f"{prefix}{key}"
+    full = f"{prefix}{key}" if key.isprintable() else f"{prefix}{quote(key)}"  # one line
     if full in RENAMED_KEYS:
         return ConfigError(f"config key {full} was renamed to {RENAMED_KEYS[full]}; use that name")
     if full in RETIRED_KEYS:

@@ -89,10 +89,13 @@ def fork_run(
         if done:
             status = status_now
         elif time.monotonic() - started >= after:
-            os.killpg(pid, signum)
-            sent = time.time()
+            try:
+                os.killpg(pid, signum)
+                sent = time.time()
+            except ProcessLookupError:  # it ended a moment ago: nothing was sent
+                break
         else:
-            time.sleep(min(0.002, after - (time.monotonic() - started)))
+            time.sleep(max(0.0, min(0.002, after - (time.monotonic() - started))))
     if status is None:
         status = os.waitpid(pid, 0)[1]
     return os.waitstatus_to_exitcode(status), time.monotonic() - started, sent
@@ -216,6 +219,8 @@ def main() -> int:
     import captioning.feature_cache
     import captioning.train  # noqa: F401  (imported once: a child starts where a run starts)
 
+    if args.work.exists() and any(args.work.iterdir()):
+        parser.error(f"--work {args.work} holds files; give a new or empty folder")
     shapes = args.shapes
     if shapes is None:
         from captioning.data.shapes import generate_shapes
