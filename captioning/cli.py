@@ -669,7 +669,7 @@ def _add_serve(p: argparse.ArgumentParser) -> None:
     p.set_defaults(func=cmd_serve)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _run(argv: Sequence[str] | None) -> int:
     _utf8_output()
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -677,9 +677,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.quiet = args.quiet or bool(getattr(args, "verb_quiet", False))
     _setup_logging()
     func: Callable[[argparse.Namespace], int] = args.func
+    return func(args)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
     try:
-        with stops_on_signals():
-            return func(args)
+        with stops_on_signals():  # from the first line: parsing the command line included
+            return _run(argv)
     except CaptioningError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
