@@ -724,29 +724,44 @@ MAX_BASE_DEPTH = 16
 def read_yaml(path: str | Path, _chain: tuple[Path, ...] = ()) -> dict[str, Any]:
     """Read a YAML config file into a dict, with one-line errors.
 
-    A file may name the config it extends with a top-level ``base: FILE`` (a path relative
-    to the file itself): the base is read first (with its own base, and so on) and the
-    file's sections are merged over it key by key, so a second stage or a variant holds only
-    what differs from its base. A chain that comes back to a file is an error.
+    A file may name the configs it extends with a top-level ``base:``, one file or a list
+    of them (paths relative to the file itself): each base is read (with its own bases, and
+    so on), the list merged in order key by key, later over earlier, and the file's sections
+    over them all. So a data set's base and a model's recipe combine without one extending
+    the other, and a second stage names its first stage and the stage's block (e.g.
+    ``base: [flickr8k_mobilenet.yaml, base_scst.yaml]``). A chain that comes back to a file
+    is an error.
     """
     path = Path(path)
     values = _read_one_yaml(path)
-    base = values.pop(BASE_KEY, None)
-    if base is None:
+    bases = values.pop(BASE_KEY, None)
+    if bases is None:
         return values
-    if not isinstance(base, str) or not base.strip():
-        raise ConfigError(f"config file {path}: {BASE_KEY} must be the path of a config file, "
-                          f"got {quote(base)}")  # fmt: skip
-    base_path = (path.parent / base).resolve()
+    if isinstance(bases, str):
+        bases = [bases]
+    if (
+        not isinstance(bases, list)
+        or not bases
+        or not all(isinstance(base, str) and base.strip() for base in bases)
+    ):
+        raise ConfigError(
+            f"config file {path}: {BASE_KEY} must be the path of a config file or a list of "
+            f"them, got {quote(bases)}"
+        )
     chain = (*_chain, path.resolve())
-    if base_path in chain:
-        loop = " -> ".join(str(p) for p in (*chain, base_path))
-        raise ConfigError(f"config file {path}: its bases come back to {base_path} ({loop})")
     if len(chain) > MAX_BASE_DEPTH:
         raise ConfigError(f"config file {path}: more than {MAX_BASE_DEPTH} bases above it")
-    if not base_path.is_file():
-        raise ConfigError(f"config file {path}: its {BASE_KEY} {base} ({base_path}) does not exist")
-    merged = read_yaml(base_path, chain)
+    merged: dict[str, Any] = {}
+    for base in bases:
+        base_path = (path.parent / base).resolve()
+        if base_path in chain:
+            loop = " -> ".join(str(p) for p in (*chain, base_path))
+            raise ConfigError(f"config file {path}: its bases come back to {base_path} ({loop})")
+        if not base_path.is_file():
+            raise ConfigError(
+                f"config file {path}: its {BASE_KEY} {base} ({base_path}) does not exist"
+            )
+        _deep_update(merged, read_yaml(base_path, chain))
     _deep_update(merged, values)
     return merged
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.hostile_uploads import scan_bomb
 from benchmarks.serve_stress import (
     SCAN_BOMB,
     Outcome,
@@ -19,7 +20,6 @@ from benchmarks.serve_stress import (
     complete,
     line_up,
     report,
-    scan_bomb,
     stress,
 )
 from captioning.data.images import MAX_JPEG_SCANS, jpeg_scans
