@@ -49,61 +49,16 @@ from typing import Any
 
 import torch
 
+from benchmarks.beam_floor_parts import COCO, FEATURE_DIM, VOCAB, WIDTH, Floor
 from benchmarks.provenance import add_replace_option, add_result_options, device_name, record
 from benchmarks.reference_decoding import DECODERS
 from benchmarks.results import ResultsError
 from benchmarks.study_options import fail
 from benchmarks.timing import median_seconds
-from benchmarks.workload import coco_size, our_decoding, random_batch, set_up
+from benchmarks.workload import our_decoding, random_batch, set_up
 from captioning.config import replace_section
 from captioning.models import Decoder, build_attention
 from captioning.models.captioner import build_model
-
-# The benchmark's COCO size: its vocabulary and widths, and the grid of its ResNet-101 at
-# 448 px (14 x 14 cells of 2048 features), which is not built here.
-COCO = coco_size()
-VOCAB, WIDTH = COCO.vocab_size, COCO.config.model.hidden_dim
-FEATURE_DIM, CELLS = 2048, 14 * 14
-
-
-def dense_step(decoder: Decoder, images: int, beams: int) -> tuple[Callable[[], object], float]:
-    """One word's dense layers on images*beams rows, and their GFLOP.
-
-    Args:
-        decoder: a COCO-size decoder, whose layers are run.
-        images: B.
-        beams: K, the live beams per image.
-    """
-    rows = images * beams
-    g = torch.Generator().manual_seed(0)
-    features = torch.randn(images, CELLS, FEATURE_DIM, generator=g)
-    alpha = torch.softmax(torch.randn(images, beams, CELLS, generator=g), dim=2)
-    h, c = torch.randn(rows, WIDTH, generator=g), torch.randn(rows, WIDTH, generator=g)
-    embedded = torch.randn(rows, WIDTH, generator=g)
-    score = decoder.attention.score
-
-    def run() -> object:
-        score.query_proj(h)
-        context = torch.bmm(alpha, features).view(rows, FEATURE_DIM)
-        decoder.gate(h)
-        h2, _ = decoder.lstm(torch.cat([embedded, context], dim=1), (h, c))
-        deep = decoder.hidden_to_out(h2) + decoder.context_to_out(context)
-        return decoder.out(deep)
-
-    macs = rows * (
-        CELLS * FEATURE_DIM  # context
-        + WIDTH * WIDTH  # query projection
-        + WIDTH  # scalar gate
-        + (2 * WIDTH + FEATURE_DIM) * 4 * WIDTH  # LSTM cell
-        + (WIDTH + FEATURE_DIM) * WIDTH  # deep output
-        + WIDTH * VOCAB  # vocabulary
-    )
-    return run, 2 * macs / 1e9
-
-
-def fused_score(keys: torch.Tensor, query: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """(B, 1, L, A) keys, (B, K, 1, A) queries → (B, K, L) scores, as one reduction."""
-    return (torch.tanh(keys + query) * weight).sum(dim=3)
 
 
 def bench_seconds(path: Path, task: str, impl: str = "reference", compiled: bool = False) -> float:
@@ -123,10 +78,14 @@ def bench_seconds(path: Path, task: str, impl: str = "reference", compiled: bool
     return next(
         m["median_s"]
         for m in results["measurements"]
-        if m["size"] == "coco" and m["device"] == "cpu" and m["precision"] == "fp32"
-        and m["task"] == task and m["impl"] == impl and bool(m.get("compiled")) == compiled
+        if m["size"] == "coco"
+        and m["device"] == "cpu"
+        and m["precision"] == "fp32"
+        and m["task"] == task
+        and m["impl"] == impl
+        and bool(m.get("compiled")) == compiled
         and m.get("median_s")
-    )  # fmt: skip
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -169,8 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if min(args.beam_size, args.images, args.max_length, args.repeats, args.rounds) < 1:
-        parser.error("--beam-size, --images, --max-length, --repeats and --rounds must be at "
-                     "least 1")  # fmt: skip
+        parser.error(
+            "--beam-size, --images, --max-length, --repeats and --rounds must be at least 1"
+        )
     task = "greedy" if args.beam_size == 1 else f"beam{args.beam_size}"
     if args.ours and task not in DECODERS:
         parser.error(f"--ours times {', '.join(DECODERS)}: use --beam-size 1, 3 or 5")
@@ -179,9 +139,11 @@ def main(argv: list[str] | None = None) -> int:
         try:
             reference = bench_seconds(args.bench, task)
         except (OSError, ValueError, KeyError, StopIteration) as exc:
-            print(f"error: no fp32 CPU reference time for {task} at COCO size in {args.bench} "
-                  f"({type(exc).__name__}); run `python -m benchmarks.bench --sizes coco` first",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"error: no fp32 CPU reference time for {task} at COCO size in {args.bench} "
+                f"({type(exc).__name__}); run `python -m benchmarks.bench --sizes coco` first",
+                file=sys.stderr,
+            )
             return 2
 
     torch.manual_seed(0)
@@ -204,34 +166,56 @@ def main(argv: list[str] | None = None) -> int:
 
     k, b = args.beam_size, args.images
     name = "greedy" if k == 1 else f"beam k={k}"
-    print(f"{name}, {b} images, {args.max_length} words, COCO size, "
-          f"{torch.get_num_threads()} threads")  # fmt: skip
-    print(f"dense layers:                    {parts['dense']:.3g} s  ({floor.gflop:.0f} GFLOP, "
-          f"{floor.gflop / parts['dense']:.0f} GFLOP/s)")  # fmt: skip
-    print(f"dense layers at the peak rate:   {floor.gflop / parts['peak']:.3g} s  "
-          f"({parts['peak']:.0f} GFLOP/s, 2048 x 2048 matrix product)")  # fmt: skip
+    print(
+        f"{name}, {b} images, {args.max_length} words, COCO size, {torch.get_num_threads()} threads"
+    )
+    print(
+        f"dense layers:                    {parts['dense']:.3g} s  ({floor.gflop:.0f} GFLOP, "
+        f"{floor.gflop / parts['dense']:.0f} GFLOP/s)"
+    )
+    print(
+        f"dense layers at the peak rate:   {floor.gflop / parts['peak']:.3g} s  "
+        f"({parts['peak']:.0f} GFLOP/s, 2048 x 2048 matrix product)"
+    )
     for name in ("add", "tanh", "projection"):
-        print(f"score, eager {name + ':':24s}{parts[name]:.3g} s  "
-              f"({floor.activations / 1e6:.0f}M values)")  # fmt: skip
-    print(f"word choice:                     {parts['choice']:.3g} s  (log-softmax over "
-          f"{VOCAB} words, top {k} per image)")  # fmt: skip
-    print(f"score, eager, in sequence:       {parts['sequence']:.3g} s  (the three passes "
-          f"over each image's block in turn)")  # fmt: skip
+        print(
+            f"score, eager {name + ':':24s}{parts[name]:.3g} s  "
+            f"({floor.activations / 1e6:.0f}M values)"
+        )
+    print(
+        f"word choice:                     {parts['choice']:.3g} s  (log-softmax over "
+        f"{VOCAB} words, top {k} per image)"
+    )
+    print(
+        f"score, eager, in sequence:       {parts['sequence']:.3g} s  (the three passes "
+        f"over each image's block in turn)"
+    )
     alone = {"eager": parts["dense"] + parts["sequence"] + parts["choice"]}
     if "fused" in parts:
         alone["compiled"] = parts["dense"] + parts["fused"] + parts["choice"]
-    print("sum of the parts timed alone: "
-          + ", ".join(f"{name} {value:.3g} s" for name, value in alone.items()))  # fmt: skip
+    print(
+        "sum of the parts timed alone: "
+        + ", ".join(f"{name} {value:.3g} s" for name, value in alone.items())
+    )
     floors = {"eager": [r[0]["eager"] for r in rounds]}
     if "fused" in parts:
         print(f"whole score, compiled (fused):   {parts['fused']:.3g} s")
         floors["compiled"] = [r[0]["compiled"] for r in rounds]
     row: dict[str, Any] = {
-        "kind": "floor", "task": task, "beam_size": k, "images": b,
-        "max_length": args.max_length, "rounds": len(rounds), "repeats": args.repeats,
-        "gflop": round(floor.gflop, 1), "parts": parts, "reference_seconds": reference,
-        "precision": "fp32", "device": device_name("cpu"), "threads": torch.get_num_threads(),
-    }  # fmt: skip
+        "kind": "floor",
+        "task": task,
+        "beam_size": k,
+        "images": b,
+        "max_length": args.max_length,
+        "rounds": len(rounds),
+        "repeats": args.repeats,
+        "gflop": round(floor.gflop, 1),
+        "parts": parts,
+        "reference_seconds": reference,
+        "precision": "fp32",
+        "device": device_name("cpu"),
+        "threads": torch.get_num_threads(),
+    }
     for name, values in floors.items():
         value = statistics.median(values)
         row[f"floor_{name}"] = value
@@ -247,121 +231,30 @@ def main(argv: list[str] | None = None) -> int:
         if name in ours:
             ratios = [r[1][name] / f for r, f in zip(rounds, values, strict=True)]
             seconds = statistics.median(r[1][name] for r in rounds)
-            line += (f"; ours {seconds:.3g} s, {statistics.median(ratios):.2f}x the floor "
-                     f"(rounds: {', '.join(f'{x:.2f}' for x in ratios)})")  # fmt: skip
+            line += (
+                f"; ours {seconds:.3g} s, {statistics.median(ratios):.2f}x the floor "
+                f"(rounds: {', '.join(f'{x:.2f}' for x in ratios)})"
+            )
             row[f"ours_{name}"], row[f"ratios_{name}"] = seconds, ratios
         print(line)
     if reference is not None:
         print(f"20x the reference needs {reference / 20:.3g} s")
     if args.results is not None:
         try:
-            record(args.results, [row], lambda r: (r["kind"], r.get("task")),
-                   module="benchmarks.beam_floor", argv=argv, timed_alone=not args.machine_busy,
-                   settings=("precision", "threads", "images", "max_length"),
-                   replace=args.replace)  # fmt: skip
+            record(
+                args.results,
+                [row],
+                lambda r: (r["kind"], r.get("task")),
+                module="benchmarks.beam_floor",
+                argv=argv,
+                timed_alone=not args.machine_busy,
+                settings=("precision", "threads", "images", "max_length"),
+                replace=args.replace,
+            )
         except ResultsError as exc:
             return fail(exc)
         print(f"merged the row into {args.results}")
     return 0
-
-
-class Floor:
-    """The floor's parts for beam search with ``beams`` beams (1: greedy) over ``images``
-    images and captions of ``max_length`` words, timed by :meth:`measure`."""
-
-    def __init__(
-        self, decoder: Decoder, beams: int, images: int, max_length: int, fused: bool
-    ) -> None:
-        self.decoder = decoder
-        self.beams, self.images, self.later = beams, images, max_length - 1
-        self.first, first_gflop = dense_step(decoder, images, 1)
-        self.step, step_gflop = dense_step(decoder, images, beams)
-        self.grid = torch.randn(images, CELLS, FEATURE_DIM)
-        self.gflop = (2 * images * CELLS * FEATURE_DIM * WIDTH / 1e9 + first_gflop
-                      + self.later * step_gflop)  # fmt: skip
-        self.square = torch.randn(2048, 2048)
-        self.activations = images * (1 + self.later * beams) * CELLS * WIDTH
-        self.compiled = torch.compile(fused_score) if fused else None
-
-    @torch.no_grad()
-    def measure(self, repeats: int) -> dict[str, float]:
-        """Seconds over a whole caption: the parts timed alone (``dense``, ``add``, ``tanh``,
-        ``projection``, ``sequence``: the three passes in turn, ``choice``, and ``fused``
-        when compiled), the floors with each word's parts run in turn (``eager``, and
-        ``compiled``), and ``peak``, the GFLOP/s of one large square product."""
-        k, b, later = self.beams, self.images, self.later
-        parts = {}
-        keys_seconds = median_seconds(
-            lambda: self.decoder.attention.project_keys(self.grid), repeats
-        )
-        dense_first = median_seconds(self.first, repeats)
-        parts["dense"] = keys_seconds + dense_first + later * median_seconds(self.step, repeats)
-        parts["peak"] = 2 * 2048**3 / 1e9 / median_seconds(lambda: self.square @ self.square,
-                                                           repeats)  # fmt: skip
-
-        # the eager score on one image's block at a time, as ours runs it: cache-resident
-        image_keys, queries = torch.randn(1, CELLS, WIDTH), torch.randn(k, 1, WIDTH)
-        block, weight = torch.empty(k, CELLS, WIDTH), torch.randn(WIDTH)
-        scores = torch.empty(k, CELLS)
-        passes = {
-            "add": lambda: torch.add(image_keys, queries, out=block),
-            "tanh": lambda: block.tanh_(),
-            "projection": lambda: torch.matmul(block, weight, out=scores),
-        }
-        for name, fn in passes.items():
-            parts[name] = median_seconds(fn, repeats * 10) * self.activations / block.numel()
-        # The passes timed alone, each on the block the same pass just wrote, are a bound no
-        # code reaches: one after the other over every image's own keys, as a word must run
-        # them, they take longer. That sequence is the eager floor's score.
-        all_keys, all_queries = torch.randn(b, 1, CELLS, WIDTH), torch.randn(b, k, 1, WIDTH)
-
-        def word() -> None:
-            for image in range(b):
-                torch.add(all_keys[image], all_queries[image], out=block)
-                block.tanh_()
-                torch.matmul(block, weight, out=scores)
-
-        parts["sequence"] = median_seconds(word, repeats) * self.activations / (b * block.numel())
-
-        # every search normalises each row's scores over the vocabulary and keeps the best
-        # K continuations of each image (the first word: of its one row)
-        first_logits, logits = torch.randn(b, VOCAB), torch.randn(b * k, VOCAB)
-
-        def choose(rows: torch.Tensor) -> object:
-            log_probs = torch.log_softmax(rows, dim=1)
-            return log_probs.view(b, -1).topk(k, dim=1)
-
-        choice_first = median_seconds(lambda: choose(first_logits), repeats)
-        parts["choice"] = choice_first + later * median_seconds(lambda: choose(logits), repeats)
-
-        # A word runs all of it in turn, and each part finds the caches as the others left
-        # them (the weights, the keys); timed so, a word costs more than its parts alone.
-        def whole_word() -> None:
-            self.step()
-            word()
-            choose(logits)
-
-        first_word = (dense_first + choice_first
-                      + parts["sequence"] * b * CELLS * WIDTH / self.activations)  # fmt: skip
-        parts["eager"] = keys_seconds + first_word + later * median_seconds(whole_word, repeats)
-
-        if self.compiled is not None:
-            query_first = all_queries[:, :1]
-            compiled = self.compiled
-            fused_first = median_seconds(lambda: compiled(all_keys, query_first, weight), repeats)
-            parts["fused"] = fused_first + later * median_seconds(
-                lambda: compiled(all_keys, all_queries, weight), repeats
-            )
-
-            def whole_compiled_word() -> None:
-                self.step()
-                compiled(all_keys, all_queries, weight)
-                choose(logits)
-
-            first_word = dense_first + fused_first + choice_first
-            whole = median_seconds(whole_compiled_word, repeats)
-            parts["compiled"] = keys_seconds + first_word + later * whole
-        return parts
 
 
 def _ours(args: argparse.Namespace, task: str) -> dict[str, Callable[[], object]]:

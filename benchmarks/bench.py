@@ -156,23 +156,38 @@ def run_benchmark(options: BenchOptions) -> dict[str, Any]:
         results["sizes"][name] = _describe(size, model)
         checked = options.check_images or size.check_images or size.batch_size
         for device in devices:
-            _progress(options, "%s %s: checking ours against the reference on %d images",
-                      name, device.type, min(checked, size.batch_size))  # fmt: skip
-            check = check_reference(model.decoder, size.config.model, batch["grid"][:checked],
-                                    batch["tokens"][:checked], size.config.decode.max_length,
-                                    device)  # fmt: skip
+            _progress(
+                options,
+                "%s %s: checking ours against the reference on %d images",
+                name,
+                device.type,
+                min(checked, size.batch_size),
+            )
+            check = check_reference(
+                model.decoder,
+                size.config.model,
+                batch["grid"][:checked],
+                batch["tokens"][:checked],
+                size.config.decode.max_length,
+                device,
+            )
             results["checks"].append({"size": name, "device": device.type, **check})
             if not check["passed"]:
-                logger.warning("%s %s: ours and the reference disagree: %s", name,
-                               device.type, json.dumps(check["captions"]))  # fmt: skip
+                logger.warning(
+                    "%s %s: ours and the reference disagree: %s",
+                    name,
+                    device.type,
+                    json.dumps(check["captions"]),
+                )
             setup = set_up(size, model, batch, device)
             results["measurements"] += _time_device(setup, warmup, compile_modes, options)
     results["speedups"] = speedups(results["measurements"])
     if not options.skip_cider:
         corpus = min(options.cider_corpus, 200) if options.quick else options.cider_corpus
         _progress(options, "CIDEr-D: ours against pycocoevalcap per batch, corpus %d", corpus)
-        results["cider"] = bench_cider(corpus, repeats=1 if options.quick else options.repeats,
-                                       seed=options.seed)  # fmt: skip
+        results["cider"] = bench_cider(
+            corpus, repeats=1 if options.quick else options.repeats, seed=options.seed
+        )
     results["passed"] = all(check["passed"] for check in results["checks"])
     write_results(results, Path(options.out))
     return results
@@ -192,8 +207,13 @@ def _time_device(
                 label = f"{size.name} {device.type} {precision} {job.task} {impl}"
                 _progress(options, "%s: %d + %d runs", label, warmup, job.repeats)
                 row, decoded = measure(job, warmup, device)
-                row = {"size": size.name, "device": device.type, "precision": precision,
-                       "compiled": compiled, **row}  # fmt: skip
+                row = {
+                    "size": size.name,
+                    "device": device.type,
+                    "precision": precision,
+                    "compiled": compiled,
+                    **row,
+                }
                 if row["median_s"]:
                     row["images_per_s"] = size.batch_size / row["median_s"]
                     _progress(options, "%s: median %.4g s", label, row["median_s"])

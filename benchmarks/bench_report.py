@@ -137,17 +137,34 @@ def record_timings(
         benchmarks.results.ResultsError: a row would replace one of other settings.
     """
     settings = results["settings"]
-    rows = [{"kind": "bench", **m, "threads": results["environment"]["threads"],
-             "settings": {"batch_size": results["sizes"][m["size"]]["batch_size"],
-                          "seed": settings["seed"], "warmup": settings["warmup"],
-                          "quick": settings["quick"]},
-             "checks_passed": results["passed"]} for m in results["measurements"]]  # fmt: skip
+    rows = [
+        {
+            "kind": "bench",
+            **m,
+            "threads": results["environment"]["threads"],
+            "settings": {
+                "batch_size": results["sizes"][m["size"]]["batch_size"],
+                "seed": settings["seed"],
+                "warmup": settings["warmup"],
+                "quick": settings["quick"],
+            },
+            "checks_passed": results["passed"],
+        }
+        for m in results["measurements"]
+    ]
     for device in dict.fromkeys(r["device"] for r in rows):
-        record(path, [r for r in rows if r["device"] == device],
-               lambda r: (r["kind"], *(r.get(k) for k in TIMING_KEY)),
-               module="benchmarks.bench", argv=argv, timed_alone=timed_alone,
-               settings=("threads", "settings"), replace=replace, device=device,
-               places={"OUT": Path(settings["out"]).parent})  # fmt: skip
+        record(
+            path,
+            [r for r in rows if r["device"] == device],
+            lambda r: (r["kind"], *(r.get(k) for k in TIMING_KEY)),
+            module="benchmarks.bench",
+            argv=argv,
+            timed_alone=timed_alone,
+            settings=("threads", "settings"),
+            replace=replace,
+            device=device,
+            places={"OUT": Path(settings["out"]).parent},
+        )
 
 
 def write_results(results: dict[str, Any], out: Path) -> None:

@@ -58,13 +58,12 @@ from typing import Any
 import torch
 
 from benchmarks import study
+from benchmarks.flickr8k_options import parse_args
 from benchmarks.flickr8k_runs import (
     BEAMS,
     CONFIGS,
     FIRST_STAGE,
     KINDS,
-    MODELS,
-    OWN,
     RECIPE,
     extract_stage,
     first_stage_folder,
@@ -73,7 +72,7 @@ from benchmarks.flickr8k_runs import (
     run_dir,
 )
 from benchmarks.flickr8k_scores import references, rows_of_job, score
-from benchmarks.provenance import ROOT, cpu_model, device_name, module_command
+from benchmarks.provenance import ROOT, cpu_model, device_name
 from benchmarks.recipe_stages import Stages, consensus_predictions, convert_backbone, extract_grids
 from benchmarks.results import Row
 from benchmarks.study import Outcome, RunSpec, StudyError
@@ -136,14 +135,25 @@ def run_spec_of(args: argparse.Namespace, model: str, seed: int) -> RunSpec:
     folder, first = run_dir(args.out, args.variant, model, seed), FIRST_STAGE.get(model)
     data = job_settings(args.out, model, seed, [])[:2]
     init = None if first is None else run_dir(args.out, args.first_stage, first, seed)
-    meta = {"variant": args.variant, "first_stage": args.first_stage, "out": args.out,
-            "beams": BEAMS.get(model, (3,)),
-            "timed_alone": not args.machine_busy and args.jobs == 1,
-            "commit": args.commit, "command": args.command}  # fmt: skip
-    return RunSpec(model, CONFIGS[model][0], (*CONFIGS[model][1], *args.overrides), seed,
-                   folder / "train", plumbing=(*data, "train.quiet=true"),
-                   init=None if init is None else init / "train" / "best.pt",
-                   meta=meta)  # fmt: skip
+    meta = {
+        "variant": args.variant,
+        "first_stage": args.first_stage,
+        "out": args.out,
+        "beams": BEAMS.get(model, (3,)),
+        "timed_alone": not args.machine_busy and args.jobs == 1,
+        "commit": args.commit,
+        "command": args.command,
+    }
+    return RunSpec(
+        model,
+        CONFIGS[model][0],
+        (*CONFIGS[model][1], *args.overrides),
+        seed,
+        folder / "train",
+        plumbing=(*data, "train.quiet=true"),
+        init=None if init is None else init / "train" / "best.pt",
+        meta=meta,
+    )
 
 
 def train_and_decode(spec: RunSpec) -> Outcome:
@@ -157,21 +167,30 @@ def train_and_decode(spec: RunSpec) -> Outcome:
         return Outcome(spec, None)
     outcome = study.train(spec)
     if outcome.failed is not None:
-        raise StudyError(f"{spec.name} seed {spec.seed} diverged "
-                         f"({spec.folder / 'failed.json'}): {outcome.failed}")  # fmt: skip
+        raise StudyError(
+            f"{spec.name} seed {spec.seed} diverged "
+            f"({spec.folder / 'failed.json'}): {outcome.failed}"
+        )
     decoded = {}
     for beam in spec.meta["beams"]:
         started = time.perf_counter()
-        evaluate_checkpoint(spec.folder / "best.pt", split="test", beam_size=beam,
-                            meteor=False, progress=False,
-                            out_dir=folder / f"test_beam{beam}")  # fmt: skip
+        evaluate_checkpoint(
+            spec.folder / "best.pt",
+            split="test",
+            beam_size=beam,
+            meteor=False,
+            progress=False,
+            out_dir=folder / f"test_beam{beam}",
+        )
         decoded[str(beam)] = round(time.perf_counter() - started, 2)
     summary, cfg = outcome.summary, outcome.cfg or spec.load()
     job = {
-        "model": spec.name, "seed": spec.seed, "variant": spec.meta["variant"],
-        **({"first_stage_variant": spec.meta["first_stage"]}
-           if spec.name in FIRST_STAGE else {}),
-        "config": spec.config, "settings": spec.settings(),
+        "model": spec.name,
+        "seed": spec.seed,
+        "variant": spec.meta["variant"],
+        **({"first_stage_variant": spec.meta["first_stage"]} if spec.name in FIRST_STAGE else {}),
+        "config": spec.config,
+        "settings": spec.settings(),
         "select_metric": cfg.train.select_metric,
         "best_val": summary.get("best_score"),
         "best_epoch": summary.get("best_epoch"),
@@ -179,11 +198,12 @@ def train_and_decode(spec: RunSpec) -> Outcome:
         "steps": summary["steps"],
         "train_seconds": round(summary.get("seconds", outcome.train_seconds), 2),
         "evaluate_seconds": decoded,
-        **study.run_fields(outcome), "cpu": cpu_model(),
+        **study.run_fields(outcome),
+        "cpu": cpu_model(),
         **{k: spec.meta[k] for k in ("timed_alone", "commit", "command")},
         "stages": stages_of(spec.meta["out"], spec.name),
         "history": outcome.history,
-    }  # fmt: skip
+    }
     (folder / "job.json").write_text(json.dumps(job, indent=1) + "\n")
     return outcome
 
@@ -196,23 +216,34 @@ def job_of(outcome: Outcome) -> list[Row]:
 def train_all(args: argparse.Namespace, models: list[str], seeds: list[int]) -> None:
     """Every trained model and seed, ``--jobs`` at a time; second stages after their first."""
     threads = study.threads_for(args.jobs, args.threads or set_threads(args.overrides))
-    waves = [[m for m in models if m in CONFIGS and m not in FIRST_STAGE],
-             [m for m in models if m in FIRST_STAGE]]  # fmt: skip
+    waves = [
+        [m for m in models if m in CONFIGS and m not in FIRST_STAGE],
+        [m for m in models if m in FIRST_STAGE],
+    ]
     for wave in waves:
         for model in wave:
             first = FIRST_STAGE.get(model)
             if first and first not in models:
-                missing = [s for s in seeds
-                           if not (run_dir(args.out, args.first_stage, first, s)
-                                   / "job.json").is_file()]  # fmt: skip
+                missing = [
+                    s
+                    for s in seeds
+                    if not (run_dir(args.out, args.first_stage, first, s) / "job.json").is_file()
+                ]
                 if missing:
-                    raise CaptioningError(f"{model} starts from the {first} run of the same "
-                                          f"seed; add {first} to --models")  # fmt: skip
+                    raise CaptioningError(
+                        f"{model} starts from the {first} run of the same "
+                        f"seed; add {first} to --models"
+                    )
         specs = study.plan([run_spec_of(args, m, s) for m in wave for s in seeds], threads)
         for (job,) in study.run_study(specs, job_of, jobs=args.jobs, run=train_and_decode):
-            logger.info("%s seed %d: trained in %.0f s (best validation %s %.3f)",
-                        job["model"], job["seed"], job["train_seconds"],
-                        job["select_metric"], job["best_val"])  # fmt: skip
+            logger.info(
+                "%s seed %d: trained in %.0f s (best validation %s %.3f)",
+                job["model"],
+                job["seed"],
+                job["train_seconds"],
+                job["select_metric"],
+                job["best_val"],
+            )
 
 
 def set_threads(overrides: list[str]) -> int | None:
@@ -230,8 +261,12 @@ def nearest_neighbour(out: Path, overrides: list[str]) -> dict[str, Any]:
     cfg = load_config(ROOT / CONFIGS["soft"][0], job_settings(out, "soft", 0, overrides))
     best_k, val_cider, test = consensus_predictions(cfg)
     seconds = time.perf_counter() - started
-    return {"k": best_k, "val_CIDEr_by_k": {str(k): round(v, 4) for k, v in val_cider.items()},
-            "predictions": test, "seconds": round(seconds, 2)}  # fmt: skip
+    return {
+        "k": best_k,
+        "val_CIDEr_by_k": {str(k): round(v, 4) for k, v in val_cider.items()},
+        "predictions": test,
+        "seconds": round(seconds, 2),
+    }
 
 
 def rows_of_run(
@@ -256,15 +291,29 @@ def collect(args: argparse.Namespace, models: list[str], seeds: list[int]) -> li
             stages = Stages(args.out).seconds
             before = (stages.get("prepare") or 0) + (stages.get("extract") or 0)
             extra = {"k": nn["k"], "val_CIDEr_by_k": nn["val_CIDEr_by_k"]}
-            rows.append({"variant": RECIPE, "model": "nn", "seed": None, "beam_size": None,
-                         **score(nn["predictions"], refs), **extra,
-                         "seconds": {"prepare": stages.get("prepare"),
-                                     "extract": stages.get("extract"), "train": nn["seconds"],
-                                     "recipe": round(before + nn["seconds"], 1)},
-                         "config": CONFIGS["soft"][0], "overrides": [],
-                         "precision": "fp32", **_host(),
-                         "timed_alone": not args.machine_busy, "commit": args.commit,
-                         "command": args.command})  # fmt: skip
+            rows.append(
+                {
+                    "variant": RECIPE,
+                    "model": "nn",
+                    "seed": None,
+                    "beam_size": None,
+                    **score(nn["predictions"], refs),
+                    **extra,
+                    "seconds": {
+                        "prepare": stages.get("prepare"),
+                        "extract": stages.get("extract"),
+                        "train": nn["seconds"],
+                        "recipe": round(before + nn["seconds"], 1),
+                    },
+                    "config": CONFIGS["soft"][0],
+                    "overrides": [],
+                    "precision": "fp32",
+                    **_host(),
+                    "timed_alone": not args.machine_busy,
+                    "commit": args.commit,
+                    "command": args.command,
+                }
+            )
             continue
         for seed in seeds:
             folders = [run_dir(args.out, args.variant, model, seed, kind) for kind in KINDS]
@@ -273,8 +322,12 @@ def collect(args: argparse.Namespace, models: list[str], seeds: list[int]) -> li
                 cuts = tuple(args.cut) if model == "soft" and args.variant == RECIPE else ()
                 rows.extend(rows_of_run(args.out, folder, refs, cuts))
             if not done:
-                logger.warning("%s seed %d has no finished run in %s; no row", model, seed,
-                               " or ".join(str(f) for f in folders))  # fmt: skip
+                logger.warning(
+                    "%s seed %d has no finished run in %s; no row",
+                    model,
+                    seed,
+                    " or ".join(str(f) for f in folders),
+                )
     return rows
 
 
@@ -285,79 +338,15 @@ def _key(row: dict[str, Any]) -> tuple:
 # --------------------------------------------------------------------------- main
 
 
-def parse_cuts(text: str) -> list[int]:
-    try:
-        cuts = study.parse_seeds(text)
-    except StudyError:
-        cuts = [0]
-    if min(cuts) < 1:
-        raise argparse.ArgumentTypeError(f"must be word counts of at least 1, got {text!r}")
-    return cuts
-
-
-def command_of(argv: list[str] | None, out: Path, shared: Path) -> str:
-    """This study's command in module form, ``--out`` and ``--shared`` as OUT and SHARED."""
-    return module_command("benchmarks.flickr8k", argv, {"OUT": out, "SHARED": shared})
-
-
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--shared", required=True, type=Path, help="the shared folder")
-    parser.add_argument("--out", required=True, type=Path, help="working folder")
-    parser.add_argument("--models", default=",".join(MODELS),
-                        help=f"comma-separated, of {', '.join(MODELS)}")  # fmt: skip
-    study.add_seeds_option(parser, "0,1,2", " (training seeds)")
-    parser.add_argument("--variant", default=RECIPE,
-                        help="a name for rows trained with --set overrides")  # fmt: skip
-    parser.add_argument("--first-stage", metavar="VARIANT",
-                        help="the variant of the first-stage runs a second stage starts "
-                             "from (default: --variant; recipe: the shipped recipes')")  # fmt: skip
-    parser.add_argument("--no-score", action="store_true",
-                        help="train and decode only; score later")  # fmt: skip
-    parser.add_argument("--no-train", action="store_true",
-                        help="score the finished runs only; train none")  # fmt: skip
-    parser.add_argument("--cut", type=parse_cuts, default=[],
-                        help="also score the soft model's beam-3 captions cut to their first N "
-                             "words, for each N of this comma-separated list")  # fmt: skip
-    parser.add_argument("--commit", help="the commit to record (where the copy has no .git)")
-    study.add_runner_options(parser, each="every trained model")
-    args = parser.parse_args(argv)
-    args.models = [m for m in args.models.split(",") if m]
-    unknown = sorted(set(args.models) - set(MODELS))
-    if unknown:
-        parser.error(f"unknown model {unknown[0]!r}; choose from {', '.join(MODELS)}")
-    try:
-        args.seeds = study.seeds_of(args)
-        study.refuse_plumbing(args.overrides, OWN)
-    except StudyError as exc:
-        parser.error(str(exc))
-    if not args.variant.isidentifier():
-        parser.error(f"--variant must be a plain name (letters, digits, _), got {args.variant!r}")
-    if args.first_stage and not set(args.models) & set(FIRST_STAGE):
-        parser.error(
-            f"--first-stage names where a second stage starts, and --models has none; "
-            f"add one of {', '.join(FIRST_STAGE)} or leave --first-stage out"
-        )
-    args.first_stage = args.first_stage or args.variant
-    if not args.first_stage.isidentifier():
-        parser.error(f"--first-stage must be a plain name, got {args.first_stage!r}")
-    if args.no_train and args.no_score:
-        parser.error("--no-train --no-score would do nothing")
-    if args.variant != RECIPE and "nn" in args.models:
-        parser.error("--variant trains decoders; leave nn out of --models")
-    return args
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
     try:
-        recorder = study.Recorder.from_args("benchmarks.flickr8k", argv, args, _key,
-                                      places={"SHARED": args.shared})  # fmt: skip
+        recorder = study.Recorder.from_args(
+            "benchmarks.flickr8k", argv, args, _key, places={"SHARED": args.shared}
+        )
         # the code that trains, recorded with each run (--commit: a copy without .git)
         args.commit = recorder.stamp["commit"] = args.commit or recorder.stamp["commit"]
         args.command = recorder.stamp["command"]

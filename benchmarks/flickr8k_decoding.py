@@ -51,8 +51,9 @@ def setting_name(beam: int, penalty: float) -> str:
     return f"beam{beam}_lp{penalty:g}"
 
 
-def decode(checkpoint: Path, split: str, beam: int, penalty: float, folder: Path,
-           meteor: bool) -> tuple[dict[int, str], dict[str, Any]]:  # fmt: skip
+def decode(
+    checkpoint: Path, split: str, beam: int, penalty: float, folder: Path, meteor: bool
+) -> tuple[dict[int, str], dict[str, Any]]:
     """The captions of ``split`` at one setting and the scores the evaluation wrote beside
     them (read back when an earlier call wrote them: a stopped sweep goes on where it
     stopped, so the rows record no seconds)."""
@@ -60,9 +61,15 @@ def decode(checkpoint: Path, split: str, beam: int, penalty: float, folder: Path
 
     found = folder / "predictions.json"
     if not found.is_file():
-        evaluate_checkpoint(checkpoint, split=split, beam_size=beam, meteor=meteor,
-                            progress=False, out_dir=folder,
-                            overrides=[f"decode.length_penalty={penalty}"])  # fmt: skip
+        evaluate_checkpoint(
+            checkpoint,
+            split=split,
+            beam_size=beam,
+            meteor=meteor,
+            progress=False,
+            out_dir=folder,
+            overrides=[f"decode.length_penalty={penalty}"],
+        )
     captions = {p["image_id"]: p["caption"] for p in json.loads(found.read_text())}
     return captions, json.loads((folder / "metrics.json").read_text())
 
@@ -102,18 +109,22 @@ def row_of_run(args: argparse.Namespace, folder: Path, refs: dict) -> dict:
     out = folder / "decoding" / f"test_{setting_name(beam, penalty)}"
     captions, _ = decode(checkpoint, "test", beam, penalty, out, meteor=False)
     return {
-        "variant": args.variant, "model": job["model"], "seed": job["seed"], "beam_size": None,
-        "decode": {"beam_size": beam, "length_penalty": penalty,
-                   "chosen_on": f"val {args.select}"},
+        "variant": args.variant,
+        "model": job["model"],
+        "seed": job["seed"],
+        "beam_size": None,
+        "decode": {"beam_size": beam, "length_penalty": penalty, "chosen_on": f"val {args.select}"},
         **score(captions, refs),
-        "dev_grid": {setting_name(b, a): {k: round(s[k], 5) for k in METRICS}
-                     for (b, a), s in sorted(dev.items())},
+        "dev_grid": {
+            setting_name(b, a): {k: round(s[k], 5) for k in METRICS}
+            for (b, a), s in sorted(dev.items())
+        },
         **{k: job[k] for k in ("select_metric", "best_val", "best_epoch", "epochs", "steps")},
         "config": job["config"],
         "overrides": [portable(o, {"OUT": args.out}) for o in job["settings"]],
         **{k: job[k] for k in ("precision", "device", "threads")},
         "trained_at": job["commit"],
-    }  # fmt: skip
+    }
 
 
 def _key(row: dict[str, Any]) -> tuple:
@@ -127,10 +138,12 @@ def parse_numbers(kind: type) -> Any:
         except ValueError:
             values = []
         if not values or min(values) < (1 if kind is int else 0):
-            raise argparse.ArgumentTypeError(f"must be a comma-separated list of "
-                                             f"{'beam sizes' if kind is int else 'penalties'} "
-                                             f"({'1 or more' if kind is int else '0 or more'}), "
-                                             f"got {text!r}")  # fmt: skip
+            raise argparse.ArgumentTypeError(
+                f"must be a comma-separated list of "
+                f"{'beam sizes' if kind is int else 'penalties'} "
+                f"({'1 or more' if kind is int else '0 or more'}), "
+                f"got {text!r}"
+            )
         return values
 
     return parse
@@ -140,23 +153,36 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--out", required=True, type=Path,
-                        help="the working folder of benchmarks.flickr8k")  # fmt: skip
-    parser.add_argument("--models", default="best",
-                        help=f"comma-separated, of {', '.join(MODELS[1:])} (best)")  # fmt: skip
+    parser.add_argument(
+        "--out", required=True, type=Path, help="the working folder of benchmarks.flickr8k"
+    )
+    parser.add_argument(
+        "--models", default="best", help=f"comma-separated, of {', '.join(MODELS[1:])} (best)"
+    )
     study.add_seeds_option(parser, "0,1,2", " (training seeds)")
     parser.add_argument(
         "--run-variant",
         default="recipe",
         help="the variant of the runs to decode (recipe: the shipped configs')",
     )
-    parser.add_argument("--beams", type=parse_numbers(int), default=[3, 5, 7, 10],
-                        help="beam sizes to try on the dev split (3,5,7,10)")  # fmt: skip
-    parser.add_argument("--length-penalties", type=parse_numbers(float), default=[0.0, 1.0],
-                        help="GNMT length penalties to try (0,1)")  # fmt: skip
-    parser.add_argument("--select", default="Bleu_4", choices=("Bleu_4", "CIDEr", "ROUGE_L"),
-                        help="the dev score that chooses (Bleu_4, the paper's choice of "
-                             "checkpoint)")  # fmt: skip
+    parser.add_argument(
+        "--beams",
+        type=parse_numbers(int),
+        default=[3, 5, 7, 10],
+        help="beam sizes to try on the dev split (3,5,7,10)",
+    )
+    parser.add_argument(
+        "--length-penalties",
+        type=parse_numbers(float),
+        default=[0.0, 1.0],
+        help="GNMT length penalties to try (0,1)",
+    )
+    parser.add_argument(
+        "--select",
+        default="Bleu_4",
+        choices=("Bleu_4", "CIDEr", "ROUGE_L"),
+        help="the dev score that chooses (Bleu_4, the paper's choice of checkpoint)",
+    )
     parser.add_argument("--variant", default=VARIANT, help=f"the rows' variant ({VARIANT})")
     parser.add_argument(
         "--results", type=Path, help="merge the rows into this results file (results/flickr8k.json)"
@@ -197,9 +223,11 @@ def main(argv: list[str] | None = None) -> int:
             for seed in args.seeds:
                 folder = run_folder(args.out, model, seed, args.run_variant)
                 if folder is None:
-                    raise CaptioningError(f"{model} seed {seed} has no finished run in "
-                                          f"{args.out / 'runs'}; train it with "
-                                          f"python -m benchmarks.flickr8k first")  # fmt: skip
+                    raise CaptioningError(
+                        f"{model} seed {seed} has no finished run in "
+                        f"{args.out / 'runs'}; train it with "
+                        f"python -m benchmarks.flickr8k first"
+                    )
                 folders.append(folder)
         recorder = study.Recorder.from_args("benchmarks.flickr8k_decoding", argv, args, _key)
         refs = references(args.out, "test")
@@ -209,10 +237,12 @@ def main(argv: list[str] | None = None) -> int:
         return study.fail(exc)
     for row in rows:
         chosen = row["decode"]
-        print(f"{row['model']} seed {row['seed']}: beam {chosen['beam_size']}, length penalty "
-              f"{chosen['length_penalty']:g} chosen on {chosen['chosen_on']}; test BLEU-4 "
-              f"{100 * row['Bleu_4']:.2f}, METEOR {100 * (row['METEOR'] or 0):.2f}, "
-              f"CIDEr-D {100 * row['CIDEr']:.2f}")  # fmt: skip
+        print(
+            f"{row['model']} seed {row['seed']}: beam {chosen['beam_size']}, length penalty "
+            f"{chosen['length_penalty']:g} chosen on {chosen['chosen_on']}; test BLEU-4 "
+            f"{100 * row['Bleu_4']:.2f}, METEOR {100 * (row['METEOR'] or 0):.2f}, "
+            f"CIDEr-D {100 * row['CIDEr']:.2f}"
+        )
     print(f"wrote {recorder.path}")
     return 0
 

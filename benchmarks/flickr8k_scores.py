@@ -55,22 +55,31 @@ def rows_of_job(
     for beam, seconds in job.pop("evaluate_seconds").items():
         found = json.loads((folder / f"test_beam{beam}" / "predictions.json").read_text())
         predictions = {p["image_id"]: p["caption"] for p in found}
-        rows.append({
-            **{k: job[k] for k in ("variant", "model", "seed")},
-            "beam_size": int(beam),
-            **score(predictions, refs),
-            **{k: job[k] for k in ("select_metric", "best_val", "best_epoch", "epochs", "steps")},
-            "training": _training_trace(history),
-            "seconds": {"prepare": stages.get("prepare"), "extract": stages.get("extract"),
-                        "first_stage": first, "train": job["train_seconds"],
-                        "evaluate": seconds,
-                        "recipe": round(before + first + job["train_seconds"] + seconds, 1)},
-            "config": job["config"],
-            "overrides": [portable(o, {"OUT": out}) for o in job["settings"]],
-            **{k: job[k] for k in ("precision", "device", "cpu", "threads", "timed_alone")},
-            "commit": job["commit"],
-            "command": job["command"],
-        })  # fmt: skip
+        rows.append(
+            {
+                **{k: job[k] for k in ("variant", "model", "seed")},
+                "beam_size": int(beam),
+                **score(predictions, refs),
+                **{
+                    k: job[k]
+                    for k in ("select_metric", "best_val", "best_epoch", "epochs", "steps")
+                },
+                "training": _training_trace(history),
+                "seconds": {
+                    "prepare": stages.get("prepare"),
+                    "extract": stages.get("extract"),
+                    "first_stage": first,
+                    "train": job["train_seconds"],
+                    "evaluate": seconds,
+                    "recipe": round(before + first + job["train_seconds"] + seconds, 1),
+                },
+                "config": job["config"],
+                "overrides": [portable(o, {"OUT": out}) for o in job["settings"]],
+                **{k: job[k] for k in ("precision", "device", "cpu", "threads", "timed_alone")},
+                "commit": job["commit"],
+                "command": job["command"],
+            }
+        )
         if beam == "3":
             for words in cuts:
                 cut = {i: " ".join(c.split()[:words]) for i, c in predictions.items()}

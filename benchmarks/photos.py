@@ -53,7 +53,6 @@ shipped two-stage recipe (docs/photos.md, "The 10-minute recipe"; its rows are v
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import statistics
@@ -66,6 +65,7 @@ from pathlib import Path
 import torch
 
 from benchmarks import study
+from benchmarks.photos_options import MODELS, RECIPE, parse_args, repository_path
 from benchmarks.provenance import ROOT, device_name, portable
 from benchmarks.recipe_stages import Stages, consensus_predictions, convert_backbone, extract_grids
 from benchmarks.results import Row
@@ -77,8 +77,6 @@ from captioning.metrics import caption_metrics
 
 logger = logging.getLogger("captioning")
 
-CONFIG = "configs/photos_mobilenet.yaml"
-MODELS = ("nn", "none", "soft", "hard")
 # what each model sets on top of the config
 MODEL_OVERRIDES = {
     "none": ["model.attention=none"],
@@ -87,7 +85,6 @@ MODEL_OVERRIDES = {
 }
 SCORES = ("CIDEr", "Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "ROUGE_L")
 SPLIT = {"val": 0.1, "test": 0.1, "seed": 0}
-RECIPE = "recipe"  # the variant name of rows trained with the config as it is
 # the study sets these itself (--seeds, --shared): a --set of them is refused
 OWN = ("train.seed", "data.root", "model.weights")
 
@@ -161,16 +158,29 @@ def model_specs(
     runs = out / "runs" if variant == RECIPE else out / "runs" / variant
     test = (Evaluation("test", beam_size, options=(("meteor", False),)),)
     meta = {"variant": variant, "out": out}
-    first = RunSpec(model, config, (*overrides, *MODEL_OVERRIDES[model]), seed,
-                    runs / f"{model}-seed{seed}", plumbing=(*plumbing, "train.quiet=true"),
-                    evaluations=() if then else test,
-                    meta={**meta, "stage": "first" if then else "only"})  # fmt: skip
+    first = RunSpec(
+        model,
+        config,
+        (*overrides, *MODEL_OVERRIDES[model]),
+        seed,
+        runs / f"{model}-seed{seed}",
+        plumbing=(*plumbing, "train.quiet=true"),
+        evaluations=() if then else test,
+        meta={**meta, "stage": "first" if then else "only"},
+    )
     if then is None:
         return [first]
-    second = RunSpec(model, then[0], (*MODEL_OVERRIDES[model], *then[1]), seed,
-                     runs / f"{model}-seed{seed}-then", plumbing=first.plumbing,
-                     init=first.folder / "best.pt", evaluations=test,
-                     meta={**meta, "stage": "then", "first": first, "then": then})  # fmt: skip
+    second = RunSpec(
+        model,
+        then[0],
+        (*MODEL_OVERRIDES[model], *then[1]),
+        seed,
+        runs / f"{model}-seed{seed}-then",
+        plumbing=first.plumbing,
+        init=first.folder / "best.pt",
+        evaluations=test,
+        meta={**meta, "stage": "then", "first": first, "then": then},
+    )
     return [first, second]
 
 
@@ -196,33 +206,42 @@ def photo_row(outcome: Outcome) -> list[Row]:
     if spec.meta["stage"] == "then":
         first = json.loads((first_spec.folder / "summary.json").read_text())
         then_config, then_overrides = spec.meta["then"]
-        row["then"] = {"config": then_config, "overrides": then_overrides,
-                       "first_val_CIDEr": first["best_score"],
-                       "first_best_epoch": first["best_epoch"],
-                       "first_seconds": round(first["seconds"], 2)}  # fmt: skip
+        row["then"] = {
+            "config": then_config,
+            "overrides": then_overrides,
+            "first_val_CIDEr": first["best_score"],
+            "first_best_epoch": first["best_epoch"],
+            "first_seconds": round(first["seconds"], 2),
+        }
         seconds += first["seconds"]
-    row.update({
-        "val_CIDEr": summary.get("best_score"),
-        "best_epoch": summary.get("best_epoch"),
-        "epochs": summary.get("epochs", len(outcome.history)),
-        "steps": summary["steps"],
-        "train_seconds": round(seconds, 2),
-        "steps_per_s": round(summary["steps"] / seconds, 3),
-        "evaluate_seconds": next(iter(outcome.eval_seconds.values())),
-        "config": first_spec.config,
-        # paths inside OUT as OUT/..., so that rows from different machines compare
-        "overrides": [portable(o, {"OUT": spec.meta["out"]})
-                      for o in replace(first_spec, plumbing=spec.plumbing).settings()],
-        **study.run_fields(outcome),
-    })  # fmt: skip
+    row.update(
+        {
+            "val_CIDEr": summary.get("best_score"),
+            "best_epoch": summary.get("best_epoch"),
+            "epochs": summary.get("epochs", len(outcome.history)),
+            "steps": summary["steps"],
+            "train_seconds": round(seconds, 2),
+            "steps_per_s": round(summary["steps"] / seconds, 3),
+            "evaluate_seconds": next(iter(outcome.eval_seconds.values())),
+            "config": first_spec.config,
+            # paths inside OUT as OUT/..., so that rows from different machines compare
+            "overrides": [
+                portable(o, {"OUT": spec.meta["out"]})
+                for o in replace(first_spec, plumbing=spec.plumbing).settings()
+            ],
+            **study.run_fields(outcome),
+        }
+    )
     return [row]
 
 
 def run_models(specs: list[RunSpec], threads: int | None = None, jobs: int = 1) -> Iterator[Row]:
     """The rows of ``specs`` (of :func:`model_specs`), ``jobs`` runs side by side: first
     stages, then second stages, as each run ends."""
-    for wave in ([s for s in specs if "first" not in s.meta],
-                 [s for s in specs if "first" in s.meta]):  # fmt: skip
+    for wave in (
+        [s for s in specs if "first" not in s.meta],
+        [s for s in specs if "first" in s.meta],
+    ):
         for rows in study.run_study(study.plan(wave, threads), photo_row, jobs=jobs):
             yield from rows
 
@@ -234,16 +253,24 @@ def key(row: Row) -> tuple:
 
 def order(earlier: list[Row], merged: list[Row]) -> list[Row]:
     """By variant (the recipe first), model, then seed."""
-    return sorted(merged, key=lambda r: (r.get("variant", RECIPE) != RECIPE,
-                                         r.get("variant", RECIPE), MODELS.index(r["model"]),
-                                         r["seed"] or 0))  # fmt: skip
+    return sorted(
+        merged,
+        key=lambda r: (
+            r.get("variant", RECIPE) != RECIPE,
+            r.get("variant", RECIPE),
+            MODELS.index(r["model"]),
+            r["seed"] or 0,
+        ),
+    )
 
 
 def table(rows: list[Row]) -> str:
     """A Markdown table: per model, test CIDEr-D (mean and each seed), BLEU-4, ROUGE-L,
     and the recipe's seconds."""
-    lines = ["| model | test CIDEr-D, mean | each seed | BLEU-4 | ROUGE-L | recipe s |",
-             "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    lines = [
+        "| model | test CIDEr-D, mean | each seed | BLEU-4 | ROUGE-L | recipe s |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
     for model in MODELS:
         group = [r for r in rows if r["model"] == model and r.get("variant", RECIPE) == RECIPE]
         if not group:
@@ -256,58 +283,14 @@ def table(rows: list[Row]) -> str:
         def mean(name: str, group: list[Row] = group) -> str:
             return f"{statistics.mean(r[name] for r in group):.3f}"
 
-        lines.append(f"| {model} | {mean('CIDEr')} | {each} | {mean('Bleu_4')} | "
-                     f"{mean('ROUGE_L')} | {recipe} |")  # fmt: skip
+        lines.append(
+            f"| {model} | {mean('CIDEr')} | {each} | {mean('Bleu_4')} | "
+            f"{mean('ROUGE_L')} | {recipe} |"
+        )
     return "\n".join(lines)
 
 
 # --------------------------------------------------------------------------- main
-
-
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--shared", required=True, type=Path,
-                        help="the shared folder (data/photos_vi and weights)")  # fmt: skip
-    parser.add_argument("--out", required=True, type=Path, help="working folder")
-    parser.add_argument("--models", default=",".join(MODELS),
-                        help=f"comma-separated, of {', '.join(MODELS)}")  # fmt: skip
-    study.add_seeds_option(parser, "0,1,2", " (training seeds)")
-    parser.add_argument("--config", default=CONFIG, help=f"the recipe ({CONFIG})")
-    parser.add_argument("--beam-size", type=int, default=3)
-    parser.add_argument("--variant", default=RECIPE,
-                        help="a name for rows trained with --set overrides (a lever tried "
-                             "against the recipe)")  # fmt: skip
-    parser.add_argument("--then", metavar="CONFIG",
-                        help="a second stage: train CONFIG from each model's best.pt "
-                             "(needs --variant)")  # fmt: skip
-    parser.add_argument("--then-set", action="append", default=[], metavar="KEY=VALUE",
-                        help="a config override of the second stage (repeatable)")  # fmt: skip
-    study.add_runner_options(parser, each="every model")
-    args = parser.parse_args(argv)
-    args.models = [m for m in args.models.split(",") if m]
-    unknown = sorted(set(args.models) - set(MODELS))
-    if unknown:
-        parser.error(f"unknown model {unknown[0]!r}; choose from {', '.join(MODELS)}")
-    if not args.variant.isidentifier():
-        parser.error(f"--variant must be a plain name (letters, digits, _), got {args.variant!r}")
-    if args.variant != RECIPE and "nn" in args.models:
-        parser.error("--variant trains decoders; leave nn out of --models")
-    if args.then_set and args.then is None:
-        parser.error("--then-set overrides the second stage: name its config with --then")
-    if args.then is not None and args.variant == RECIPE:
-        parser.error("--then makes another recipe: name its rows with --variant")
-    return args
-
-
-def repository_path(text: str) -> str:
-    """A config path as rows name it: relative to the checkout where it lies inside it."""
-    path = Path(text).resolve() if Path(text).exists() else ROOT / text
-    try:
-        return path.relative_to(ROOT).as_posix()
-    except ValueError:
-        return path.as_posix()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -328,21 +311,42 @@ def main(argv: list[str] | None = None) -> int:
         extract(cfg, stages)
         images = {split: len(records) for split, records in load_splits(cfg.data).items()}
         before = stages.seconds.get("prepare", 0.0) + stages.seconds.get("extract", 0.0)
-        context = {"config": config, "split": "test", "beam_size": args.beam_size,
-                   "split_settings": SPLIT, "images": images, "test_images": images["test"],
-                   "prepare_seconds": stages.seconds.get("prepare"),
-                   "extract_seconds": stages.seconds.get("extract")}  # fmt: skip
-        recorder = study.Recorder.from_args("benchmarks.photos", argv, args, key, order=order,
-                                      places={"SHARED": args.shared})  # fmt: skip
+        context = {
+            "config": config,
+            "split": "test",
+            "beam_size": args.beam_size,
+            "split_settings": SPLIT,
+            "images": images,
+            "test_images": images["test"],
+            "prepare_seconds": stages.seconds.get("prepare"),
+            "extract_seconds": stages.seconds.get("extract"),
+        }
+        recorder = study.Recorder.from_args(
+            "benchmarks.photos", argv, args, key, order=order, places={"SHARED": args.shared}
+        )
 
         def record(row: Row) -> list[Row]:
             seconds = before + row["train_seconds"] + row.get("evaluate_seconds", 0.0)
             return recorder.write([{**context, **row, "recipe_seconds": round(seconds, 1)}])
 
         rows = record(nearest_neighbour(cfg)) if "nn" in args.models else []
-        specs = [spec for model in args.models if model != "nn" for seed in seeds
-                 for spec in model_specs(config, plumbing, args.overrides, model, seed, out,
-                                         args.beam_size, args.variant, then)]  # fmt: skip
+        specs = [
+            spec
+            for model in args.models
+            if model != "nn"
+            for seed in seeds
+            for spec in model_specs(
+                config,
+                plumbing,
+                args.overrides,
+                model,
+                seed,
+                out,
+                args.beam_size,
+                args.variant,
+                then,
+            )
+        ]
         for row in run_models(specs, threads, args.jobs):
             rows = record(row)  # written after each run: an interrupted study keeps it
     except CaptioningError as exc:

@@ -51,8 +51,14 @@ from captioning.metrics.scoring import score_predictions
 from captioning.runtime import resolve_device, resolve_precision
 from captioning.train import SINGLE, Setup, set_up, train_step
 
-PHASES = ("data", "encoder forward", "decoder forward + loss", "decoder backward",
-          "encoder backward", "clip + optimiser")  # fmt: skip
+PHASES = (
+    "data",
+    "encoder forward",
+    "decoder forward + loss",
+    "decoder backward",
+    "encoder backward",
+    "clip + optimiser",
+)
 
 
 class _Clock:
@@ -130,8 +136,10 @@ def profile_epoch(
     """Median phase times of ``steps`` training steps (after ``warmup`` untimed ones) and
     one validation's decode and scoring, for ``config`` with ``overrides``; with
     ``compile``, of the model called through ``torch.compile``."""
-    switches = [f"runtime.parallel_decoder={not step_loop}",
-                f"runtime.channels_last={channels_last}"]  # fmt: skip
+    switches = [
+        f"runtime.parallel_decoder={not step_loop}",
+        f"runtime.channels_last={channels_last}",
+    ]
     cfg = load_config(config, [*overrides, *switches, "train.quiet=true"])
     device = resolve_device(cfg.train.device)
     setup = set_up(cfg, None, SINGLE, device)
@@ -152,8 +160,12 @@ def profile_epoch(
         images = batch["images"].to(device) if "images" in batch else None
         grid = batch["grid"].to(device) if "grid" in batch else None
         with torch.no_grad():
-            losses = [setup.run.objective.loss(module, images, grid, batch["tokens"].to(device), 0)
-                      .total.item() for module in (eager, setup.module)]  # fmt: skip
+            losses = [
+                setup.run.objective.loss(
+                    module, images, grid, batch["tokens"].to(device), 0
+                ).total.item()
+                for module in (eager, setup.module)
+            ]
         loss_difference = abs(losses[0] - losses[1])
     else:
         _instrument(setup, clock)
@@ -171,9 +183,12 @@ def profile_epoch(
         profiler.__exit__(None, None, None)
     step = {name: statistics.median(s[name] for s in samples) for name in PHASES}
     if compile:  # no hooks: everything after the data is one phase
-        step = {"data": step["data"],
-                "forward, backward, optimiser": statistics.median(
-                    sum(s.values()) - s["data"] for s in samples)}  # fmt: skip
+        step = {
+            "data": step["data"],
+            "forward, backward, optimiser": statistics.median(
+                sum(s.values()) - s["data"] for s in samples
+            ),
+        }
     started = time.perf_counter()
     predictions, _ = decode_dataset(setup.run.model, setup.val_dataset, cfg, device)
     decode_seconds = time.perf_counter() - started
@@ -223,20 +238,28 @@ def format_markdown(result: dict[str, Any]) -> str:
         "| --- | --- | --- | --- |",
     ]
     for name, seconds in result["phases"].items():
-        lines.append(f"| {name} | {seconds * 1e3:.0f} ms | {seconds * steps:.1f} s | "
-                     f"{seconds * steps / epoch:.0%} |")  # fmt: skip
+        lines.append(
+            f"| {name} | {seconds * 1e3:.0f} ms | {seconds * steps:.1f} s | "
+            f"{seconds * steps / epoch:.0%} |"
+        )
     for name in ("decode", "score"):
         seconds = result[f"validation_{name}_seconds"]
         lines.append(f"| validation: {name} | | {seconds:.1f} s | {seconds / epoch:.0%} |")
     lines.append(f"| **epoch** | {result['step_seconds'] * 1e3:.0f} ms | {epoch:.1f} s | |")
     if result["first_epoch_image_loading_seconds"] > 0:
-        lines += ["", f"The first epoch also decodes every image once into the cache "
-                  f"(`data.cache_images`): {result['first_epoch_image_loading_seconds']:.1f} s; "
-                  f"the table is for the epochs after it."]  # fmt: skip
+        lines += [
+            "",
+            f"The first epoch also decodes every image once into the cache "
+            f"(`data.cache_images`): {result['first_epoch_image_loading_seconds']:.1f} s; "
+            f"the table is for the epochs after it.",
+        ]
     if result.get("compiled"):
-        lines += ["", f"Compiled: the warm-up steps took {result['compile_warmup_seconds']:.1f} s "
-                  f"(compilation); one batch's loss differs from the eager model's by "
-                  f"{result['compiled_loss_difference']:.2g}."]  # fmt: skip
+        lines += [
+            "",
+            f"Compiled: the warm-up steps took {result['compile_warmup_seconds']:.1f} s "
+            f"(compilation); one batch's loss differs from the eager model's by "
+            f"{result['compiled_loss_difference']:.2g}.",
+        ]
     if result["ops"]:
         lines += ["", "```", result["ops"].rstrip(), "```"]
     return "\n".join(lines)
@@ -247,8 +270,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m benchmarks.profile_epoch", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--config", required=True, help="YAML config, as for train")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a config value (repeatable)")  # fmt: skip
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config value (repeatable)",
+    )
     parser.add_argument("--steps", type=int, default=20, help="timed steps (default 20)")
     parser.add_argument("--ops", action="store_true", help="add torch.profiler's top operators")
     parser.add_argument(
@@ -256,8 +284,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="teacher forcing word by word (the code before all-at-once)",
     )
-    parser.add_argument("--no-channels-last", action="store_true",
-                        help="NCHW convolutions (the code before channels-last)")  # fmt: skip
+    parser.add_argument(
+        "--no-channels-last",
+        action="store_true",
+        help="NCHW convolutions (the code before channels-last)",
+    )
     parser.add_argument(
         "--compile",
         action="store_true",
@@ -276,9 +307,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.steps < 1:
         parser.error("--steps must be at least 1")
     try:
-        result = profile_epoch(args.config, args.set, args.steps, args.ops, args.step_loop,
-                               not args.no_channels_last, args.compile, args.warmup,
-                               args.backend)  # fmt: skip
+        result = profile_epoch(
+            args.config,
+            args.set,
+            args.steps,
+            args.ops,
+            args.step_loop,
+            not args.no_channels_last,
+            args.compile,
+            args.warmup,
+            args.backend,
+        )
     except CaptioningError as exc:
         return fail(exc)
     print(format_markdown(result))
@@ -292,11 +331,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         row["overrides"] = [portable(o) for o in row["overrides"]]
         key = ("kind", "config", "overrides", "step_loop", "channels_last", "compiled")
         try:
-            record(args.results, [row], lambda r: tuple(str(r.get(k)) for k in key),
-                   module="benchmarks.profile_epoch", argv=argv,
-                   timed_alone=not args.machine_busy, device=row["device"],
-                   settings=("threads", "precision", "batch_size"),
-                   replace=args.replace)  # fmt: skip
+            record(
+                args.results,
+                [row],
+                lambda r: tuple(str(r.get(k)) for k in key),
+                module="benchmarks.profile_epoch",
+                argv=argv,
+                timed_alone=not args.machine_busy,
+                device=row["device"],
+                settings=("threads", "precision", "batch_size"),
+                replace=args.replace,
+            )
         except CaptioningError as exc:
             return fail(exc)
         print(f"merged the row into {args.results}")

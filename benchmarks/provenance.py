@@ -33,10 +33,21 @@ SHARED = ROOT.parent / "shared"  # the project's shared data and weights, beside
 OUTPUT_OPTIONS = ("--out", "--results")
 
 __all__ = [
-    "ROOT", "SHARED", "OUTPUT_OPTIONS", "git_commit", "machine", "cpu_model", "device_name",
-    "usable_cores", "portable", "module_command", "stamp", "record", "add_result_options",
+    "ROOT",
+    "SHARED",
+    "OUTPUT_OPTIONS",
+    "git_commit",
+    "machine",
+    "cpu_model",
+    "device_name",
+    "usable_cores",
+    "portable",
+    "module_command",
+    "stamp",
+    "record",
+    "add_result_options",
     "add_replace_option",
-]  # fmt: skip
+]
 
 
 def git_commit() -> str:

@@ -45,9 +45,21 @@ class Stages:
 def convert_backbone(source: Path, weights: Path) -> None:
     """The shared MobileNetV2 file ``source`` into torchvision's layout at ``weights``."""
     weights.parent.mkdir(parents=True, exist_ok=True)
-    subprocess.run([sys.executable, "-m", "tools.convert_weights", str(source), str(weights),
-                    "--arch", "mobilenet_v2", "--force"],
-                   cwd=ROOT, check=True, stdout=subprocess.DEVNULL)  # fmt: skip
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tools.convert_weights",
+            str(source),
+            str(weights),
+            "--arch",
+            "mobilenet_v2",
+            "--force",
+        ],
+        cwd=ROOT,
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
 
 
 def extract_grids(cfg: Config) -> bool:
@@ -88,7 +100,8 @@ def consensus_predictions(
 
     val_refs = {r.image_id: list(r.captions) for r in splits["val"]}
     ks = tuple(k for k in ks if k <= len(train))
-    val_cider = {k: caption_metrics(predictions("val", k), val_refs, meteor=False)["CIDEr"]
-                 for k in ks}  # fmt: skip
+    val_cider = {
+        k: caption_metrics(predictions("val", k), val_refs, meteor=False)["CIDEr"] for k in ks
+    }
     best_k = max(ks, key=lambda k: (val_cider[k], -k))
     return best_k, val_cider, predictions("test", best_k)

@@ -25,8 +25,16 @@ Row = dict[str, Any]
 Key = Callable[[Row], Hashable]
 
 # overrides that say where and how fast a run ran, not what it learnt: left out of settings
-PLUMBING = ("train.seed", "train.threads", "train.quiet", "train.device", "train.log_every",
-            "train.figure_every_epoch", "data.root", "model.weights")  # fmt: skip
+PLUMBING = (
+    "train.seed",
+    "train.threads",
+    "train.quiet",
+    "train.device",
+    "train.log_every",
+    "train.figure_every_epoch",
+    "data.root",
+    "model.weights",
+)
 SETTINGS_FIELDS = ("config", "overrides", "precision", "epochs")
 
 

@@ -157,12 +157,15 @@ def speedups(rows: list[dict[str, Any]]) -> list[str]:
     """Per client count, the requests/s of the largest batch limit over one at a time."""
     lines = []
     for clients in sorted({row["clients"] for row in rows}):
-        rates = {row["max_batch"]: row["requests_per_s"] for row in rows
-                 if row["clients"] == clients}  # fmt: skip
+        rates = {
+            row["max_batch"]: row["requests_per_s"] for row in rows if row["clients"] == clients
+        }
         largest = max(rates)
         if 1 in rates and largest > 1:
-            lines.append(f"{clients} clients: {rates[largest] / rates[1]:.2f}x the requests/s "
-                         f"with --max-batch {largest} as with 1")  # fmt: skip
+            lines.append(
+                f"{clients} clients: {rates[largest] / rates[1]:.2f}x the requests/s "
+                f"with --max-batch {largest} as with 1"
+            )
     return lines
 
 
@@ -213,8 +216,9 @@ def model_cost(
             )
     captioning: dict[int, float] = {}  # ms per image by batch size
     for batch in (1, largest, 2 * largest, 4 * largest):
-        work = partial(model.caption_inputs, batch_of(batch), beam_size=beam_size,
-                       encode_batch=encode_batch)  # fmt: skip
+        work = partial(
+            model.caption_inputs, batch_of(batch), beam_size=beam_size, encode_batch=encode_batch
+        )
         captioning[batch] = cost[f"model_caption_ms_batch{batch}"] = median_ms(work, per=batch)
     cost["model_encode_ms_best"] = min(v for k, v in cost.items() if k.startswith("model_encode"))
     cost["model_caption_ms_best"] = min(v for b, v in captioning.items() if b > 1)
@@ -249,8 +253,13 @@ def merge(path: Path, rows: list[dict[str, Any]], replace: bool = False) -> list
             name were made with another beam size, precision or threads (one line; the file
             is untouched).
     """
-    return write_results(path, rows, lambda r: r.get("name"), replace=replace,
-                         settings=lambda r: {k: r[k] for k in SETTINGS if k in r})  # fmt: skip
+    return write_results(
+        path,
+        rows,
+        lambda r: r.get("name"),
+        replace=replace,
+        settings=lambda r: {k: r[k] for k in SETTINGS if k in r},
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -258,20 +267,25 @@ def main(argv: list[str] | None = None) -> int:
     server answers other than 200 or 503, 2 when ``--results`` holds rows of other
     settings."""
     parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.serve_load", description=__doc__.split("\n\n")[0],
+        prog="python -m benchmarks.serve_load",
+        description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
-    )  # fmt: skip
+    )
     parser.add_argument("--checkpoint", required=True)
     parser.add_argument("--images", required=True, type=Path, help="a folder of images to send")
     parser.add_argument("--clients", default="1,8,32,128", help="comma-separated client counts")
     parser.add_argument("--requests", type=int, default=100, help="timed requests per count")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--beam-size", type=int, default=3)
-    parser.add_argument("--max-batch", default="1,16",
-                        help="comma-separated server batch limits, one server each (1: one "
-                        "image captioned at a time)")  # fmt: skip
-    parser.add_argument("--timeout", type=float, default=300.0,
-                        help="the server's deadline per request, seconds")  # fmt: skip
+    parser.add_argument(
+        "--max-batch",
+        default="1,16",
+        help="comma-separated server batch limits, one server each (1: one "
+        "image captioned at a time)",
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=300.0, help="the server's deadline per request, seconds"
+    )
     parser.add_argument(
         "--results",
         "--out",
@@ -282,8 +296,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--replace", action="store_true", help="with --results: also replace rows of other settings"
     )
-    parser.add_argument("--machine-busy", action="store_true",
-                        help="other work ran beside this one: the rows say so")  # fmt: skip
+    parser.add_argument(
+        "--machine-busy",
+        action="store_true",
+        help="other work ran beside this one: the rows say so",
+    )
     parser.add_argument(
         "--name", default="model", help="what the rows call this model (other names' rows stay)"
     )
@@ -304,8 +321,14 @@ def main(argv: list[str] | None = None) -> int:
     cost = in_passing_thread(model_cost, model, files, max(batch_limits), args.beam_size)
     rows: list[dict[str, Any]] = []
     for max_batch in batch_limits:
-        settings = settings_for(model, max_upload_mb=10, examples=(), max_batch=max_batch,
-                                timeout=args.timeout, max_queue=max(client_counts))  # fmt: skip
+        settings = settings_for(
+            model,
+            max_upload_mb=10,
+            examples=(),
+            max_batch=max_batch,
+            timeout=args.timeout,
+            max_queue=max(client_counts),
+        )
         with BackgroundServer(model, settings) as url:
             run_clients(url, bodies, 1, args.warmup)
             for clients in client_counts:
@@ -355,9 +378,11 @@ def main(argv: list[str] | None = None) -> int:
         print(line)
     for clients, rate in sorted(one_at_a_time.items()):
         bounds = ceilings(cost, largest, rate)
-        print(f"{clients} clients: at most {bounds['batching_ceiling']:.2f}x the one-at-a-time "
-              f"requests/s with the encoder alone, {bounds.get('model_ceiling', 0):.2f}x with "
-              f"the whole captioning at its best batch size")  # fmt: skip
+        print(
+            f"{clients} clients: at most {bounds['batching_ceiling']:.2f}x the one-at-a-time "
+            f"requests/s with the encoder alone, {bounds.get('model_ceiling', 0):.2f}x with "
+            f"the whole captioning at its best batch size"
+        )
     print("model alone, ms per image: " + ", ".join(f"{k} {v}" for k, v in cost.items()))
     if args.results:
         try:

@@ -24,8 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
-import select
 import socket
 import subprocess
 import sys
@@ -35,12 +33,21 @@ import urllib.request
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from benchmarks.hostile_uploads import form, request_head, scan_bomb, uploads
+from benchmarks.hostile_clients import (
+    HEADER_TIMEOUT,
+    REQUEST_TIMEOUT,
+    Outcome,
+    clients,
+    form,
+    request_head,
+    scan_bomb,
+    talk,
+    uploads,
+)
 from benchmarks.provenance import device_name, git_commit, machine, module_command
 from benchmarks.study_options import fail
 from captioning.errors import CaptioningError
@@ -48,112 +55,6 @@ from captioning.runtime import write_atomically
 
 ROOT = Path(__file__).resolve().parent.parent
 RSS_LIMIT = 2 * 2**30
-# The server's deadlines with its defaults (captioning.serve.server.ConnectionLimits, and
-# `captioning serve --timeout`), and what a client allows beyond them.
-HEADER_TIMEOUT = 10.0
-REQUEST_TIMEOUT = 30.0 + 10.0
-SLACK = 10.0
-
-
-@dataclass
-class Outcome:
-    """What one client saw: the answer's status (None: none came), whether the server
-    closed the connection without one, the seconds it took, and the answer's error."""
-
-    kind: str
-    status: int | None
-    closed: bool
-    seconds: float
-    error: str | None = None
-
-
-# --- one client -------------------------------------------------------------------------------
-
-
-def talk(port: int, kind: str, data: bytes, rest: bytes = b"", pace: float = 0.0,
-         limit: float = REQUEST_TIMEOUT + SLACK) -> Outcome:  # fmt: skip
-    """Send ``data``, then ``rest`` (a 64 KB piece whenever the socket takes one, or, with
-    ``pace``, 100 bytes every ``pace`` seconds) while reading what comes back, until an
-    answer has come, the server has closed the connection, or ``limit`` seconds."""
-    started = next_send = time.monotonic()
-    reply = b""
-    with socket.create_connection(("127.0.0.1", port), timeout=limit) as conn:
-        conn.sendall(data)
-        conn.setblocking(False)
-        while (elapsed := time.monotonic() - started) < limit:
-            writing = [conn] if rest and time.monotonic() >= next_send else []
-            readable, writable, _ = select.select([conn], writing, [], 0.2)
-            try:
-                if readable:
-                    chunk = conn.recv(65536)
-                    if not chunk:
-                        return answered(kind, reply, elapsed, closed=True)
-                    reply += chunk
-                    if complete(reply):
-                        return answered(kind, reply, elapsed)
-                if writable:
-                    rest = rest[conn.send(rest[: 100 if pace else 65536]) :]
-                    next_send = time.monotonic() + pace
-            except (BlockingIOError, InterruptedError):
-                continue
-            except OSError:  # reset by the server
-                return answered(kind, reply, time.monotonic() - started, closed=True)
-    return Outcome(kind, None, False, limit)
-
-
-def hang_up(port: int, kind: str, data: bytes) -> Outcome:
-    """Send ``data`` (as much as the server takes within 5 s) and close the connection."""
-    started = time.monotonic()
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
-        try:
-            conn.sendall(data)
-        except OSError:  # a request waiting for a place: its body is not read yet
-            pass
-    return Outcome(kind, None, False, time.monotonic() - started)
-
-
-def complete(reply: bytes) -> bool:
-    """Whether ``reply`` holds a whole answer (its headers, and its body by Content-Length)."""
-    head, found, body = reply.partition(b"\r\n\r\n")
-    if not found:
-        return False
-    length = re.search(rb"(?im)^content-length:\s*(\d+)", head)
-    return length is None or len(body) >= int(length.group(1))
-
-
-def answered(kind: str, reply: bytes, seconds: float, closed: bool = False) -> Outcome:
-    """The :class:`Outcome` of a client that read ``reply``."""
-    status = re.match(rb"HTTP/1\.[01] (\d{3})", reply)
-    if status is None:
-        return Outcome(kind, None, closed, seconds)
-    error = re.search(rb'"error":\s*"([^"]*)"', reply)
-    message = error.group(1).decode(errors="replace") if error else None
-    return Outcome(kind, int(status.group(1)), False, seconds, message)
-
-
-def clients(bodies: dict[str, bytes]) -> list[tuple[str, Callable[[int], Outcome]]]:
-    """The kinds of client, each as (name, a function of the server's port)."""
-    kinds: list[tuple[str, Callable[[int], Outcome]]] = []
-    for kind, data in bodies.items():
-        body, content_type = form(data)
-        kinds.append((kind, lambda port, k=kind, b=body, c=content_type:
-                      talk(port, k, request_head(c, len(b)), b)))  # fmt: skip
-    slow, content_type = form(bodies["a large photo"])
-    head = request_head(content_type, len(slow))
-    small, small_type = form(bodies["small image"])
-    whole = request_head(small_type, len(small)) + small
-    kinds += [
-        ("a slow body", lambda port: talk(port, "a slow body", head, slow, pace=0.5)),
-        ("hang up mid-upload", lambda port: hang_up(port, "hang up mid-upload",
-                                                    head + slow[: len(slow) // 2])),
-        ("hang up once sent", lambda port: hang_up(port, "hang up once sent", whole)),
-        ("half the headers", lambda port: talk(port, "half the headers",
-                                               b"POST /api/caption HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                                               b"Content-Ty", limit=HEADER_TIMEOUT + SLACK)),
-    ]  # fmt: skip
-    return kinds
-
-
 # --- the run ----------------------------------------------------------------------------------
 
 
@@ -179,8 +80,19 @@ def free_port() -> int:
 
 def start_server(checkpoint: Path, port: int, log: Path) -> subprocess.Popen:
     """``captioning serve`` on ``port`` with its default limits, once it answers."""
-    command = [sys.executable, "-m", "captioning", "serve", "--checkpoint", str(checkpoint),
-               "--port", str(port), "--quiet", "--device", "cpu"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "captioning",
+        "serve",
+        "--checkpoint",
+        str(checkpoint),
+        "--port",
+        str(port),
+        "--quiet",
+        "--device",
+        "cpu",
+    ]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     with open(log, "w") as out:
         server = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
@@ -248,16 +160,29 @@ def stress(checkpoint: Path, count: int, folder: Path, bombs: int = 3) -> dict[s
     return report(outcomes, seconds, peak, after, alive, log.read_text(errors="replace"))
 
 
-def report(outcomes: list[Outcome], seconds: float, peak: int, after: dict[str, int | None],
-           alive: bool, log: str) -> dict[str, Any]:  # fmt: skip
+def report(
+    outcomes: list[Outcome],
+    seconds: float,
+    peak: int,
+    after: dict[str, int | None],
+    alive: bool,
+    log: str,
+) -> dict[str, Any]:
     """The run's numbers and its checks."""
     by_kind: dict[str, Any] = {}
     for outcome in outcomes:
-        row = by_kind.setdefault(outcome.kind, {"outcomes": Counter(), "max_seconds": 0.0,
-                                                "errors": set()})  # fmt: skip
-        shown = ("hung up" if outcome.kind.startswith("hang up") else
-                 "closed by the server" if outcome.closed else
-                 str(outcome.status) if outcome.status else "no answer")  # fmt: skip
+        row = by_kind.setdefault(
+            outcome.kind, {"outcomes": Counter(), "max_seconds": 0.0, "errors": set()}
+        )
+        shown = (
+            "hung up"
+            if outcome.kind.startswith("hang up")
+            else "closed by the server"
+            if outcome.closed
+            else str(outcome.status)
+            if outcome.status
+            else "no answer"
+        )
         row["outcomes"][shown] += 1
         row["max_seconds"] = max(row["max_seconds"], round(outcome.seconds, 1))
         if outcome.error:
@@ -266,8 +191,11 @@ def report(outcomes: list[Outcome], seconds: float, peak: int, after: dict[str, 
         row["outcomes"] = dict(row["outcomes"])
         row["errors"] = sorted(row["errors"])
     statuses = [o.status for o in outcomes if o.status is not None]
-    unanswered = [o for o in outcomes if o.status is None and not o.closed
-                  and not o.kind.startswith("hang up")]  # fmt: skip
+    unanswered = [
+        o
+        for o in outcomes
+        if o.status is None and not o.closed and not o.kind.startswith("hang up")
+    ]
     slowloris = [o for o in outcomes if o.kind == "half the headers"]
     tracebacks = [line for line in log.splitlines() if "Traceback" in line or "ERROR" in line]
     normal = [o for o in outcomes if o.kind == "small image"]
@@ -304,14 +232,23 @@ def main(argv: list[str] | None = None) -> int:
     """Run the stress test from the command line (None: ``sys.argv[1:]``); 0 when every
     check passes, else 1."""
     parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.serve_stress", description=__doc__.split("\n\n")[0],
+        prog="python -m benchmarks.serve_stress",
+        description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
-    )  # fmt: skip
-    parser.add_argument("--checkpoint", type=Path, default=None,
-                        help="the model (default: a tiny one, trained first)")  # fmt: skip
+    )
+    parser.add_argument(
+        "--checkpoint",
+        type=Path,
+        default=None,
+        help="the model (default: a tiny one, trained first)",
+    )
     parser.add_argument("--clients", type=int, default=300, help="clients at once (default 300)")
-    parser.add_argument("--scan-bombs", type=int, default=3,
-                        help="of them, how many upload a JPEG scan bomb (default 3)")  # fmt: skip
+    parser.add_argument(
+        "--scan-bombs",
+        type=int,
+        default=3,
+        help="of them, how many upload a JPEG scan bomb (default 3)",
+    )
     parser.add_argument(
         "--results",
         "--out",
@@ -319,8 +256,11 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="also write the report here (results/serve_stress.json)",
     )
-    parser.add_argument("--machine-busy", action="store_true",
-                        help="other work ran beside this one: the report says so")  # fmt: skip
+    parser.add_argument(
+        "--machine-busy",
+        action="store_true",
+        help="other work ran beside this one: the report says so",
+    )
     args = parser.parse_args(argv)
     if args.clients < 1:
         parser.error(f"--clients must be at least 1, got {args.clients}")
@@ -331,9 +271,13 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as scratch:
         checkpoint = args.checkpoint or tiny_checkpoint(Path(scratch))
         result = stress(checkpoint, args.clients, Path(scratch), args.scan_bombs)
-    result.update(command=module_command("benchmarks.serve_stress", argv), commit=git_commit(),
-                  **machine(), device=device_name("cpu"),
-                  timed_alone=not args.machine_busy)  # fmt: skip
+    result.update(
+        command=module_command("benchmarks.serve_stress", argv),
+        commit=git_commit(),
+        **machine(),
+        device=device_name("cpu"),
+        timed_alone=not args.machine_busy,
+    )
     text = json.dumps(result, indent=1)
     print(text)
     if args.results:

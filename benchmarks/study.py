@@ -49,6 +49,7 @@ from benchmarks.study_options import (
     parse_seeds,
     refuse_plumbing,
     seeds_of,
+    threads_for,
 )
 from captioning.checkpoint import load_checkpoint
 from captioning.config import Config, config_to_dict, load_config
@@ -56,10 +57,29 @@ from captioning.evaluate import evaluate_checkpoint
 from captioning.runtime import resolve_device, resolve_precision, write_atomically
 from captioning.train import TrainingError, fit
 
-__all__ = ["PLUMBING", "ResultsError", "write_results", "StudyError", "parse_seeds",
-           "Evaluation", "RunSpec", "Outcome", "run_spec", "run_study", "plan", "threads_for",
-           "Recorder", "add_runner_options", "add_seeds_option", "seeds_of",
-           "refuse_plumbing", "run_fields", "fail", "check_folder", "train"]  # fmt: skip
+__all__ = [
+    "PLUMBING",
+    "ResultsError",
+    "write_results",
+    "StudyError",
+    "parse_seeds",
+    "Evaluation",
+    "RunSpec",
+    "Outcome",
+    "run_spec",
+    "run_study",
+    "plan",
+    "threads_for",
+    "Recorder",
+    "add_runner_options",
+    "add_seeds_option",
+    "seeds_of",
+    "refuse_plumbing",
+    "run_fields",
+    "fail",
+    "check_folder",
+    "train",
+]
 
 SUMMARY, FAILED = "summary.json", "failed.json"  # in a run folder: finished, or diverged
 # config keys that may differ between a run folder and the spec that resumes or re-reads it:
@@ -173,8 +193,10 @@ def check_folder(spec: RunSpec, cfg: Config) -> None:
     free = [k for k in wants if k.startswith("runtime.") or k in _FREE]
     changed = [k for k, v in wants.items() if k not in free and had.get(k, v) != v]
     if changed:
-        raise StudyError(f"{spec.folder} holds a run with other settings "
-                         f"({', '.join(changed[:4])}); give another --out")  # fmt: skip
+        raise StudyError(
+            f"{spec.folder} holds a run with other settings "
+            f"({', '.join(changed[:4])}); give another --out"
+        )
 
 
 def _finished(spec: RunSpec, cfg: Config) -> bool:
@@ -201,8 +223,10 @@ def train(spec: RunSpec) -> Outcome:
     if trained_now:
         last = folder / "last.pt"
         if spec.adopted:
-            raise StudyError(f"{folder} has not finished training; resume it with captioning "
-                             f"train --resume {last}, or leave it out")  # fmt: skip
+            raise StudyError(
+                f"{folder} has not finished training; resume it with captioning "
+                f"train --resume {last}, or leave it out"
+            )
         resume = str(last) if last.is_file() else None
         init = None if resume or spec.init is None else str(spec.init)
         try:
@@ -212,12 +236,18 @@ def train(spec: RunSpec) -> Outcome:
             return Outcome(spec, None, failed=str(exc))
         kept = ("best_score", "best_epoch", "epochs", "steps", "seconds")
         write_atomically(folder / SUMMARY, json.dumps({k: summary[k] for k in kept}) + "\n")
-    state = load_checkpoint(folder / "last.pt" if (folder / "last.pt").is_file() else
-                            folder / "best.pt")  # fmt: skip
+    state = load_checkpoint(
+        folder / "last.pt" if (folder / "last.pt").is_file() else folder / "best.pt"
+    )
     summary = json.loads((folder / SUMMARY).read_text()) if (folder / SUMMARY).is_file() else {}
     summary.setdefault("steps", state["step"])
-    return Outcome(spec, load_config(folder / "config.yaml"), trained_now=trained_now,
-                   summary=summary, history=state["history"])  # fmt: skip
+    return Outcome(
+        spec,
+        load_config(folder / "config.yaml"),
+        trained_now=trained_now,
+        summary=summary,
+        history=state["history"],
+    )
 
 
 def run_spec(spec: RunSpec) -> Outcome:
@@ -227,12 +257,14 @@ def run_spec(spec: RunSpec) -> Outcome:
         for evaluation in spec.evaluations:
             started = time.perf_counter()
             outcome.metrics[evaluation.name] = evaluate_checkpoint(
-                spec.folder / "best.pt", split=evaluation.split,
-                beam_size=evaluation.beam_size, hard_context=evaluation.hard_context,
+                spec.folder / "best.pt",
+                split=evaluation.split,
+                beam_size=evaluation.beam_size,
+                hard_context=evaluation.hard_context,
                 progress=False,
                 out_dir=spec.folder / f"eval_{evaluation.name}" if evaluation.write else None,
                 **dict(evaluation.options),
-            )  # fmt: skip
+            )
             outcome.eval_seconds[evaluation.name] = round(time.perf_counter() - started, 2)
     return outcome
 
@@ -276,21 +308,6 @@ def run_study(
         futures = [pool.submit(_job, make_row, spec, run) for spec in specs]
         for future in as_completed(futures):
             yield future.result()
-
-
-def threads_for(jobs: int, threads: int | None, cores: int | None = None) -> int | None:
-    """``train.threads`` of each run when ``jobs`` run side by side on ``cores`` (default:
-    this process's): ``threads`` as asked, else max(1, cores // jobs) for several jobs and
-    None (torch's choice) for one. More threads than cores is a :class:`StudyError`."""
-    if jobs == 1:
-        return threads
-    cores = cores or usable_cores()
-    if threads is None:
-        return max(1, cores // jobs)
-    if threads * jobs > cores:
-        raise StudyError(f"--threads {threads} with --jobs {jobs} asks {threads * jobs} threads "
-                         f"of {cores} cores; leave out --threads")  # fmt: skip
-    return threads
 
 
 def plan(specs: list[RunSpec], threads: int | None) -> list[RunSpec]:
@@ -337,12 +354,21 @@ class Recorder:
         }
 
     @classmethod
-    def from_args(cls, module: str, argv: list[str] | None, args: argparse.Namespace,
-                  key: Key, **kwargs: Any) -> Recorder:  # fmt: skip
+    def from_args(
+        cls, module: str, argv: list[str] | None, args: argparse.Namespace, key: Key, **kwargs: Any
+    ) -> Recorder:
         """A recorder of the options of :func:`add_runner_options` and ``args.out``."""
-        return cls(module, argv, Path(args.out), key, results=args.results,
-                   replace=args.replace, timed_alone=not args.machine_busy, jobs=args.jobs,
-                   **kwargs)  # fmt: skip
+        return cls(
+            module,
+            argv,
+            Path(args.out),
+            key,
+            results=args.results,
+            replace=args.replace,
+            timed_alone=not args.machine_busy,
+            jobs=args.jobs,
+            **kwargs,
+        )
 
     @property
     def path(self) -> Path:
@@ -352,5 +378,11 @@ class Recorder:
     def write(self, rows: list[Row]) -> list[Row]:
         """Stamp ``rows`` and merge them into :attr:`path`; the file's rows after."""
         stamped = [{**self.stamp, **row} for row in rows]
-        return write_results(self.path, stamped, self.key, replace=self.replace,
-                             settings=self.settings, order=self.order)  # fmt: skip
+        return write_results(
+            self.path,
+            stamped,
+            self.key,
+            replace=self.replace,
+            settings=self.settings,
+            order=self.order,
+        )

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from benchmarks.provenance import add_replace_option, add_result_options
+from benchmarks.provenance import add_replace_option, add_result_options, usable_cores
 from benchmarks.results import PLUMBING
 from captioning.cli import add_set_option, positive_int
 from captioning.config import parse_override
@@ -44,8 +44,12 @@ def parse_seeds(text: str) -> list[int]:
 def add_seeds_option(parser: argparse.ArgumentParser, default: str, what: str = "") -> None:
     """``--seeds`` (``0,1,2``, ``0-9``, ``3``, or words ``0 1 2``), read by
     :func:`parse_seeds` from ``" ".join(args.seeds)``."""
-    parser.add_argument("--seeds", nargs="+", default=[default],
-                        help=f"seeds such as 0-9, 0,2,4 or 3{what} ({default})")  # fmt: skip
+    parser.add_argument(
+        "--seeds",
+        nargs="+",
+        default=[default],
+        help=f"seeds such as 0-9, 0,2,4 or 3{what} ({default})",
+    )
 
 
 def seeds_of(args: argparse.Namespace) -> list[int]:
@@ -72,11 +76,30 @@ def refuse_plumbing(overrides: list[str], plumbing: tuple[str, ...] = PLUMBING) 
     for text in overrides:
         key = ".".join(parse_override(text)[0])
         if key in plumbing:
-            raise StudyError(f"--set {text}: {key} is the study's to set; use --seeds, "
-                             f"--threads or the study's own options")  # fmt: skip
+            raise StudyError(
+                f"--set {text}: {key} is the study's to set; use --seeds, "
+                f"--threads or the study's own options"
+            )
 
 
 def fail(exc: Exception) -> int:
     """Print ``exc`` as a one-line error; the exit status of a user's error (2)."""
     print(f"error: {exc}", file=sys.stderr)
     return 2
+
+
+def threads_for(jobs: int, threads: int | None, cores: int | None = None) -> int | None:
+    """``train.threads`` of each run when ``jobs`` run side by side on ``cores`` (default:
+    this process's): ``threads`` as asked, else max(1, cores // jobs) for several jobs and
+    None (torch's choice) for one. More threads than cores is a :class:`StudyError`."""
+    if jobs == 1:
+        return threads
+    cores = cores or usable_cores()
+    if threads is None:
+        return max(1, cores // jobs)
+    if threads * jobs > cores:
+        raise StudyError(
+            f"--threads {threads} with --jobs {jobs} asks {threads * jobs} threads "
+            f"of {cores} cores; leave out --threads"
+        )
+    return threads

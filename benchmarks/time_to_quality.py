@@ -54,8 +54,11 @@ TARGETS: dict[str, dict[str, float]] = {
     "hard": {"seconds": 360, "exact": 0.97, "pointing": 0.90},
     "quickstart": {"seconds": 180, "exact": 0.95},
 }
-POINTING = {"colour": "pointing_game/color", "size": "pointing_game/size",
-            "shape": "pointing_game/category"}  # fmt: skip
+POINTING = {
+    "colour": "pointing_game/color",
+    "size": "pointing_game/size",
+    "shape": "pointing_game/category",
+}
 
 
 class Failed(Exception):
@@ -148,8 +151,17 @@ def run_one(recipe: str, seed: int | None, out: Path, python: str) -> dict[str, 
     if recipe == "quickstart":
         folder, data = out / "quickstart", out / "quickstart_data"
         remove_own(data, "shapes")  # written afresh, as on a fresh clone
-        words = [python, "-m", "captioning", "quickstart", "--quiet", "--out", str(folder),
-                 "--data-root", str(data)]  # fmt: skip
+        words = [
+            python,
+            "-m",
+            "captioning",
+            "quickstart",
+            "--quiet",
+            "--out",
+            str(folder),
+            "--data-root",
+            str(data),
+        ]
         seconds = _timed(words, out / "quickstart.log")
         metrics = json.loads((folder / "eval" / "metrics.json").read_text())
         name = "quickstart"
@@ -158,17 +170,36 @@ def run_one(recipe: str, seed: int | None, out: Path, python: str) -> dict[str, 
 
         folder = out / f"{recipe}_s{seed}"
         remove_own(folder, "train")
-        words = [python, "-m", "captioning", "train", "--quiet", "--config",
-                 f"configs/shapes_{recipe}.yaml", "--set", f"train.seed={seed}", "--out",
-                 str(folder)]  # fmt: skip
+        words = [
+            python,
+            "-m",
+            "captioning",
+            "train",
+            "--quiet",
+            "--config",
+            f"configs/shapes_{recipe}.yaml",
+            "--set",
+            f"train.seed={seed}",
+            "--out",
+            str(folder),
+        ]
         seconds = _timed(words, out / f"{recipe}_s{seed}.log")
-        metrics = evaluate_checkpoint(folder / "best.pt", split="test", meteor=False,
-                                      progress=False)  # fmt: skip
+        metrics = evaluate_checkpoint(
+            folder / "best.pt", split="test", meteor=False, progress=False
+        )
         name = f"{recipe} seed {seed}"
     run_command = ["captioning", *(portable(w, {"OUT": out}, "OUT") for w in words[3:])]
-    row = {"kind": "quality", "name": name, "recipe": recipe, "seed": seed,
-           "seconds": round(seconds, 1), **scores(metrics), "target": TARGETS[recipe],
-           "run_command": shlex.join(run_command), **trained_with(recipe)}  # fmt: skip
+    row = {
+        "kind": "quality",
+        "name": name,
+        "recipe": recipe,
+        "seed": seed,
+        "seconds": round(seconds, 1),
+        **scores(metrics),
+        "target": TARGETS[recipe],
+        "run_command": shlex.join(run_command),
+        **trained_with(recipe),
+    }
     row["met"] = met(recipe, row)
     return row
 
@@ -185,9 +216,15 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     args.out.mkdir(parents=True, exist_ok=True)
-    recorder = Recorder("benchmarks.time_to_quality", argv, args.out,
-                        lambda r: (r["kind"], r.get("name")), results=args.results,
-                        replace=args.replace, timed_alone=not args.machine_busy)  # fmt: skip
+    recorder = Recorder(
+        "benchmarks.time_to_quality",
+        argv,
+        args.out,
+        lambda r: (r["kind"], r.get("name")),
+        results=args.results,
+        replace=args.replace,
+        timed_alone=not args.machine_busy,
+    )
     for recipe, seed in runs:
         try:
             row = run_one(recipe, seed, args.out, sys.executable)
@@ -198,8 +235,11 @@ def main(argv: list[str] | None = None) -> int:
         except CaptioningError as exc:  # a results file that must not take the row
             print(f"error: {exc}", file=sys.stderr)
             return 2
-        print(f"{row['name']}: {row['seconds']:.0f} s, test exact {row['exact']:.3f}, "
-              f"{'met' if row['met'] else 'not met'}", flush=True)  # fmt: skip
+        print(
+            f"{row['name']}: {row['seconds']:.0f} s, test exact {row['exact']:.3f}, "
+            f"{'met' if row['met'] else 'not met'}",
+            flush=True,
+        )
     print(f"wrote {recorder.path}")
     return 0
 

@@ -97,9 +97,11 @@ def measure(job: Job, warmup: int, device: torch.device) -> tuple[dict[str, Any]
     peak_delta, peak = memory.stop()
     median = statistics.median(times) if times and error is None else None
     decoded = result if isinstance(result, Decoded) and error is None else None
-    words = job.words if job.words is not None else (
-        int(decoded.lengths.sum()) if decoded is not None else None
-    )  # fmt: skip
+    words = (
+        job.words
+        if job.words is not None
+        else (int(decoded.lengths.sum()) if decoded is not None else None)
+    )
     return {
         "task": job.task,
         "impl": job.impl,
@@ -133,9 +135,16 @@ def speedups(measurements: list[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         speedup = references[key]["median_s"] / m["median_s"]
         target = TARGETS.get((m["size"], m["device"], m["task"]))
-        ratios.append({
-            "size": m["size"], "device": m["device"], "precision": m["precision"],
-            "compiled": m["compiled"], "task": m["task"], "speedup": speedup,
-            "target": target, "target_met": None if target is None else speedup >= target,
-        })  # fmt: skip
+        ratios.append(
+            {
+                "size": m["size"],
+                "device": m["device"],
+                "precision": m["precision"],
+                "compiled": m["compiled"],
+                "task": m["task"],
+                "speedup": speedup,
+                "target": target,
+                "target_met": None if target is None else speedup >= target,
+            }
+        )
     return ratios

@@ -35,18 +35,33 @@ from benchmarks.study_options import fail
 from captioning.errors import CaptioningError
 
 
-def time_jobs(config: str, overrides: list[str], jobs: int, threads: int, steps: int,
-              folder: Path) -> list[dict[str, Any]]:  # fmt: skip
+def time_jobs(
+    config: str, overrides: list[str], jobs: int, threads: int, steps: int, folder: Path
+) -> list[dict[str, Any]]:
     """Start ``jobs`` profiles of ``config`` together, each on ``threads`` threads; what
     each measured (:func:`benchmarks.profile_epoch.profile_epoch`)."""
     outs = [folder / f"jobs{jobs}-threads{threads}-{n}.json" for n in range(jobs)]
     procs = [
-        subprocess.Popen([sys.executable, "-m", "benchmarks.profile_epoch", "--config", config,
-                          *(f"--set={o}" for o in overrides), f"--set=train.threads={threads}",
-                          "--steps", str(steps), "--out", str(out)],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "benchmarks.profile_epoch",
+                "--config",
+                config,
+                *(f"--set={o}" for o in overrides),
+                f"--set=train.threads={threads}",
+                "--steps",
+                str(steps),
+                "--out",
+                str(out),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for out in outs
-    ]  # fmt: skip
+    ]
     for proc in procs:
         _, err = proc.communicate()
         if proc.returncode != 0:
@@ -69,17 +84,26 @@ def measure(config: str, overrides: list[str], jobs: int, steps: int) -> list[di
         for count, threads in arrangements(cores, jobs):
             profiles = time_jobs(config, overrides, count, threads, steps, Path(tmp))
             seconds = [p["step_seconds"] for p in profiles]
-            rows.append({
-                "kind": "two_jobs", "config": portable(config),
-                "overrides": [portable(o) for o in overrides], "jobs": count,
-                "threads": threads, "cores": cores, "precision": profiles[0].get("precision"),
-                "device": device_name(),
-                "step_seconds": seconds,
-                "steps_per_s": [round(1 / s, 3) for s in seconds],
-                "steps_per_s_total": round(sum(1 / s for s in seconds), 3),
-            })  # fmt: skip
-            print(f"{count} job(s) x {threads} thread(s): "
-                  + ", ".join(f"{1 / s:.2f}" for s in seconds) + " steps/s")  # fmt: skip
+            rows.append(
+                {
+                    "kind": "two_jobs",
+                    "config": portable(config),
+                    "overrides": [portable(o) for o in overrides],
+                    "jobs": count,
+                    "threads": threads,
+                    "cores": cores,
+                    "precision": profiles[0].get("precision"),
+                    "device": device_name(),
+                    "step_seconds": seconds,
+                    "steps_per_s": [round(1 / s, 3) for s in seconds],
+                    "steps_per_s_total": round(sum(1 / s for s in seconds), 3),
+                }
+            )
+            print(
+                f"{count} job(s) x {threads} thread(s): "
+                + ", ".join(f"{1 / s:.2f}" for s in seconds)
+                + " steps/s"
+            )
     return rows
 
 
@@ -88,8 +112,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m benchmarks.two_jobs", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--config", required=True, help="YAML config, as for train")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a config value (repeatable)")  # fmt: skip
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config value (repeatable)",
+    )
     parser.add_argument("--jobs", type=int, default=2, help="jobs side by side (default 2)")
     parser.add_argument("--steps", type=int, default=12, help="timed steps (default 12)")
     add_result_options(parser, "the rows")
@@ -101,9 +130,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows = measure(args.config, args.set, args.jobs, args.steps)
         if args.results is not None:
             key = ("kind", "config", "overrides", "jobs", "threads")
-            record(args.results, rows, lambda r: tuple(str(r.get(k)) for k in key),
-                   module="benchmarks.two_jobs", argv=argv, timed_alone=not args.machine_busy,
-                   settings=("cores",), replace=args.replace)  # fmt: skip
+            record(
+                args.results,
+                rows,
+                lambda r: tuple(str(r.get(k)) for k in key),
+                module="benchmarks.two_jobs",
+                argv=argv,
+                timed_alone=not args.machine_busy,
+                settings=("cores",),
+                replace=args.replace,
+            )
             print(f"merged {len(rows)} rows into {args.results}")
     except CaptioningError as exc:
         return fail(exc)

@@ -74,27 +74,49 @@ def shapes_size() -> BenchSize:
 def coco_size() -> BenchSize:
     """COCO scale: a random-init ResNet-101 at 448 px (14x14x2048 grid, frozen), embedding,
     attention and LSTM of 512, 10 000 words, 20-token captions, 32 images."""
-    config = config_from_dict({
-        "model": {"encoder": "resnet101", "weights": None, "image_size": 448,
-                  "fine_tune": "none", "attention_dim": 512, "embed_dim": 512,
-                  "hidden_dim": 512},
-        "train": {"batch_size": 32},
-        "decode": {"max_length": 20},
-    })  # fmt: skip
+    config = config_from_dict(
+        {
+            "model": {
+                "encoder": "resnet101",
+                "weights": None,
+                "image_size": 448,
+                "fine_tune": "none",
+                "attention_dim": 512,
+                "embed_dim": 512,
+                "hidden_dim": 512,
+            },
+            "train": {"batch_size": 32},
+            "decode": {"max_length": 20},
+        }
+    )
     return BenchSize(
-        "coco", config, vocab_size=10_000, caption_length=20, batch_size=32,
-        slow_repeats=2, check_images=8,
-    )  # fmt: skip
+        "coco",
+        config,
+        vocab_size=10_000,
+        caption_length=20,
+        batch_size=32,
+        slow_repeats=2,
+        check_images=8,
+    )
 
 
 def tiny_size() -> BenchSize:
     """A seconds-long size for tests and smoke runs (4x4x16 grid, 20 words)."""
-    config = config_from_dict({
-        "model": {"encoder": "small_cnn", "image_size": 16, "fine_tune": "all",
-                  "cnn_channels": [8, 16, 16], "attention_dim": 16, "embed_dim": 16,
-                  "hidden_dim": 32, "dropout": 0.1},
-        "decode": {"max_length": 8},
-    })  # fmt: skip
+    config = config_from_dict(
+        {
+            "model": {
+                "encoder": "small_cnn",
+                "image_size": 16,
+                "fine_tune": "all",
+                "cnn_channels": [8, 16, 16],
+                "attention_dim": 16,
+                "embed_dim": 16,
+                "hidden_dim": 32,
+                "dropout": 0.1,
+            },
+            "decode": {"max_length": 8},
+        }
+    )
     return BenchSize("tiny", config, vocab_size=20, caption_length=8, batch_size=6)
 
 

@@ -182,8 +182,9 @@ class CaptionModel:
         cfg = self.decoding(beam_size, hard_context)
         names = [f"image {index}" for index in range(len(inputs))]
         with self._lock:
-            results = caption_inputs(inputs.to(self.device), names, self.model, self.vocab, cfg,
-                                     encode_batch)  # fmt: skip
+            results = caption_inputs(
+                inputs.to(self.device), names, self.model, self.vocab, cfg, encode_batch
+            )
         for result, pixels in zip(results, inputs):
             result.image = Image.fromarray(pixels.permute(1, 2, 0).contiguous().numpy())
         return results
@@ -200,8 +201,10 @@ class CaptionModel:
 
     def __repr__(self) -> str:
         kind = "hard" if self.hard_attention else "soft"
-        return (f"CaptionModel({self.checkpoint!r}, {kind} attention, grid "
-                f"{self.grid_shape[0]}x{self.grid_shape[1]}, {len(self.vocab)} words)")  # fmt: skip
+        return (
+            f"CaptionModel({self.checkpoint!r}, {kind} attention, grid "
+            f"{self.grid_shape[0]}x{self.grid_shape[1]}, {len(self.vocab)} words)"
+        )
 
 
 def load(checkpoint: str | Path, device: str | torch.device = "auto") -> CaptionModel:
@@ -217,8 +220,9 @@ def load(checkpoint: str | Path, device: str | torch.device = "auto") -> Caption
     torch_device = resolve_device(device) if isinstance(device, str) else device
     model, cfg, vocab = load_model(checkpoint, torch_device)
     model.encoder.fold_batch_norms()  # it only captions from here on: the same grid, faster
-    return CaptionModel(model=model, config=cfg, vocab=vocab, device=torch_device,
-                        checkpoint=str(checkpoint))  # fmt: skip
+    return CaptionModel(
+        model=model, config=cfg, vocab=vocab, device=torch_device, checkpoint=str(checkpoint)
+    )
 
 
 def _is_many(images: Any) -> bool:
@@ -247,20 +251,23 @@ def _to_picture(item: Any, limits: ImageLimits) -> Image.Image:
             or channels not in (1, 3, 4)
             or (item.size == 0)
         ):
-            raise DataError(f"an image array must be uint8 (H, W), (H, W, 3) or (H, W, 4) with "
-                            f"pixels, got {item.dtype} {tuple(item.shape)}")  # fmt: skip
+            raise DataError(
+                f"an image array must be uint8 (H, W), (H, W, 3) or (H, W, 4) with "
+                f"pixels, got {item.dtype} {tuple(item.shape)}"
+            )
         item = Image.fromarray(item[:, :, 0] if channels == 1 and item.ndim == 3 else item)
     if not isinstance(item, Image.Image):
-        raise DataError(f"cannot caption a {type(item).__name__}: give a file path, a PIL "
-                        "image, an image tensor or array, or a list of them")  # fmt: skip
+        raise DataError(
+            f"cannot caption a {type(item).__name__}: give a file path, a PIL "
+            "image, an image tensor or array, or a list of them"
+        )
     return as_rgb(item, limits)
 
 
 def _tensor_to_array(tensor: torch.Tensor) -> np.ndarray:
     """(3, H, W) or (1, H, W): uint8 in 0..255, or float in 0..1 (torchvision's convention)."""
     if tensor.dim() != 3 or tensor.shape[0] not in (1, 3) or tensor.numel() == 0:
-        raise DataError(f"an image tensor must be (3, H, W) with pixels, got "
-                        f"{tuple(tensor.shape)}")  # fmt: skip
+        raise DataError(f"an image tensor must be (3, H, W) with pixels, got {tuple(tensor.shape)}")
     tensor = tensor.detach().cpu()
     if tensor.is_floating_point():
         tensor = (tensor.clamp(0, 1) * 255).round().to(torch.uint8)

@@ -64,8 +64,9 @@ def save_checkpoint(payload: dict[str, Any], path: str | Path) -> Path:
     except (OSError, RuntimeError) as exc:  # torch's zip writer reports a full disk so
         reason = " ".join(str(exc).split())[-120:] or type(exc).__name__
         kept = "the previous one is kept" if path.is_file() else "nothing was written"
-        raise CheckpointError(f"{path}: cannot write the checkpoint ({reason}); {kept}; free "
-                              f"some space and run again") from exc  # fmt: skip
+        raise CheckpointError(
+            f"{path}: cannot write the checkpoint ({reason}); {kept}; free some space and run again"
+        ) from exc
     return path
 
 

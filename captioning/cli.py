@@ -96,11 +96,14 @@ def _add_checkpoint_args(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="beam search with this many beams (1 greedy; 64 at most)",
     )
-    parser.add_argument("--hard-context", choices=["expectation", "argmax", "sample", "marginal"],
-                        default=None,
-                        help="hard attention: the expected context (the authors'), the most "
-                        "likely cell, a sampled cell, or (models without the context in the "
-                        "LSTM) the exact marginal over the cells")  # fmt: skip
+    parser.add_argument(
+        "--hard-context",
+        choices=["expectation", "argmax", "sample", "marginal"],
+        default=None,
+        help="hard attention: the expected context (the authors'), the most "
+        "likely cell, a sampled cell, or (models without the context in the "
+        "LSTM) the exact marginal over the cells",
+    )
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
 
 
@@ -128,8 +131,10 @@ def cmd_shapes(args: argparse.Namespace) -> int:
     print(f"wrote shapes dataset to {summary['out_dir']}")
     print(f"  images: {splits} ({args.image_size} px, {args.captions} captions)")
     print(f"  images by object count: {objects}")
-    print(f"  {summary['captions_per_image']} captions per image, "
-          f"{len(summary['vocabulary'])} distinct words")  # fmt: skip
+    print(
+        f"  {summary['captions_per_image']} captions per image, "
+        f"{len(summary['vocabulary'])} distinct words"
+    )
     return 0
 
 
@@ -185,8 +190,10 @@ def cmd_prepare_coco(args: argparse.Namespace) -> int:
     # The shipped COCO configs read Karpathy's 2014 layout; any other needs its data keys.
     sets = overrides[:1] if args.karpathy else overrides
     print(f"COCO {args.year} is ready in {args.root}; train on it with")
-    print("  captioning train --config configs/coco_soft_vgg19.yaml "
-          + " ".join(f"--set {shlex.quote(o)}" for o in sets))  # fmt: skip
+    print(
+        "  captioning train --config configs/coco_soft_vgg19.yaml "
+        + " ".join(f"--set {shlex.quote(o)}" for o in sets)
+    )
     return status
 
 
@@ -205,31 +212,40 @@ def cmd_prepare_folder(args: argparse.Namespace) -> int:
         progress=not args.quiet,
         format=args.format,
     )
-    counts = ", ".join(f"{s} {n} ({summary.captions[s]} captions)"
-                       for s, n in summary.images.items())  # fmt: skip
+    counts = ", ".join(
+        f"{s} {n} ({summary.captions[s]} captions)" for s, n in summary.images.items()
+    )
     print(f"wrote {summary.out_dir}: images {counts}")
-    print(f"read {args.captions} as {summary.format}: {len(summary.skipped)} rows skipped, "
-          f"{len(summary.uncaptioned)} images without a caption (each listed in "
-          f"{summary.report})")  # fmt: skip
+    print(
+        f"read {args.captions} as {summary.format}: {len(summary.skipped)} rows skipped, "
+        f"{len(summary.uncaptioned)} images without a caption (each listed in "
+        f"{summary.report})"
+    )
     print("train on it with")
-    print(f"  captioning train --config configs/photos_soft_vgg19.yaml "
-          f"--set {shlex.quote('data.root=' + summary.out_dir)}")  # fmt: skip
+    print(
+        f"  captioning train --config configs/photos_soft_vgg19.yaml "
+        f"--set {shlex.quote('data.root=' + summary.out_dir)}"
+    )
     return 0
 
 
 def _print_flickr(summary, captions: str, config: str) -> None:  # noqa: ANN001
     import shlex
 
-    counts = ", ".join(f"{s} {n} ({summary.captions[s]} captions)"
-                       for s, n in summary.images.items())  # fmt: skip
+    counts = ", ".join(
+        f"{s} {n} ({summary.captions[s]} captions)" for s, n in summary.images.items()
+    )
     print(f"wrote {summary.out_dir}: images {counts}")
-    print(f"read {captions}: {len(summary.skipped)} rows skipped, "
-          f"{len(summary.uncaptioned)} images without a caption, "
-          f"{len(summary.split_problems)} split-file problems (each listed in "
-          f"{summary.report})")  # fmt: skip
+    print(
+        f"read {captions}: {len(summary.skipped)} rows skipped, "
+        f"{len(summary.uncaptioned)} images without a caption, "
+        f"{len(summary.split_problems)} split-file problems (each listed in "
+        f"{summary.report})"
+    )
     print("train on it with")
-    print(f"  captioning train --config {config} "
-          f"--set {shlex.quote('data.root=' + summary.out_dir)}")  # fmt: skip
+    print(
+        f"  captioning train --config {config} --set {shlex.quote('data.root=' + summary.out_dir)}"
+    )
 
 
 def cmd_prepare_flickr8k(args: argparse.Namespace) -> int:
@@ -244,8 +260,9 @@ def cmd_prepare_flickr30k(args: argparse.Namespace) -> int:
     from captioning.prepare.flickr import prepare_flickr
 
     splits = {"train": args.train, "val": args.val, "test": args.test}
-    summary = prepare_flickr(args.images, args.captions, splits, args.out,
-                             progress=not args.quiet, verb="flickr30k")  # fmt: skip
+    summary = prepare_flickr(
+        args.images, args.captions, splits, args.out, progress=not args.quiet, verb="flickr30k"
+    )
     _print_flickr(summary, args.captions, "configs/flickr8k_mobilenet.yaml")
     return 0
 
@@ -276,8 +293,10 @@ def cmd_extract_features(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
     )
     gib = summary["bytes"] / 2**30
-    print(f"cached {summary['images']} {args.split} grids {summary['shape'][1:]} "
-          f"(float16, {gib:.2f} GiB) in {summary['folder']}")  # fmt: skip
+    print(
+        f"cached {summary['images']} {args.split} grids {summary['shape'][1:]} "
+        f"(float16, {gib:.2f} GiB) in {summary['folder']}"
+    )
     print("training with this config (model.fine_tune=none) now reads them")
     return 0
 
@@ -326,8 +345,9 @@ def cmd_caption(args: argparse.Namespace) -> int:
     if args.per_head and not args.attention_dir:
         raise ConfigError("--per-head writes its figures into --attention-dir: give one")
     if args.instances and not args.attention_dir:
-        raise ConfigError("--instances outlines object boxes in the figures of "
-                          "--attention-dir: give one")  # fmt: skip
+        raise ConfigError(
+            "--instances outlines object boxes in the figures of --attention-dir: give one"
+        )
     if args.attention_dir:
         _check_folder_path(Path(args.attention_dir), "--attention-dir")
     boxes = _object_boxes(args)
@@ -390,15 +410,17 @@ def _caption(
             failures += 1
             print(f"error: {result.error}", file=sys.stderr)
             if args.json:
-                line = json.dumps({"image": result.source, "error": result.error},
-                                  ensure_ascii=escape)  # fmt: skip
+                line = json.dumps(
+                    {"image": result.source, "error": result.error}, ensure_ascii=escape
+                )
                 print(line, flush=True)
             continue
         record = {"image": result.source, "caption": result.caption}
         if out is not None and result.words:  # an empty caption has nothing to show
             stem = figure_stem(result.source, used)
-            record["attention"] = str(result.save(out / f"{stem}.png", not args.no_smooth,
-                                                  boxes=boxes(result)))  # fmt: skip
+            record["attention"] = str(
+                result.save(out / f"{stem}.png", not args.no_smooth, boxes=boxes(result))
+            )
             if args.gif:
                 result.save_gif(out / f"{stem}.gif", smooth=not args.no_smooth)
             if args.per_head:
@@ -416,8 +438,10 @@ def _check_folder_path(path: Path, flag: str) -> None:
     """Refuse a folder to write into that is, or lies under, a file (made later if missing)."""
     existing = next((p for p in (path, *path.parents) if p.exists()), None)
     if existing is not None and not existing.is_dir():
-        raise ConfigError(f"{flag} {path}: {existing} is a file, not a folder; name a folder "
-                          f"(it is made when missing)")  # fmt: skip
+        raise ConfigError(
+            f"{flag} {path}: {existing} is a file, not a folder; name a folder "
+            f"(it is made when missing)"
+        )
 
 
 def cmd_quickstart(args: argparse.Namespace) -> int:
@@ -440,10 +464,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
     require()
     from captioning.serve.server import serve
 
-    serve(args.checkpoint, host=args.host, port=args.port, max_upload_mb=args.max_upload_mb,
-          device=args.device, quiet=args.quiet, allow_hosts=args.allow_host,
-          max_in_flight=args.max_in_flight, max_queue=args.max_queue, timeout=args.timeout,
-          max_batch=args.max_batch, batch_wait_ms=args.batch_wait_ms)  # fmt: skip
+    serve(
+        args.checkpoint,
+        host=args.host,
+        port=args.port,
+        max_upload_mb=args.max_upload_mb,
+        device=args.device,
+        quiet=args.quiet,
+        allow_hosts=args.allow_host,
+        max_in_flight=args.max_in_flight,
+        max_queue=args.max_queue,
+        timeout=args.timeout,
+        max_batch=args.max_batch,
+        batch_wait_ms=args.batch_wait_ms,
+    )
     return 0
 
 
@@ -493,41 +527,65 @@ def _add_prepare(parser: argparse.ArgumentParser) -> None:
     p = add("coco", help="download and unpack COCO (and Karpathy's split), then check it")
     p.add_argument("--root", default="data/coco", help="dataset folder (default data/coco)")
     p.add_argument("--year", choices=["2014", "2017"], default="2014")
-    p.add_argument("--karpathy", action="store_true",
-                   help="also Karpathy's split file dataset_coco.json (2014 only)")  # fmt: skip
-    p.add_argument("--base-url", default=None,
-                   help="fetch every file as BASE_URL/NAME (a mirror) instead")  # fmt: skip
+    p.add_argument(
+        "--karpathy",
+        action="store_true",
+        help="also Karpathy's split file dataset_coco.json (2014 only)",
+    )
+    p.add_argument(
+        "--base-url", default=None, help="fetch every file as BASE_URL/NAME (a mirror) instead"
+    )
     p.add_argument("--keep-archives", action="store_true", help="keep the zips once unpacked")
-    p.add_argument("--no-check", action="store_true",
-                   help="do not run check-data afterwards (it opens every image)")  # fmt: skip
+    p.add_argument(
+        "--no-check",
+        action="store_true",
+        help="do not run check-data afterwards (it opens every image)",
+    )
     p.set_defaults(func=cmd_prepare_coco)
     p = add("folder", help="your images and a caption file into a COCO-style dataset")
     p.add_argument("--images", required=True, help="folder the caption file's paths are in")
-    p.add_argument("--captions", required=True, metavar="FILE",
-                   help="caption file: CSV/TSV with columns image,caption, JSONL, NAME,CAPTION "
-                        "lines, a Flickr token file or a COCO captions json")  # fmt: skip
-    p.add_argument("--format", default="auto",
-                   choices=["auto", "csv", "tsv", "jsonl", "lines", "flickr", "coco"],
-                   help="caption file format (default auto: told from the content)")  # fmt: skip
+    p.add_argument(
+        "--captions",
+        required=True,
+        metavar="FILE",
+        help="caption file: CSV/TSV with columns image,caption, JSONL, NAME,CAPTION "
+        "lines, a Flickr token file or a COCO captions json",
+    )
+    p.add_argument(
+        "--format",
+        default="auto",
+        choices=["auto", "csv", "tsv", "jsonl", "lines", "flickr", "coco"],
+        help="caption file format (default auto: told from the content)",
+    )
     p.add_argument("--out", required=True, help="new dataset folder")
     p.add_argument("--val", type=_fraction, default=0.1, help="share of images (default 0.1)")
     p.add_argument("--test", type=_fraction, default=0.1, help="share of images (default 0.1)")
     p.add_argument("--seed", type=int, default=0, help="seed of the split (default 0)")
     p.set_defaults(func=cmd_prepare_folder)
     p = add("flickr8k", help="Flickr8k as downloaded, with its official split")
-    p.add_argument("--images", required=True, metavar="DIR",
-                   help="the unpacked image archive, Flicker8k_Dataset")  # fmt: skip
-    p.add_argument("--text", required=True, metavar="DIR",
-                   help="the unpacked text release, Flickr8k_text")  # fmt: skip
+    p.add_argument(
+        "--images",
+        required=True,
+        metavar="DIR",
+        help="the unpacked image archive, Flicker8k_Dataset",
+    )
+    p.add_argument(
+        "--text", required=True, metavar="DIR", help="the unpacked text release, Flickr8k_text"
+    )
     p.add_argument("--out", required=True, help="new dataset folder")
     p.set_defaults(func=cmd_prepare_flickr8k)
     p = add("flickr30k", help="Flickr30k's token file with split files of image names")
     p.add_argument("--images", required=True, metavar="DIR", help="flickr30k-images")
-    p.add_argument("--captions", required=True, metavar="FILE",
-                   help="results_20130124.token or results.csv")  # fmt: skip
+    p.add_argument(
+        "--captions", required=True, metavar="FILE", help="results_20130124.token or results.csv"
+    )
     for split in ("train", "val", "test"):
-        p.add_argument(f"--{split}", required=True, metavar="FILE",
-                       help=f"the {split} split: image names or ids, one a line")  # fmt: skip
+        p.add_argument(
+            f"--{split}",
+            required=True,
+            metavar="FILE",
+            help=f"the {split} split: image names or ids, one a line",
+        )
     p.add_argument("--out", required=True, help="new dataset folder")
     p.set_defaults(func=cmd_prepare_flickr30k)
 
@@ -597,8 +655,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = add_verb("quickstart", help="shapes data, a short training run, evaluation, heatmaps")
     p.add_argument("--out", default="runs/quickstart", help="run folder: new, empty or its own")
     p.add_argument("--data-root", default="data/shapes", help="where the shapes data lives")
-    p.add_argument("--meteor", action="store_true",
-                   help="also METEOR in the test evaluation (a Java run, about 10 s)")  # fmt: skip
+    p.add_argument(
+        "--meteor",
+        action="store_true",
+        help="also METEOR in the test evaluation (a Java run, about 10 s)",
+    )
     _add_config_args(p, required=False)
     p.set_defaults(func=cmd_quickstart)
 
@@ -609,22 +670,32 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_evaluate(p: argparse.ArgumentParser) -> None:
     _add_checkpoint_args(p)
     p.add_argument("--split", default="test", choices=["train", "val", "test"])
-    p.add_argument("--out", default=None,
-                   help="folder for metrics.json, predictions.json and, where the data has "
-                   "instance boxes, grounding.json")  # fmt: skip
+    p.add_argument(
+        "--out",
+        default=None,
+        help="folder for metrics.json, predictions.json and, where the data has "
+        "instance boxes, grounding.json",
+    )
     p.add_argument("--data-root", default=None, help="read the data from here instead")
     p.add_argument("--max-images", type=positive_int, default=None, help="score only the first N")
     p.add_argument("--spice", action="store_true", help="also SPICE (downloads its models)")
-    add_set_option(p, "override a data, decode or runtime key of the checkpoint's config, "
-                   "e.g. --set data.root=DIR (repeatable)")  # fmt: skip
+    add_set_option(
+        p,
+        "override a data, decode or runtime key of the checkpoint's config, "
+        "e.g. --set data.root=DIR (repeatable)",
+    )
     _add_category_words(p)
     p.set_defaults(func=cmd_evaluate)
 
 
 def _add_category_words(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--category-words", default=None, metavar="FILE",
-                   help="a JSON or YAML file of word: category entries (null drops a word) "
-                   "over the shipped map of words to COCO categories")  # fmt: skip
+    p.add_argument(
+        "--category-words",
+        default=None,
+        metavar="FILE",
+        help="a JSON or YAML file of word: category entries (null drops a word) "
+        "over the shipped map of words to COCO categories",
+    )
 
 
 def _add_caption(p: argparse.ArgumentParser) -> None:
@@ -633,15 +704,25 @@ def _add_caption(p: argparse.ArgumentParser) -> None:
     p.add_argument("--attention-dir", default=None, help="write per-word heatmaps here")
     p.add_argument("--gif", action="store_true", help="also an animated GIF per image")
     p.add_argument("--no-smooth", action="store_true", help="blocky cells, not interpolated")
-    p.add_argument("--per-head", action="store_true",
-                   help="multi-head models: also a figure of each head's maps per word "
-                   "(NAME_heads.png in --attention-dir)")  # fmt: skip
-    p.add_argument("--json", action="store_true",
-                   help="one JSON object per line (with hard attention's cells, multi-head "
-                   "weights and local centres, null for other models)")  # fmt: skip
-    p.add_argument("--instances", default=None, metavar="FILE",
-                   help="a COCO instances file: in each figure of an image it lists (by file "
-                   "name), outline the boxes of the objects each word names")  # fmt: skip
+    p.add_argument(
+        "--per-head",
+        action="store_true",
+        help="multi-head models: also a figure of each head's maps per word "
+        "(NAME_heads.png in --attention-dir)",
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON object per line (with hard attention's cells, multi-head "
+        "weights and local centres, null for other models)",
+    )
+    p.add_argument(
+        "--instances",
+        default=None,
+        metavar="FILE",
+        help="a COCO instances file: in each figure of an image it lists (by file "
+        "name), outline the boxes of the objects each word names",
+    )
     _add_category_words(p)
     p.set_defaults(func=cmd_caption)
 
@@ -650,22 +731,51 @@ def _add_serve(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", required=True, help="a best.pt or last.pt file")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=_port, default=8000, help="port (default 8000)")
-    p.add_argument("--max-upload-mb", type=_positive_float, default=10.0,
-                   help="the largest upload taken, in MB (default 10)")  # fmt: skip
+    p.add_argument(
+        "--max-upload-mb",
+        type=_positive_float,
+        default=10.0,
+        help="the largest upload taken, in MB (default 10)",
+    )
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
-    p.add_argument("--allow-host", action="append", default=[], metavar="NAME",
-                   help="answer requests for this Host name too (repeat; '*' for any); "
-                   "by default only --host's own (and loopback names)")  # fmt: skip
-    p.add_argument("--max-in-flight", type=positive_int, default=32,
-                   help="caption requests worked on at once (default 32)")  # fmt: skip
-    p.add_argument("--max-queue", type=int, default=256,
-                   help="requests waiting for one; past it, 503 at once (default 256)")  # fmt: skip
-    p.add_argument("--timeout", type=_positive_float, default=30.0,
-                   help="seconds from a request's arrival to its answer (default 30)")  # fmt: skip
-    p.add_argument("--max-batch", type=positive_int, default=16,
-                   help="the most images captioned together (default 16)")  # fmt: skip
-    p.add_argument("--batch-wait-ms", type=float, default=5.0,
-                   help="how long to gather concurrent requests (default 5)")  # fmt: skip
+    p.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="answer requests for this Host name too (repeat; '*' for any); "
+        "by default only --host's own (and loopback names)",
+    )
+    p.add_argument(
+        "--max-in-flight",
+        type=positive_int,
+        default=32,
+        help="caption requests worked on at once (default 32)",
+    )
+    p.add_argument(
+        "--max-queue",
+        type=int,
+        default=256,
+        help="requests waiting for one; past it, 503 at once (default 256)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=_positive_float,
+        default=30.0,
+        help="seconds from a request's arrival to its answer (default 30)",
+    )
+    p.add_argument(
+        "--max-batch",
+        type=positive_int,
+        default=16,
+        help="the most images captioned together (default 16)",
+    )
+    p.add_argument(
+        "--batch-wait-ms",
+        type=float,
+        default=5.0,
+        help="how long to gather concurrent requests (default 5)",
+    )
     p.set_defaults(func=cmd_serve)
 
 

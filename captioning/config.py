@@ -437,16 +437,21 @@ def _validate(cfg: Config) -> None:
             f"{channels}; widen the later entries or use model.cnn_block=residual"
         )
     if cfg.decode.min_length > cfg.decode.max_length:
-        raise ConfigError(f"decode.min_length={cfg.decode.min_length} must not exceed "
-                          f"decode.max_length={cfg.decode.max_length}")  # fmt: skip
+        raise ConfigError(
+            f"decode.min_length={cfg.decode.min_length} must not exceed "
+            f"decode.max_length={cfg.decode.max_length}"
+        )
     if not re.fullmatch(r"auto|cpu|mps|cuda(:[0-9]+)?", cfg.train.device):
-        raise ConfigError(f"train.device must be auto, cpu, cuda, cuda:N or mps, "
-                          f"got {quote(cfg.train.device)}")  # fmt: skip
+        raise ConfigError(
+            f"train.device must be auto, cpu, cuda, cuda:N or mps, got {quote(cfg.train.device)}"
+        )
     check_heads(cfg.model.attention, cfg.model.heads)
     _validate_summary(cfg.model)
     if cfg.model.values == "projected" and cfg.model.attention == "none":
-        raise ConfigError("model.values=projected averages values by attention weights; "
-                          "model.attention=none has none (use soft or hard)")  # fmt: skip
+        raise ConfigError(
+            "model.values=projected averages values by attention weights; "
+            "model.attention=none has none (use soft or hard)"
+        )
     _validate_hard_estimator(cfg)
     if cfg.train.scst_baseline == "loo" and cfg.train.scst_samples < 2:
         raise ConfigError(
@@ -577,8 +582,9 @@ def _check_ranges(cfg: Config) -> None:
             too_low = low is not None and (item <= low if "min" in open_ends else item < low)
             too_high = high is not None and (item >= high if "max" in open_ends else item > high)
             if too_low or too_high or item != item:  # NaN is in no range
-                raise ConfigError(f"{key} must be {_describe_range(low, high, open_ends)}, "
-                                  f"got {quote(value)}")  # fmt: skip
+                raise ConfigError(
+                    f"{key} must be {_describe_range(low, high, open_ends)}, got {quote(value)}"
+                )
 
 
 def _describe_range(low: float | None, high: float | None, open_ends: str) -> str:
@@ -604,8 +610,10 @@ def _validate_hard_estimator(cfg: Config) -> None:
     """Refuse hard-attention estimator settings that cannot work, with the reason."""
     train, name = cfg.train, cfg.train.hard_estimator
     if name != "reinforce" and cfg.model.attention != "hard":
-        raise ConfigError(f"train.hard_estimator={name} trains hard attention; this model has "
-                          f"model.attention={cfg.model.attention}")  # fmt: skip
+        raise ConfigError(
+            f"train.hard_estimator={name} trains hard attention; this model has "
+            f"model.attention={cfg.model.attention}"
+        )
     if name == "exact" and cfg.model.context_to_lstm:
         raise ConfigError(
             "train.hard_estimator=exact needs model.context_to_lstm=false: with the context "
@@ -773,8 +781,9 @@ def _read_one_yaml(path: Path) -> dict[str, Any]:
     try:
         values = yaml.safe_load(path.read_bytes())  # UTF-8, or UTF-16/32 with a byte-order mark
     except (UnicodeDecodeError, yaml.reader.ReaderError) as exc:
-        raise ConfigError(f"config file {path} is not UTF-8 (or UTF-16 with a byte-order "
-                          f"mark) text") from exc  # fmt: skip
+        raise ConfigError(
+            f"config file {path} is not UTF-8 (or UTF-16 with a byte-order mark) text"
+        ) from exc
     except yaml.YAMLError as exc:
         first = str(exc).splitlines()[0][:200]
         raise ConfigError(f"config file {path} is not valid YAML: {first}") from exc
@@ -789,8 +798,10 @@ def _read_one_yaml(path: Path) -> dict[str, Any]:
         if body is None:  # "train:" with nothing under it
             values[section] = {}
         elif not isinstance(body, dict):
-            raise ConfigError(f"config file {path}: section {quote(section)} must be a mapping "
-                              f"of keys, got {quote(body)}")  # fmt: skip
+            raise ConfigError(
+                f"config file {path}: section {quote(section)} must be a mapping "
+                f"of keys, got {quote(body)}"
+            )
     return values
 
 
@@ -807,8 +818,10 @@ def _check_size(values: Any, source: str) -> None:
         node = stack.pop()
         count += 1
         if count > MAX_CONFIG_VALUES:
-            raise ConfigError(f"{source} holds more than {MAX_CONFIG_VALUES:,} values once its "
-                              f"YAML aliases are expanded; a config is a few hundred")  # fmt: skip
+            raise ConfigError(
+                f"{source} holds more than {MAX_CONFIG_VALUES:,} values once its "
+                f"YAML aliases are expanded; a config is a few hundred"
+            )
         if isinstance(node, dict):
             stack.extend(node.values())
         elif isinstance(node, list):
@@ -828,9 +841,11 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         if dataclasses.is_dataclass(section) and not isinstance(value, dict):
             # Refused here, whatever comes after: a later train.KEY=... would replace it.
             name = ".".join(key_path)
-            raise ConfigError(f"override {quote(text)}: {name} is a section of keys, not a "
-                              f"value; set one of its keys, e.g. --set "
-                              f"{name}.{dataclasses.fields(section)[0].name}=...")  # fmt: skip
+            raise ConfigError(
+                f"override {quote(text)}: {name} is a section of keys, not a "
+                f"value; set one of its keys, e.g. --set "
+                f"{name}.{dataclasses.fields(section)[0].name}=..."
+            )
         _deep_update(values, _nest(key_path, value))
     return config_from_dict(values)
 

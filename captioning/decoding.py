@@ -293,8 +293,12 @@ class _Search:
         self.words = torch.cat([self.words.gather(1, by_parent), tokens.unsqueeze(2)], dim=2)
         parent_map = step_map.gather(1, parent[:, :, None].expand(-1, -1, width))  # (b, K, W)
         self.maps = torch.cat(
-            [self.maps.gather(1, parent[:, :, None, None].expand(-1, -1, steps, width)),
-             parent_map.unsqueeze(2)], dim=2)  # fmt: skip
+            [
+                self.maps.gather(1, parent[:, :, None, None].expand(-1, -1, steps, width)),
+                parent_map.unsqueeze(2),
+            ],
+            dim=2,
+        )
         return parent, tokens.view(-1)
 
     def settle(self, out: _Answer) -> None:

@@ -34,11 +34,27 @@ from captioning.runtime import Writer, claim_folder, holds_only, write_atomicall
 logger = logging.getLogger("captioning")
 
 # The entries of grounding_scores(); all of them go when no word was grounded.
-GROUNDING_KEYS = ("pointing_game", "attention_in_box", "centre_pointing_game", "grounded_words",
-                  "grounding_by_word_type")  # fmt: skip
-TABLE_KEYS = ("Bleu_1", "Bleu_2", "Bleu_3", "Bleu_4", "METEOR", "ROUGE_L", "CIDEr", "SPICE",
-              "exact_match", "pointing_game", "attention_in_box",
-              "centre_pointing_game")  # fmt: skip
+GROUNDING_KEYS = (
+    "pointing_game",
+    "attention_in_box",
+    "centre_pointing_game",
+    "grounded_words",
+    "grounding_by_word_type",
+)
+TABLE_KEYS = (
+    "Bleu_1",
+    "Bleu_2",
+    "Bleu_3",
+    "Bleu_4",
+    "METEOR",
+    "ROUGE_L",
+    "CIDEr",
+    "SPICE",
+    "exact_match",
+    "pointing_game",
+    "attention_in_box",
+    "centre_pointing_game",
+)
 EVALUATE = Writer("evaluate", holds_only(("metrics.json", "predictions.json"), "metrics.json"))
 # The config sections an evaluation may change: what is read, how it decodes, how it runs.
 OVERRIDABLE = ("data", "decode", "runtime")
@@ -115,14 +131,17 @@ def with_overrides(cfg: Config, overrides: Sequence[str], data_root: str | None 
     for text in [*overrides, *([f"data.root={data_root}"] if data_root else [])]:
         path, value = parse_override(text)
         if path[0] not in OVERRIDABLE or len(path) < 2:
-            raise ConfigError(f"--set {quote(text)}: evaluate takes keys of the "
-                              f"{', '.join(OVERRIDABLE)} sections only; the model and its "
-                              "training come from the checkpoint")  # fmt: skip
+            raise ConfigError(
+                f"--set {quote(text)}: evaluate takes keys of the "
+                f"{', '.join(OVERRIDABLE)} sections only; the model and its "
+                "training come from the checkpoint"
+            )
         node = values[path[0]]
         for part in path[1:-1]:
             if not isinstance(node.get(part), dict):
-                raise ConfigError(f"--set {quote(text)}: {'.'.join(path[:-1])} is no section "
-                                  "of keys")  # fmt: skip
+                raise ConfigError(
+                    f"--set {quote(text)}: {'.'.join(path[:-1])} is no section of keys"
+                )
             node = node[part]
         node[path[-1]] = value
     return config_from_dict(values)
@@ -132,9 +151,11 @@ def _records(cfg: Config, split: str, max_images: int | None) -> list[ImageRecor
     """The images of ``split``; only its own files are read (another data set may have no
     train split)."""
     if split not in cfg.data.splits:
-        raise CaptioningError(f"split {split!r} is not in data.splits "
-                              f"({', '.join(cfg.data.splits) or 'none'}); name its folder with "
-                              f"--set data.splits.{split}=NAME")  # fmt: skip
+        raise CaptioningError(
+            f"split {split!r} is not in data.splits "
+            f"({', '.join(cfg.data.splits) or 'none'}); name its folder with "
+            f"--set data.splits.{split}=NAME"
+        )
     data = type(cfg.data)(**{**vars(cfg.data), "splits": {split: cfg.data.splits[split]}})
     splits = load_splits(data)
     if not splits.get(split):
@@ -156,8 +177,9 @@ def _decode(
     )
     with torch.random.fork_rng():
         torch.manual_seed(cfg.runtime.seed)  # sampled decoding is reproducible
-        return decode_dataset(loaded.model, dataset, cfg, loaded.device, progress=progress,
-                              desc=f"decoding {split}")  # fmt: skip
+        return decode_dataset(
+            loaded.model, dataset, cfg, loaded.device, progress=progress, desc=f"decoding {split}"
+        )
 
 
 def _score(
@@ -197,8 +219,9 @@ def _grounding(
     present = {o.category for r in scored for o in r.objects}
     unknown = set(words.values()) - present - set(shipped_category_words().values())
     if unknown:
-        logger.info("the category words name categories no scored image has: %s",
-                    ", ".join(sorted(unknown)))  # fmt: skip
+        logger.info(
+            "the category words name categories no scored image has: %s", ", ".join(sorted(unknown))
+        )
     return category_grounding(scored, details, loaded.vocab, loaded.model.grid_shape, words)
 
 
@@ -212,11 +235,11 @@ def write_results(
     ``grounding.json`` in ``out``, each written atomically: a kill or a full disk never
     leaves half of one."""
     # UTF-8 with the letters themselves: a Vietnamese caption stays readable in the file.
-    write_atomically(out / "metrics.json", json.dumps(metrics, indent=2, ensure_ascii=False)
-                     + "\n")  # fmt: skip
+    write_atomically(out / "metrics.json", json.dumps(metrics, indent=2, ensure_ascii=False) + "\n")
     results = [{"image_id": i, "caption": c} for i, c in sorted(predictions.items())]
-    write_atomically(out / "predictions.json", json.dumps(results, indent=1, ensure_ascii=False)
-                     + "\n")  # fmt: skip
+    write_atomically(
+        out / "predictions.json", json.dumps(results, indent=1, ensure_ascii=False) + "\n"
+    )
     if grounding is not None:
         write_atomically(out / "grounding.json", json.dumps(grounding, indent=1) + "\n")
 

@@ -302,8 +302,9 @@ def _fill(
     array = np.lib.format.open_memmap(partial_path, mode="w+", dtype=np.float16, shape=shape)
     written = np.zeros(count, dtype=bool)
     with torch.no_grad(), autocast(device, cfg.train.precision):
-        for batch in progress_bar(loader, desc=f"extracting {split}", unit="batch",
-                                  enabled=progress):  # fmt: skip
+        for batch in progress_bar(
+            loader, desc=f"extracting {split}", unit="batch", enabled=progress
+        ):
             if batch is None:
                 continue
             grid = encoder.backbone(batch["images"].to(device))  # (B, L, D)

@@ -310,8 +310,9 @@ class HardAttentionObjective:
         """The step was finite and taken: update the state from this step's statistics,
         summed over all processes (every process must call this)."""
         if self.estimator == "reinforce":
-            total, count = sum_over_ranks(self.world, list(self._pending or (0.0, 0.0)),
-                                          self.device)  # fmt: skip
+            total, count = sum_over_ranks(
+                self.world, list(self._pending or (0.0, 0.0)), self.device
+            )
             if count > 0:
                 self.baseline.update(total / count)
         elif self.estimator == "gumbel":

@@ -185,15 +185,31 @@ class Caption:
         from captioning.viz import trace_grid
 
         _notebooks_show_figures()
-        return trace_grid(self._picture(), self.words, self.trace, self._grid(), smooth,
-                          columns, self.caption, boxes=boxes)  # fmt: skip
+        return trace_grid(
+            self._picture(),
+            self.words,
+            self.trace,
+            self._grid(),
+            smooth,
+            columns,
+            self.caption,
+            boxes=boxes,
+        )
 
     def save(self, path: str | Path, smooth: bool = True, boxes: Boxes | None = None) -> Path:
         """Write :meth:`plot` as a PNG at ``path`` (parent folders are created)."""
         from captioning.viz import trace_figure
 
-        return trace_figure(self._picture(), self.words, self.trace, self._grid(), path,
-                            smooth, title=self.caption, boxes=boxes)  # fmt: skip
+        return trace_figure(
+            self._picture(),
+            self.words,
+            self.trace,
+            self._grid(),
+            path,
+            smooth,
+            title=self.caption,
+            boxes=boxes,
+        )
 
     def save_gif(self, path: str | Path, smooth: bool = True) -> Path:
         """Write an animated GIF at ``path``: one frame per word, its heatmap over the image."""
@@ -209,15 +225,17 @@ class Caption:
         from captioning.viz import trace_heads_grid
 
         _notebooks_show_figures()
-        return trace_heads_grid(self._picture(), self.words, self.trace, self._grid(), smooth,
-                                self.caption)  # fmt: skip
+        return trace_heads_grid(
+            self._picture(), self.words, self.trace, self._grid(), smooth, self.caption
+        )
 
     def save_heads(self, path: str | Path, smooth: bool = True) -> Path:
         """Write :meth:`plot_heads` as a PNG at ``path`` (parent folders are created)."""
         from captioning.viz import trace_heads_figure
 
-        return trace_heads_figure(self._picture(), self.words, self.trace, self._grid(), path,
-                                  smooth, self.caption)  # fmt: skip
+        return trace_heads_figure(
+            self._picture(), self.words, self.trace, self._grid(), path, smooth, self.caption
+        )
 
     def to_dict(self, decimals: int = 4) -> dict[str, Any]:
         """Plain JSON data: ``caption``, ``words``, ``attention`` (one rows x cols map per
@@ -227,8 +245,13 @@ class Caption:
         ``decimals``; a NaN is null."""
         grid = self._grid()
         (maps, values), *others = self.trace.to_json(grid, decimals).items()  # alpha's first
-        return {"caption": self.caption, "words": list(self.words), maps: values,
-                "grid": list(grid), **dict(others)}  # fmt: skip
+        return {
+            "caption": self.caption,
+            "words": list(self.words),
+            maps: values,
+            "grid": list(grid),
+            **dict(others),
+        }
 
     def extras(self, decimals: int = 4) -> dict[str, Any]:
         """The trace's fields but the maps, as :meth:`to_dict` writes them: ``cells``,
@@ -237,14 +260,18 @@ class Caption:
 
     def _grid(self) -> tuple[int, int]:
         if self.grid is None:
-            raise ValueError(f"{self.source}: the caption does not know its attention grid; "
-                             "pass grid=model.grid_shape to Caption.from_decoded")  # fmt: skip
+            raise ValueError(
+                f"{self.source}: the caption does not know its attention grid; "
+                "pass grid=model.grid_shape to Caption.from_decoded"
+            )
         return self.grid
 
     def _picture(self) -> Image.Image:
         if self.image is None:
-            raise ValueError(f"{self.source}: the caption kept no image to draw on; set "
-                             "its image (load_image(path)) first")  # fmt: skip
+            raise ValueError(
+                f"{self.source}: the caption kept no image to draw on; set "
+                "its image (load_image(path)) first"
+            )
         return self.image
 
     def _repr_png_(self) -> bytes:
@@ -317,8 +344,9 @@ def decode_dataset(
     model.eval()
     captions: dict[int, str] = {}
     details: dict[int, Decoded] = {}
-    bar = progress_bar(desc=desc, total=len(shard), unit="img", enabled=progress,
-                       summary=summary, leave=False)  # fmt: skip
+    bar = progress_bar(
+        desc=desc, total=len(shard), unit="img", enabled=progress, summary=summary, leave=False
+    )
     for batch in loader:
         if batch is None:
             continue
@@ -425,10 +453,13 @@ def caption_inputs(
         cfg: the config whose ``decode`` settings and ``runtime.precision`` apply.
         encode_batch: images encoded at once (None: all); see :func:`caption_batch`.
     """
-    decoded = caption_batch(model, cfg.decode, cfg.runtime.precision, images=images,
-                            encode_batch=encode_batch)  # fmt: skip
-    return [Caption.from_decoded(name, decoded.row(row), vocab, model.grid_shape)
-            for row, name in enumerate(names)]  # fmt: skip
+    decoded = caption_batch(
+        model, cfg.decode, cfg.runtime.precision, images=images, encode_batch=encode_batch
+    )
+    return [
+        Caption.from_decoded(name, decoded.row(row), vocab, model.grid_shape)
+        for row, name in enumerate(names)
+    ]
 
 
 def caption_files(

@@ -139,7 +139,15 @@ def progress_bar(
         tqdm_options: passed to tqdm (``ncols``, ``unit_scale``, ...).
     """
     if enabled and stderr_is_terminal():
-        return tqdm(iterable, desc=desc, total=total, unit=unit, leave=leave,
-                    initial=initial, **tqdm_options)  # fmt: skip
-    return QuietProgress(iterable, desc=desc, total=total, unit=unit,
-                         summary=enabled and summary, initial=initial)  # fmt: skip
+        return tqdm(
+            iterable,
+            desc=desc,
+            total=total,
+            unit=unit,
+            leave=leave,
+            initial=initial,
+            **tqdm_options,
+        )
+    return QuietProgress(
+        iterable, desc=desc, total=total, unit=unit, summary=enabled and summary, initial=initial
+    )

@@ -30,12 +30,30 @@ DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "shapes_so
 QUICK_OVERRIDES: list[str] = []
 SUMMARY = "quickstart.json"
 # Written before folders were marked, a quickstart's folder held only these.
-WRITTEN = (LOCK, CONFIG_FILE, "best.pt", "last.pt", "events.out.tfevents.*", "figures", "eval",
-           "attention", SUMMARY, ".*.pt.*.tmp")  # fmt: skip
+WRITTEN = (
+    LOCK,
+    CONFIG_FILE,
+    "best.pt",
+    "last.pt",
+    "events.out.tfevents.*",
+    "figures",
+    "eval",
+    "attention",
+    SUMMARY,
+    ".*.pt.*.tmp",
+)
 QUICKSTART = Writer("quickstart", holds_only(WRITTEN, SUMMARY))
 # The files an earlier quickstart wrote (besides the attention figures its summary lists).
-EARLIER = (CONFIG_FILE, "best.pt", "last.pt", "events.out.tfevents.*", "figures/epoch_*.png",
-           "eval/metrics.json", "eval/predictions.json", SUMMARY)  # fmt: skip
+EARLIER = (
+    CONFIG_FILE,
+    "best.pt",
+    "last.pt",
+    "events.out.tfevents.*",
+    "figures/epoch_*.png",
+    "eval/metrics.json",
+    "eval/predictions.json",
+    SUMMARY,
+)
 
 
 def quickstart(
@@ -75,8 +93,9 @@ def quickstart(
     with claim_folder(out_dir, QUICKSTART):
         removed = remove_earlier_run(out_dir)
         if removed:
-            logger.info("removed the %d files an earlier quickstart wrote in %s", len(removed),
-                        out_dir)  # fmt: skip
+            logger.info(
+                "removed the %d files an earlier quickstart wrote in %s", len(removed), out_dir
+            )
         # Marked as the caption verb's: `captioning caption --attention-dir` may add to it.
         with claim_folder(out_dir / "attention", CAPTION, "--attention-dir") as figures:
             summary, metrics = _run(cfg, out_dir, figures, num_examples, quiet, meteor)
@@ -129,8 +148,9 @@ def _run(
         stem = figure_stem(result.source, used)
         # an empty caption has no heatmap to show
         figure = result.save(figures / f"{stem}.png") if result.words else None
-        examples.append({"image": result.source, "caption": result.caption,
-                         "attention": figure and str(figure)})  # fmt: skip
+        examples.append(
+            {"image": result.source, "caption": result.caption, "attention": figure and str(figure)}
+        )
     summary = {
         "run": str(out_dir),
         "checkpoint": str(checkpoint),
@@ -151,6 +171,8 @@ def _report(summary: dict[str, Any], metrics: dict[str, Any]) -> None:
         print(f"    attention: {example['attention']}")
     print(f"\nrun folder: {out_dir} (config.yaml, best.pt, last.pt, TensorBoard events, figures/)")
     print(f"metrics:    {summary['metrics']} and predictions.json")
-    print(f"caption your own images: captioning caption IMG --checkpoint {checkpoint} "
-          f"--attention-dir {Path(out_dir) / 'attention'}")  # fmt: skip
+    print(
+        f"caption your own images: captioning caption IMG --checkpoint {checkpoint} "
+        f"--attention-dir {Path(out_dir) / 'attention'}"
+    )
     print(f"done in {summary['total_seconds']:.0f}s")

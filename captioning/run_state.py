@@ -149,8 +149,9 @@ def build_objective(
         if vocab is None or not train_records:
             raise CaptioningError("self-critical training needs the training images and vocabulary")
         reward = CaptionReward(train_records, vocab, cfg.train.scst_bleu_weight)
-        return SelfCriticalObjective(cfg, reward, device, cfg.train.precision,
-                                     hard=model.hard_attention)  # fmt: skip
+        return SelfCriticalObjective(
+            cfg, reward, device, cfg.train.precision, hard=model.hard_attention
+        )
     if model.hard_attention:
         cells = model.grid_shape[0] * model.grid_shape[1]
         return HardAttentionObjective(cfg, cells, device, cfg.train.precision, world)
@@ -194,13 +195,28 @@ def resume_run(run: Run, payload: dict[str, Any], path: str) -> None:
 # it is read, how long the run goes on, what it logs and how it validates. Everything else
 # (the model, the data's content, the optimiser, the schedule, the objective, the seed) would
 # not continue the same run, so a difference is refused by name.
-SAFE_ON_RESUME = frozenset({
-    "data.root", "data.num_workers", "data.check_images", "data.cache_images",
-    "data.on_bad_image", "data.feature_cache", "data.max_image_pixels", "data.max_caption_length",
-    "train.epochs", "train.early_stop_patience", "train.val_max_images", "train.val_every",
-    "train.stop_on_nonfinite", "train.log_every", "train.figure_every_epoch", "train.quiet",
-    "train.device", "train.threads",
-})  # fmt: skip
+SAFE_ON_RESUME = frozenset(
+    {
+        "data.root",
+        "data.num_workers",
+        "data.check_images",
+        "data.cache_images",
+        "data.on_bad_image",
+        "data.feature_cache",
+        "data.max_image_pixels",
+        "data.max_caption_length",
+        "train.epochs",
+        "train.early_stop_patience",
+        "train.val_max_images",
+        "train.val_every",
+        "train.stop_on_nonfinite",
+        "train.log_every",
+        "train.figure_every_epoch",
+        "train.quiet",
+        "train.device",
+        "train.threads",
+    }
+)
 
 
 # What --init may change in the model section: none of these changes a weight's shape or
@@ -230,8 +246,14 @@ def load_init(cfg: Config, path: str) -> dict[str, Any]:
     ours = config_to_dict(cfg)["model"]
     unused = _builds_nothing(saved) & _builds_nothing(ours)
     swapped = {saved.get("attention"), ours["attention"]} <= SAME_WEIGHTS_ATTENTION
-    changed = [k for k in saved if ours[k] != saved[k] and f"model.{k}" not in FREE_ON_INIT
-               and k not in unused and not (k == "attention" and swapped)]  # fmt: skip
+    changed = [
+        k
+        for k in saved
+        if ours[k] != saved[k]
+        and f"model.{k}" not in FREE_ON_INIT
+        and k not in unused
+        and not (k == "attention" and swapped)
+    ]
     if changed:
         key = changed[0]
         raise CheckpointError(

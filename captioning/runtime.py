@@ -240,8 +240,10 @@ def replace_synced(tmp: str | Path, path: str | Path) -> None:
 
 def _cannot_write(path: Path, exc: OSError) -> CaptioningError:
     kept = "the previous one is kept; " if path.is_file() else ""
-    return CaptioningError(f"{path}: cannot write ({exc.strerror or exc}); {kept}free some "
-                           f"space or choose another folder")  # fmt: skip
+    return CaptioningError(
+        f"{path}: cannot write ({exc.strerror or exc}); {kept}free some "
+        f"space or choose another folder"
+    )
 
 
 def lock_folder(folder: Path, words: FolderWords) -> Any:
@@ -260,8 +262,9 @@ def lock_folder(folder: Path, words: FolderWords) -> Any:
                 f"{words.name} {folder} holds a {LOCK} that is a symbolic link, which this "
                 f"command will not write through; remove it or choose another {words.flag}"
             ) from exc
-        raise CaptioningError(f"cannot write in {words.name} {folder} ({exc.strerror}); "
-                              f"choose another {words.flag}") from exc  # fmt: skip
+        raise CaptioningError(
+            f"cannot write in {words.name} {folder} ({exc.strerror}); choose another {words.flag}"
+        ) from exc
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
@@ -279,8 +282,10 @@ def lock_folder(folder: Path, words: FolderWords) -> Any:
         ) from exc
     if not _same_file(handle, path):  # removed by a failed start (see HeldFolder.release)
         handle.close()
-        raise CaptioningError(f"{words.name} {folder} was being given up by another "
-                              f"{words.who}; run the command again")  # fmt: skip
+        raise CaptioningError(
+            f"{words.name} {folder} was being given up by another "
+            f"{words.who}; run the command again"
+        )
     handle.seek(0)
     handle.truncate()
     handle.write(f"pid {os.getpid()}\n")
@@ -315,21 +320,26 @@ def check_owner(
     if not folder.exists():
         return
     if not folder.is_dir():
-        raise CaptioningError(f"{words.flag} {folder} is a file, not a folder; name a folder "
-                              f"(it is made when missing)")  # fmt: skip
+        raise CaptioningError(
+            f"{words.flag} {folder} is a file, not a folder; name a folder "
+            f"(it is made when missing)"
+        )
     marked = marked_verb(folder)
     if marked == writer.verb:
         return
     what = f"{words.name} {folder}"
     if marked is not None:
-        raise CaptioningError(f"{what} holds the output of `captioning {marked}`; nothing was "
-                              f"changed: choose another {words.flag}")  # fmt: skip
+        raise CaptioningError(
+            f"{what} holds the output of `captioning {marked}`; nothing was "
+            f"changed: choose another {words.flag}"
+        )
     try:
         others = sorted(p.name for p in folder.iterdir() if p.name not in ours)
         earlier = bool(others) and writer.earlier(folder)
     except OSError as exc:
-        raise CaptioningError(f"cannot read {what} ({exc.strerror or exc}); choose another "
-                              f"{words.flag}") from exc  # fmt: skip
+        raise CaptioningError(
+            f"cannot read {what} ({exc.strerror or exc}); choose another {words.flag}"
+        ) from exc
     if others and not earlier:
         raise CaptioningError(
             f"{what} already holds files that `captioning {writer.verb}` did not write (such "
@@ -346,11 +356,13 @@ def _make_folder(folder: Path, words: FolderWords) -> bool:
     except FileExistsError:
         if folder.is_dir():
             return False
-        raise CaptioningError(f"cannot make {words.name} {folder} (a file is in the way); "
-                              f"choose another {words.flag}") from None  # fmt: skip
+        raise CaptioningError(
+            f"cannot make {words.name} {folder} (a file is in the way); choose another {words.flag}"
+        ) from None
     except OSError as exc:
-        raise CaptioningError(f"cannot make {words.name} {folder} ({exc.strerror}); "
-                              f"choose another {words.flag}") from exc  # fmt: skip
+        raise CaptioningError(
+            f"cannot make {words.name} {folder} ({exc.strerror}); choose another {words.flag}"
+        ) from exc
     return True
 
 

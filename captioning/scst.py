@@ -170,8 +170,9 @@ class SelfCriticalObjective:
             if greedy is None:
                 baseline = leave_one_out(rewards)  # (B, K)
             else:
-                greedy_rewards = self.reward(greedy.tokens.cpu(), greedy.lengths.cpu(),
-                                             indices.tolist())  # fmt: skip
+                greedy_rewards = self.reward(
+                    greedy.tokens.cpu(), greedy.lengths.cpu(), indices.tolist()
+                )
                 baseline = greedy_rewards.unsqueeze(1).expand_as(rewards)  # (B, K)
             advantage = (rewards - baseline).flatten().to(self.device, torch.float32)  # (R,)
             log_probs, mask = self.sample_log_probs(module, images, grid, sampled)  # (R, T)

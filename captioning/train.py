@@ -91,8 +91,9 @@ def train_step(
     images = batch["images"].to(device, non_blocking=True) if "images" in batch else None
     grid = batch["grid"].to(device, non_blocking=True) if "grid" in batch else None
     tokens = batch["tokens"].to(device, non_blocking=True)  # (B, T)
-    terms = run.objective.loss(module, images, grid, tokens, run.progress.step,
-                               indices=batch.get("indices"))  # fmt: skip
+    terms = run.objective.loss(
+        module, images, grid, tokens, run.progress.step, indices=batch.get("indices")
+    )
     run.optimizer.zero_grad(set_to_none=True)
     if any_rank(run.world, not bool(torch.isfinite(terms.total)), device):
         return _skip_or_stop(run, "loss")
@@ -187,8 +188,11 @@ def train_one_epoch(
 def _log_step(writer: Any, run: Run, result: StepResult) -> None:
     """TensorBoard scalars of one step (rank 0 only)."""
     step = run.progress.step
-    names = {"nll_per_token": "nll_per_token", "penalty": "attention_penalty",
-             "entropy": "attention_entropy"}  # fmt: skip
+    names = {
+        "nll_per_token": "nll_per_token",
+        "penalty": "attention_penalty",
+        "entropy": "attention_entropy",
+    }
     for key, value in {**result.terms.scalars(), **run.objective.scalars()}.items():
         writer.add_scalar(f"train/{names.get(key, key)}", value, step)
     writer.add_scalar("train/grad_norm", result.grad_norm, step)
@@ -269,14 +273,22 @@ def end_epoch(
 def _check_finite_weights(run: Run, out_dir: Path) -> None:
     """Refuse to checkpoint weights (or buffers, such as BatchNorm statistics) that are not
     finite: a diverged model would overwrite ``last.pt``, and even become ``best.pt``."""
-    bad = next((name for name, value in run.model.state_dict().items()
-                if value.is_floating_point() and not bool(torch.isfinite(value).all())),
-               None)  # fmt: skip
+    bad = next(
+        (
+            name
+            for name, value in run.model.state_dict().items()
+            if value.is_floating_point() and not bool(torch.isfinite(value).all())
+        ),
+        None,
+    )
     if bad is None:
         return
     epoch, last = run.progress.epoch, out_dir / "last.pt"
-    kept = (f"{last} keeps epoch {epoch - 1}: start a new run from its weights (--init {last})"
-            if epoch > 1 and last.is_file() else "start again")  # fmt: skip
+    kept = (
+        f"{last} keeps epoch {epoch - 1}: start a new run from its weights (--init {last})"
+        if epoch > 1 and last.is_file()
+        else "start again"
+    )
     raise TrainingError(
         f"the weights became non-finite in epoch {epoch} ({bad} holds NaN or inf), so they "
         f"were not saved; {kept} with a lower train.lr or train.precision=fp32"
@@ -339,11 +351,17 @@ def _epoch_figure(
         return
     result = CaptionResult.from_decoded(record.path, decoded, run.vocab)
     if result.alphas is not None and not bool(torch.isfinite(result.alphas).all()):
-        logger.warning("no attention figure for epoch %d: the weights are not finite",
-                       run.progress.epoch)  # fmt: skip
+        logger.warning(
+            "no attention figure for epoch %d: the weights are not finite", run.progress.epoch
+        )
         return
-    draw_attention(result, run.model.grid_shape, path.parent, path.stem,
-                   limits=ImageLimits.from_config(run.cfg.data))  # fmt: skip
+    draw_attention(
+        result,
+        run.model.grid_shape,
+        path.parent,
+        path.stem,
+        limits=ImageLimits.from_config(run.cfg.data),
+    )
 
 
 # --------------------------------------------------------------------------- set-up
@@ -417,12 +435,19 @@ def set_up(
     run = Run.create(cfg, vocab, model, len(sampler), device, world, datasets["train"].records)
     if initial is not None:
         load_weights(run.model, initial, init)
-        logger.info("weights from %s (epoch %d); fresh optimiser and schedule", init,
-                    int(initial.get("epoch", 0)))  # fmt: skip
+        logger.info(
+            "weights from %s (epoch %d); fresh optimiser and schedule",
+            init,
+            int(initial.get("epoch", 0)),
+        )
     if payload is not None:
         resume_run(run, payload, resume)
-        logger.info("resumed from %s after epoch %d (step %d)", resume, run.progress.epoch,
-                    run.progress.step)  # fmt: skip
+        logger.info(
+            "resumed from %s after epoch %d (step %d)",
+            resume,
+            run.progress.epoch,
+            run.progress.step,
+        )
     module: nn.Module = model
     if world.enabled:
         module = DistributedDataParallel(
@@ -532,9 +557,12 @@ def fit(
         if not world.is_main:
             logger.setLevel(logging.WARNING)  # one process speaks
         elif world.enabled:
-            logger.info("data-parallel training: %d processes (%s), batch %d per process",
-                        world.size, "nccl" if device.type == "cuda" else "gloo",
-                        cfg.train.batch_size)  # fmt: skip
+            logger.info(
+                "data-parallel training: %d processes (%s), batch %d per process",
+                world.size,
+                "nccl" if device.type == "cuda" else "gloo",
+                cfg.train.batch_size,
+            )
         with sigterm_raises(), claim_run_dir(out_dir, resume, world):
             setup = set_up(cfg, resume, world, device, init)
             _train(setup, out_dir, device, on_step)
@@ -551,9 +579,14 @@ def fit(
         "seconds": time.time() - started,
         "history": progress.history,
     }
-    logger.info("done in %.0fs: best %s %.3f at epoch %d; checkpoints in %s",
-                summary["seconds"], cfg.train.select_metric, progress.best_score,
-                progress.best_epoch, out_dir)  # fmt: skip
+    logger.info(
+        "done in %.0fs: best %s %.3f at epoch %d; checkpoints in %s",
+        summary["seconds"],
+        cfg.train.select_metric,
+        progress.best_score,
+        progress.best_epoch,
+        out_dir,
+    )
     return summary
 
 
@@ -577,8 +610,11 @@ def _train(
     try:
         while run.progress.epoch < cfg.train.epochs:
             if patience and run.progress.bad_epochs >= patience:
-                logger.info("early stop: %s has not improved for %d validations",
-                            cfg.train.select_metric, run.progress.bad_epochs)  # fmt: skip
+                logger.info(
+                    "early stop: %s has not improved for %d validations",
+                    cfg.train.select_metric,
+                    run.progress.bad_epochs,
+                )
                 break
             epoch_start, first_step = time.time(), run.progress.step
             setup.sampler.set_epoch(run.progress.epoch)

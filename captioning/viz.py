@@ -168,8 +168,10 @@ def _check_centres(
         return None
     array = _as_numpy(centres, "centres")
     if array.shape != (n_words, 2):
-        raise ValueError(f"centres must be (row, column) per word, shape ({n_words}, 2); "
-                         f"got shape {tuple(array.shape)}")  # fmt: skip
+        raise ValueError(
+            f"centres must be (row, column) per word, shape ({n_words}, 2); "
+            f"got shape {tuple(array.shape)}"
+        )
     return array
 
 
@@ -318,8 +320,9 @@ def upsample_attention(
     if smooth:
         work = torch.from_numpy(smooth_grid(cells, grid_shape))[None, None]  # (1, 1, 16gh, 16gw)
         # antialias matters only when shrinking (a small image or a large grid).
-        heat = F.interpolate(work, size=(height, width), mode="bilinear", align_corners=False,
-                             antialias=True)  # fmt: skip
+        heat = F.interpolate(
+            work, size=(height, width), mode="bilinear", align_corners=False, antialias=True
+        )
         return np.clip(heat[0, 0].numpy(), 0.0, None)
     # Explicit index maps rather than interpolate(mode="nearest"): with sizes that are not a
     # multiple of the grid, the pixel-centre rule keeps the blocks where a cell rectangle
@@ -503,9 +506,17 @@ def _mark_centre(
     clipped, so that a centre on the image's edge still shows."""
     x, y = centre_position(centre, grid_shape, (width, height))
     outline = [patheffects.withStroke(linewidth=size / 3, foreground="black")]
-    ax.plot([x - 0.5], [y - 0.5], marker="x", markersize=size, markeredgewidth=size / 5,
-            color=_BOX_COLOUR, linestyle="none", path_effects=outline,
-            clip_on=False)  # fmt: skip
+    ax.plot(
+        [x - 0.5],
+        [y - 0.5],
+        marker="x",
+        markersize=size,
+        markeredgewidth=size / 5,
+        color=_BOX_COLOUR,
+        linestyle="none",
+        path_effects=outline,
+        clip_on=False,
+    )
     ax.set_xlim(-0.5, width - 0.5)  # a centre near an edge must not widen the axes
     ax.set_ylim(height - 0.5, -0.5)
 
@@ -517,8 +528,10 @@ def _check_boxes(
     if boxes is None:
         return None
     if len(boxes) != n_words:
-        raise ValueError(f"boxes has {len(boxes)} entries for {n_words} words; give one list "
-                         "of boxes per word (empty for a word that names no object)")  # fmt: skip
+        raise ValueError(
+            f"boxes has {len(boxes)} entries for {n_words} words; give one list "
+            "of boxes per word (empty for a word that names no object)"
+        )
     checked = []
     for word_boxes in boxes:
         shares = [tuple(float(v) for v in box) for box in word_boxes]
@@ -532,9 +545,17 @@ def _draw_boxes(ax, boxes: Sequence[tuple[float, ...]], width: int, height: int)
     """Outline object boxes (shares of the image) in imshow coordinates (edges at -0.5)."""
     outline = [patheffects.withStroke(linewidth=3.0, foreground="black")]
     for x, y, w, h in boxes:
-        ax.add_patch(Rectangle((x * width - 0.5, y * height - 0.5), w * width, h * height,
-                               fill=False, edgecolor=_OBJECT_COLOUR, linewidth=1.5,
-                               path_effects=outline))  # fmt: skip
+        ax.add_patch(
+            Rectangle(
+                (x * width - 0.5, y * height - 0.5),
+                w * width,
+                h * height,
+                fill=False,
+                edgecolor=_OBJECT_COLOUR,
+                linewidth=1.5,
+                path_effects=outline,
+            )
+        )
 
 
 def _blank_axes(ax) -> None:
@@ -632,13 +653,23 @@ def _draw_legend(
     centre = layout.fig_w / 2
     bar_w = min(1.6, max(0.6, layout.fig_w - 1.8))
     bar_y, bar_h = 0.42, 0.13
-    box = Bbox.from_extents(to_x(centre - bar_w / 2), to_y(bar_y),
-                            to_x(centre + bar_w / 2), to_y(bar_y + bar_h))  # fmt: skip
+    box = Bbox.from_extents(
+        to_x(centre - bar_w / 2), to_y(bar_y), to_x(centre + bar_w / 2), to_y(bar_y + bar_h)
+    )
     ramp = BboxImage(TransformedBbox(box, fig.transFigure), interpolation="bilinear")
     ramp.set_data(_scale_ramp(style))
     fig.add_artist(ramp)
-    fig.add_artist(Rectangle((box.x0, box.y0), box.width, box.height, transform=fig.transFigure,
-                             fill=False, edgecolor="0.3", linewidth=0.6))  # fmt: skip
+    fig.add_artist(
+        Rectangle(
+            (box.x0, box.y0),
+            box.width,
+            box.height,
+            transform=fig.transFigure,
+            fill=False,
+            edgecolor="0.3",
+            linewidth=0.6,
+        )
+    )
     low, high = ("dimmed 0", "1 bright") if style == "dim" else ("0", "1")
     middle = to_y(bar_y + bar_h / 2)
     fig.text(to_x(centre - bar_w / 2 - 0.06), middle, low, ha="right", va="center", fontsize=9)
@@ -650,8 +681,16 @@ def _draw_legend(
     )
     if objects:
         note += f"; {_LEGEND_OBJECTS}"
-    fig.text(0.5, to_y(0.34), textwrap.fill(note, max(30, int(layout.fig_w * 15))),
-             ha="center", va="top", fontsize=8, color="0.2", parse_math=False)  # fmt: skip
+    fig.text(
+        0.5,
+        to_y(0.34),
+        textwrap.fill(note, max(30, int(layout.fig_w * 15))),
+        ha="center",
+        va="top",
+        fontsize=8,
+        color="0.2",
+        parse_math=False,
+    )
 
 
 def _draw_map(ax, pixels: np.ndarray, heat: np.ndarray, style: str, peak: float | None) -> None:
@@ -795,8 +834,7 @@ def attention_grid(
         t = panel - 1
         _draw_map(ax, pixels, heats[t], style, peak)
         _draw_marks(ax, t, cells, centres, boxes, grid_shape, (width, height))
-        ax.set_title(f"{_text(words[t])} ({_peak_label(maps[t])})", fontsize=11,
-                     parse_math=False)  # fmt: skip
+        ax.set_title(f"{_text(words[t])} ({_peak_label(maps[t])})", fontsize=11, parse_math=False)
     _draw_legend(fig, layout, style, grid_shape[0] * grid_shape[1], any(boxes or []), scale)
     return fig
 
@@ -878,17 +916,8 @@ def heads_grid(
     grid_shape = _check_grid(grid_shape)
     style, scale = _check_style(style), _check_scale(scale)
     words = [str(word) for word in words]
-    array = _as_numpy(heads, "heads")
-    if not words:
-        raise ValueError("heads_grid needs at least one word")
-    if array.ndim not in (3, 4) or len(array) != len(words):
-        raise ValueError(f"heads must be (T, H, L) or (T, H, grid_h, grid_w) with T = "
-                         f"{len(words)} words; got shape {tuple(array.shape)}")  # fmt: skip
-    n_heads = array.shape[1]
-    rows = [[_attention_map(array[t, h], grid_shape, f"heads[{t}, {h}]") for t in range(len(words))]
-            for h in range(n_heads)]  # fmt: skip
-    rows.append([np.mean([row[t] for row in rows], axis=0) for t in range(len(words))])
-    labels = [f"head {h + 1}" for h in range(n_heads)] + ["mean"]
+    rows = _head_rows(words, _as_numpy(heads, "heads"), grid_shape)
+    labels = [f"head {h + 1}" for h in range(len(rows) - 1)] + ["mean"]
 
     shown = _fit(image, 1, _MAX_DISPLAY_SIDE)
     width, height = shown.size
@@ -897,28 +926,72 @@ def heads_grid(
         [a for maps in rows for a in maps], grid_shape, (width, height), smooth, scale
     )
     heading = title if title is not None else " ".join(words)
-    layout = _PanelLayout.make(len(rows) * len(words), len(words), width, height, heading,
-                               panel_inches=1.6, heading_panels=len(words))  # fmt: skip
-    # row labels on the left, word titles above, each panel's peak in the gap below it
-    layout = replace(layout, margin=0.5, top=layout.top + 0.2, gap_h=layout.gap_h + 0.12,
-                     bottom=layout.bottom + 0.14)  # fmt: skip
+    layout = _heads_layout(len(rows), len(words), width, height, heading)
     fig = Figure(figsize=(layout.fig_w, layout.fig_h), dpi=_DPI)
     FigureCanvasAgg(fig)
     gs = layout.gridspec(fig)
+    panels = iter(heats)
     for r, (label, maps) in enumerate(zip(labels, rows)):
         for t, alpha in enumerate(maps):
             ax = fig.add_subplot(gs[r, t])
             _blank_axes(ax)
-            _draw_map(ax, pixels, heats[r * len(words) + t], style, peak)
-            if r == 0:
-                ax.set_title(_text(words[t]), fontsize=10, parse_math=False)
-            if t == 0:
-                ax.set_ylabel(label, fontsize=10)
-            ax.set_xlabel(_peak_label(alpha), fontsize=8, labelpad=2)
-    fig.text(0.5, 1 - 0.06 / layout.fig_h, layout.heading, ha="center", va="top",
-             fontsize=10, parse_math=False)  # fmt: skip
+            _draw_map(ax, pixels, next(panels), style, peak)
+            _label_panel(ax, words[t] if r == 0 else None, label if t == 0 else None, alpha)
+    fig.text(
+        0.5,
+        1 - 0.06 / layout.fig_h,
+        layout.heading,
+        ha="center",
+        va="top",
+        fontsize=10,
+        parse_math=False,
+    )
     _draw_legend(fig, layout, style, grid_shape[0] * grid_shape[1], scale=scale)
     return fig
+
+
+def _heads_layout(rows: int, words: int, width: int, height: int, heading: str) -> _PanelLayout:
+    """The panels of :func:`heads_grid`: row labels on the left, word titles above, each
+    panel's peak in the gap below it."""
+    layout = _PanelLayout.make(
+        rows * words, words, width, height, heading, panel_inches=1.6, heading_panels=words
+    )
+    return replace(
+        layout,
+        margin=0.5,
+        top=layout.top + 0.2,
+        gap_h=layout.gap_h + 0.12,
+        bottom=layout.bottom + 0.14,
+    )
+
+
+def _label_panel(ax: Any, word: str | None, row: str | None, alpha: np.ndarray) -> None:
+    """A panel of :func:`heads_grid`: its word above (top row), its row's name at the left
+    (first column), its peak below."""
+    if word is not None:
+        ax.set_title(_text(word), fontsize=10, parse_math=False)
+    if row is not None:
+        ax.set_ylabel(row, fontsize=10)
+    ax.set_xlabel(_peak_label(alpha), fontsize=8, labelpad=2)
+
+
+def _head_rows(
+    words: list[str], array: np.ndarray, grid_shape: tuple[int, int]
+) -> list[list[np.ndarray]]:
+    """The rows of :func:`heads_grid`: each head's map for every word, then their mean."""
+    if not words:
+        raise ValueError("heads_grid needs at least one word")
+    if array.ndim not in (3, 4) or len(array) != len(words):
+        raise ValueError(
+            f"heads must be (T, H, L) or (T, H, grid_h, grid_w) with T = "
+            f"{len(words)} words; got shape {tuple(array.shape)}"
+        )
+    rows = [
+        [_attention_map(array[t, h], grid_shape, f"heads[{t}, {h}]") for t in range(len(words))]
+        for h in range(array.shape[1])
+    ]
+    rows.append([np.mean([row[t] for row in rows], axis=0) for t in range(len(words))])
+    return rows
 
 
 def _gif_frame(
@@ -1048,8 +1121,10 @@ def attention_gif(
 # --- a caption's trace ----------------------------------------------------------------------
 
 # What asking a single-head model for its heads' figure says.
-SINGLE_HEAD = ("this model has a single attention head, so there is no per-head figure "
-               "(a multi-head model is trained with --set model.heads=H, H > 1)")  # fmt: skip
+SINGLE_HEAD = (
+    "this model has a single attention head, so there is no per-head figure "
+    "(a multi-head model is trained with --set model.heads=H, H > 1)"
+)
 
 
 def _trace_marks(trace: AttentionTrace) -> dict[str, Any]:
@@ -1076,9 +1151,18 @@ def trace_grid(
     ``trace.alpha`` (T, L), marked as the trace's other fields call for (hard attention's
     chosen cell outlined, local attention's centre crossed), and each word's object
     ``boxes`` outlined. Other arguments as :func:`attention_grid`."""
-    return attention_grid(image, words, trace.alpha, grid_shape, smooth=smooth,
-                          columns=columns, title=title, style=style, boxes=boxes,
-                          **_trace_marks(trace))  # fmt: skip
+    return attention_grid(
+        image,
+        words,
+        trace.alpha,
+        grid_shape,
+        smooth=smooth,
+        columns=columns,
+        title=title,
+        style=style,
+        boxes=boxes,
+        **_trace_marks(trace),
+    )
 
 
 def trace_figure(
@@ -1111,8 +1195,17 @@ def trace_gif(
 ) -> Path:
     """:func:`attention_gif` of a caption's per-word ``trace``, marked as
     :func:`trace_grid` marks it."""
-    return attention_gif(image, words, trace.alpha, grid_shape, path, smooth=smooth,
-                         frame_ms=frame_ms, style=style, **_trace_marks(trace))  # fmt: skip
+    return attention_gif(
+        image,
+        words,
+        trace.alpha,
+        grid_shape,
+        path,
+        smooth=smooth,
+        frame_ms=frame_ms,
+        style=style,
+        **_trace_marks(trace),
+    )
 
 
 def trace_heads_grid(

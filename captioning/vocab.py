@@ -28,9 +28,31 @@ SPECIALS = (PAD, START, END, UNK)
 # The punctuation tokens that pycocoevalcap's PTBTokenizer removes, plus the quote forms that
 # nltk's Treebank tokenizer produces.
 _PUNCTUATION = {
-    "''", "'", "``", "`", '"', "-LRB-", "-RRB-", "-LCB-", "-RCB-", "(", ")", "{", "}", "[", "]",
-    ".", "?", "!", ",", ":", "-", "--", "...", ";",
-}  # fmt: skip
+    "''",
+    "'",
+    "``",
+    "`",
+    '"',
+    "-LRB-",
+    "-RRB-",
+    "-LCB-",
+    "-RCB-",
+    "(",
+    ")",
+    "{",
+    "}",
+    "[",
+    "]",
+    ".",
+    "?",
+    "!",
+    ",",
+    ":",
+    "-",
+    "--",
+    "...",
+    ";",
+}
 _ONLY_PUNCTUATION = re.compile(r"^[^\w<>]+$")
 # Treebank splits a period off only at the end of the text; split it before any whitespace too.
 _SENTENCE_PERIOD = re.compile(r"(\.+)(?=\s|$)")

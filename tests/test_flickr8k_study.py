@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import flickr8k, flickr8k_runs, study
+from benchmarks import flickr8k, flickr8k_options, flickr8k_runs, study
 from benchmarks.provenance import usable_cores
 from captioning.errors import CaptioningError
 from captioning.metrics import caption_metrics
@@ -101,7 +101,7 @@ def test_the_second_stages_after_best_are_the_recipes_on_bests_grid():
 def test_commands_name_no_machine_path(tmp_path):
     out, shared = tmp_path / "out", tmp_path / "shared"
     argv = ["--shared", str(shared), "--out", str(out), "--set", f"x={out}/y"]
-    assert flickr8k.command_of(argv, out, shared) == (
+    assert flickr8k_options.command_of(argv, out, shared) == (
         "python -m benchmarks.flickr8k --shared SHARED --out OUT --set x=OUT/y"
     )
 
@@ -161,14 +161,14 @@ def test_a_second_stage_lever_can_start_from_the_recipes_first_stage(tmp_path):
     assert spec.init == first / "train" / "best.pt"
     assert spec.folder == flickr8k.run_dir(tmp_path, "lr", "best_scst", 0) / "train"
     assert spec.load().train.lr == 5e-5
-    parsed = flickr8k.parse_args(["--shared", "s", "--out", "o", "--models", "best_scst",
+    parsed = flickr8k_options.parse_args(["--shared", "s", "--out", "o", "--models", "best_scst",
                                   "--variant", "lr"])  # fmt: skip
     assert parsed.first_stage == "lr"  # by default the first stage is the variant's own
 
 
 def test_first_stage_without_a_second_stage_is_refused(capsys):
     with pytest.raises(SystemExit) as exit_info:
-        flickr8k.parse_args(["--shared", "s", "--out", "o", "--models", "best",
+        flickr8k_options.parse_args(["--shared", "s", "--out", "o", "--models", "best",
                              "--first-stage", "recipe"])  # fmt: skip
     assert exit_info.value.code == 2
     assert "--models has none; add one of scst" in capsys.readouterr().err

@@ -12,16 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.hostile_uploads import scan_bomb
-from benchmarks.serve_stress import (
-    SCAN_BOMB,
-    Outcome,
-    answered,
-    complete,
-    line_up,
-    report,
-    stress,
-)
+from benchmarks.hostile_clients import Outcome, answered, complete, scan_bomb
+from benchmarks.serve_stress import SCAN_BOMB, line_up, report, stress
 from captioning.data.images import MAX_JPEG_SCANS, jpeg_scans
 
 

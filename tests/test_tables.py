@@ -337,7 +337,7 @@ def test_the_results_index_lists_every_file_with_its_commands(tmp_path: Path) ->
 
 
 def test_flickr8k_targets_say_met_only_when_the_mean_reaches_the_target() -> None:
-    from tools.tables.flickr8k import flickr8k_targets
+    from tools.tables.flickr8k_time import flickr8k_targets
 
     def row(model: str, seed: int | None, bleu4: float, cider: float) -> dict:
         return {"variant": "recipe", "model": model, "seed": seed, "beam_size": 3,
@@ -425,7 +425,7 @@ def test_flickr8k_levers_name_what_a_lever_sets_beyond_the_best_recipe() -> None
 
 
 def test_flickr8k_step_cost_compares_settings_with_the_soft_model_on_as_many_threads() -> None:
-    from tools.tables.flickr8k import flickr8k_step_cost
+    from tools.tables.flickr8k_time import flickr8k_step_cost
 
     def row(config: str, step: float, threads: int, extra: tuple = ()) -> dict:
         return {"kind": "profile", "config": f"configs/flickr8k_{config}.yaml",
@@ -455,7 +455,7 @@ def test_flickr8k_step_cost_compares_settings_with_the_soft_model_on_as_many_thr
 
 
 def test_flickr8k_time_leaves_a_stage_not_recorded_and_its_total_blank() -> None:
-    from tools.tables.flickr8k import flickr8k_time
+    from tools.tables.flickr8k_time import flickr8k_time
 
     def row(seed: int, prepare: float | None) -> dict:
         seconds = {"prepare": prepare, "extract": 72.0, "train": 651.0, "evaluate": 12.0,
@@ -487,7 +487,7 @@ def test_flickr8k_attention_shows_hard_levers_and_leaves_out_self_critical_runs(
 
 
 def test_flickr8k_targets_hold_every_attending_model_to_the_cider_target() -> None:
-    from tools.tables.flickr8k import flickr8k_targets
+    from tools.tables.flickr8k_time import flickr8k_targets
 
     def row(model: str, seed: int | None, cider: float) -> dict:
         return {"variant": "recipe", "model": model, "seed": seed, "beam_size": 3,

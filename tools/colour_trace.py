@@ -75,18 +75,27 @@ class ProbeSet:
         ]
 
     def labels(self) -> torch.Tensor:
-        return torch.tensor([self.colours.index(a["color"]) for image in self.images
-                             for a in self.objects[image["id"]]])  # fmt: skip
+        return torch.tensor(
+            [
+                self.colours.index(a["color"])
+                for image in self.images
+                for a in self.objects[image["id"]]
+            ]
+        )
 
     def at_centres(self, maps: torch.Tensor) -> torch.Tensor:
         """Each object's feature from ``maps`` (B, C, H, W): (N, C), in label order."""
         rows, cols = maps.shape[2:]
-        return torch.stack([
-            maps[b, :, cell // cols, cell % cols]
-            for b, image in enumerate(self.images)
-            for cell in (centre_cell(a["bbox"], image["width"], image["height"], rows, cols)
-                         for a in self.objects[image["id"]])
-        ])  # fmt: skip
+        return torch.stack(
+            [
+                maps[b, :, cell // cols, cell % cols]
+                for b, image in enumerate(self.images)
+                for cell in (
+                    centre_cell(a["bbox"], image["width"], image["height"], rows, cols)
+                    for a in self.objects[image["id"]]
+                )
+            ]
+        )
 
 
 def stage_probes(model: Captioner, probe_set: ProbeSet) -> dict[str, float]:
@@ -134,9 +143,11 @@ def first_word_map(model: Captioner, grid: torch.Tensor) -> dict[str, float]:
     scores = score(keys, state.h).float()  # (B, L)
     alpha = torch.softmax(scores, dim=1)
     entropy = -(alpha * alpha.clamp_min(1e-12).log()).sum(dim=1)
-    return {"first_peak": round(alpha.max(dim=1).values.mean().item(), 4),
-            "first_entropy": round(entropy.mean().item(), 4),
-            "first_score_sd": round(scores.std(dim=1).mean().item(), 4)}  # fmt: skip
+    return {
+        "first_peak": round(alpha.max(dim=1).values.mean().item(), 4),
+        "first_entropy": round(entropy.mean().item(), 4),
+        "first_score_sd": round(scores.std(dim=1).mean().item(), 4),
+    }
 
 
 def trace_seed(spec: RunSpec, steps: list[int], probe_set: ProbeSet) -> list[dict[str, Any]]:
@@ -147,14 +158,20 @@ def trace_seed(spec: RunSpec, steps: list[int], probe_set: ProbeSet) -> list[dic
     def probe(run: Run) -> None:
         if run.progress.step in steps:
             rows.append({"step": run.progress.step, **stage_probes(run.model, probe_set)})
-            logger.info("%s seed %d step %d: %s", spec.name, spec.seed, run.progress.step,
-                        json.dumps(rows[-1]))  # fmt: skip
+            logger.info(
+                "%s seed %d step %d: %s",
+                spec.name,
+                spec.seed,
+                run.progress.step,
+                json.dumps(rows[-1]),
+            )
         if run.progress.step >= steps[-1]:
             raise _Traced
 
     if spec.folder.exists():
-        raise StudyError(f"{spec.folder} exists; the trace trains afresh, remove it or use "
-                         f"another --out")  # fmt: skip
+        raise StudyError(
+            f"{spec.folder} exists; the trace trains afresh, remove it or use another --out"
+        )
     try:
         fit(spec.load(), spec.folder, on_step=probe)
     except _Traced:
@@ -162,8 +179,17 @@ def trace_seed(spec: RunSpec, steps: list[int], probe_set: ProbeSet) -> list[dic
     if not rows or rows[-1]["step"] != steps[-1]:
         raise StudyError(f"the run ended before step {steps[-1]}; ask for fewer --steps")
     where = run_fields(Outcome(spec, None))
-    return [{"variant": spec.name, "overrides": sorted(spec.overrides), "seed": spec.seed,
-             "config": spec.config, **row, **where} for row in rows]  # fmt: skip
+    return [
+        {
+            "variant": spec.name,
+            "overrides": sorted(spec.overrides),
+            "seed": spec.seed,
+            "config": spec.config,
+            **row,
+            **where,
+        }
+        for row in rows
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -176,8 +202,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variant", required=True, help="the rows' name for these settings")
     add_seeds_option(parser, "0,3")
     parser.add_argument("--steps", default=STEPS, help=f"steps to probe before ({STEPS})")
-    parser.add_argument("--data-root", type=Path, default=Path("data/shapes"),
-                        help="the shapes data (data/shapes)")  # fmt: skip
+    parser.add_argument(
+        "--data-root", type=Path, default=Path("data/shapes"), help="the shapes data (data/shapes)"
+    )
     add_runner_options(parser, each="every traced run")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -192,23 +219,38 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError:
             raise StudyError(f"--steps wants steps such as 0,50,100, got {args.steps!r}") from None
         if not (args.data_root / "annotations" / "instances_val.json").is_file():
-            raise StudyError(f"no shapes data under {args.data_root}; write it with "
-                             f"captioning shapes --out {args.data_root}")  # fmt: skip
+            raise StudyError(
+                f"no shapes data under {args.data_root}; write it with "
+                f"captioning shapes --out {args.data_root}"
+            )
         if args.jobs != 1:
             raise StudyError("--jobs: the trace probes its runs one at a time; leave it out")
         if args.threads is not None:
             torch.set_num_threads(args.threads)
         probe_set = ProbeSet(args.data_root)
-        recorder = Recorder.from_args("tools.colour_trace", argv, args,
-                                      lambda r: (r["variant"], r["seed"], r["step"]),
-                                      places={"DATA": args.data_root})  # fmt: skip
-        plumbing = (f"data.root={args.data_root}", "train.quiet=true",
-                    "train.figure_every_epoch=false")  # fmt: skip
+        recorder = Recorder.from_args(
+            "tools.colour_trace",
+            argv,
+            args,
+            lambda r: (r["variant"], r["seed"], r["step"]),
+            places={"DATA": args.data_root},
+        )
+        plumbing = (
+            f"data.root={args.data_root}",
+            "train.quiet=true",
+            "train.figure_every_epoch=false",
+        )
         if args.threads is not None:
             plumbing += (f"train.threads={args.threads}",)
         for seed in seeds:
-            spec = RunSpec(args.variant, CONFIG, tuple(args.overrides), seed,
-                           args.out / f"{args.variant}-seed{seed}", plumbing=plumbing)  # fmt: skip
+            spec = RunSpec(
+                args.variant,
+                CONFIG,
+                tuple(args.overrides),
+                seed,
+                args.out / f"{args.variant}-seed{seed}",
+                plumbing=plumbing,
+            )
             recorder.write(trace_seed(spec, steps, probe_set))
     except CaptioningError as exc:
         return fail(exc)

@@ -67,14 +67,16 @@ LOCAL = "configs/shapes_local.yaml"
 RUNS = {
     "none": (SOFT, ["model.attention=none"]),
     "soft": (SOFT, []),  # the additive score, the paper's
-    **{f"soft-{score}": (SOFT, [f"model.score={score}"])
-       for score in ("additive_relu", "dot", "scaled_dot", "general", "cosine", "location")},
+    **{
+        f"soft-{score}": (SOFT, [f"model.score={score}"])
+        for score in ("additive_relu", "dot", "scaled_dot", "general", "cosine", "location")
+    },
     "local": (LOCAL, []),
     "key-value": (SOFT, ["model.values=projected", "model.value_dim=128"]),
     **{f"multi-head-{heads}": (SOFT, [f"model.heads={heads}"]) for heads in (2, 4, 8)},
     "grid-self-attention": (SOFT, ["model.grid_layers=2"]),
     "hard": (HARD, []),
-}  # fmt: skip
+}
 HARD_CONTEXTS = ("expectation", "argmax", "sample")
 # (key in a row's scores, key in metrics.json, where: None for the top level, else the
 # sub-dict's name)
@@ -114,17 +116,27 @@ def settings(member: str, lr: float, seed: int, extra: list[str]) -> tuple[str, 
     return config, [*change, *rates, f"train.seed={seed}", *extra]
 
 
-EVALUATIONS = (Evaluation("val"), Evaluation("test"),
-               *(Evaluation("test", hard_context=mode) for mode in HARD_CONTEXTS))  # fmt: skip
+EVALUATIONS = (
+    Evaluation("val"),
+    Evaluation("test"),
+    *(Evaluation("test", hard_context=mode) for mode in HARD_CONTEXTS),
+)
 
 
 def member_spec(out: Path, member: str, lr: float, seed: int, extra: list[str]) -> RunSpec:
     """One run as the runner's spec; hard attention is also scored with each context."""
     config, overrides = settings(member, lr, seed, extra)
     hard = load_config(ROOT / config, overrides).model.attention == "hard"
-    return RunSpec(member, config, tuple(overrides), seed, run_folder(out, member, lr, seed),
-                   plumbing=(), evaluations=EVALUATIONS if hard else EVALUATIONS[:2],
-                   meta={"lr": lr})  # fmt: skip
+    return RunSpec(
+        member,
+        config,
+        tuple(overrides),
+        seed,
+        run_folder(out, member, lr, seed),
+        plumbing=(),
+        evaluations=EVALUATIONS if hard else EVALUATIONS[:2],
+        meta={"lr": lr},
+    )
 
 
 def row_key(row: dict[str, Any]) -> tuple[str, float, int, str]:
@@ -233,9 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         seeds = seeds_of(args)
         threads = threads_for(args.jobs, args.threads)
-        recorder = Recorder.from_args("tools.compare_attention", argv, args,
-                                      row_key,
-                                      order=order)  # fmt: skip
+        recorder = Recorder.from_args("tools.compare_attention", argv, args, row_key, order=order)
 
         def run(phase: str, specs: list[RunSpec]) -> list[dict[str, Any]]:
             rows = []
@@ -246,15 +256,18 @@ def main(argv: list[str] | None = None) -> int:
             return rows
 
         for member in args.only:
-            sweep = run("sweep", [member_spec(args.out, member, lr, seeds[0], args.overrides)
-                                  for lr in lrs])  # fmt: skip
+            sweep = run(
+                "sweep", [member_spec(args.out, member, lr, seeds[0], args.overrides) for lr in lrs]
+            )
             lr = chosen_lr(sweep, member, seeds[0])
             if lr is None:
                 logger.warning("%s: no rate trained without diverging; no seeds", member)
                 continue
             logger.info("%s: lr %g chosen on val", member, lr)
-            run("seeds", [member_spec(args.out, member, lr, seed, args.overrides)
-                          for seed in seeds[1:]])  # fmt: skip
+            run(
+                "seeds",
+                [member_spec(args.out, member, lr, seed, args.overrides) for seed in seeds[1:]],
+            )
     except CaptioningError as exc:
         return fail(exc)
     print(f"wrote {recorder.path}")

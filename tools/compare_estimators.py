@@ -51,8 +51,14 @@ from captioning.errors import CaptioningError
 from captioning.hard_attention import ESTIMATORS, MULTI_SAMPLE
 
 # the test scores each row keeps (the columns of the table in docs/hard-attention.md)
-COLUMNS = ("exact_match", "Bleu_4", "CIDEr", "pointing_game/color", "pointing_game/size",
-           "pointing_game/category")  # fmt: skip
+COLUMNS = (
+    "exact_match",
+    "Bleu_4",
+    "CIDEr",
+    "pointing_game/color",
+    "pointing_game/size",
+    "pointing_game/category",
+)
 # the keys through which the tool sets each estimator's share of expected-context minibatches
 MIXING = ("train.exact_soft_p", "train.semi_sampling_p")
 # the estimators with a score-function term, scaled by lambda_r (train.reinforce_weight)
@@ -76,8 +82,11 @@ def estimator_overrides(estimator: str, soft_share: float) -> list[str]:
     context (``--set`` overrides, applied after the user's)."""
     if estimator == "exact":
         return ["train.hard_estimator=exact", f"train.exact_soft_p={soft_share}"]
-    return [f"train.hard_estimator={estimator}", "train.exact_soft_p=0",
-            f"train.semi_sampling_p={1.0 - soft_share}"]  # fmt: skip
+    return [
+        f"train.hard_estimator={estimator}",
+        "train.exact_soft_p=0",
+        f"train.semi_sampling_p={1.0 - soft_share}",
+    ]
 
 
 def estimator_config(
@@ -87,8 +96,15 @@ def estimator_config(
     config file's own."""
     if soft_share is None:
         soft_share = soft_share_of(load_config(config))
-    return load_config(config, [*overrides, *estimator_overrides(estimator, soft_share),
-                                f"train.seed={seed}", "train.quiet=true"])  # fmt: skip
+    return load_config(
+        config,
+        [
+            *overrides,
+            *estimator_overrides(estimator, soft_share),
+            f"train.seed={seed}",
+            "train.quiet=true",
+        ],
+    )
 
 
 def settings_of(cfg: Config) -> dict[str, Any]:
@@ -125,17 +141,31 @@ def estimator_rows(outcome: Outcome) -> list[dict[str, Any]]:
     rows = []
     for evaluation in spec.evaluations:
         metrics = outcome.metrics[evaluation.name]
-        flat = {**metrics, **{f"pointing_game/{k.split('/')[-1]}": v
-                              for k, v in metrics.get("grounding_by_word_type", {}).items()
-                              if k.startswith("pointing_game/")}}  # fmt: skip
-        rows.append({
-            "estimator": spec.name, "seed": spec.seed, "decode": evaluation.hard_context,
-            **settings_of(cfg), "config": spec.config, "overrides": list(spec.overrides),
-            "train_seconds": outcome.train_seconds, "epochs": len(outcome.history),
-            **run_fields(outcome), **{key: flat.get(key) for key in COLUMNS},
-        })  # fmt: skip
-        logging.info("%s seed %d %s: %s", spec.name, spec.seed, evaluation.hard_context,
-                     json.dumps(rows[-1]))  # fmt: skip
+        flat = {
+            **metrics,
+            **{
+                f"pointing_game/{k.split('/')[-1]}": v
+                for k, v in metrics.get("grounding_by_word_type", {}).items()
+                if k.startswith("pointing_game/")
+            },
+        }
+        rows.append(
+            {
+                "estimator": spec.name,
+                "seed": spec.seed,
+                "decode": evaluation.hard_context,
+                **settings_of(cfg),
+                "config": spec.config,
+                "overrides": list(spec.overrides),
+                "train_seconds": outcome.train_seconds,
+                "epochs": len(outcome.history),
+                **run_fields(outcome),
+                **{key: flat.get(key) for key in COLUMNS},
+            }
+        )
+        logging.info(
+            "%s seed %d %s: %s", spec.name, spec.seed, evaluation.hard_context, json.dumps(rows[-1])
+        )
     return rows
 
 
@@ -147,9 +177,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default="runs/estimators", type=Path)
     parser.add_argument("--estimators", nargs="*", default=list(ESTIMATORS), choices=ESTIMATORS)
     add_seeds_option(parser, "0,1,2")
-    parser.add_argument("--soft-share", type=float, default=None,
-                        help="the share of every estimator's minibatches trained with the "
-                        "expected context (default: the config's)")  # fmt: skip
+    parser.add_argument(
+        "--soft-share",
+        type=float,
+        default=None,
+        help="the share of every estimator's minibatches trained with the "
+        "expected context (default: the config's)",
+    )
     add_runner_options(parser)
     args = parser.parse_args(argv)
     if args.soft_share is not None and not 0.0 <= args.soft_share < 1.0:
@@ -163,11 +197,14 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:  # every run's config is checked before the first run starts
         seeds, threads = seeds_of(args), threads_for(args.jobs, args.threads)
-        configs = [estimator_config(args.config, estimator, seed, args.overrides,
-                                    args.soft_share)
-                   for seed in seeds for estimator in args.estimators]  # fmt: skip
-        specs = plan([estimator_spec(args.config, cfg, args.out, args.overrides)
-                      for cfg in configs], threads)  # fmt: skip
+        configs = [
+            estimator_config(args.config, estimator, seed, args.overrides, args.soft_share)
+            for seed in seeds
+            for estimator in args.estimators
+        ]
+        specs = plan(
+            [estimator_spec(args.config, cfg, args.out, args.overrides) for cfg in configs], threads
+        )
         recorder = Recorder.from_args("tools.compare_estimators", argv, args, KEY)
         rows: list[dict[str, Any]] = []
         for made in run_study(specs, estimator_rows, jobs=args.jobs):

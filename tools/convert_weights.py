@@ -54,8 +54,14 @@ class ConversionError(Exception):
 
 _MOBILENET_BLOCK = re.compile(r"^(features\.\d+)\.conv\.(\d+)\.(.+)$")
 # index in the old flat block -> torchvision's name, by the indices the block has
-_MOBILENET_EXPANDED = {0: "conv.0.0", 1: "conv.0.1", 3: "conv.1.0", 4: "conv.1.1", 6: "conv.2",
-                       7: "conv.3"}  # fmt: skip
+_MOBILENET_EXPANDED = {
+    0: "conv.0.0",
+    1: "conv.0.1",
+    3: "conv.1.0",
+    4: "conv.1.1",
+    6: "conv.2",
+    7: "conv.3",
+}
 _MOBILENET_EXPANSION_ONE = {0: "conv.0.0", 1: "conv.0.1", 3: "conv.1", 4: "conv.2"}
 
 
@@ -170,8 +176,9 @@ def load_state_dict(path: Path) -> dict[str, torch.Tensor]:
     """The tensors of a weights file: a state dict, or one under ``state_dict`` or ``model``;
     DataParallel's ``module.`` prefix removed."""
     if not path.is_file():
-        raise ConversionError(f"{path} does not exist" if not path.exists() else
-                              f"{path} is not a file")  # fmt: skip
+        raise ConversionError(
+            f"{path} does not exist" if not path.exists() else f"{path} is not a file"
+        )
     try:
         data = read_weights(path)
     except ConfigError as exc:
@@ -231,8 +238,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if unchanged:
         print(f"{args.src} is already in torchvision's {args.arch} layout: written unchanged")
-    print(f"wrote {args.dst}: {len(converted)} tensors in torchvision's {args.arch} layout, "
-          f"sha256 {digest}")  # fmt: skip
+    print(
+        f"wrote {args.dst}: {len(converted)} tensors in torchvision's {args.arch} layout, "
+        f"sha256 {digest}"
+    )
     print(f"use it with: model.encoder: {args.arch}, model.weights: {args.dst}")
     return 0
 

@@ -65,26 +65,42 @@ from captioning.vocab import Vocabulary
 # are kept, not what is measured: left out of a row's fingerprint in its results file
 PATHS = ("checkpoint", "data_root", "out", "results", "replace", "machine_busy")
 
-UNBIASED = {"reinforce_weight": 1.0, "entropy_weight": 0.0, "doubly_stochastic_weight": 0.0,
-            "semi_sampling_p": 1.0, "exact_soft_p": 0.0}  # fmt: skip
+UNBIASED = {
+    "reinforce_weight": 1.0,
+    "entropy_weight": 0.0,
+    "doubly_stochastic_weight": 0.0,
+    "semi_sampling_p": 1.0,
+    "exact_soft_p": 0.0,
+}
 # label: (estimator, its settings beside UNBIASED, whether it uses the moving-average baseline)
 ROWS = {
     "reinforce, no baseline": ("reinforce", {}, False),
     "reinforce (its moving-average baseline)": ("reinforce", {}, True),
     "reinforce (paper: lambda_r 0.1, entropy 0.002, its moving-average baseline)": (
-        "reinforce", {"reinforce_weight": 0.1, "entropy_weight": 0.002}, True),
+        "reinforce",
+        {"reinforce_weight": 0.1, "entropy_weight": 0.002},
+        True,
+    ),
     "reinforce_loo": ("reinforce_loo", {}, False),
     "vimco": ("vimco", {}, False),
     "gumbel (temperature 1)": ("gumbel", {}, False),
-    "gumbel (temperature 0.5)": ("gumbel", {"gumbel_temperature": 0.5,
-                                            "gumbel_min_temperature": 0.5}, False),
+    "gumbel (temperature 0.5)": (
+        "gumbel",
+        {"gumbel_temperature": 0.5, "gumbel_min_temperature": 0.5},
+        False,
+    ),
     "exact": ("exact", {}, False),
-}  # fmt: skip
+}
 
 
 def _flat_grad(model: Captioner) -> torch.Tensor:
-    return torch.cat([p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel())
-                      for p in model.parameters() if p.requires_grad])  # fmt: skip
+    return torch.cat(
+        [
+            p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel())
+            for p in model.parameters()
+            if p.requires_grad
+        ]
+    )
 
 
 def _objective(cfg: Config, estimator: str, settings: dict, samples: int, cells: int):
@@ -171,16 +187,20 @@ def measure(
         errors = ((stack - exact) ** 2).sum(dim=1)  # squared error of each estimate
         mse = float(errors.mean())
         second = sorted(seconds)[len(seconds) // 2]
-        rows.append({
-            "estimator": name,
-            "seconds": second,
-            "variance": variance,
-            # |mean - exact|^2 overestimates the squared bias by variance / n
-            "bias2_marginal": max(0.0, float(((mean - exact) ** 2).sum()) - variance / len(stack)),
-            "mse_marginal": mse,
-            "mse_paper": float(((stack - paper) ** 2).sum(dim=1).mean()),
-            "mse_x_seconds": mse * second,
-        })  # fmt: skip
+        rows.append(
+            {
+                "estimator": name,
+                "seconds": second,
+                "variance": variance,
+                # |mean - exact|^2 overestimates the squared bias by variance / n
+                "bias2_marginal": max(
+                    0.0, float(((mean - exact) ** 2).sum()) - variance / len(stack)
+                ),
+                "mse_marginal": mse,
+                "mse_paper": float(((stack - paper) ** 2).sum(dim=1).mean()),
+                "mse_x_seconds": mse * second,
+            }
+        )
         print(json.dumps(rows[-1]), flush=True)
     return reference, rows
 
@@ -212,10 +232,13 @@ def markdown(reference: dict, rows: list[dict], header: str) -> str:
 
 def batches_of(records, vocab, model: Captioner, cfg: Config, size: int) -> list[dict]:
     """The records in batches of ``size`` captions, each image's first caption."""
-    dataset = CaptionDataset(records, vocab, model.encoder.transform,
-                             max_length=cfg.data.max_caption_length)  # fmt: skip
-    return [collate([dataset[(i, 0)] for i in range(start, min(start + size, len(dataset)))])
-            for start in range(0, len(dataset), size)]  # fmt: skip
+    dataset = CaptionDataset(
+        records, vocab, model.encoder.transform, max_length=cfg.data.max_caption_length
+    )
+    return [
+        collate([dataset[(i, 0)] for i in range(start, min(start + size, len(dataset)))])
+        for start in range(0, len(dataset), size)
+    ]
 
 
 def measured_settings(row: dict[str, Any]) -> dict[str, Any]:
@@ -231,9 +254,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=32, help="captions in the fixed batch")
     parser.add_argument("--repeats", type=int, default=20, help="estimates per estimator")
     parser.add_argument("--samples", type=int, default=4, help="K of reinforce_loo and vimco")
-    parser.add_argument("--baseline-batches", type=int, default=20,
-                        help="training batches for REINFORCE's moving-average baseline, when "
-                        "the checkpoint has none of its own")  # fmt: skip
+    parser.add_argument(
+        "--baseline-batches",
+        type=int,
+        default=20,
+        help="training batches for REINFORCE's moving-average baseline, when "
+        "the checkpoint has none of its own",
+    )
     parser.add_argument("--data-root", default=None, help="the data, if not the checkpoint's")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="runs/estimators", type=Path)
@@ -256,38 +283,54 @@ def main(argv: list[str] | None = None) -> int:
     except CaptioningError as exc:
         return fail(exc)
     if not model.hard_attention or cfg.model.context_to_lstm:
-        return fail(CaptioningError(
-            "the checkpoint must be a hard-attention model with "
-            "model.context_to_lstm=false (the only wiring with an exact gradient)"
-        ))  # fmt: skip
+        return fail(
+            CaptioningError(
+                "the checkpoint must be a hard-attention model with "
+                "model.context_to_lstm=false (the only wiring with an exact gradient)"
+            )
+        )
     batch = batches_of(records[: args.batch], vocab, model, cfg, args.batch)[0]
     after = records[args.batch : args.batch * (1 + args.baseline_batches)]
     baseline, source = training_baseline(
-        model, cfg, load_checkpoint(args.checkpoint).get("objective"),
+        model,
+        cfg,
+        load_checkpoint(args.checkpoint).get("objective"),
         batches_of(after, vocab, model, cfg, args.batch),
-    )  # fmt: skip
+    )
     reference, rows = measure(model, cfg, batch, args.repeats, args.samples, baseline)
     reference["baseline_source"] = source
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
     places = {"OUT": out, "DATA": args.data_root}
-    settings = {k: v if k not in PATHS[:4] or v is None else portable(str(v), places)
-                for k, v in vars(args).items()}  # fmt: skip
+    settings = {
+        k: v if k not in PATHS[:4] or v is None else portable(str(v), places)
+        for k, v in vars(args).items()
+    }
     (out / "estimators.json").write_text(
         json.dumps({"settings": settings, "reference": reference, "rows": rows}, indent=2)
     )
-    recorder = Recorder("tools.estimator_variance", argv, out, lambda r: r["estimator"],
-                        results=args.results, replace=args.replace,
-                        timed_alone=not args.machine_busy, places=places,
-                        settings=measured_settings)  # fmt: skip
+    recorder = Recorder(
+        "tools.estimator_variance",
+        argv,
+        out,
+        lambda r: r["estimator"],
+        results=args.results,
+        replace=args.replace,
+        timed_alone=not args.machine_busy,
+        places=places,
+        settings=measured_settings,
+    )
     where = {"precision": "fp32", "threads": torch.get_num_threads(), "device": cpu_model()}
     try:
-        recorder.write([{**row, "settings": settings, "reference": reference, **where}
-                        for row in rows])  # fmt: skip
+        recorder.write(
+            [{**row, "settings": settings, "reference": reference, **where} for row in rows]
+        )
     except CaptioningError as exc:
         return fail(exc)
-    header = (f"{settings['checkpoint']}: {len(batch['tokens'])} captions, {args.repeats} "
-              f"estimates each, K = {args.samples}, seed {args.seed}")  # fmt: skip
+    header = (
+        f"{settings['checkpoint']}: {len(batch['tokens'])} captions, {args.repeats} "
+        f"estimates each, K = {args.samples}, seed {args.seed}"
+    )
     (out / "estimators.md").write_text(markdown(reference, rows, header) + "\n")
     print(markdown(reference, rows, header))
     print(f"wrote {recorder.path}")

@@ -115,18 +115,28 @@ def score_seed(args: argparse.Namespace, seed: int) -> dict[str, Any]:
 
     checkpoint = Path(args.checkpoint.replace("{seed}", str(seed)))
     if not checkpoint.is_file():
-        raise CaptioningError(f"--checkpoint {checkpoint}: no such file for seed {seed}; "
-                              "name each seed's file with {seed} in the pattern")  # fmt: skip
+        raise CaptioningError(
+            f"--checkpoint {checkpoint}: no such file for seed {seed}; "
+            "name each seed's file with {seed} in the pattern"
+        )
     folder = args.out / f"{args.model}-seed{seed}"
     began = time.perf_counter()
-    metrics = evaluate_checkpoint(checkpoint, split="test", beam_size=args.beam_size,
-                                  out_dir=folder, hard_context=args.hard_context,
-                                  progress=not args.quiet, overrides=data_overrides(args),
-                                  category_words=args.category_words)  # fmt: skip
+    metrics = evaluate_checkpoint(
+        checkpoint,
+        split="test",
+        beam_size=args.beam_size,
+        out_dir=folder,
+        hard_context=args.hard_context,
+        progress=not args.quiet,
+        overrides=data_overrides(args),
+        category_words=args.category_words,
+    )
     seconds = time.perf_counter() - began
     if "grounding" not in metrics:
-        raise CaptioningError(f"--data {args.data}: its images have no instance boxes "
-                              "(annotations/instances_NAME.json) to ground words in")  # fmt: skip
+        raise CaptioningError(
+            f"--data {args.data}: its images have no instance boxes "
+            "(annotations/instances_NAME.json) to ground words in"
+        )
     return make_row(args, seed, checkpoint, folder, metrics, seconds)
 
 
@@ -155,10 +165,11 @@ def make_row(
         "scores": {k: metrics[k] for k in SCORES if metrics.get(k) is not None},
         "grounding": {k: grounding[k] for k in GROUNDING},
         "seconds": round(seconds, 1),
-        "command": shlex.join(portable(word, places(args))
-                              for word in evaluate_command(args, checkpoint, folder)),
+        "command": shlex.join(
+            portable(word, places(args)) for word in evaluate_command(args, checkpoint, folder)
+        ),
         "machine": machine(),
-    }  # fmt: skip
+    }
 
 
 def settings(row: dict[str, Any]) -> dict[str, Any]:
@@ -169,25 +180,47 @@ def settings(row: dict[str, Any]) -> dict[str, Any]:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, required=True,
-                        help="a COCO-format folder with captions and instances files")  # fmt: skip
-    parser.add_argument("--split-name", default="train2017",
-                        help="NAME of its annotations/*_NAME.json and image folder")  # fmt: skip
-    parser.add_argument("--checkpoint", required=True,
-                        help="each seed's checkpoint, {seed} standing for the seed")  # fmt: skip
+    parser.add_argument(
+        "--data",
+        type=Path,
+        required=True,
+        help="a COCO-format folder with captions and instances files",
+    )
+    parser.add_argument(
+        "--split-name",
+        default="train2017",
+        help="NAME of its annotations/*_NAME.json and image folder",
+    )
+    parser.add_argument(
+        "--checkpoint", required=True, help="each seed's checkpoint, {seed} standing for the seed"
+    )
     parser.add_argument("--model", required=True, help="the rows' model name (soft, hard, ...)")
     parser.add_argument("--variant", default="recipe", help="the rows' variant (default recipe)")
     add_seeds_option(parser, "0,1,2")
     parser.add_argument("--out", type=Path, required=True, help="the evaluations' folder")
-    parser.add_argument("--shared", type=Path, default=None,
-                        help="the shared data folder, written SHARED in the rows")  # fmt: skip
-    parser.add_argument("--runs", type=Path, default=None,
-                        help="the folder of the checkpoints, written RUNS in the rows")  # fmt: skip
+    parser.add_argument(
+        "--shared",
+        type=Path,
+        default=None,
+        help="the shared data folder, written SHARED in the rows",
+    )
+    parser.add_argument(
+        "--runs",
+        type=Path,
+        default=None,
+        help="the folder of the checkpoints, written RUNS in the rows",
+    )
     parser.add_argument("--beam-size", type=int, default=None, help="default: the checkpoint's")
-    parser.add_argument("--hard-context", default=None,
-                        choices=["expectation", "argmax", "sample", "marginal"])  # fmt: skip
-    parser.add_argument("--category-words", type=Path, default=None, metavar="FILE",
-                        help="word: category entries over the shipped map")  # fmt: skip
+    parser.add_argument(
+        "--hard-context", default=None, choices=["expectation", "argmax", "sample", "marginal"]
+    )
+    parser.add_argument(
+        "--category-words",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="word: category entries over the shipped map",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     add_set_option(parser, "a config override of every evaluation (data, decode, runtime)")
     parser.add_argument("--threads", type=positive_int, help="torch's threads")
@@ -214,24 +247,31 @@ def main(argv: list[str] | None = None) -> int:
     try:
         seeds = seeds_of(args)
         if not (args.data / "annotations").is_dir():
-            raise CaptioningError(f"--data {args.data}: no annotations/ folder there; give "
-                                  "a COCO-format folder (captions, instances, images)")  # fmt: skip
+            raise CaptioningError(
+                f"--data {args.data}: no annotations/ folder there; give "
+                "a COCO-format folder (captions, instances, images)"
+            )
         if args.threads is not None:
             torch.set_num_threads(args.threads)
-        recorder = Recorder("tools.grounding_study", argv, args.out,
-                            lambda r: (r["model"], r["variant"], r["seed"]),
-                            results=args.results, replace=args.replace,
-                            timed_alone=not args.machine_busy,
-                            places={"SHARED": args.shared, "RUNS": args.runs},
-                            settings=settings)  # fmt: skip
+        recorder = Recorder(
+            "tools.grounding_study",
+            argv,
+            args.out,
+            lambda r: (r["model"], r["variant"], r["seed"]),
+            results=args.results,
+            replace=args.replace,
+            timed_alone=not args.machine_busy,
+            places={"SHARED": args.shared, "RUNS": args.runs},
+            settings=settings,
+        )
         for seed in seeds:
             row = {**score_seed(args, seed), "study": recorder.stamp["command"]}
             recorder.write([row])
             overall = row["grounding"]["overall"]
-            shown = ", ".join(f"{k} {overall[k]['pointing']:.3f}"
-                              for k in overall if k != "words")  # fmt: skip
-            print(f"{args.model} seed {seed}: {overall['words']} words; pointing {shown}",
-                  flush=True)  # fmt: skip
+            shown = ", ".join(f"{k} {overall[k]['pointing']:.3f}" for k in overall if k != "words")
+            print(
+                f"{args.model} seed {seed}: {overall['words']} words; pointing {shown}", flush=True
+            )
     except CaptioningError as exc:
         return fail(exc)
     print(f"wrote {len(seeds)} rows to {recorder.path}")

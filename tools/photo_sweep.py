@@ -55,8 +55,12 @@ SOFT = "model.attention=soft"  # every job's attention, before its own settings
 
 def plumbing(args: argparse.Namespace) -> tuple[str, ...]:
     """What every job runs with that is not what it learns: the data and weights, quiet."""
-    return (f"data.root={args.data}", f"model.weights={args.weights}", "train.quiet=true",
-            "train.figure_every_epoch=false")  # fmt: skip
+    return (
+        f"data.root={args.data}",
+        f"model.weights={args.weights}",
+        "train.quiet=true",
+        "train.figure_every_epoch=false",
+    )
 
 
 def run_folder(out: Path, name: str, seed: int) -> Path:
@@ -90,12 +94,22 @@ def job_spec(args: argparse.Namespace, job: dict[str, Any]) -> RunSpec:
     """One job as the runner's spec: soft attention, then the job's settings; scored on val
     and test at each of its beam sizes."""
     init, seed = job.get("init"), job["seed"]
-    evaluations = tuple(Evaluation(split, beam, write=False)
-                        for beam in job.get("beams", [3]) for split in ("val", "test"))  # fmt: skip
-    return RunSpec(job["name"], args.config, (SOFT, *job.get("set", [])), seed,
-                   run_folder(args.out, job["name"], seed), plumbing=plumbing(args),
-                   init=None if init is None else run_folder(args.out, init, seed) / "best.pt",
-                   evaluations=evaluations, meta={"job": job})  # fmt: skip
+    evaluations = tuple(
+        Evaluation(split, beam, write=False)
+        for beam in job.get("beams", [3])
+        for split in ("val", "test")
+    )
+    return RunSpec(
+        job["name"],
+        args.config,
+        (SOFT, *job.get("set", [])),
+        seed,
+        run_folder(args.out, job["name"], seed),
+        plumbing=plumbing(args),
+        init=None if init is None else run_folder(args.out, init, seed) / "best.pt",
+        evaluations=evaluations,
+        meta={"job": job},
+    )
 
 
 def run_job(spec: RunSpec) -> Outcome:
@@ -109,16 +123,23 @@ def run_job(spec: RunSpec) -> Outcome:
 def sweep_row(outcome: Outcome) -> list[Row]:
     """A job's row: what it was, then its scores, or ``failed`` (not written)."""
     job, spec = outcome.spec.meta["job"], outcome.spec
-    row: Row = {"name": job["name"], "seed": job["seed"], "set": job.get("set", []),
-                "init": job.get("init")}  # fmt: skip
+    row: Row = {
+        "name": job["name"],
+        "seed": job["seed"],
+        "set": job.get("set", []),
+        "init": job.get("init"),
+    }
     if outcome.failed is not None:
         return [{**row, "failed": outcome.failed}]
     summary = outcome.summary
     best = summary.get("best_score")
-    row.update(val_best=None if best is None else round(best, 4),
-               best_epoch=summary.get("best_epoch"),
-               train_seconds=round(summary.get("seconds", outcome.train_seconds), 1),
-               config=repository_path(spec.config), **study.run_fields(outcome))  # fmt: skip
+    row.update(
+        val_best=None if best is None else round(best, 4),
+        best_epoch=summary.get("best_epoch"),
+        train_seconds=round(summary.get("seconds", outcome.train_seconds), 1),
+        config=repository_path(spec.config),
+        **study.run_fields(outcome),
+    )
     for beam in job.get("beams", [3]):
         for split in ("val", "test"):
             metrics = outcome.metrics[f"{split}_beam{beam}"]
@@ -159,8 +180,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, required=True, help="where the run folders go")
     parser.add_argument("--config", default=CONFIG, help=f"the recipe ({CONFIG})")
     parser.add_argument("--parallel", type=positive_int, default=2, help="jobs at a time (2)")
-    parser.add_argument("--threads", type=positive_int,
-                        help="train.threads of each job (cores // --parallel)")  # fmt: skip
+    parser.add_argument(
+        "--threads", type=positive_int, help="train.threads of each job (cores // --parallel)"
+    )
     parser.add_argument("--extract", action="store_true", help="cache the grids; score nn")
     add_result_options(parser, "the rows")
     add_replace_option(parser)
@@ -179,11 +201,18 @@ def main(argv: list[str] | None = None) -> int:
     jobs, written, failed = args.job_list, 0, 0
     try:
         threads = study.threads_for(args.parallel, args.threads)
-        recorder = study.Recorder("tools.photo_sweep", argv, args.out,
-                                  lambda r: (r["name"], r["seed"]), results=args.results,
-                                  replace=args.replace, timed_alone=not args.machine_busy,
-                                  jobs=args.parallel, places={"DATA": args.data},
-                                  settings=settings)  # fmt: skip
+        recorder = study.Recorder(
+            "tools.photo_sweep",
+            argv,
+            args.out,
+            lambda r: (r["name"], r["seed"]),
+            results=args.results,
+            replace=args.replace,
+            timed_alone=not args.machine_busy,
+            jobs=args.parallel,
+            places={"DATA": args.data},
+            settings=settings,
+        )
         # without Java the captions are tokenized in Python, which moves scores slightly
         context = {"tokenizer": "ptb" if java_available() else "python"}
         if args.extract:
@@ -193,8 +222,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"nn: test CIDEr-D {row['test_CIDEr_beam3']:.3f}", flush=True)
         for phase in sorted({job.get("phase", 1) for job in jobs}):
             specs = [job_spec(args, job) for job in jobs if job.get("phase", 1) == phase]
-            for (row,) in study.run_study(study.plan(specs, threads), sweep_row,
-                                          jobs=args.parallel, run=run_job):  # fmt: skip
+            for (row,) in study.run_study(
+                study.plan(specs, threads), sweep_row, jobs=args.parallel, run=run_job
+            ):
                 if "failed" in row:
                     failed += 1
                     print(f"{row['name']} seed {row['seed']}: failed ({row['failed']})")

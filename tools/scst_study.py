@@ -79,10 +79,17 @@ def variant_spec(out: Path, data: Path, variant: str, seed: int, extra: list[str
     else:
         config, init = SCST_CONFIG, out / f"xe-s{seed}" / "best.pt"
         own = [*FINE_TUNES[variant], "train.epochs=1", f"train.val_max_images={VAL_IMAGES}"]
-    return RunSpec(variant, config, (*own, *extra), seed, out / f"{variant}-s{seed}",
-                   plumbing=(f"data.root={data}", "train.quiet=true"), init=init,
-                   evaluations=(Evaluation("test", beam_size=BEAM, options=()),),
-                   meta={"out": str(out), "data": str(data)})  # fmt: skip
+    return RunSpec(
+        variant,
+        config,
+        (*own, *extra),
+        seed,
+        out / f"{variant}-s{seed}",
+        plumbing=(f"data.root={data}", "train.quiet=true"),
+        init=init,
+        evaluations=(Evaluation("test", beam_size=BEAM, options=()),),
+        meta={"out": str(out), "data": str(data)},
+    )
 
 
 def variant_row(outcome: Outcome) -> dict[str, Any]:
@@ -100,8 +107,18 @@ def variant_row(outcome: Outcome) -> dict[str, Any]:
         train += ["--init", str(spec.init)]
     train += [w for item in spec.settings() for w in ("--set", item)]
     train += ["--out", str(spec.folder)]
-    evaluate = ["captioning", "evaluate", "--checkpoint", str(spec.folder / "best.pt"),
-                "--split", "test", "--beam-size", str(BEAM), "--out", str(scored)]  # fmt: skip
+    evaluate = [
+        "captioning",
+        "evaluate",
+        "--checkpoint",
+        str(spec.folder / "best.pt"),
+        "--split",
+        "test",
+        "--beam-size",
+        str(BEAM),
+        "--out",
+        str(scored),
+    ]
     return {
         "variant": spec.name,
         "seed": spec.seed,
@@ -114,7 +131,7 @@ def variant_row(outcome: Outcome) -> dict[str, Any]:
             k: round(metrics[k], 4)
             for k in ("CIDEr", "Bleu_4", "METEOR", "exact_match")
             if k in metrics
-        },  # fmt: skip
+        },
         "mean_length": round(length, 3),
         "dangling": round(dangling, 4),
         "train_seconds": round(outcome.summary.get("seconds", outcome.train_seconds), 1),
@@ -128,8 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m tools.scst_study", description=__doc__.splitlines()[0]
     )
-    parser.add_argument("--data", type=Path, required=True,
-                        help="a `captioning shapes --captions varied` folder")  # fmt: skip
+    parser.add_argument(
+        "--data", type=Path, required=True, help="a `captioning shapes --captions varied` folder"
+    )
     parser.add_argument("--out", type=Path, required=True, help="the runs' folder")
     add_seeds_option(parser, "0,1,2")
     add_runner_options(parser)
@@ -141,18 +159,29 @@ def main(argv: list[str] | None = None) -> int:
                 f"--data {args.data}: no shapes data there "
                 f"(make it with: captioning shapes --captions varied --out {args.data})"
             )
-        recorder = Recorder.from_args("tools.scst_study", argv, args,
-                                      lambda r: (r["variant"], r["seed"]),
-                                      places={"DATA": args.data})  # fmt: skip
+        recorder = Recorder.from_args(
+            "tools.scst_study",
+            argv,
+            args,
+            lambda r: (r["variant"], r["seed"]),
+            places={"DATA": args.data},
+        )
         rows = []
         # the cross-entropy models first: each fine-tune starts from its seed's
         for variants in (["xe"], list(FINE_TUNES)):
-            specs = [variant_spec(args.out, args.data, v, seed, args.overrides)
-                     for seed in seeds for v in variants]  # fmt: skip
+            specs = [
+                variant_spec(args.out, args.data, v, seed, args.overrides)
+                for seed in seeds
+                for v in variants
+            ]
             for (row,) in run_study(plan(specs, threads), variant_row, jobs=args.jobs):
                 stamp = recorder.stamp  # the machine as the table reads it
-                row["machine"] = {"cpu": stamp["cpu"], "cores": stamp["cores"],
-                                  "threads": row["threads"], "torch": stamp["torch"]}  # fmt: skip
+                row["machine"] = {
+                    "cpu": stamp["cpu"],
+                    "cores": stamp["cores"],
+                    "threads": row["threads"],
+                    "torch": stamp["torch"],
+                }
                 rows.append(row)
                 recorder.write([row])
                 print(f"{row['variant']} seed {row['seed']}: test CIDEr-D {row['CIDEr']:.3f}")

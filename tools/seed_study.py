@@ -71,8 +71,11 @@ RECORD = "seed_study.json"  # in a run folder the study trained: the commit and 
 # settings that say where and how fast a run ran, not what it learnt: the study sets them, and
 # they are left out of a row's overrides (the seed and threads have their own fields)
 PLUMBING = ("train.seed", "train.threads", "train.quiet", "train.device", "data.root")
-POINTING = {"color": "pointing_game/color", "size": "pointing_game/size",
-            "shape": "pointing_game/category"}  # fmt: skip
+POINTING = {
+    "color": "pointing_game/color",
+    "size": "pointing_game/size",
+    "shape": "pointing_game/category",
+}
 __all__ = ["CONFIG", "PLUMBING", "StudyError", "centre_cell", "colour_probe", "parse_seeds"]
 
 
@@ -162,16 +165,33 @@ def _overrides(config: str, requested: list[str], folder: Path) -> list[str]:
 
 
 def seed_spec(
-    config: str, variant: str, seed: int, requested: list[str], folder: Path, adopted: bool,
+    config: str,
+    variant: str,
+    seed: int,
+    requested: list[str],
+    folder: Path,
+    adopted: bool,
     data_root: Path,
-) -> RunSpec:  # fmt: skip
+) -> RunSpec:
     """One seed as the runner's spec: scored on the test split, greedy, on the CPU (batched
     or GPU decoding moves a stalled grid's scores by a few objects)."""
-    test = Evaluation("test", options=(("meteor", False), ("data_root", str(data_root)),
-                                       ("device", "cpu")), write=False)  # fmt: skip
-    return RunSpec(variant, config, tuple(requested), seed, folder,
-                   plumbing=(f"data.root={data_root}", "train.quiet=true"), evaluations=(test,),
-                   adopted=adopted, checked=False, meta={"data_root": str(data_root)})  # fmt: skip
+    test = Evaluation(
+        "test",
+        options=(("meteor", False), ("data_root", str(data_root)), ("device", "cpu")),
+        write=False,
+    )
+    return RunSpec(
+        variant,
+        config,
+        tuple(requested),
+        seed,
+        folder,
+        plumbing=(f"data.root={data_root}", "train.quiet=true"),
+        evaluations=(test,),
+        adopted=adopted,
+        checked=False,
+        meta={"data_root": str(data_root)},
+    )
 
 
 def run_seed(spec: RunSpec) -> Outcome:
@@ -288,29 +308,55 @@ def main(argv: list[str] | None = None) -> int:
         adopted = parse_adopt(args.adopt, seeds)
         data_root = args.data_root or Path(load_config(ROOT / args.config).data.root)
         if not (data_root / "annotations" / "instances_val.json").is_file():
-            raise StudyError(f"no shapes data under {data_root}; write it with captioning "
-                             f"shapes --out {data_root}, or give --data-root")  # fmt: skip
+            raise StudyError(
+                f"no shapes data under {data_root}; write it with captioning "
+                f"shapes --out {data_root}, or give --data-root"
+            )
         threads = threads_for(args.jobs, args.threads)
         if threads is not None:
             torch.set_num_threads(threads)
-        recorder = Recorder.from_args("tools.seed_study", argv, args,
-                                      lambda r: (r["variant"], r["seed"]),
-                                      places={"DATA": data_root}, order=order)  # fmt: skip
+        recorder = Recorder.from_args(
+            "tools.seed_study",
+            argv,
+            args,
+            lambda r: (r["variant"], r["seed"]),
+            places={"DATA": data_root},
+            order=order,
+        )
         here = recorder.stamp["commit"]
         folders = {s: adopted.get(s, args.out / f"{args.variant}-seed{s}") for s in seeds}
-        specs = plan([seed_spec(args.config, args.variant, s, args.overrides, folders[s],
-                                s in adopted, data_root) for s in seeds], threads)  # fmt: skip
+        specs = plan(
+            [
+                seed_spec(
+                    args.config,
+                    args.variant,
+                    s,
+                    args.overrides,
+                    folders[s],
+                    s in adopted,
+                    data_root,
+                )
+                for s in seeds
+            ],
+            threads,
+        )
         for (row,) in run_study(specs, seed_row, jobs=args.jobs, run=run_seed):
             folder = folders[row["seed"]]
             if row.pop("trained_now"):
                 made = {"commit": here, "command": recorder.stamp["command"]}
                 (folder / RECORD).write_text(json.dumps(made) + "\n", encoding="utf-8")
             # written after each seed, so an interrupted study keeps what it finished
-            merged = recorder.write([{**row, **provenance(folder, args.trained_at),
-                                      "evaluated_at": here}])  # fmt: skip
-            logger.info("%s seed %d: test exact %.3f, colour probe %.3f%s", args.variant,
-                        row["seed"], row["test_exact"], row["colour_probe"],
-                        " (stalled)" if row["stalled"] else "")  # fmt: skip
+            merged = recorder.write(
+                [{**row, **provenance(folder, args.trained_at), "evaluated_at": here}]
+            )
+            logger.info(
+                "%s seed %d: test exact %.3f, colour probe %.3f%s",
+                args.variant,
+                row["seed"],
+                row["test_exact"],
+                row["colour_probe"],
+                " (stalled)" if row["stalled"] else "",
+            )
     except CaptioningError as exc:
         return fail(exc)
     print(f"wrote {recorder.path}: {len(merged)} rows")

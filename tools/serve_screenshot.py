@@ -35,9 +35,12 @@ def main() -> int:
     parser.add_argument("--image", default=None, help="default: the first example image")
     parser.add_argument("--word", type=int, default=2, help="which word to hover (from 0)")
     parser.add_argument("--out", default="docs/serve.png")
-    parser.add_argument("--examples", nargs="+", metavar="IMAGE",
-                        help="the example images the page offers (default: the "
-                             "checkpoint's test images)")  # fmt: skip
+    parser.add_argument(
+        "--examples",
+        nargs="+",
+        metavar="IMAGE",
+        help="the example images the page offers (default: the checkpoint's test images)",
+    )
     args = parser.parse_args()
 
     model = captioning.load(args.checkpoint, device="cpu")
@@ -48,8 +51,13 @@ def main() -> int:
         return 2
     options = webdriver.ChromeOptions()
     options.binary_location = shutil.which("chromium") or "chromium"
-    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                 "--hide-scrollbars"):  # fmt: skip
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--disable-gpu",
+        "--hide-scrollbars",
+    ):
         options.add_argument(flag)
     with BackgroundServer(model, settings) as url:
         driver = webdriver.Chrome(options=options, service=Service(shutil.which("chromedriver")))

@@ -96,8 +96,10 @@ def read_instance_images(path: str | Path) -> dict[str, InstanceImage]:
         where = f"images[{index}]"
         image_id = field_of(path, image, where, "id", int)
         name = Path(field_of(path, image, where, "file_name", str)).name
-        size = (field_of(path, image, where, "width", int),
-                field_of(path, image, where, "height", int))  # fmt: skip
+        size = (
+            field_of(path, image, where, "width", int),
+            field_of(path, image, where, "height", int),
+        )
         found[name] = (size, objects.get(image_id, ()))
     return found
 
@@ -121,8 +123,10 @@ def _objects(path: Path, data: Any) -> dict[int, tuple[ObjectAnnotation, ...]]:
         where = f"annotations[{index}]"
         box = field_of(path, ann, where, "bbox", list)
         if len(box) != 4 or not all(_is_number(v) for v in box):
-            raise DataError(f"{path}: {where} needs 'bbox' as 4 numbers [x, y, w, h], got "
-                            f"{_short(box)}; fix or remove the entry")  # fmt: skip
+            raise DataError(
+                f"{path}: {where} needs 'bbox' as 4 numbers [x, y, w, h], got "
+                f"{_short(box)}; fix or remove the entry"
+            )
         category = field_of(path, ann, where, "category_id", int)
         attributes = {k: str(v) for k, v in ann.items() if k not in standard}
         objects[field_of(path, ann, where, "image_id", int)].append(
@@ -217,8 +221,13 @@ def _kind(value: Any) -> str:
         return "null"
     if isinstance(value, bool):
         return "a boolean"
-    for kind, name in ((int, "an integer"), (float, "a number"), (str, "a string"),
-                       (list, "a list"), (dict, "an object")):  # fmt: skip
+    for kind, name in (
+        (int, "an integer"),
+        (float, "a number"),
+        (str, "a string"),
+        (list, "a list"),
+        (dict, "an object"),
+    ):
         if isinstance(value, kind):
             return f"{name} ({_short(value)})" if kind in (int, float, str) else name
     return type(value).__name__

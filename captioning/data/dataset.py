@@ -87,8 +87,9 @@ class CaptionDataset(Dataset):
             self.captions.append(encoded)
         if cut:
             total = sum(len(c) for c in self.captions)
-            logger.warning("cut %d of %d captions to data.max_caption_length=%d words",
-                           cut, total, max_length)  # fmt: skip
+            logger.warning(
+                "cut %d of %d captions to data.max_caption_length=%d words", cut, total, max_length
+            )
         self._cache: dict[int, torch.Tensor] | None = {} if cache_images else None
 
     def __len__(self) -> int:

@@ -30,8 +30,15 @@ FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF")
 # camera or an editor writes about ten scans; libjpeg-turbo's own tools cap them too.
 MAX_JPEG_SCANS = 100
 # What a browser is told each format is (a JPEG with a multi-picture extension opens as MPO).
-MIME_TYPES = {"JPEG": "image/jpeg", "MPO": "image/jpeg", "PNG": "image/png", "WEBP": "image/webp",
-              "GIF": "image/gif", "BMP": "image/bmp", "TIFF": "image/tiff"}  # fmt: skip
+MIME_TYPES = {
+    "JPEG": "image/jpeg",
+    "MPO": "image/jpeg",
+    "PNG": "image/png",
+    "WEBP": "image/webp",
+    "GIF": "image/gif",
+    "BMP": "image/bmp",
+    "TIFF": "image/tiff",
+}
 NOT_AN_IMAGE = "not a JPEG, PNG, WebP, GIF, BMP or TIFF image"
 
 _WIDE_16BIT_MODES = frozenset({"I;16", "I;16B", "I;16L", "I;16N"})
@@ -208,8 +215,9 @@ def check_images(
         raise ValueError(f"num_threads must be at least 1, got {num_threads}")
     with ThreadPoolExecutor(max_workers=num_threads) as pool:
         results = pool.map(partial(check_image, limits=limits), paths)
-        results = progress_bar(results, total=len(paths), desc="checking images", unit="img",
-                               enabled=progress)  # fmt: skip
+        results = progress_bar(
+            results, total=len(paths), desc="checking images", unit="img", enabled=progress
+        )
         # Exhaust the iterator before zipping: zip stops early and the bar would never close.
         problems = list(results)
     return [(path, problem) for path, problem in zip(paths, problems) if problem is not None]
@@ -288,8 +296,10 @@ TRUNCATED = "image is truncated or corrupt; save or download it again"
 
 def _too_large() -> str:
     """Pillow's own limit, met only when data.max_image_pixels is set above it."""
-    return (f"image is too large to decode safely (more than {2 * Image.MAX_IMAGE_PIXELS:,} "
-            "pixels); resize it")  # fmt: skip
+    return (
+        f"image is too large to decode safely (more than {2 * Image.MAX_IMAGE_PIXELS:,} "
+        "pixels); resize it"
+    )
 
 
 def _pixels_held(image: Image.Image) -> int:
@@ -362,10 +372,15 @@ def _upright_rgb(image: Image.Image) -> Image.Image:
 
 
 # EXIF orientation -> the transposition that makes the picture upright (ImageOps' table).
-_UPRIGHT = {2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180,
-            4: Image.Transpose.FLIP_TOP_BOTTOM, 5: Image.Transpose.TRANSPOSE,
-            6: Image.Transpose.ROTATE_270, 7: Image.Transpose.TRANSVERSE,
-            8: Image.Transpose.ROTATE_90}  # fmt: skip
+_UPRIGHT = {
+    2: Image.Transpose.FLIP_LEFT_RIGHT,
+    3: Image.Transpose.ROTATE_180,
+    4: Image.Transpose.FLIP_TOP_BOTTOM,
+    5: Image.Transpose.TRANSPOSE,
+    6: Image.Transpose.ROTATE_270,
+    7: Image.Transpose.TRANSVERSE,
+    8: Image.Transpose.ROTATE_90,
+}
 
 
 def _reduced_rgb(image: Image.Image, smallest: int) -> Image.Image:

@@ -40,8 +40,9 @@ def read_karpathy(
                 continue
             split = "train"
         if split not in splits:
-            raise DataError(f"{path}: {where} has unknown split {split[:40]!r} "
-                            f"(train, val, test or restval)")  # fmt: skip
+            raise DataError(
+                f"{path}: {where} has unknown split {split[:40]!r} (train, val, test or restval)"
+            )
         key = "cocoid" if "cocoid" in image else "imgid" if "imgid" in image else None
         image_id = field_of(path, image, where, key, int) if key else index
         folder = image.get("filepath", "")
@@ -77,5 +78,7 @@ def _sentence(path: Path, sentence: object, where: str) -> str:
     tokens = sentence.get("tokens")
     if isinstance(tokens, list) and all(isinstance(t, str) for t in tokens):
         return " ".join(tokens).strip()
-    raise DataError(f"{path}: {where} has neither a 'raw' string nor a 'tokens' list of "
-                    f"strings; fix or remove the entry")  # fmt: skip
+    raise DataError(
+        f"{path}: {where} has neither a 'raw' string nor a 'tokens' list of "
+        f"strings; fix or remove the entry"
+    )

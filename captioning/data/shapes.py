@@ -544,8 +544,9 @@ def _generate_split(
     # own generator, so the results do not depend on the scheduling, and map keeps the order.
     with ThreadPoolExecutor(max_workers=_WORKERS) as pool:
         images = pool.map(make, range(count))
-        bar = progress_bar(images, total=count, desc=f"shapes {split}", unit="img",
-                           enabled=progress)  # fmt: skip
+        bar = progress_bar(
+            images, total=count, desc=f"shapes {split}", unit="img", enabled=progress
+        )
         return list(bar)
 
 

@@ -77,10 +77,14 @@ def point_and_mass(
         y - cell_h / 2 <= centre_y[peak] <= y + h + cell_h / 2
     )
     # the share of each cell covered by the box
-    overlap_x = (torch.minimum(centre_x + cell_w / 2, torch.tensor(x + w))
-                 - torch.maximum(centre_x - cell_w / 2, torch.tensor(x))).clamp_min(0)  # fmt: skip
-    overlap_y = (torch.minimum(centre_y + cell_h / 2, torch.tensor(y + h))
-                 - torch.maximum(centre_y - cell_h / 2, torch.tensor(y))).clamp_min(0)  # fmt: skip
+    overlap_x = (
+        torch.minimum(centre_x + cell_w / 2, torch.tensor(x + w))
+        - torch.maximum(centre_x - cell_w / 2, torch.tensor(x))
+    ).clamp_min(0)
+    overlap_y = (
+        torch.minimum(centre_y + cell_h / 2, torch.tensor(y + h))
+        - torch.maximum(centre_y - cell_h / 2, torch.tensor(y))
+    ).clamp_min(0)
     covered = overlap_x * overlap_y / (cell_w * cell_h)  # (L,)
     mass = float((alpha.double() * covered).sum())
     return bool(hit), mass

@@ -78,8 +78,9 @@ class Grid:
 def point_in_boxes(x: float, y: float, boxes: Sequence[Box], grid: Grid) -> bool:
     """Whether the point (x, y) in pixels lies in one of ``boxes`` grown by half a cell."""
     dx, dy = grid.cell_w / 2, grid.cell_h / 2
-    return any(bx - dx <= x <= bx + bw + dx and by - dy <= y <= by + bh + dy
-               for bx, by, bw, bh in boxes)  # fmt: skip
+    return any(
+        bx - dx <= x <= bx + bw + dx and by - dy <= y <= by + bh + dy for bx, by, bw, bh in boxes
+    )
 
 
 def peak_hit(alpha: np.ndarray, boxes: Sequence[Box], grid: Grid) -> float:
@@ -141,17 +142,21 @@ class MapScores:
     peaks: list[float] = field(default_factory=list)
     entropies: list[float] = field(default_factory=list)
 
-    def add_map(self, alpha: np.ndarray, boxes: Sequence[Box], coverage: np.ndarray,
-                grid: Grid) -> None:  # fmt: skip
+    def add_map(
+        self, alpha: np.ndarray, boxes: Sequence[Box], coverage: np.ndarray, grid: Grid
+    ) -> None:
         self.hits.append(peak_hit(alpha, boxes, grid))
         self.masses.append(float((alpha * coverage).sum()))
         self.peaks.append(float(alpha.max()))
         self.entropies.append(entropy(alpha))
 
     def summary(self) -> dict[str, float | None]:
-        return {"pointing": _mean(self.hits), "mass": _mean(self.masses),
-                "median_peak": statistics.median(self.peaks) if self.peaks else None,
-                "mean_entropy": _mean(self.entropies)}  # fmt: skip
+        return {
+            "pointing": _mean(self.hits),
+            "mass": _mean(self.masses),
+            "median_peak": statistics.median(self.peaks) if self.peaks else None,
+            "mean_entropy": _mean(self.entropies),
+        }
 
 
 def _mean(values: list[float]) -> float | None:
@@ -166,8 +171,10 @@ class Group:
     maps: dict[str, MapScores] = field(default_factory=lambda: defaultdict(MapScores))
 
     def summary(self) -> dict[str, Any]:
-        return {"words": self.words, **{name: scores.summary()
-                                        for name, scores in self.maps.items()}}  # fmt: skip
+        return {
+            "words": self.words,
+            **{name: scores.summary() for name, scores in self.maps.items()},
+        }
 
 
 def word_maps(trace: AttentionTrace, t: int) -> dict[str, np.ndarray]:
@@ -185,8 +192,7 @@ def word_maps(trace: AttentionTrace, t: int) -> dict[str, np.ndarray]:
 def baseline_maps(grid: Grid, saliency: np.ndarray) -> dict[str, np.ndarray]:
     """The maps that know nothing of the word: even, the centre prior, the caption's mean."""
     cells = grid.rows * grid.cols
-    return {"even": np.full(cells, 1.0 / cells), "centre": centre_prior(grid),
-            "saliency": saliency}  # fmt: skip
+    return {"even": np.full(cells, 1.0 / cells), "centre": centre_prior(grid), "saliency": saliency}
 
 
 def _numpy(values: Any) -> np.ndarray:
@@ -215,8 +221,7 @@ class PointingTally:
     all_entropies: list[float] = field(default_factory=list)
     images: int = 0
 
-    def add_caption(self, words: Sequence[str], trace: AttentionTrace,
-                    record: ImageRecord) -> None:  # fmt: skip
+    def add_caption(self, words: Sequence[str], trace: AttentionTrace, record: ImageRecord) -> None:
         """Score the words of one caption of ``record`` (its ``trace`` (T, ...))."""
         boxes = category_boxes(record.objects)
         grid = Grid(*self.grid_shape, float(record.width), float(record.height))
@@ -231,12 +236,26 @@ class PointingTally:
                 if named_category(word, self.category_words) is not None:
                     self.absent[word] += 1
                 continue
-            self._add_word(word, category, word_maps(trace, t), _points(trace, t, grid),
-                           baselines, boxes[category], grid)  # fmt: skip
+            self._add_word(
+                word,
+                category,
+                word_maps(trace, t),
+                _points(trace, t, grid),
+                baselines,
+                boxes[category],
+                grid,
+            )
 
-    def _add_word(self, word: str, category: str, maps: dict[str, np.ndarray],
-                  points: dict[str, tuple[float, float]], baselines: dict[str, np.ndarray],
-                  boxes: list[Box], grid: Grid) -> None:  # fmt: skip
+    def _add_word(
+        self,
+        word: str,
+        category: str,
+        maps: dict[str, np.ndarray],
+        points: dict[str, tuple[float, float]],
+        baselines: dict[str, np.ndarray],
+        boxes: list[Box],
+        grid: Grid,
+    ) -> None:
         coverage = box_coverage(boxes, grid)
         for group in (self.overall, self.categories[category], self.words[word]):
             group.words += 1
@@ -318,6 +337,10 @@ def word_boxes(
     shown = []
     for word in words:
         category = category_of(word, category_words, set(boxes))
-        shown.append([(x / width, y / height, w / width, h / height)
-                      for x, y, w, h in boxes.get(category, [])])  # fmt: skip
+        shown.append(
+            [
+                (x / width, y / height, w / width, h / height)
+                for x, y, w, h in boxes.get(category, [])
+            ]
+        )
     return shown

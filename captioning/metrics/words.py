@@ -59,37 +59,48 @@ def read_category_words(path: str | Path) -> dict[str, str | None]:
     """A user's file of words to categories, checked; see :func:`load_category_words`."""
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"category words file {path} does not exist; give a JSON or YAML "
-                          "file of word: category entries")  # fmt: skip
+        raise ConfigError(
+            f"category words file {path} does not exist; give a JSON or YAML "
+            "file of word: category entries"
+        )
     try:
         values = yaml.safe_load(path.read_bytes())
     except (UnicodeDecodeError, yaml.YAMLError) as exc:
         first = " ".join(str(exc).split())[:160]
-        raise ConfigError(f"category words file {path} is not JSON or YAML text ({first}); "
-                          "write one word: category entry a line") from exc  # fmt: skip
+        raise ConfigError(
+            f"category words file {path} is not JSON or YAML text ({first}); "
+            "write one word: category entry a line"
+        ) from exc
     return _checked(values, str(path), allow_null=True)
 
 
 def _checked(values: Any, source: str, allow_null: bool = False) -> dict[str, Any]:
     """``values`` as a map of lower-case single words to category names."""
     if not isinstance(values, dict) or not values:
-        raise ConfigError(f"category words file {source} must map words to categories, e.g. "
-                          '{"puppy": "dog"}')  # fmt: skip
+        raise ConfigError(
+            f'category words file {source} must map words to categories, e.g. {{"puppy": "dog"}}'
+        )
     if len(values) > MAX_ENTRIES:
-        raise ConfigError(f"category words file {source} holds more than {MAX_ENTRIES:,} "
-                          "entries; a map of words is a few hundred")  # fmt: skip
+        raise ConfigError(
+            f"category words file {source} holds more than {MAX_ENTRIES:,} "
+            "entries; a map of words is a few hundred"
+        )
     checked: dict[str, Any] = {}
     for word, category in values.items():
         if not isinstance(word, str) or not word.strip() or len(word.split()) != 1:
-            raise ConfigError(f"category words file {source}: {word!r} is not a single word; "
-                              "each entry maps one word of a caption to a category")  # fmt: skip
+            raise ConfigError(
+                f"category words file {source}: {word!r} is not a single word; "
+                "each entry maps one word of a caption to a category"
+            )
         if category is None and allow_null:
             checked[word.strip().lower()] = None
             continue
         if not isinstance(category, str) or not category.strip():
             hint = " or null to drop the word" if allow_null else ""
-            raise ConfigError(f"category words file {source}: {word!r} maps to {category!r}; "
-                              f"give a category name{hint}")  # fmt: skip
+            raise ConfigError(
+                f"category words file {source}: {word!r} maps to {category!r}; "
+                f"give a category name{hint}"
+            )
         checked[word.strip().lower()] = category.strip()
     return checked
 

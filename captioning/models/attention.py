@@ -190,8 +190,10 @@ class LocationScore(nn.Module):
         """``keys`` (B, L, 0), ``query`` (B*G, Q) → scores (B*G, L)."""
         groups(keys, query.shape[0])  # the rows must divide among the images
         if keys.shape[1] != self.proj.out_features:
-            raise ValueError(f"the location score was built for {self.proj.out_features} "
-                             f"cells; this grid has {keys.shape[1]}")  # fmt: skip
+            raise ValueError(
+                f"the location score was built for {self.proj.out_features} "
+                f"cells; this grid has {keys.shape[1]}"
+            )
         return self.proj(query)
 
 
@@ -272,11 +274,13 @@ class HardContext:
 
     def __post_init__(self) -> None:
         if self.mode not in HARD_CONTEXTS:
-            raise ValueError(f"hard context must be one of {', '.join(HARD_CONTEXTS)}, "
-                             f"got {self.mode!r}")  # fmt: skip
+            raise ValueError(
+                f"hard context must be one of {', '.join(HARD_CONTEXTS)}, got {self.mode!r}"
+            )
         if self.temperature <= 0:
-            raise ValueError(f"the Gumbel-softmax temperature must be positive, got "
-                             f"{self.temperature}")  # fmt: skip
+            raise ValueError(
+                f"the Gumbel-softmax temperature must be positive, got {self.temperature}"
+            )
 
     def at(self, t: int) -> HardContext:
         """Step ``t`` of a caption-long context: (B, T, ...) tensors → (B, ...)."""
@@ -383,8 +387,10 @@ class HardAttention(SoftAttention):
         cell, noise = hard.cells, hard.noise
         if hard.mode == "gumbel":
             if cell is not None:
-                raise ValueError("gumbel attention draws its cells from its noise; "
-                                 "impose the noise, not the cells")  # fmt: skip
+                raise ValueError(
+                    "gumbel attention draws its cells from its noise; "
+                    "impose the noise, not the cells"
+                )
             noise = noise if noise is not None else torch.empty_like(alpha).exponential_()
         if cell is None and hard.mode == "argmax":
             cell = alpha.argmax(dim=1)  # (B,)
@@ -477,11 +483,11 @@ class LocalAttention(SoftAttention):
             nn.Linear(query_dim, attention_dim), nn.Tanh(), nn.Linear(attention_dim, 2)
         )
         rows, cols = grid_shape
-        grid = torch.stack(torch.meshgrid(torch.arange(rows), torch.arange(cols),
-                                          indexing="ij"), dim=-1)  # fmt: skip
+        grid = torch.stack(
+            torch.meshgrid(torch.arange(rows), torch.arange(cols), indexing="ij"), dim=-1
+        )
         self.register_buffer("cells", grid.reshape(-1, 2).float() + 0.5, persistent=False)
-        self.register_buffer("size", torch.tensor([float(rows), float(cols)]),
-                             persistent=False)  # fmt: skip
+        self.register_buffer("size", torch.tensor([float(rows), float(cols)]), persistent=False)
         self.sigma = sigma
 
     def forward(
@@ -543,10 +549,11 @@ class MultiHeadAttention(nn.Module):
         per_head = keys.shape[-1] // len(self.heads)
         alphas = [
             # softmax in fp32, as for one head
-            torch.softmax(head(keys[..., index * per_head : (index + 1) * per_head],
-                               query).float(), dim=1)  # (B, L)
+            torch.softmax(
+                head(keys[..., index * per_head : (index + 1) * per_head], query).float(), dim=1
+            )  # (B, L)
             for index, head in enumerate(self.heads)
-        ]  # fmt: skip
+        ]
         heads = torch.stack(alphas, dim=1)  # (B, H, L)
         context = head_contexts(heads, features)  # (B, D)
         return AttentionOutput(context, AttentionTrace(heads.mean(dim=1), heads=heads))

@@ -170,9 +170,13 @@ class GridSelfAttention(nn.Module):
                 f"model.grid_heads={heads} must divide the encoder's feature size {dim}"
             )
         layer = nn.TransformerEncoderLayer(
-            dim, heads, dim_feedforward=4 * dim, dropout=dropout, batch_first=True,
+            dim,
+            heads,
+            dim_feedforward=4 * dim,
+            dropout=dropout,
+            batch_first=True,
             norm_first=True,
-        )  # fmt: skip
+        )
         self.layers = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
         for block in self.layers.layers:
             for out in (block.self_attn.out_proj, block.linear2):

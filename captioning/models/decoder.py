@@ -342,15 +342,21 @@ class Decoder(nn.Module):
         chunk = max(1, MARGINAL_CHUNK_ELEMENTS // (rows * steps * width))
         parts = []
         for start in range(0, cells, chunk):
-            piece = (base, beta, keep, features[:, start : start + chunk],
-                     log_alpha[:, :, start : start + chunk])  # fmt: skip
+            piece = (
+                base,
+                beta,
+                keep,
+                features[:, start : start + chunk],
+                log_alpha[:, :, start : start + chunk],
+            )
             if targets is None:
                 parts.append(torch.logsumexp(self._cell_log_probs(*piece), dim=2))  # (R, T, V)
                 if len(parts) == 2:  # a running sum keeps two distributions in memory
                     parts = [torch.logaddexp(*parts)]
             elif torch.is_grad_enabled() and chunk < cells:  # recompute, to hold one chunk
-                parts.append(checkpoint(self._target_log_probs, *piece, targets,
-                                        use_reentrant=False))  # fmt: skip
+                parts.append(
+                    checkpoint(self._target_log_probs, *piece, targets, use_reentrant=False)
+                )
             else:
                 parts.append(self._target_log_probs(*piece, targets))
         if targets is None:
@@ -561,8 +567,9 @@ def _private_lstm(
     calls: one layer, no dropout, one direction (in training mode when a backward pass may
     follow, which cuDNN needs)."""
     hx = (h0.unsqueeze(0).contiguous(), c0.unsqueeze(0).contiguous())  # (1, B, H) each
-    hiddens, _, _ = torch._VF.lstm(inputs, hx, list(weights), True, 1, 0.0,
-                                   torch.is_grad_enabled(), False, True)  # fmt: skip
+    hiddens, _, _ = torch._VF.lstm(
+        inputs, hx, list(weights), True, 1, 0.0, torch.is_grad_enabled(), False, True
+    )
     return hiddens  # (B, T, H)
 
 
@@ -576,8 +583,9 @@ def _fused_lstm() -> Callable[..., torch.Tensor] | None:
         return None
     generator = torch.Generator().manual_seed(0)
     inputs, h0, c0 = (torch.randn(2, *shape, generator=generator) for shape in ((3, 4), (5,), (5,)))
-    weights = [torch.randn(*shape, generator=generator) * 0.5
-               for shape in ((20, 4), (20, 5), (20,), (20,))]  # fmt: skip
+    weights = [
+        torch.randn(*shape, generator=generator) * 0.5 for shape in ((20, 4), (20, 5), (20,), (20,))
+    ]
     try:
         with torch.no_grad(), torch.autocast("cpu", enabled=False):
             fused = _private_lstm(inputs, h0, c0, weights)

@@ -579,8 +579,10 @@ def build_encoder(
     dropped: list[nn.Module] = []
     if name == "small_cnn":
         if drop_stages:
-            raise ConfigError("model.drop_stages is for a pretrained backbone; the small CNN's "
-                              "stages are model.cnn_channels")  # fmt: skip
+            raise ConfigError(
+                "model.drop_stages is for a pretrained backbone; the small CNN's "
+                "stages are model.cnn_channels"
+            )
         if weights and weights.lower() != "none":
             if not Path(weights).is_file():
                 raise ConfigError(f"model.weights file {weights} does not exist")

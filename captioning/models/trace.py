@@ -164,8 +164,9 @@ class TraceLayout:
         if len(self.parts) == 1:
             return trace.alpha
         rows, dtype = trace.alpha.shape[0], trace.alpha.dtype
-        return torch.cat([getattr(trace, name).reshape(rows, -1).to(dtype)
-                          for name, _, _ in self.parts], dim=1)  # fmt: skip
+        return torch.cat(
+            [getattr(trace, name).reshape(rows, -1).to(dtype) for name, _, _ in self.parts], dim=1
+        )
 
     def unpack(self, packed: torch.Tensor) -> AttentionTrace:
         """Rows packed as (..., W) → the trace, fields (..., *shape) in their own dtypes."""

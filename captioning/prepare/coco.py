@@ -35,8 +35,15 @@ KARPATHY_MAX_DOWNLOAD = 200_000_000
 KARPATHY_MAX_UNPACKED = 1_000_000_000
 YEARS = ("2014", "2017")
 # Written before folders were marked, a dataset root held only these.
-WRITTEN = ("downloads", "annotations", "train2014", "val2014", "train2017", "val2017",
-           KARPATHY_FILE)  # fmt: skip
+WRITTEN = (
+    "downloads",
+    "annotations",
+    "train2014",
+    "val2014",
+    "train2017",
+    "val2017",
+    KARPATHY_FILE,
+)
 COCO = Writer("prepare coco", holds_only(WRITTEN, "downloads/*.unpacked"))
 
 # Sizes and SHA-256 of the official archives (as published with TensorFlow Datasets'
@@ -44,18 +51,24 @@ COCO = Writer("prepare coco", holds_only(WRITTEN, "downloads/*.unpacked"))
 # server and every member's CRC-32 is checked when it is unpacked.
 KNOWN: dict[str, tuple[int, str]] = {
     "train2014.zip": (
-        13510573713, "ede4087e640bddba550e090eae701092534b554b42b05ac33f0300b984b31775"),
-    "val2014.zip": (
-        6645013297, "fe9be816052049c34717e077d9e34aa60814a55679f804cd043e3cbee3b9fde0"),
+        13510573713,
+        "ede4087e640bddba550e090eae701092534b554b42b05ac33f0300b984b31775",
+    ),
+    "val2014.zip": (6645013297, "fe9be816052049c34717e077d9e34aa60814a55679f804cd043e3cbee3b9fde0"),
     "annotations_trainval2014.zip": (
-        252872794, "031296bbc80c45a1d1f76bf9a90ead27e94e99ec629208449507a4917a3bf009"),
+        252872794,
+        "031296bbc80c45a1d1f76bf9a90ead27e94e99ec629208449507a4917a3bf009",
+    ),
     "train2017.zip": (
-        19336861798, "69a8bb58ea5f8f99d24875f21416de2e9ded3178e903f1f7603e283b9e06d929"),
-    "val2017.zip": (
-        815585330, "4f7e2ccb2866ec5041993c9cf2a952bbed69647b115d0f74da7ce8f4bef82f05"),
+        19336861798,
+        "69a8bb58ea5f8f99d24875f21416de2e9ded3178e903f1f7603e283b9e06d929",
+    ),
+    "val2017.zip": (815585330, "4f7e2ccb2866ec5041993c9cf2a952bbed69647b115d0f74da7ce8f4bef82f05"),
     "annotations_trainval2017.zip": (
-        252907541, "113a836d90195ee1f884e704da6304dfaaecff1f023f49b6ca93c4aaae470268"),
-}  # fmt: skip
+        252907541,
+        "113a836d90195ee1f884e704da6304dfaaecff1f023f49b6ca93c4aaae470268",
+    ),
+}
 
 
 @dataclass(frozen=True)
@@ -89,8 +102,11 @@ def coco_archives(year: str, karpathy: bool, base_url: str | None = None) -> lis
         )
     if base_url is not None:
         check_url(base_url)
-    paths = [f"annotations/annotations_trainval{year}.zip", f"zips/val{year}.zip",
-             f"zips/train{year}.zip"]  # fmt: skip
+    paths = [
+        f"annotations/annotations_trainval{year}.zip",
+        f"zips/val{year}.zip",
+        f"zips/train{year}.zip",
+    ]
     archives = []
     for path in paths:
         name = path.rpartition("/")[2]
@@ -100,8 +116,9 @@ def coco_archives(year: str, karpathy: bool, base_url: str | None = None) -> lis
     if karpathy:
         url = f"{base_url.rstrip('/')}/{KARPATHY_ARCHIVE}" if base_url else KARPATHY_URL
         remote = RemoteFile(KARPATHY_ARCHIVE, url, max_size=KARPATHY_MAX_DOWNLOAD)
-        archives.insert(1, Archive(remote, keep=(KARPATHY_FILE,),
-                                   max_unpacked=KARPATHY_MAX_UNPACKED))  # fmt: skip
+        archives.insert(
+            1, Archive(remote, keep=(KARPATHY_FILE,), max_unpacked=KARPATHY_MAX_UNPACKED)
+        )
     return archives
 
 
@@ -109,15 +126,24 @@ def data_overrides(root: str | Path, year: str, karpathy: bool) -> list[str]:
     """The ``--set`` overrides that point a COCO config at a prepared ``root``."""
     splits = f"{{train: train{year}, val: val{year}, test: val{year}}}"
     if karpathy:
-        return [f"data.root={root}", "data.format=karpathy", f"data.karpathy_file={KARPATHY_FILE}",
-                "data.images=", "data.instances=annotations/instances_{split}.json",
-                f"data.splits={splits}"]  # fmt: skip
+        return [
+            f"data.root={root}",
+            "data.format=karpathy",
+            f"data.karpathy_file={KARPATHY_FILE}",
+            "data.images=",
+            "data.instances=annotations/instances_{split}.json",
+            f"data.splits={splits}",
+        ]
     # COCO's own split has no test captions: evaluation reads val (Karpathy's split holds
     # 5000 val images out as a test set).
-    return [f"data.root={root}", "data.format=coco",
-            "data.captions=annotations/captions_{split}.json",
-            "data.instances=annotations/instances_{split}.json", "data.images={split}",
-            f"data.splits={{train: train{year}, val: val{year}}}"]  # fmt: skip
+    return [
+        f"data.root={root}",
+        "data.format=coco",
+        "data.captions=annotations/captions_{split}.json",
+        "data.instances=annotations/instances_{split}.json",
+        "data.images={split}",
+        f"data.splits={{train: train{year}, val: val{year}}}",
+    ]
 
 
 def prepare_coco(
@@ -166,17 +192,25 @@ def _fetch(archive: Archive, root: Path, keep_archives: bool, progress: bool) ->
         return
     path = download(archive.remote, downloads, progress=progress)
     keep = set(archive.keep)
-    members = unpack(path, root, keep=keep.__contains__ if keep else None,
-                     max_bytes=archive.max_unpacked, progress=progress)  # fmt: skip
+    members = unpack(
+        path,
+        root,
+        keep=keep.__contains__ if keep else None,
+        max_bytes=archive.max_unpacked,
+        progress=progress,
+    )
     missing = keep - set(members)
     if missing:
-        raise DataError(f"{path}: holds no {', '.join(sorted(missing))}; this is not "
-                        f"Karpathy's caption_datasets.zip (check --base-url)")  # fmt: skip
+        raise DataError(
+            f"{path}: holds no {', '.join(sorted(missing))}; this is not "
+            f"Karpathy's caption_datasets.zip (check --base-url)"
+        )
     try:
         write_atomically(marker, "\n".join(members) + "\n")
     except CaptioningError as exc:  # the files are unpacked; only the note of it is missing
-        raise DataError(f"{exc}; then run the same command again (it unpacks {name} once "
-                        f"more)") from exc  # fmt: skip
+        raise DataError(
+            f"{exc}; then run the same command again (it unpacks {name} once more)"
+        ) from exc
     if not keep_archives:
         path.unlink()
     logger.info("%s: %d files unpacked into %s", name, len(members), root)

@@ -119,8 +119,10 @@ def check_url(url: str) -> None:
     ``file://``, ``ftp://`` and ``data:`` ones)."""
     parts = urllib.parse.urlsplit(url)
     if parts.scheme.lower() not in ("http", "https") or not parts.netloc:
-        raise DataError(f"{url[:80]!r} is not an http:// or https:// address; downloads "
-                        f"take only those (check --base-url)")  # fmt: skip
+        raise DataError(
+            f"{url[:80]!r} is not an http:// or https:// address; downloads "
+            f"take only those (check --base-url)"
+        )
 
 
 def _check_free_space(remote: RemoteFile, part: Path) -> None:
@@ -147,12 +149,16 @@ def _open(remote: RemoteFile, have: int, timeout: float) -> http.client.HTTPResp
     except urllib.error.HTTPError as exc:
         if exc.code == 416 and have:
             return exc  # type: ignore[return-value]  # the part may already be whole
-        raise DataError(f"{remote.url}: the server answered {exc.code} {exc.reason}; "
-                        f"check the address (--base-url) and try again") from exc  # fmt: skip
+        raise DataError(
+            f"{remote.url}: the server answered {exc.code} {exc.reason}; "
+            f"check the address (--base-url) and try again"
+        ) from exc
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
-        raise DataError(f"{remote.url}: cannot connect ({reason}); check the address "
-                        f"(--base-url) and your connection, then try again") from exc  # fmt: skip
+        raise DataError(
+            f"{remote.url}: cannot connect ({reason}); check the address "
+            f"(--base-url) and your connection, then try again"
+        ) from exc
 
 
 def _fetch(remote: RemoteFile, part: Path, progress: bool, timeout: float) -> int:
@@ -175,8 +181,10 @@ def _fetch(remote: RemoteFile, part: Path, progress: bool, timeout: float) -> in
         if status == 206 and not response.headers.get("Content-Range", "").startswith(
             f"bytes {have}-"
         ):
-            raise DataError(f"{remote.url}: the server resumed at another byte than asked "
-                            f"({response.headers.get('Content-Range')}); try again")  # fmt: skip
+            raise DataError(
+                f"{remote.url}: the server resumed at another byte than asked "
+                f"({response.headers.get('Content-Range')}); try again"
+            )
         if status != 206:
             have = 0  # the server ignored the Range header and sends the whole file
         length = response.headers.get("Content-Length")
@@ -197,9 +205,11 @@ def _fetch(remote: RemoteFile, part: Path, progress: bool, timeout: float) -> in
 
 
 def _too_large(remote: RemoteFile) -> DataError:
-    return DataError(f"{remote.url}: more than {format_count(remote.max_size or 0, 'B')}, the "
-                     f"most {remote.name} can be; this is not the expected file (check "
-                     f"--base-url)")  # fmt: skip
+    return DataError(
+        f"{remote.url}: more than {format_count(remote.max_size or 0, 'B')}, the "
+        f"most {remote.name} can be; this is not the expected file (check "
+        f"--base-url)"
+    )
 
 
 def _stream(
@@ -211,8 +221,15 @@ def _stream(
     progress: bool,
 ) -> None:
     """Append the response body to ``part`` (from byte ``have``)."""
-    bar = progress_bar(desc=remote.name, total=total, unit="B", initial=have, enabled=progress,
-                       unit_scale=True, unit_divisor=1000)  # fmt: skip
+    bar = progress_bar(
+        desc=remote.name,
+        total=total,
+        unit="B",
+        initial=have,
+        enabled=progress,
+        unit_scale=True,
+        unit_divisor=1000,
+    )
     written = have
     with open(part, "r+b" if have else "wb") as out:
         out.seek(have)
@@ -254,13 +271,21 @@ def _verify(remote: RemoteFile, part: Path, total: int | None, progress: bool) -
     expected = remote.size if remote.size is not None else total
     if expected is not None and size != expected:
         part.unlink()
-        raise DataError(f"{remote.name}: downloaded {size} bytes, expected {expected}; the file "
-                        f"was removed, run the command again to fetch it anew")  # fmt: skip
+        raise DataError(
+            f"{remote.name}: downloaded {size} bytes, expected {expected}; the file "
+            f"was removed, run the command again to fetch it anew"
+        )
     if remote.sha256 is None:
         return
     digest = hashlib.sha256()
-    bar = progress_bar(desc=f"checking {remote.name}", total=size, unit="B", enabled=progress,
-                       unit_scale=True, unit_divisor=1000)  # fmt: skip
+    bar = progress_bar(
+        desc=f"checking {remote.name}",
+        total=size,
+        unit="B",
+        enabled=progress,
+        unit_scale=True,
+        unit_divisor=1000,
+    )
     with open(part, "rb") as handle:
         while chunk := handle.read(CHUNK_BYTES):
             digest.update(chunk)
@@ -312,16 +337,23 @@ def unpack(
                 _check_member_name(archive, member.filename)
             _check_unpacked_size(archive, dest, members, max_bytes)
             # No summary line: the caller logs what was unpacked.
-            bar = progress_bar(desc=f"unpacking {archive.name}", total=len(members),
-                               unit="file", enabled=progress, summary=False)  # fmt: skip
+            bar = progress_bar(
+                desc=f"unpacking {archive.name}",
+                total=len(members),
+                unit="file",
+                enabled=progress,
+                summary=False,
+            )
             for member in members:
                 _extract(zf, member, archive, dest)
                 bar.update()
             bar.close()
     except (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, EOFError, ValueError) as exc:
         archive.unlink(missing_ok=True)
-        raise DataError(f"{archive}: the archive is damaged ({exc}); it was removed, run the "
-                        f"command again to download it anew") from exc  # fmt: skip
+        raise DataError(
+            f"{archive}: the archive is damaged ({exc}); it was removed, run the "
+            f"command again to download it anew"
+        ) from exc
     return [m.filename for m in members]
 
 
@@ -341,9 +373,11 @@ def _check_unpacked_size(
     dest.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(dest).free
     if total > free:
-        raise DataError(f"{dest}: {archive.name} unpacks to {format_count(total, 'B')}, only "
-                        f"{format_count(free, 'B')} are free; free some space or choose "
-                        f"another --root, then run the same command again")  # fmt: skip
+        raise DataError(
+            f"{dest}: {archive.name} unpacks to {format_count(total, 'B')}, only "
+            f"{format_count(free, 'B')} are free; free some space or choose "
+            f"another --root, then run the same command again"
+        )
 
 
 def _extract(zf: zipfile.ZipFile, member: zipfile.ZipInfo, archive: Path, dest: Path) -> None:
@@ -364,5 +398,7 @@ def _extract(zf: zipfile.ZipFile, member: zipfile.ZipInfo, archive: Path, dest: 
 def _check_member_name(archive: Path, name: str) -> None:
     path = PurePosixPath(name.replace("\\", "/"))
     if path.is_absolute() or ".." in path.parts or "\x00" in name:
-        raise DataError(f"{archive}: member {name[:60]!r} would be written outside the "
-                        f"target folder; the archive is not a dataset archive")  # fmt: skip
+        raise DataError(
+            f"{archive}: member {name[:60]!r} would be written outside the "
+            f"target folder; the archive is not a dataset archive"
+        )

@@ -64,12 +64,15 @@ def split_images(names: list[str], val: float, test: float, seed: int) -> dict[s
         raise DataError(f"--val must be a fraction above 0 and below 1, got {val}")
     if not 0 <= test < 1:
         raise DataError(f"--test must be a fraction from 0 to below 1, got {test}")
-    counts = {s: max(round(f * len(names)), 1 if f > 0 else 0)
-              for s, f in (("val", val), ("test", test))}  # fmt: skip
+    counts = {
+        s: max(round(f * len(names)), 1 if f > 0 else 0) for s, f in (("val", val), ("test", test))
+    }
     if counts["val"] + counts["test"] >= len(names):
-        raise DataError(f"{len(names)} usable images cannot be split into train, "
-                        f"{counts['val']} val and {counts['test']} test; add images or lower "
-                        f"--val and --test")  # fmt: skip
+        raise DataError(
+            f"{len(names)} usable images cannot be split into train, "
+            f"{counts['val']} val and {counts['test']} test; add images or lower "
+            f"--val and --test"
+        )
     order = sorted(names)
     random.Random(seed).shuffle(order)
     test_names = order[: counts["test"]]
@@ -164,8 +167,11 @@ def _rows_name(table: CaptionTable, name: str) -> str:
 
 def _disk_images(images: Path) -> list[str]:
     """Image files under ``images``, as sorted paths inside it."""
-    return sorted(path.relative_to(images).as_posix() for path in images.rglob("*")
-                  if path.suffix.lower() in IMAGE_SUFFIXES and path.is_file())  # fmt: skip
+    return sorted(
+        path.relative_to(images).as_posix()
+        for path in images.rglob("*")
+        if path.suffix.lower() in IMAGE_SUFFIXES and path.is_file()
+    )
 
 
 @dataclass
@@ -208,8 +214,9 @@ def match_images(table: CaptionTable, images: str | Path) -> FolderMatch:
         near = _near(name, disk_index)
         if near:
             verb = "is" if len(near) == 1 else "are"
-            problem += (f"; {' and '.join(near)} {verb} on disk ({_how_near(name, near[0])}), "
-                        f"not matched")  # fmt: skip
+            problem += (
+                f"; {' and '.join(near)} {verb} on disk ({_how_near(name, near[0])}), not matched"
+            )
         for line in table.lines[name]:
             table.problems.append((line, problem))
     named_index = _near_index(list(table.captions))
@@ -235,8 +242,10 @@ def _usable_images(table: CaptionTable, present: dict[str, Path], progress: bool
 
 
 def _uncaptioned_lines(match: FolderMatch) -> list[str]:
-    return [f"{name}: {match.notes[name]}" if name in match.notes else name
-            for name in match.uncaptioned]  # fmt: skip
+    return [
+        f"{name}: {match.notes[name]}" if name in match.notes else name
+        for name in match.uncaptioned
+    ]
 
 
 def _log_problems(
@@ -246,17 +255,24 @@ def _log_problems(
     for line, problem in problems[:LOGGED]:
         logger.warning("%s: %s; row skipped", table.where(captions, line), problem)
     if len(problems) > LOGGED:
-        logger.warning("... and %d more rows of %s skipped (%d in all, each listed in %s)",
-                       len(problems) - LOGGED, captions, len(problems), report)  # fmt: skip
+        logger.warning(
+            "... and %d more rows of %s skipped (%d in all, each listed in %s)",
+            len(problems) - LOGGED,
+            captions,
+            len(problems),
+            report,
+        )
     uncaptioned = _uncaptioned_lines(match)
     if uncaptioned:
-        logger.warning("%d image files in %s have no caption and are not used:",
-                       len(uncaptioned), images)  # fmt: skip
+        logger.warning(
+            "%d image files in %s have no caption and are not used:", len(uncaptioned), images
+        )
         for name in uncaptioned[:LOGGED]:
             logger.warning("  %s", name)
         if len(uncaptioned) > LOGGED:
-            logger.warning("  ... and %d more (each listed in %s)", len(uncaptioned) - LOGGED,
-                           report)  # fmt: skip
+            logger.warning(
+                "  ... and %d more (each listed in %s)", len(uncaptioned) - LOGGED, report
+            )
 
 
 def _write_report(
@@ -284,8 +300,11 @@ def _write_report(
         *(f"  {name}" for name in uncaptioned),
     ]
     if split_notes is not None:
-        lines += ["", f"{len(split_notes)} split-file problems (images not used):",
-                  *(f"  {note}" for note in split_notes)]  # fmt: skip
+        lines += [
+            "",
+            f"{len(split_notes)} split-file problems (images not used):",
+            *(f"  {note}" for note in split_notes),
+        ]
     write_atomically(report, "\n".join(lines) + "\n")
 
 
@@ -318,9 +337,11 @@ class FixedSplits:
                 text = path.read_text(encoding="utf-8-sig")
             except UnicodeDecodeError as exc:
                 raise DataError(f"{path}: split file is not UTF-8 text") from exc
-            listed[split] = [(number, line.strip())
-                             for number, line in enumerate(text.splitlines(), start=1)
-                             if line.strip()]  # fmt: skip
+            listed[split] = [
+                (number, line.strip())
+                for number, line in enumerate(text.splitlines(), start=1)
+                if line.strip()
+            ]
         return listed
 
     def assign(
@@ -347,8 +368,10 @@ class FixedSplits:
                     placed[name] = f"{self.files[split].name} ({split})"
                     splits[split].append(name)
                 elif name in table.captions:
-                    notes.append(f"{where}: its image is missing or unreadable (see the rows "
-                                 f"skipped); not used")  # fmt: skip
+                    notes.append(
+                        f"{where}: its image is missing or unreadable (see the rows "
+                        f"skipped); not used"
+                    )
                 else:
                     notes.append(f"{where}: no caption names it; not used")
         for name in sorted(usable_set - set(placed)):
@@ -360,8 +383,9 @@ def _log_split_notes(notes: list[str], report: Path) -> None:
     for note in notes[:LOGGED]:
         logger.warning("%s", note)
     if len(notes) > LOGGED:
-        logger.warning("... and %d more split-file problems (each listed in %s)",
-                       len(notes) - LOGGED, report)  # fmt: skip
+        logger.warning(
+            "... and %d more split-file problems (each listed in %s)", len(notes) - LOGGED, report
+        )
 
 
 def _write_splits(
@@ -385,8 +409,12 @@ def _write_splits(
                 annotations.append({"id": next_caption, "image_id": ids[name], "caption": text})
                 next_caption += 1
         path = out / "annotations" / f"captions_{split}.json"
-        dataset = {"info": infos[split], "licenses": [], "images": entries,
-                   "annotations": annotations}  # fmt: skip
+        dataset = {
+            "info": infos[split],
+            "licenses": [],
+            "images": entries,
+            "annotations": annotations,
+        }
         # the captions as written (readable in an editor), not as \u escapes
         write_atomically(path, json.dumps(dataset, ensure_ascii=False) + "\n")
 
@@ -439,8 +467,10 @@ def _check_new(out: Path) -> None:
     """Refuse a dataset folder that holds more than a failed run's report."""
     held = sorted(p.name for p in out.iterdir() if p.name not in (REPORT, MARKER, LOCK))
     if held:
-        raise DataError(f"{out} already holds a prepared dataset (such as {held[0]}); nothing "
-                        f"was changed: choose a new --out, or remove that one first")  # fmt: skip
+        raise DataError(
+            f"{out} already holds a prepared dataset (such as {held[0]}); nothing "
+            f"was changed: choose a new --out, or remove that one first"
+        )
 
 
 def _prepare(
@@ -462,9 +492,11 @@ def _prepare(
     _log_problems(table, captions, images, match, report)
     if not usable:
         _write_report(report, table, captions, images, match, "nothing")
-        raise DataError(f"{captions}: no row names a readable image with a caption "
-                        f"({len(table.problems)} rows skipped, each listed in "
-                        f"{report})")  # fmt: skip
+        raise DataError(
+            f"{captions}: no row names a readable image with a caption "
+            f"({len(table.problems)} rows skipped, each listed in "
+            f"{report})"
+        )
     split_notes = None
     if fixed_splits is None:
         splits = split_images(usable, val, test, seed)
@@ -472,13 +504,18 @@ def _prepare(
         splits, split_notes = fixed_splits.assign(usable, table)
         _log_split_notes(split_notes, report)
         if not splits["train"] or not splits["val"]:
-            _write_report(report, table, captions, images, match, "nothing", split_notes,
-                          fixed_splits.verb)  # fmt: skip
-            raise DataError(f"{fixed_splits.describe()}: no usable image in the "
-                            f"{'train' if not splits['train'] else 'val'} split "
-                            f"(each problem listed in {report})")  # fmt: skip
-    how = {s: {"seed": seed} if fixed_splits is None else
-           {"split_file": fixed_splits.files[s].name} for s in SPLITS}  # fmt: skip
+            _write_report(
+                report, table, captions, images, match, "nothing", split_notes, fixed_splits.verb
+            )
+            raise DataError(
+                f"{fixed_splits.describe()}: no usable image in the "
+                f"{'train' if not splits['train'] else 'val'} split "
+                f"(each problem listed in {report})"
+            )
+    how = {
+        s: {"seed": seed} if fixed_splits is None else {"split_file": fixed_splits.files[s].name}
+        for s in SPLITS
+    }
     infos = {s: {"description": f"prepared from {captions}", "split": s, **how[s]} for s in SPLITS}
     _write_splits(out, images, table, splits, infos)
     counts = {s: sum(len(table.captions[n]) for n in splits[s]) for s in SPLITS}

@@ -130,8 +130,7 @@ class CaptionTable:
         """The format in words, e.g. ``lines of NAME,CAPTION, split at the first ','``."""
         if self.format == "lines" and self.separator is not None:
             shown = "<TAB>" if self.separator == "\t" else self.separator
-            return (f"lines of NAME{shown}CAPTION, split at the first "
-                    f"{SEPARATORS[self.separator]}")  # fmt: skip
+            return f"lines of NAME{shown}CAPTION, split at the first {SEPARATORS[self.separator]}"
         return self.format
 
 
@@ -172,11 +171,17 @@ def read_captions(path: str | Path, images: str | Path, format: str = "auto") ->
     else:
         _read_coco(text, path, table, images)
     if table.joined:
-        logger.info("%s: %s the separator unquoted; each is kept whole", path,
-                    _count(table.joined, "caption holds", "captions hold"))  # fmt: skip
+        logger.info(
+            "%s: %s the separator unquoted; each is kept whole",
+            path,
+            _count(table.joined, "caption holds", "captions hold"),
+        )
     if table.cleaned:
-        logger.info("%s: %s invisible format characters removed or Unicode put in NFC form",
-                    path, _count(table.cleaned, "caption had", "captions had"))  # fmt: skip
+        logger.info(
+            "%s: %s invisible format characters removed or Unicode put in NFC form",
+            path,
+            _count(table.cleaned, "caption had", "captions had"),
+        )
     return table
 
 
@@ -190,8 +195,9 @@ def _read_text(path: Path) -> str:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         hint = " (it is UTF-16)" if data[:2] in (b"\xff\xfe", b"\xfe\xff") else ""
-        raise DataError(f"{path}: not UTF-8 text{hint} ({exc.reason} at byte {exc.start}); "
-                        f"save it as UTF-8") from exc  # fmt: skip
+        raise DataError(
+            f"{path}: not UTF-8 text{hint} ({exc.reason} at byte {exc.start}); save it as UTF-8"
+        ) from exc
 
 
 def _sample(text: str) -> list[str]:
@@ -259,21 +265,25 @@ def detect_format(text: str, path: str | Path = "captions") -> str:
             return name
     if _header_cells(first, "|")[:1] == ["image_name"]:
         return "flickr"
-    flickr = [bool(_FLICKR_TOKEN_START.match(line) or _FLICKR_PIPE_START.match(line))
-              for line in sample]  # fmt: skip
+    flickr = [
+        bool(_FLICKR_TOKEN_START.match(line) or _FLICKR_PIPE_START.match(line)) for line in sample
+    ]
     if flickr[0] or sum(flickr) > len(sample) / 2:
         return "flickr"
     rest = sample[1:]
     if rest and not any(_named_lines(sample[:1], sep) for sep in SEPARATORS):
         if max(_named_lines(rest, sep) for sep in SEPARATORS) >= 0.8 * len(rest):
             # The other lines are NAME<sep>CAPTION: a header without the usual names.
-            raise DataError(f"{path}: the first line {first[:60]!r} looks like a header; a "
-                            f"header naming the columns 'image' and 'caption' is needed (or "
-                            f"delete the line, or name --format lines)")  # fmt: skip
+            raise DataError(
+                f"{path}: the first line {first[:60]!r} looks like a header; a "
+                f"header naming the columns 'image' and 'caption' is needed (or "
+                f"delete the line, or name --format lines)"
+            )
     if max(_named_lines(sample, sep) for sep in SEPARATORS) > len(sample) / 2:
         return "lines"
-    raise DataError(f"{path}: cannot tell the caption format from its first lines "
-                    f"({first[:40]!r}); {choices}")  # fmt: skip
+    raise DataError(
+        f"{path}: cannot tell the caption format from its first lines ({first[:40]!r}); {choices}"
+    )
 
 
 def _named_lines(sample: list[str], separator: str) -> int:
@@ -284,11 +294,14 @@ def _named_lines(sample: list[str], separator: str) -> int:
 def _lines_separator(sample: list[str], path: Path) -> str:
     """The separator after which most lines name an image (ties: the order of SEPARATORS),
     else the one most lines hold."""
-    best = max(SEPARATORS, key=lambda sep: (_named_lines(sample, sep),
-                                            sum(sep in line for line in sample)))  # fmt: skip
+    best = max(
+        SEPARATORS, key=lambda sep: (_named_lines(sample, sep), sum(sep in line for line in sample))
+    )
     if not any(best in line for line in sample):
-        raise DataError(f"{path}: no line holds ',', TAB or '|' between an image name and its "
-                        f"caption; write NAME,CAPTION lines or name another --format")  # fmt: skip
+        raise DataError(
+            f"{path}: no line holds ',', TAB or '|' between an image name and its "
+            f"caption; write NAME,CAPTION lines or name another --format"
+        )
     return best
 
 
@@ -300,16 +313,19 @@ def _read_lines(text: str, table: CaptionTable, images: Path) -> None:
             continue
         name, found, caption = line.partition(separator)
         if not found:
-            table.problems.append((number, f"no {SEPARATORS[separator]} between an image name "
-                                           f"and a caption"))  # fmt: skip
+            table.problems.append(
+                (number, f"no {SEPARATORS[separator]} between an image name and a caption")
+            )
             continue
         table.add(number, name, [caption], images)
 
 
 def _read_flickr(text: str, table: CaptionTable, images: Path) -> None:
     sample = _sample(text)
-    pipes = bool(sample) and (_header_cells(sample[0], "|")[:1] == ["image_name"]
-                              or bool(_FLICKR_PIPE_START.match(sample[0])))  # fmt: skip
+    pipes = bool(sample) and (
+        _header_cells(sample[0], "|")[:1] == ["image_name"]
+        or bool(_FLICKR_PIPE_START.match(sample[0]))
+    )
     for number, raw in enumerate(text.split("\n"), start=1):
         line = raw.rstrip("\r")
         if not line.strip():
@@ -363,8 +379,13 @@ def _read_delimited(
     text: str, delimiter: str, path: Path, table: CaptionTable, images: Path
 ) -> None:
     with _csv_field_limit():
-        _read_rows(csv.reader(io.StringIO(text, newline=""), delimiter=delimiter), delimiter,
-                   path, table, images)  # fmt: skip
+        _read_rows(
+            csv.reader(io.StringIO(text, newline=""), delimiter=delimiter),
+            delimiter,
+            path,
+            table,
+            images,
+        )
 
 
 def _next_row(reader: Any, table: CaptionTable) -> tuple[int, list[str]] | None:
@@ -377,17 +398,17 @@ def _next_row(reader: Any, table: CaptionTable) -> tuple[int, list[str]] | None:
         except StopIteration:
             return None
         except csv.Error as exc:
-            table.problems.append((first, f"not readable as CSV/TSV ({exc}); a quote not "
-                                          f"closed?"))  # fmt: skip
+            table.problems.append((first, f"not readable as CSV/TSV ({exc}); a quote not closed?"))
 
 
-def _read_rows(reader: Any, delimiter: str, path: Path, table: CaptionTable,
-               images: Path) -> None:  # fmt: skip
+def _read_rows(reader: Any, delimiter: str, path: Path, table: CaptionTable, images: Path) -> None:
     try:
         header = [h.strip().lower() for h in next(reader, [])]
         if "image" not in header or "caption" not in header:
-            raise DataError(f"{path}: the first line must be a header naming the columns 'image' "
-                            f"and 'caption', got {header[:6]}")  # fmt: skip
+            raise DataError(
+                f"{path}: the first line must be a header naming the columns 'image' "
+                f"and 'caption', got {header[:6]}"
+            )
         image_at, caption_at = header.index("image"), header.index("caption")
         caption_last = caption_at == len(header) - 1
         while (numbered := _next_row(reader, table)) is not None:
@@ -397,20 +418,27 @@ def _read_rows(reader: Any, delimiter: str, path: Path, table: CaptionTable,
             if number > first:  # a quoted field over several lines
                 inner = [line for cell in row for line in cell.splitlines()[1:]]
                 if any(_looks_like_row(line, delimiter) for line in inner):
-                    table.problems.append((first, f"a quote opened here is closed only on line "
-                                                  f"{number}, so lines {first}-{number} are one "
-                                                  f"field; close or remove it"))  # fmt: skip
+                    table.problems.append(
+                        (
+                            first,
+                            f"a quote opened here is closed only on line "
+                            f"{number}, so lines {first}-{number} are one "
+                            f"field; close or remove it",
+                        )
+                    )
                     continue
                 row = [re.sub(r"\s*[\r\n]+\s*", " ", cell) for cell in row]
             if len(row) < len(header):
                 columns = "column" if len(row) == 1 else "columns"
-                table.problems.append((first, f"{len(row)} {columns}, the header has "
-                                              f"{len(header)}"))  # fmt: skip
+                table.problems.append(
+                    (first, f"{len(row)} {columns}, the header has {len(header)}")
+                )
                 continue
             if len(row) > len(header):
                 if not caption_last:
-                    table.problems.append((first, f"{len(row)} columns, the header has "
-                                                  f"{len(header)}"))  # fmt: skip
+                    table.problems.append(
+                        (first, f"{len(row)} columns, the header has {len(header)}")
+                    )
                     continue
                 row = row[:caption_at] + [delimiter.join(row[caption_at:])]
                 table.joined += 1
@@ -425,18 +453,24 @@ def _read_coco(text: str, path: Path, table: CaptionTable, images: Path) -> None
         data = json.loads(text)
     except (json.JSONDecodeError, RecursionError) as exc:
         where = f" ({exc.msg}, line {exc.lineno})" if isinstance(exc, json.JSONDecodeError) else ""
-        raise DataError(f"{path}: not a JSON document{where}; fix it, or name another "
-                        f"--format") from exc  # fmt: skip
+        raise DataError(
+            f"{path}: not a JSON document{where}; fix it, or name another --format"
+        ) from exc
     entries = data.get("images") if isinstance(data, dict) else None
     annotations = data.get("annotations") if isinstance(data, dict) else None
     if not isinstance(entries, list) or not isinstance(annotations, list):
         karpathy = isinstance(entries, list) and any(
             isinstance(e, dict) and "sentences" in e for e in entries[:5]
         )
-        hint = (" (this is a Karpathy split file: train on it with data.format: karpathy)"
-                if karpathy else "")  # fmt: skip
-        raise DataError(f"{path}: a COCO captions file needs 'images' [{{id, file_name}}] and "
-                        f"'annotations' [{{image_id, caption}}]{hint}")  # fmt: skip
+        hint = (
+            " (this is a Karpathy split file: train on it with data.format: karpathy)"
+            if karpathy
+            else ""
+        )
+        raise DataError(
+            f"{path}: a COCO captions file needs 'images' [{{id, file_name}}] and "
+            f"'annotations' [{{image_id, caption}}]{hint}"
+        )
     names: dict[int | str, Any] = {}
     for entry in entries:
         if isinstance(entry, dict) and isinstance(entry.get("id"), (int, str)):

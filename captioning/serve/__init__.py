@@ -14,8 +14,11 @@ from captioning.errors import CaptioningError
 def require() -> None:
     """Raise a one-line :class:`CaptioningError` when the ``serve`` extra is not installed."""
     # python-multipart is imported as python_multipart since 0.0.13, as multipart before
-    wanted = {"starlette": ["starlette"], "uvicorn": ["uvicorn"],
-              "python-multipart": ["python_multipart", "multipart"]}  # fmt: skip
+    wanted = {
+        "starlette": ["starlette"],
+        "uvicorn": ["uvicorn"],
+        "python-multipart": ["python_multipart", "multipart"],
+    }
     for package, modules in wanted.items():
         if not any(_importable(module) for module in modules):
             raise CaptioningError(

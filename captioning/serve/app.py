@@ -167,8 +167,12 @@ def create_app(model: CaptionModel, settings: ServeSettings | None = None) -> St
         Route("/api/caption", captioning.answer, methods=["POST"]),
     ]
     middleware = [Middleware(GuardMiddleware, hosts=settings.hosts)]
-    app = Starlette(routes=routes, exception_handlers=EXCEPTION_HANDLERS, middleware=middleware,
-                    lifespan=lifespan)  # fmt: skip
+    app = Starlette(
+        routes=routes,
+        exception_handlers=EXCEPTION_HANDLERS,
+        middleware=middleware,
+        lifespan=lifespan,
+    )
     app.state.batcher = captioning.batcher
     app.state.admission = captioning.admission
     return app
@@ -200,8 +204,10 @@ class CaptionEndpoint:
                 with anyio.fail_after(max(deadline - time.monotonic(), 0.0)):
                     result = await self.caption_upload(request, slot, deadline)
             except TimeoutError:
-                raise Busy(f"the server could not answer within {timeout:g} s (--timeout); "
-                           "try again in a moment") from None  # fmt: skip
+                raise Busy(
+                    f"the server could not answer within {timeout:g} s (--timeout); "
+                    "try again in a moment"
+                ) from None
         return JSONResponse(result.to_dict())
 
     async def caption_upload(self, request: Request, slot: Slot, deadline: float) -> Caption:
@@ -211,14 +217,21 @@ class CaptionEndpoint:
             try:
                 upload = form.get("image")
                 if not isinstance(upload, UploadFile):
-                    raise BadRequest(400, "no image: send the file in a multipart field named "
-                                     "'image'")  # fmt: skip
+                    raise BadRequest(
+                        400, "no image: send the file in a multipart field named 'image'"
+                    )
                 decoding = decoding_fields(form, self.model, self.settings)
                 key = (decoding.get("beam_size"), decoding.get("hard_context"))
                 reserve = partial(self.budget.reserve, deadline=deadline)
-                prepare = partial(prepare_upload, self.model, upload.file, upload_name(upload),
-                                  self.limits, reserve,
-                                  self.settings.max_progressive_pixels)  # fmt: skip
+                prepare = partial(
+                    prepare_upload,
+                    self.model,
+                    upload.file,
+                    upload_name(upload),
+                    self.limits,
+                    reserve,
+                    self.settings.max_progressive_pixels,
+                )
                 # Runs to its end, past the deadline too (the budget's wait stops there): the
                 # file it reads is closed only after, and the slot stays taken meanwhile.
                 inputs = await run_in_threadpool(prepare)  # (3, S, S)
@@ -250,17 +263,21 @@ def prepare_upload(
     buffers = 0
     if whole is not None:
         if whole.pixels > max_progressive_pixels:
-            raise BadRequest(400, f"{name}: a progressive JPEG is decoded whole, and this one "
-                             f"is {whole.width} x {whole.height} = {whole.pixels:,} pixels, "
-                             f"more than the {max_progressive_pixels:,} the demo decodes "
-                             "that way; resize it or save it as a baseline JPEG")  # fmt: skip
+            raise BadRequest(
+                400,
+                f"{name}: a progressive JPEG is decoded whole, and this one "
+                f"is {whole.width} x {whole.height} = {whole.pixels:,} pixels, "
+                f"more than the {max_progressive_pixels:,} the demo decodes "
+                "that way; resize it or save it as a baseline JPEG",
+            )
         buffers = -(-whole.buffer_bytes // _BYTES_PER_PIXEL)
 
     def reserve_with_buffers(pixels: int) -> AbstractContextManager:
         return reserve(pixels + buffers)
 
-    picture = load_image_bytes(file, name, limits, reduce_to=model.input_size,
-                               reserve=reserve_with_buffers)  # fmt: skip
+    picture = load_image_bytes(
+        file, name, limits, reduce_to=model.input_size, reserve=reserve_with_buffers
+    )
     return model.prepare(picture)
 
 
@@ -430,8 +447,9 @@ async def _answer_bad_request(request: Request, exc: BadRequest) -> Response:
 
 
 async def _answer_busy(request: Request, exc: Busy) -> Response:
-    return JSONResponse({"error": str(exc)}, status_code=503,
-                        headers={"Retry-After": str(RETRY_AFTER)})  # fmt: skip
+    return JSONResponse(
+        {"error": str(exc)}, status_code=503, headers={"Retry-After": str(RETRY_AFTER)}
+    )
 
 
 async def _answer_gone(request: Request, exc: Exception) -> Response:
@@ -451,8 +469,11 @@ async def _answer_server_error(request: Request, exc: Exception) -> Response:
     logger.exception("unexpected error answering %s", request.url.path)
     # Answered outside the middleware, so the headers are set here.
     headers = {name.decode(): value.decode() for name, value in guarded([])}
-    return JSONResponse({"error": "internal error; the server's log has the details"},
-                        status_code=500, headers=headers)  # fmt: skip
+    return JSONResponse(
+        {"error": "internal error; the server's log has the details"},
+        status_code=500,
+        headers=headers,
+    )
 
 
 EXCEPTION_HANDLERS = {
@@ -479,6 +500,10 @@ def settings_for(
     found = example_images(model.config.data) if examples is None else None
     paths = tuple(e.path for e in found) if found is not None else tuple(examples or ())
     boxes = tuple(e.boxes for e in found) if found is not None else ()
-    return ServeSettings(max_upload_bytes=int(max_upload_mb * 2**20), examples=paths,
-                         example_boxes=boxes, category_words=shipped_category_words(),
-                         **limits)  # fmt: skip
+    return ServeSettings(
+        max_upload_bytes=int(max_upload_mb * 2**20),
+        examples=paths,
+        example_boxes=boxes,
+        category_words=shipped_category_words(),
+        **limits,
+    )

@@ -63,8 +63,9 @@ class Batcher:
 
     def __init__(self, model: CaptionModel, *, max_batch: int = 16, wait: float = 0.005) -> None:
         if max_batch < 1 or wait < 0:
-            raise ValueError(f"max_batch must be at least 1 and wait at least 0, got "
-                             f"{max_batch} and {wait}")  # fmt: skip
+            raise ValueError(
+                f"max_batch must be at least 1 and wait at least 0, got {max_batch} and {wait}"
+            )
         self.model = model
         self.max_batch = max_batch
         self.wait = wait
@@ -133,8 +134,9 @@ class Batcher:
     def _start(self) -> None:
         with self._lock:
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="caption-batches",
-                                                daemon=True)  # fmt: skip
+                self._thread = threading.Thread(
+                    target=self._run, name="caption-batches", daemon=True
+                )
                 self._thread.start()
 
     def _run(self) -> None:
@@ -178,9 +180,12 @@ class Batcher:
         beam_size, hard_context = key
         try:
             inputs = torch.stack([job.inputs for job in group])  # (B, 3, S, S)
-            captions = self.model.caption_inputs(inputs, beam_size=beam_size,
-                                                 hard_context=hard_context,
-                                                 encode_batch=self.encode_batch)  # fmt: skip
+            captions = self.model.caption_inputs(
+                inputs,
+                beam_size=beam_size,
+                hard_context=hard_context,
+                encode_batch=self.encode_batch,
+            )
         except Exception as exc:  # every request of the batch gets the error
             for job in group:
                 job.future.set_exception(exc)

@@ -48,8 +48,9 @@ class Admission:
 
     def __init__(self, *, in_flight: int, queue: int) -> None:
         if in_flight < 1 or queue < 0:
-            raise ValueError(f"in_flight must be at least 1 and queue at least 0, got "
-                             f"{in_flight} and {queue}")  # fmt: skip
+            raise ValueError(
+                f"in_flight must be at least 1 and queue at least 0, got {in_flight} and {queue}"
+            )
         self.in_flight = in_flight
         self.queue = queue
         self.running = 0
@@ -72,8 +73,10 @@ class Admission:
         if self.running < self.in_flight and not self._waiting:
             self.running += 1
         elif len(self._waiting) >= self.queue:
-            raise Busy(f"the server is busy ({self.running} requests in flight, "
-                       f"{len(self._waiting)} waiting); try again in a moment")  # fmt: skip
+            raise Busy(
+                f"the server is busy ({self.running} requests in flight, "
+                f"{len(self._waiting)} waiting); try again in a moment"
+            )
         else:
             waiter = asyncio.get_running_loop().create_future()
             self._waiting.append(waiter)
@@ -85,8 +88,10 @@ class Admission:
                 elif waiter.done() and not waiter.cancelled():
                     self._release()  # the slot was handed over as the wait ended
                 if isinstance(exc, asyncio.TimeoutError):
-                    raise Busy(f"the server is busy: no slot came free within {timeout:g} s; "
-                               "try again in a moment") from None  # fmt: skip
+                    raise Busy(
+                        f"the server is busy: no slot came free within {timeout:g} s; "
+                        "try again in a moment"
+                    ) from None
                 raise
         slot = Slot(self._release)
         try:
@@ -187,8 +192,10 @@ def demo_image_limits(model: CaptionModel) -> ImageLimits:
         CaptioningError: its input size (``model.image_size``) or caption length
             (``decode.max_length``) is past what the demo serves.
     """
-    sizes = [("model.image_size", model.input_size, MAX_INPUT_SIZE),
-             ("decode.max_length", model.config.decode.max_length, MAX_CAPTION_LENGTH)]  # fmt: skip
+    sizes = [
+        ("model.image_size", model.input_size, MAX_INPUT_SIZE),
+        ("decode.max_length", model.config.decode.max_length, MAX_CAPTION_LENGTH),
+    ]
     for key, value, most in sizes:
         if value > most:
             raise CaptioningError(
@@ -196,10 +203,14 @@ def demo_image_limits(model: CaptionModel) -> ImageLimits:
                 f"({most:,}); caption with `captioning caption` instead"
             )
     limits = model.limits
-    bounded = ImageLimits(min(limits.max_pixels, MAX_IMAGE_PIXELS),
-                          min(limits.max_text_bytes, MAX_TEXT_BYTES))  # fmt: skip
+    bounded = ImageLimits(
+        min(limits.max_pixels, MAX_IMAGE_PIXELS), min(limits.max_text_bytes, MAX_TEXT_BYTES)
+    )
     if bounded != limits:
-        logger.info("the demo takes images of up to %s pixels and %s bytes of text, less "
-                    "than the checkpoint's data config allows", f"{bounded.max_pixels:,}",
-                    f"{bounded.max_text_bytes:,}")  # fmt: skip
+        logger.info(
+            "the demo takes images of up to %s pixels and %s bytes of text, less "
+            "than the checkpoint's data config allows",
+            f"{bounded.max_pixels:,}",
+            f"{bounded.max_text_bytes:,}",
+        )
     return bounded

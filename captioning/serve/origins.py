@@ -182,12 +182,16 @@ class GuardMiddleware:
         if len(hosts) != 1 or not hosts[0].strip():
             return 400, "the request needs one Host header naming the demo's address"
         if not self.hosts.allows(hosts[0]):
-            return 421, ("this demo does not answer to that host name; start it with "
-                         "--allow-host NAME to answer to another")  # fmt: skip
+            return 421, (
+                "this demo does not answer to that host name; start it with "
+                "--allow-host NAME to answer to another"
+            )
         origin, fetch_site = headers.get("origin"), headers.get("sec-fetch-site")
         if method not in SAFE_METHODS and cross_origin(origin, fetch_site, hosts[0]):
-            return 403, ("requests from pages of other sites are refused; use the demo's own "
-                         "page, or a client that is no browser")  # fmt: skip
+            return 403, (
+                "requests from pages of other sites are refused; use the demo's own "
+                "page, or a client that is no browser"
+            )
         return None
 
 
@@ -211,9 +215,11 @@ def page_policy(page: str) -> str:
         digests = (hashlib.sha256(body.encode("utf-8")).digest() for body in bodies)
         return " ".join(f"'sha256-{base64.b64encode(digest).decode()}'" for digest in digests)
 
-    return (f"default-src 'none'; script-src {hashes('script')}; style-src {hashes('style')}; "
-            "img-src 'self' blob:; connect-src 'self'; base-uri 'none'; form-action 'none'; "
-            "frame-ancestors 'none'")  # fmt: skip
+    return (
+        f"default-src 'none'; script-src {hashes('script')}; style-src {hashes('style')}; "
+        "img-src 'self' blob:; connect-src 'self'; base-uri 'none'; form-action 'none'; "
+        "frame-ancestors 'none'"
+    )
 
 
 @dataclass(frozen=True)
@@ -251,8 +257,10 @@ def object_boxes(record: ImageRecord) -> tuple[tuple[str, tuple[float, ...]], ..
     if not record.width or not record.height:
         return ()
     width, height = float(record.width), float(record.height)
-    return tuple((o.category, (o.bbox[0] / width, o.bbox[1] / height, o.bbox[2] / width,
-                               o.bbox[3] / height)) for o in record.objects)  # fmt: skip
+    return tuple(
+        (o.category, (o.bbox[0] / width, o.bbox[1] / height, o.bbox[2] / width, o.bbox[3] / height))
+        for o in record.objects
+    )
 
 
 def examples_folder(data: DataConfig) -> Path | None:
@@ -288,8 +296,9 @@ def checked_example(path: str, folders: Sequence[Path]) -> Example | None:
     """``path`` as an :class:`Example` when, links resolved, it lies in one of ``folders``
     and is an image by its content; else None."""
     real = os.path.realpath(path)
-    if folders and not any(os.path.commonpath([real, str(folder)]) == str(folder)
-                           for folder in folders):  # fmt: skip
+    if folders and not any(
+        os.path.commonpath([real, str(folder)]) == str(folder) for folder in folders
+    ):
         return None
     media_type = image_type(real)
     return None if media_type is None else Example(real, media_type)

@@ -171,10 +171,18 @@ def uvicorn_config(
 ) -> uvicorn.Config:
     """uvicorn's config for the demo's ``app`` (whose requests take up to ``timeout``
     seconds) under ``limits``; ``options`` are other :class:`uvicorn.Config` arguments."""
-    protocol = type("DemoProtocol", (DeadlineProtocol,),
-                    {"limits": limits, "request_timeout": timeout + limits.grace})  # fmt: skip
-    return uvicorn.Config(app, http=protocol, limit_concurrency=limits.max_connections,
-                          timeout_keep_alive=limits.keep_alive, **options)  # fmt: skip
+    protocol = type(
+        "DemoProtocol",
+        (DeadlineProtocol,),
+        {"limits": limits, "request_timeout": timeout + limits.grace},
+    )
+    return uvicorn.Config(
+        app,
+        http=protocol,
+        limit_concurrency=limits.max_connections,
+        timeout_keep_alive=limits.keep_alive,
+        **options,
+    )
 
 
 # What each option of `captioning serve` may be: (least, most, whether the least is taken).
@@ -196,8 +204,9 @@ def check_options(values: dict[str, float]) -> None:
         low_ok = value >= least if least_taken else value > least
         if not (math.isfinite(value) and low_ok and value <= most):
             bound = "of 0 or more" if least_taken else "above 0"
-            raise CaptioningError(f"{option} must be a number {bound} and at most {most:g}, "
-                                  f"got {value:g}")  # fmt: skip
+            raise CaptioningError(
+                f"{option} must be a number {bound} and at most {most:g}, got {value:g}"
+            )
 
 
 def serve(
@@ -238,22 +247,43 @@ def serve(
         CaptioningError: an option is out of its range (before the model loads), the port
             cannot be had, or the checkpoint cannot be loaded or served.
     """
-    check_options({"--max-upload-mb": max_upload_mb, "--timeout": timeout,
-                   "--max-in-flight": max_in_flight, "--max-batch": max_batch,
-                   "--max-queue": max_queue, "--batch-wait-ms": batch_wait_ms})  # fmt: skip
+    check_options(
+        {
+            "--max-upload-mb": max_upload_mb,
+            "--timeout": timeout,
+            "--max-in-flight": max_in_flight,
+            "--max-batch": max_batch,
+            "--max-queue": max_queue,
+            "--batch-wait-ms": batch_wait_ms,
+        }
+    )
     with listen(host, port) as sock:  # first: a taken port is known before the model loads
         give_back_large_blocks()
         model = in_passing_thread(load, checkpoint, device)  # the batcher's team is the only one
         hosts = HostAllowList.for_address(host, allow_hosts)
-        settings = settings_for(model, max_upload_mb, hosts=hosts, max_in_flight=max_in_flight,
-                                max_queue=max_queue, timeout=timeout, max_batch=max_batch,
-                                batch_wait=batch_wait_ms / 1000)  # fmt: skip
+        settings = settings_for(
+            model,
+            max_upload_mb,
+            hosts=hosts,
+            max_in_flight=max_in_flight,
+            max_queue=max_queue,
+            timeout=timeout,
+            max_batch=max_batch,
+            batch_wait=batch_wait_ms / 1000,
+        )
         shown = f"[{host}]" if ":" in host else host
         app = create_app(model, settings)
-        print(f"serving {Path(checkpoint).name} on http://{shown}:{port} (Ctrl-C stops)",
-              flush=True)  # fmt: skip
-        config = uvicorn_config(app, timeout, connections or ConnectionLimits(), log_level="info",
-                                access_log=not quiet, timeout_graceful_shutdown=5)  # fmt: skip
+        print(
+            f"serving {Path(checkpoint).name} on http://{shown}:{port} (Ctrl-C stops)", flush=True
+        )
+        config = uvicorn_config(
+            app,
+            timeout,
+            connections or ConnectionLimits(),
+            log_level="info",
+            access_log=not quiet,
+            timeout_graceful_shutdown=5,
+        )
         uvicorn.Server(config).run(sockets=[sock])
 
 
@@ -276,11 +306,13 @@ class BackgroundServer:
         self.app = create_app(model, settings)
         self.sock = listen("127.0.0.1", 0)
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        config = uvicorn_config(self.app, settings.timeout, connections or ConnectionLimits(),
-                                log_level="warning")  # fmt: skip
+        config = uvicorn_config(
+            self.app, settings.timeout, connections or ConnectionLimits(), log_level="warning"
+        )
         self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
-                                       daemon=True)  # fmt: skip
+        self.thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True
+        )
 
     def __enter__(self) -> str:
         self.thread.start()

@@ -40,11 +40,9 @@ from tools.tables.flickr8k import (
     flickr8k_beams,
     flickr8k_headline,
     flickr8k_levers,
-    flickr8k_step_cost,
-    flickr8k_targets,
-    flickr8k_time,
 )
 from tools.tables.flickr8k_decoding import flickr8k_brevity, flickr8k_dev_decode
+from tools.tables.flickr8k_time import flickr8k_step_cost, flickr8k_targets, flickr8k_time
 from tools.tables.grounding import (
     grounding,
     grounding_categories,
@@ -190,8 +188,10 @@ def render(text: str, results: Path = ROOT / "results") -> str:
             raise SystemExit(f"unknown table {name!r}; known: {', '.join(TABLES)}")
         source = SOURCES.get(name, name)
         if source == "*":
-            files = [{"file": p.stem, "rows": load_rows(p.stem, results)}
-                     for p in sorted(results.glob("*.json"))]  # fmt: skip
+            files = [
+                {"file": p.stem, "rows": load_rows(p.stem, results)}
+                for p in sorted(results.glob("*.json"))
+            ]
             return match.group(1) + TABLES[name](files) + match.group(4)
         if not (results / f"{source}.json").is_file():  # a study not yet run: say so
             return match.group(1) + f"(results/{source}.json is not there yet.)\n" + match.group(4)

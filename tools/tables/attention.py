@@ -58,9 +58,20 @@ def attention_family(rows: Rows) -> str:
     at its chosen learning rate, test exact match as mean ± sd over the seeds and each seed,
     and the means of the other test scores; hard attention gets a line per decoding mode."""
     rows = _plain(rows)
-    head = ["member", "lr", "exact", "each seed", "exact, 3 objects",
-            "pointing colour / size / shape", "pointing, local centre", "mass in box",
-            "BLEU-4", "CIDEr-D", "parameters", "train time"]  # fmt: skip
+    head = [
+        "member",
+        "lr",
+        "exact",
+        "each seed",
+        "exact, 3 objects",
+        "pointing colour / size / shape",
+        "pointing, local centre",
+        "mass in box",
+        "BLEU-4",
+        "CIDEr-D",
+        "parameters",
+        "train time",
+    ]
     lines = header(head)
     for member, group in _members(rows).items():
         lr = _chosen_lr(group)
@@ -76,9 +87,11 @@ def attention_family(rows: Rows) -> str:
         for mode in [None] if hard is None else list(hard):
             tests = [_test(r, mode) for r in scored]
             each = ", ".join(
-                f"{_test(r, mode)['exact']:.3f} ({r['seed']})" if "test" in r
-                else f"failed ({r['seed']})" for r in seeds
-            )  # fmt: skip
+                f"{_test(r, mode)['exact']:.3f} ({r['seed']})"
+                if "test" in r
+                else f"failed ({r['seed']})"
+                for r in seeds
+            )
             pointing = " / ".join(
                 score(mean([t[k] for t in tests]))
                 for k in ("pointing_color", "pointing_size", "pointing_shape")
@@ -90,11 +103,13 @@ def attention_family(rows: Rows) -> str:
                 each,
                 score(mean([t["exact_3_objects"] for t in tests])),
                 pointing,
-                *(score(mean([t[k] for t in tests]))
-                  for k in ("centre_pointing", "mass_in_box", "Bleu_4", "CIDEr")),
+                *(
+                    score(mean([t[k] for t in tests]))
+                    for k in ("centre_pointing", "mass_in_box", "Bleu_4", "CIDEr")
+                ),
                 f"{scored[0]['parameters'] / 1e6:.2f}M",
                 "–" if not minutes else f"{statistics.mean(minutes):.1f} min",
-            ]  # fmt: skip
+            ]
             lines.append(line(cells))
     lines.append("")
     lines.append(_family_note(rows))
@@ -129,14 +144,19 @@ def multi_head(rows: Rows) -> str:
     ]
     members = _members(rows)
     shown = []
-    for heads, member in ((1, "soft"), (2, "multi-head-2"), (4, "multi-head-4"),
-                          (8, "multi-head-8")):  # fmt: skip
+    for heads, member in (
+        (1, "soft"),
+        (2, "multi-head-2"),
+        (4, "multi-head-4"),
+        (8, "multi-head-8"),
+    ):
         group = members.get(member, [])
         lr = _chosen_lr(group)
         if lr is None:
             continue
-        for r in sorted((r for r in group if r["lr"] == lr and "test" in r),
-                        key=lambda r: r["seed"]):  # fmt: skip
+        for r in sorted(
+            (r for r in group if r["lr"] == lr and "test" in r), key=lambda r: r["seed"]
+        ):
             t = r["test"]
             exact = f"**{t['exact']:.3f}**" if t["exact"] < 0.5 else f"{t['exact']:.3f}"
             pointing = " / ".join(
@@ -144,8 +164,11 @@ def multi_head(rows: Rows) -> str:
             )
             lines.append(f"| {heads} | {lr:g} | {r['seed']} | {exact} | {pointing} |")
             shown.append(r)
-    lines += ["", f"{len(shown)} rows of `results/attention_family.json`, the family study "
-              f"below: {provenance(shown)}. Bold: stalled (below 0.5)."]  # fmt: skip
+    lines += [
+        "",
+        f"{len(shown)} rows of `results/attention_family.json`, the family study "
+        f"below: {provenance(shown)}. Bold: stalled (below 0.5).",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -190,15 +213,26 @@ def attention_family_blocks(rows: Rows) -> str:
     ``blocks`` other than plain), each at the rate its plain sweep chose, over more seeds: the
     stalls (test exact match below 0.5) counted, every seed shown."""
     rows = [r for r in rows if r.get("blocks", "plain") != "plain"]
-    head = ["member", "blocks", "lr", "seeds", "stalled", "exact", "each seed",
-            "pointing colour / size / shape", "CIDEr-D"]  # fmt: skip
+    head = [
+        "member",
+        "blocks",
+        "lr",
+        "seeds",
+        "stalled",
+        "exact",
+        "each seed",
+        "pointing colour / size / shape",
+        "CIDEr-D",
+    ]
     lines = header(head)
     for member, group in _members(rows).items():
         group = sorted(group, key=lambda r: r["seed"])
         tests = [r["test"] for r in group if "test" in r]
         stalled = sum(1 for r in group if "test" not in r or r["test"]["exact"] < STALL)
-        each = ", ".join(f"{r['test']['exact']:.3f} ({r['seed']})" if "test" in r
-                         else f"failed ({r['seed']})" for r in group)  # fmt: skip
+        each = ", ".join(
+            f"{r['test']['exact']:.3f} ({r['seed']})" if "test" in r else f"failed ({r['seed']})"
+            for r in group
+        )
         pointing = " / ".join(
             score(mean([t[k] for t in tests]))
             for k in ("pointing_color", "pointing_size", "pointing_shape")

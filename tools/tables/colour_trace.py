@@ -58,15 +58,17 @@ def colour_trace(rows: Rows) -> str:
     left_out = {*SCORE_TRACE, *FAMILY_TRACE, *_at_start_only(rows)}
     rows = [r for r in rows if r["variant"] not in left_out]
     last = _last_stage(rows)
-    columns = [("stem", _probe("stage0")), ("last block", _probe(last)),
-               ("grid", _probe("grid"))]  # fmt: skip
+    columns = [("stem", _probe("stage0")), ("last block", _probe(last)), ("grid", _probe("grid"))]
     lines = _grid(rows, columns)
-    lines += ["", f"{len(rows)} rows of `results/colour_trace.json`, `{rows[0]['config']}` "
-              f"({_settings(rows)}): {provenance(rows)}. Held-out accuracy of the colour probe "
-              f"(chance 0.167) before each step, on the objects of 300 validation images, from "
-              f"the feature under each object's centre; each run stops after its last probe "
-              f"(the seed study's rows are the whole runs). Re-run: "
-              f"{commands(rows, ordered=True)}."]  # fmt: skip
+    lines += [
+        "",
+        f"{len(rows)} rows of `results/colour_trace.json`, `{rows[0]['config']}` "
+        f"({_settings(rows)}): {provenance(rows)}. Held-out accuracy of the colour probe "
+        f"(chance 0.167) before each step, on the objects of 300 validation images, from "
+        f"the feature under each object's centre; each run stops after its last probe "
+        f"(the seed study's rows are the whole runs). Re-run: "
+        f"{commands(rows, ordered=True)}.",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -77,15 +79,23 @@ def score_trace(rows: Rows) -> str:
     rows = [r for r in rows if r["variant"] in SCORE_TRACE]
     if not rows:
         return "No rows of `results/colour_trace.json` trace the first word's map yet.\n"
-    lines = _grid(rows, [("grid probe", _probe("grid")),
-                         ("first word's peak", lambda r: f"{r['first_peak']:.3f}"),
-                         ("score sd", lambda r: f"{r['first_score_sd']:.1f}")])  # fmt: skip
-    lines += ["", f"{len(rows)} rows of `results/colour_trace.json`, `{rows[0]['config']}` "
-              f"({_settings(rows)}): {provenance(rows)}. Before each step: the colour probe of "
-              f"the decoder's grid (chance 0.167), as above, and the mean over 300 validation "
-              f"images of the first word's map's largest weight (an even map's: 1 / 36 = "
-              f"0.028) and the standard deviation of its scores across the cells. "
-              f"Re-run: {commands(rows, ordered=True)}."]  # fmt: skip
+    lines = _grid(
+        rows,
+        [
+            ("grid probe", _probe("grid")),
+            ("first word's peak", lambda r: f"{r['first_peak']:.3f}"),
+            ("score sd", lambda r: f"{r['first_score_sd']:.1f}"),
+        ],
+    )
+    lines += [
+        "",
+        f"{len(rows)} rows of `results/colour_trace.json`, `{rows[0]['config']}` "
+        f"({_settings(rows)}): {provenance(rows)}. Before each step: the colour probe of "
+        f"the decoder's grid (chance 0.167), as above, and the mean over 300 validation "
+        f"images of the first word's map's largest weight (an even map's: 1 / 36 = "
+        f"0.028) and the standard deviation of its scores across the cells. "
+        f"Re-run: {commands(rows, ordered=True)}.",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -96,15 +106,20 @@ def family_trace(rows: Rows) -> str:
     rows = [r for r in rows if r["variant"] in FAMILY_TRACE]
     if not rows:
         return "No rows of `results/colour_trace.json` trace the family's stalled seeds yet.\n"
-    columns = [("last block", _probe(_last_stage(rows))), ("grid", _probe("grid")),
-               ("first word's peak",
-                lambda r: f"{r['first_peak']:.2f}" if "first_peak" in r else "–")]  # fmt: skip
+    columns = [
+        ("last block", _probe(_last_stage(rows))),
+        ("grid", _probe("grid")),
+        ("first word's peak", lambda r: f"{r['first_peak']:.2f}" if "first_peak" in r else "–"),
+    ]
     lines = _grid(rows, columns)
-    lines += ["", f"{len(rows)} rows of `results/colour_trace.json`, `{rows[0]['config']}` "
-              f"({_settings(rows)}): {provenance(rows)}. Held-out accuracy of the colour probe "
-              f"(chance 0.167) before each step, as above, and the first word's map's largest "
-              f"weight (an even map's: 0.028; no attention has no map). Re-run: "
-              f"{commands(rows, ordered=True)}."]  # fmt: skip
+    lines += [
+        "",
+        f"{len(rows)} rows of `results/colour_trace.json`, `{rows[0]['config']}` "
+        f"({_settings(rows)}): {provenance(rows)}. Held-out accuracy of the colour probe "
+        f"(chance 0.167) before each step, as above, and the first word's map's largest "
+        f"weight (an even map's: 0.028; no attention has no map). Re-run: "
+        f"{commands(rows, ordered=True)}.",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -127,21 +142,37 @@ def score_start(rows: Rows) -> str:
     rows = [r for r in _first_word_rows(rows) if r["variant"] in start]
     if not rows:
         return "No rows of `results/colour_trace.json` probe the start alone yet.\n"
-    lines = header(["variant", "settings", "seeds", "first word's peak", "each seed",
-                    "entropy (nats)", "score sd across cells"])  # fmt: skip
+    lines = header(
+        [
+            "variant",
+            "settings",
+            "seeds",
+            "first word's peak",
+            "each seed",
+            "entropy (nats)",
+            "score sd across cells",
+        ]
+    )
     for variant in dict.fromkeys(r["variant"] for r in rows):
         group = sorted((r for r in rows if r["variant"] == variant), key=lambda r: r["seed"])
-        lines.append(line([
-            variant,
-            ", ".join(f"`{o}`" for o in group[0]["overrides"]) or "the config as it is",
-            str(len(group)),
-            spread([r["first_peak"] for r in group]),
-            ", ".join(f"{r['first_peak']:.3f} ({r['seed']})" for r in group),
-            spread([r["first_entropy"] for r in group], 2),
-            spread([r["first_score_sd"] for r in group], 2),
-        ]))  # fmt: skip
-    lines += ["", f"{len(rows)} rows of `results/colour_trace.json`, `{rows[0]['config']}`: "
-              f"{provenance(rows)}. The random network before its first step, on 300 "
-              f"validation images; an even map's peak over the 6 x 6 grid is 1 / 36 = 0.028 "
-              f"and its entropy 3.58 nats. Re-run: {commands(rows, ordered=True)}."]  # fmt: skip
+        lines.append(
+            line(
+                [
+                    variant,
+                    ", ".join(f"`{o}`" for o in group[0]["overrides"]) or "the config as it is",
+                    str(len(group)),
+                    spread([r["first_peak"] for r in group]),
+                    ", ".join(f"{r['first_peak']:.3f} ({r['seed']})" for r in group),
+                    spread([r["first_entropy"] for r in group], 2),
+                    spread([r["first_score_sd"] for r in group], 2),
+                ]
+            )
+        )
+    lines += [
+        "",
+        f"{len(rows)} rows of `results/colour_trace.json`, `{rows[0]['config']}`: "
+        f"{provenance(rows)}. The random network before its first step, on 300 "
+        f"validation images; an even map's peak over the 6 x 6 grid is 1 / 36 = 0.028 "
+        f"and its entropy 3.58 nats. Re-run: {commands(rows, ordered=True)}.",
+    ]
     return "\n".join(lines) + "\n"

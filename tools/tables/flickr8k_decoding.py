@@ -15,11 +15,17 @@ def flickr8k_dev_decode(rows: Rows) -> str:
     """Decoding chosen on the dev split (rows of ``benchmarks/flickr8k_decoding.py``) against
     the recipe's 3 beams on the same runs: the setting each seed's dev split chose, and the
     test scores' means in percent."""
-    lines = ["| model | trained on | seeds | chosen on the dev split: beams / length penalty "
-             "(seed) | BLEU-4 | at 3 beams | METEOR | at 3 beams | CIDEr-D | at 3 beams "
-             "| BLEU-4 of each seed |", "|" + " --- |" * 11]  # fmt: skip
-    recipe = {(r["model"], r["seed"], _device(r)): r for r in rows
-              if r["variant"] == RECIPE and r["beam_size"] == 3}  # fmt: skip
+    lines = [
+        "| model | trained on | seeds | chosen on the dev split: beams / length penalty "
+        "(seed) | BLEU-4 | at 3 beams | METEOR | at 3 beams | CIDEr-D | at 3 beams "
+        "| BLEU-4 of each seed |",
+        "|" + " --- |" * 11,
+    ]
+    recipe = {
+        (r["model"], r["seed"], _device(r)): r
+        for r in rows
+        if r["variant"] == RECIPE and r["beam_size"] == 3
+    }
     groups: dict[tuple, Rows] = {}
     for row in rows:
         if row["variant"] == DEV_DECODE and (row["model"], row["seed"], _device(row)) in recipe:
@@ -32,13 +38,21 @@ def flickr8k_dev_decode(rows: Rows) -> str:
     ):
         group = sorted(group, key=lambda r: r["seed"])
         base = [recipe[model, r["seed"], device] for r in group]
-        chosen = ", ".join(f"{r['decode']['beam_size']} / {r['decode']['length_penalty']:g} "
-                           f"({r['seed']})" for r in group)  # fmt: skip
-        cells = [f"{100 * mean([r[k] for r in g]):.2f}"
-                 for k in ("Bleu_4", "METEOR", "CIDEr") for g in (group, base)]  # fmt: skip
+        chosen = ", ".join(
+            f"{r['decode']['beam_size']} / {r['decode']['length_penalty']:g} ({r['seed']})"
+            for r in group
+        )
+        cells = [
+            f"{100 * mean([r[k] for r in g]):.2f}"
+            for k in ("Bleu_4", "METEOR", "CIDEr")
+            for g in (group, base)
+        ]
         each = ", ".join(f"{100 * r['Bleu_4']:.2f} ({r['seed']})" for r in group)
-        lines.append(f"| {model} | {device} | {len(group)} | {chosen} | "
-                     + " | ".join(cells) + f" | {each} |")  # fmt: skip
+        lines.append(
+            f"| {model} | {device} | {len(group)} | {chosen} | "
+            + " | ".join(cells)
+            + f" | {each} |"
+        )
     shown = [r for group in groups.values() for r in group]
     return "\n".join([*lines, "", source_note(shown, "flickr8k")]) + "\n"
 
@@ -46,9 +60,11 @@ def flickr8k_dev_decode(rows: Rows) -> str:
 def flickr8k_brevity(rows: Rows) -> str:
     """What BLEU without the brevity penalty rewards: the soft model's beam-3 test captions
     as decoded and cut to their first N words (variants ``cutN``), scored both ways."""
-    lines = ["| captions | runs | words per caption | length ratio | brevity penalty | BLEU-1 "
-             "| BLEU-1 without BP | BLEU-4 | BLEU-4 without BP | METEOR | CIDEr-D |",
-             "|" + " --- |" * 11]  # fmt: skip
+    lines = [
+        "| captions | runs | words per caption | length ratio | brevity penalty | BLEU-1 "
+        "| BLEU-1 without BP | BLEU-4 | BLEU-4 without BP | METEOR | CIDEr-D |",
+        "|" + " --- |" * 11,
+    ]
     groups: dict[str, Rows] = {}
     for row in rows:
         cut = row["variant"].startswith("cut")
@@ -57,12 +73,17 @@ def flickr8k_brevity(rows: Rows) -> str:
     for variant in sorted(groups, key=lambda v: -1000 if v == RECIPE else -int(v[3:])):
         group = groups[variant]
         name = "as decoded" if variant == RECIPE else f"first {variant[3:]} words"
-        cells = [f"{mean([r['mean_words'] for r in group]):.1f}",
-                 *(f"{mean([r[k] for r in group]):.3f}"
-                   for k in ("Bleu_length_ratio", "Bleu_brevity_penalty")),
-                 *(f"{100 * mean([r[k] for r in group]):.2f}"
-                   for k in ("Bleu_1", "Bleu_1_no_bp", "Bleu_4", "Bleu_4_no_bp", "METEOR",
-                             "CIDEr"))]  # fmt: skip
+        cells = [
+            f"{mean([r['mean_words'] for r in group]):.1f}",
+            *(
+                f"{mean([r[k] for r in group]):.3f}"
+                for k in ("Bleu_length_ratio", "Bleu_brevity_penalty")
+            ),
+            *(
+                f"{100 * mean([r[k] for r in group]):.2f}"
+                for k in ("Bleu_1", "Bleu_1_no_bp", "Bleu_4", "Bleu_4_no_bp", "METEOR", "CIDEr")
+            ),
+        ]
         lines.append(f"| {name} | {len(group)} | " + " | ".join(cells) + " |")
     shown = [r for group in groups.values() for r in group]
     return "\n".join([*lines, "", source_note(shown, "flickr8k")]) + "\n"

@@ -31,13 +31,18 @@ def _grounding_verdict(model: str, group: Rows) -> str:
         met = met and all(d > spread for d in diffs)
         gaps.append(f"{baseline} " + ", ".join(f"{d:+.3f}" for d in diffs))
     masses = [o["model"]["mass"] - o["saliency"]["mass"] for o in overall]
-    verdict = (f"the model's own spread over the seeds (standard deviation) {spread:.3f}: it "
-               f"{'beats' if met else 'does not beat'} both on every seed by more than that"
-               if len(group) > 1 else
-               "one seed, so no spread to beat them by: a screen, not a verdict")  # fmt: skip
-    return (f"**{model}**, the model's pointing game minus the baseline's, seed by seed: "
-            f"{'; '.join(gaps)}; {verdict}. Its mass in the boxes minus its saliency map's: "
-            + ", ".join(f"{d:+.3f}" for d in masses) + ".")  # fmt: skip
+    verdict = (
+        f"the model's own spread over the seeds (standard deviation) {spread:.3f}: it "
+        f"{'beats' if met else 'does not beat'} both on every seed by more than that"
+        if len(group) > 1
+        else "one seed, so no spread to beat them by: a screen, not a verdict"
+    )
+    return (
+        f"**{model}**, the model's pointing game minus the baseline's, seed by seed: "
+        f"{'; '.join(gaps)}; {verdict}. Its mass in the boxes minus its saliency map's: "
+        + ", ".join(f"{d:+.3f}" for d in masses)
+        + "."
+    )
 
 
 def _decoding(row: dict[str, Any]) -> str:
@@ -50,38 +55,58 @@ def grounding(rows: Rows) -> str:
     seed the words scored, the pointing game and the mass in the boxes of the model's maps
     and of the baselines, the maps' median peak and mean entropy, then the verdict on the
     target (the model beats the centre prior and its saliency map on every seed)."""
-    head = " | ".join(f"pointing {m}" for m in GROUNDING_MAPS) + " | " + " | ".join(
-        f"mass {m}" for m in GROUNDING_MAPS)  # fmt: skip
-    lines = [f"| model | seed | grid | words | {head} | median peak | mean entropy | other "
-             "maps (pointing) | CIDEr-D |", "|" + " --- |" * 16]  # fmt: skip
+    head = (
+        " | ".join(f"pointing {m}" for m in GROUNDING_MAPS)
+        + " | "
+        + " | ".join(f"mass {m}" for m in GROUNDING_MAPS)
+    )
+    lines = [
+        f"| model | seed | grid | words | {head} | median peak | mean entropy | other "
+        "maps (pointing) | CIDEr-D |",
+        "|" + " --- |" * 16,
+    ]
     verdicts = []
     for (model, variant), group in _grounding_groups(rows).items():
         name = model if variant == "recipe" else f"{model} ({variant})"
         for row in group:
             o = row["grounding"]["overall"]
-            others = ", ".join(f"{k} {o[k]['pointing']:.3f}" for k in o
-                               if k not in ("words", *GROUNDING_MAPS))  # fmt: skip
+            others = ", ".join(
+                f"{k} {o[k]['pointing']:.3f}" for k in o if k not in ("words", *GROUNDING_MAPS)
+            )
             cells = [f"{o[m][k]:.3f}" for k in ("pointing", "mass") for m in GROUNDING_MAPS]
             peak, entropy = o["model"]["median_peak"], o["model"]["mean_entropy"]
             cider = score(row["scores"].get("CIDEr"))
             cells += [f"{peak:.4f}", f"{entropy:.3f}", others or "–", cider]
             grid = "x".join(str(n) for n in row["grounding"]["grid"])
-            lines.append(f"| {name} | {row['seed']} | {grid} | {o['words']} | "
-                         + " | ".join(cells) + " |")  # fmt: skip
+            lines.append(
+                f"| {name} | {row['seed']} | {grid} | {o['words']} | " + " | ".join(cells) + " |"
+            )
         verdicts.append(_grounding_verdict(name, group))
     first = rows[0]
-    evens = sorted({(tuple(r["grounding"]["grid"]),
-                     round(r["grounding"]["overall"]["even"]["median_peak"], 4),
-                     round(r["grounding"]["overall"]["even"]["mean_entropy"], 3))
-                    for r in rows})  # fmt: skip
-    even = "; ".join(f"{g[0]} x {g[1]}: peak {peak:.3f}, entropy {entropy:.3f} nats"
-                     for g, peak, entropy in evens)  # fmt: skip
-    lines += ["", *verdicts, "",
-              f"{len(rows)} rows of `results/grounding.json`: {provenance(rows)}. "
-              f"{first['images']} images; an even map's peak and entropy by grid: {even}; "
-              f"centre prior sd {first['grounding']['centre_sigma']} of the image's sides; "
-              f"decoded {_decoding(first)}. The first row's command: "
-              f"`{portable(first['command'])}`."]  # fmt: skip
+    evens = sorted(
+        {
+            (
+                tuple(r["grounding"]["grid"]),
+                round(r["grounding"]["overall"]["even"]["median_peak"], 4),
+                round(r["grounding"]["overall"]["even"]["mean_entropy"], 3),
+            )
+            for r in rows
+        }
+    )
+    even = "; ".join(
+        f"{g[0]} x {g[1]}: peak {peak:.3f}, entropy {entropy:.3f} nats"
+        for g, peak, entropy in evens
+    )
+    lines += [
+        "",
+        *verdicts,
+        "",
+        f"{len(rows)} rows of `results/grounding.json`: {provenance(rows)}. "
+        f"{first['images']} images; an even map's peak and entropy by grid: {even}; "
+        f"centre prior sd {first['grounding']['centre_sigma']} of the image's sides; "
+        f"decoded {_decoding(first)}. The first row's command: "
+        f"`{portable(first['command'])}`.",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -97,9 +122,12 @@ def _pooled(groups: list[dict[str, Any]]) -> dict[str, Any]:
 def _grounding_breakdown(rows: Rows, key: str, label: str) -> str:
     """Per category (``key`` = categories) or word (words), pooled over each model's seeds
     (the recipes' rows: a lever or another decoding is in :func:`grounding` only)."""
-    lines = [f"| model | {label} | seeds | words | " + " | ".join(f"pointing {m}"
-             for m in GROUNDING_MAPS) + " | model minus the best baseline |",
-             "|" + " --- |" * (5 + len(GROUNDING_MAPS))]  # fmt: skip
+    lines = [
+        f"| model | {label} | seeds | words | "
+        + " | ".join(f"pointing {m}" for m in GROUNDING_MAPS)
+        + " | model minus the best baseline |",
+        "|" + " --- |" * (5 + len(GROUNDING_MAPS)),
+    ]
     for (model, variant), group in _grounding_groups(rows).items():
         if variant != "recipe":  # the levers and other decodings: the first table only
             continue
@@ -111,9 +139,11 @@ def _grounding_breakdown(rows: Rows, key: str, label: str) -> str:
         pooled = {item: _pooled(g) for item, g in found.items()}
         for item, p in sorted(pooled.items(), key=lambda kv: (-kv[1]["words"], kv[0])):
             gap = p["model"] - max(p[m] for m in GROUNDING_MAPS if m != "model")
-            lines.append(f"| {name} | {item} | {p['seeds']} | {p['words']} | "
-                         + " | ".join(f"{p[m]:.2f}" for m in GROUNDING_MAPS)
-                         + f" | {gap:+.2f} |")  # fmt: skip
+            lines.append(
+                f"| {name} | {item} | {p['seeds']} | {p['words']} | "
+                + " | ".join(f"{p[m]:.2f}" for m in GROUNDING_MAPS)
+                + f" | {gap:+.2f} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -144,26 +174,35 @@ def grounding_levers(rows: Rows) -> str:
     captions' CIDEr-D on the COCO photos."""
     soft = [r for r in rows if r["model"] == "soft"]
     recipe = next((r["settings"] for r in soft if r["variant"] == "recipe"), {})
-    lines = ["| variant | changed | seeds | pointing model | minus centre | minus saliency | "
-             "mass model | minus saliency | median peak (even map) | mean entropy | CIDEr-D |",
-             "|" + " --- |" * 11]  # fmt: skip
+    lines = [
+        "| variant | changed | seeds | pointing model | minus centre | minus saliency | "
+        "mass model | minus saliency | median peak (even map) | mean entropy | CIDEr-D |",
+        "|" + " --- |" * 11,
+    ]
     for (_, variant), group in _grounding_groups(soft).items():
         overall = [r["grounding"]["overall"] for r in group]
 
         def avg(map_: str, key: str, over: list[dict[str, Any]] = overall) -> float:
             return statistics.mean(o[map_][key] for o in over)
 
-        changed = [f"`{k}={v}`" for k, v in group[0]["settings"].items()
-                   if k != "train.seed" and recipe.get(k) != v]  # fmt: skip
-        cells = [variant, ", ".join(changed) or "–", str(len(group)),
-                 f"{avg('model', 'pointing'):.3f}",
-                 f"{avg('model', 'pointing') - avg('centre', 'pointing'):+.3f}",
-                 f"{avg('model', 'pointing') - avg('saliency', 'pointing'):+.3f}",
-                 f"{avg('model', 'mass'):.3f}",
-                 f"{avg('model', 'mass') - avg('saliency', 'mass'):+.3f}",
-                 f"{avg('model', 'median_peak'):.4f} ({avg('even', 'median_peak'):.4f})",
-                 f"{avg('model', 'mean_entropy'):.3f}",
-                 score(statistics.mean(r["scores"]["CIDEr"] for r in group))]  # fmt: skip
+        changed = [
+            f"`{k}={v}`"
+            for k, v in group[0]["settings"].items()
+            if k != "train.seed" and recipe.get(k) != v
+        ]
+        cells = [
+            variant,
+            ", ".join(changed) or "–",
+            str(len(group)),
+            f"{avg('model', 'pointing'):.3f}",
+            f"{avg('model', 'pointing') - avg('centre', 'pointing'):+.3f}",
+            f"{avg('model', 'pointing') - avg('saliency', 'pointing'):+.3f}",
+            f"{avg('model', 'mass'):.3f}",
+            f"{avg('model', 'mass') - avg('saliency', 'mass'):+.3f}",
+            f"{avg('model', 'median_peak'):.4f} ({avg('even', 'median_peak'):.4f})",
+            f"{avg('model', 'mean_entropy'):.3f}",
+            score(statistics.mean(r["scores"]["CIDEr"] for r in group)),
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join([*lines, "", source_note(soft, "grounding")]) + "\n"
 

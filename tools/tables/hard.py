@@ -60,8 +60,11 @@ def hard_estimators(rows: Rows, source: str = "hard_estimators") -> str:
     """Hard attention trained by each estimator (``tools/compare_estimators.py``): one line
     per (estimator, decode mode) with the settings that differ between estimators, the seeds,
     the test scores (mean ± sd over seeds) and the training time."""
-    header = ("| estimator | decode | seeds | soft minibatches | λ_r | entropy | K | "
-              + " | ".join(ESTIMATOR_COLUMNS.values()) + " | train time |")  # fmt: skip
+    header = (
+        "| estimator | decode | seeds | soft minibatches | λ_r | entropy | K | "
+        + " | ".join(ESTIMATOR_COLUMNS.values())
+        + " | train time |"
+    )
     lines = [header, "|" + " --- |" * (len(ESTIMATOR_COLUMNS) + 8)]
     groups: dict[tuple[str, str], Rows] = {}
     for row in rows:
@@ -71,20 +74,31 @@ def hard_estimators(rows: Rows, source: str = "hard_estimators") -> str:
         share = f"{first['soft_share']:g}"
         if first.get("soft_share_per") == "sample":
             share += " (per caption)"
-        settings = [share, *(_setting(first[key]) for key in
-                             ("reinforce_weight", "entropy_weight", "hard_samples"))]  # fmt: skip
+        settings = [
+            share,
+            *(
+                _setting(first[key])
+                for key in ("reinforce_weight", "entropy_weight", "hard_samples")
+            ),
+        ]
         cells = [spread([r.get(key) for r in group]) for key in ESTIMATOR_COLUMNS]
         seeds = ",".join(str(r["seed"]) for r in group)
         # rows trained beside other work (--machine-busy) are not timed
         timed = [r["train_seconds"] / 60 for r in group if r.get("timed_alone", True)]
         minutes = f"{spread(timed, digits=1)} min" if timed else "–"
-        lines.append(f"| {estimator} | {mode} | {seeds} | " + " | ".join(settings + cells)
-                     + f" | {minutes} |")  # fmt: skip
+        lines.append(
+            f"| {estimator} | {mode} | {seeds} | "
+            + " | ".join(settings + cells)
+            + f" | {minutes} |"
+        )
     written = commands(rows)
-    lines += ["", f"{len(rows)} rows of `results/{source}.json`: {provenance(rows)}. Test "
-              f"split, METEOR skipped; ± the standard deviation over the seeds; train time only "
-              f"from runs with nothing else on the machine."
-              + (f" Written by {written}." if written else "")]  # fmt: skip
+    lines += [
+        "",
+        f"{len(rows)} rows of `results/{source}.json`: {provenance(rows)}. Test "
+        f"split, METEOR skipped; ± the standard deviation over the seeds; train time only "
+        f"from runs with nothing else on the machine."
+        + (f" Written by {written}." if written else ""),
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -114,8 +128,14 @@ def hard_recipe(rows: Rows) -> str:
         pointing = " / ".join(
             score(t[k]) for k in ("pointing_color", "pointing_size", "pointing_shape")
         )
-        cells = [str(r["seed"]), score(t["exact"]), score(t["exact_3_objects"]),
-                 score(t["Bleu_4"]), f"{t['CIDEr']:.2f}", pointing]  # fmt: skip
+        cells = [
+            str(r["seed"]),
+            score(t["exact"]),
+            score(t["exact_3_objects"]),
+            score(t["Bleu_4"]),
+            f"{t['CIDEr']:.2f}",
+            pointing,
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     lines += [
         "",

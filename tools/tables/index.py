@@ -11,8 +11,10 @@ SHOWN = 4  # distinct commands listed per file
 def results_index(files: Rows) -> str:
     """One line per ``results/*.json`` (``files``: ``{"file": NAME, "rows": [...]}``): the
     rows, the commits, and the distinct commands that wrote them, most used first."""
-    lines = ["| results file | rows | commands that made them (most rows first) |",
-             "|" + " --- |" * 3]  # fmt: skip
+    lines = [
+        "| results file | rows | commands that made them (most rows first) |",
+        "|" + " --- |" * 3,
+    ]
     for entry in files:
         counts: dict[str, int] = {}
         for row in entry["rows"]:
@@ -23,6 +25,8 @@ def results_index(files: Rows) -> str:
         shown = "<br>".join(f"`{c}` ({n})" for c, n in ranked[:SHOWN])
         if len(ranked) > SHOWN:
             shown += f"<br>and {len(ranked) - SHOWN} more, each row with its own"
-        lines.append(f"| [`results/{entry['file']}.json`](../results/{entry['file']}.json) | "
-                     f"{len(entry['rows'])} | {shown or '–'} |")  # fmt: skip
+        lines.append(
+            f"| [`results/{entry['file']}.json`](../results/{entry['file']}.json) | "
+            f"{len(entry['rows'])} | {shown or '–'} |"
+        )
     return "\n".join(lines) + "\n"

@@ -35,8 +35,18 @@ def photos(rows: Rows) -> str:
     def model_of(row: dict[str, Any]) -> str:
         return row["model"] + ("+scst" if _variant(row) == RECIPE_SCST else "")
 
-    lines = header(["model", "test CIDEr-D", "each seed", "seeds above nn", "BLEU-1", "BLEU-4",
-                    "ROUGE-L", "recipe (s)"])  # fmt: skip
+    lines = header(
+        [
+            "model",
+            "test CIDEr-D",
+            "each seed",
+            "seeds above nn",
+            "BLEU-1",
+            "BLEU-4",
+            "ROUGE-L",
+            "recipe (s)",
+        ]
+    )
     nn = [r["CIDEr"] for r in rows if r["model"] == "nn"]
     for model in sorted({model_of(r) for r in rows}, key=order.index):
         group = sorted((r for r in rows if model_of(r) == model), key=lambda r: r["seed"] or 0)
@@ -78,8 +88,9 @@ def photo_levers(rows: Rows) -> str:
     """The photo recipe's soft-attention model against the same model with one setting
     changed (``benchmarks/photos.py --variant``): validation and test CIDEr-D by seed."""
     soft = [r for r in rows if r["model"] == "soft" and "then" not in r]  # one stage only
-    lines = header(["variant", "setting changed", "seeds", "val CIDEr-D", "test CIDEr-D",
-                    "each seed (test)"])  # fmt: skip
+    lines = header(
+        ["variant", "setting changed", "seeds", "val CIDEr-D", "test CIDEr-D", "each seed (test)"]
+    )
     variants = sorted({_variant(r) for r in soft}, key=lambda v: (v != RECIPE, v))
     for variant in variants:
         group = sorted((r for r in soft if _variant(r) == variant), key=lambda r: r["seed"])
@@ -115,9 +126,19 @@ def photo_budget_timed(rows: Rows) -> str:
     the nearest neighbour's of the same file."""
     staged = sorted((r for r in rows if "then" in r), key=lambda r: (_variant(r), r["seed"]))
     nn = next((r["CIDEr"] for r in rows if r["model"] == "nn"), None)
-    head = ["variant", "seed", "first stage", "second stage", "prepare + extract s",
-            "first stage s", "second stage s", "evaluate s", "**recipe s**", "test CIDEr-D",
-            "above nn"]  # fmt: skip
+    head = [
+        "variant",
+        "seed",
+        "first stage",
+        "second stage",
+        "prepare + extract s",
+        "first stage s",
+        "second stage s",
+        "evaluate s",
+        "**recipe s**",
+        "test CIDEr-D",
+        "above nn",
+    ]
     lines = header(head)
     for r in staged:
         then = r["then"]
@@ -125,14 +146,18 @@ def photo_budget_timed(rows: Rows) -> str:
         second = [o for o in then["overrides"] if not o.startswith(PLUMBING)]
         before = (r.get("prepare_seconds") or 0) + (r.get("extract_seconds") or 0)
         cells = [
-            _variant(r), str(r["seed"]),
+            _variant(r),
+            str(r["seed"]),
             f"`{Path(r['config']).name}` " + ", ".join(f"`{o}`" for o in first),
             f"`{Path(then['config']).name}` " + ", ".join(f"`{o}`" for o in second),
-            f"{before:.0f}", f"{then['first_seconds']:.0f}",
+            f"{before:.0f}",
+            f"{then['first_seconds']:.0f}",
             f"{r['train_seconds'] - then['first_seconds']:.0f}",
-            f"{r['evaluate_seconds']:.0f}", f"**{r['recipe_seconds']:.0f}**",
-            f"{r['CIDEr']:.3f}", "–" if nn is None else ("yes" if r["CIDEr"] > nn else "no"),
-        ]  # fmt: skip
+            f"{r['evaluate_seconds']:.0f}",
+            f"**{r['recipe_seconds']:.0f}**",
+            f"{r['CIDEr']:.3f}",
+            "–" if nn is None else ("yes" if r["CIDEr"] > nn else "no"),
+        ]
         lines.append(line(cells))
     if not staged:
         lines.append("| (no two-stage rows yet) |" + " |" * (len(head) - 1))

@@ -20,15 +20,28 @@ def scst_shapes(rows: Rows) -> str:
     as means over the seeds."""
     by_seed = {(r["variant"], r["seed"]): r for r in rows}
     seeds = sorted({r["seed"] for r in rows})
-    lines = header(["model", "test CIDEr-D per seed", "mean", "× cross-entropy", "BLEU-4",
-                    "METEOR", "exact match", "mean length",
-                    "ends in a / and / of / the"])  # fmt: skip
+    lines = header(
+        [
+            "model",
+            "test CIDEr-D per seed",
+            "mean",
+            "× cross-entropy",
+            "BLEU-4",
+            "METEOR",
+            "exact match",
+            "mean length",
+            "ends in a / and / of / the",
+        ]
+    )
     for variant, name in _SCST_NAMES.items():
         group = [by_seed[(variant, s)] for s in seeds if (variant, s) in by_seed]
         if not group:
             continue
-        ratios = [r["CIDEr"] / by_seed[("xe", r["seed"])]["CIDEr"] for r in group
-                  if ("xe", r["seed"]) in by_seed]  # fmt: skip
+        ratios = [
+            r["CIDEr"] / by_seed[("xe", r["seed"])]["CIDEr"]
+            for r in group
+            if ("xe", r["seed"]) in by_seed
+        ]
         cells = [
             name,
             " / ".join(f"{r['CIDEr']:.3f}" for r in group),

@@ -24,8 +24,14 @@ def serve_latency(rows: Rows) -> str:
     order = list(dict.fromkeys(r.get("name", "") for r in rows))
     key = lambda r: (order.index(r.get("name", "")), r.get("max_batch", 0), r["clients"])  # noqa: E731
     for r in sorted(rows, key=key):
-        cells = [str(r["clients"]), str(r["requests"]), f"{r['requests_per_s']:.2f}",
-                 f"{r['p50_ms']:.0f}", f"{r['p95_ms']:.0f}", f"{r['p99_ms']:.0f}"]  # fmt: skip
+        cells = [
+            str(r["clients"]),
+            str(r["requests"]),
+            f"{r['requests_per_s']:.2f}",
+            f"{r['p50_ms']:.0f}",
+            f"{r['p95_ms']:.0f}",
+            f"{r['p99_ms']:.0f}",
+        ]
         if batches:
             cells = [str(r.get("max_batch", 1)), *cells, str(r.get("refused", 0))]
         if names:
@@ -71,8 +77,10 @@ def _model_cost(row: dict[str, Any]) -> list[str]:
         notes.append(f"encoder and beam search {listing(caption)}")
     fixed = row.get("prepare_ms", 0.0) + row.get("answer_ms", 0.0)
     if "answer_ms" in row:
-        notes.append(f"preparing an upload {row['prepare_ms']:.1f} ms and its answer's JSON "
-                     f"{row['answer_ms']:.1f} ms")  # fmt: skip
+        notes.append(
+            f"preparing an upload {row['prepare_ms']:.1f} ms and its answer's JSON "
+            f"{row['answer_ms']:.1f} ms"
+        )
     notes.append(
         f"so at most {1000 / (min(encode.values()) + fixed):.0f} requests/s whatever the "
         "server does"
@@ -80,8 +88,10 @@ def _model_cost(row: dict[str, Any]) -> list[str]:
     batched = {b: v for b, v in caption.items() if b > 1}
     if "answer_ms" in row and batched:
         best = min(batched, key=batched.get)
-        notes.append(f"at most {1000 / (batched[best] + fixed):.0f} with the whole "
-                     f"captioning at its cheapest batch size ({best})")  # fmt: skip
+        notes.append(
+            f"at most {1000 / (batched[best] + fixed):.0f} with the whole "
+            f"captioning at its cheapest batch size ({best})"
+        )
     return notes
 
 

@@ -56,8 +56,17 @@ def shapes_seeds(rows: Rows) -> str:
     """The shapes recipe's seeds (``tools/seed_study.py``): one line per variant with its
     settings, test exact match and colour probe per seed, how many seeds stalled and the mean
     of the others, then where the runs come from and the command that re-runs each variant."""
-    lines = header(["variant", "settings", "seeds", "test exact per seed", "stalled",
-                    "mean, not stalled", "colour probe per seed"])  # fmt: skip
+    lines = header(
+        [
+            "variant",
+            "settings",
+            "seeds",
+            "test exact per seed",
+            "stalled",
+            "mean, not stalled",
+            "colour probe per seed",
+        ]
+    )
     variants: dict[str, Rows] = {}
     for row in rows:
         variants.setdefault(row["variant"], []).append(row)
@@ -110,8 +119,10 @@ def shapes_recipe(rows: Rows) -> str:
     ]
     for r in group:
         by, point = r["test_exact_by_objects"], r["pointing"]
-        cells = [str(r["seed"]), f"**{r['test_exact']:.3f}**" if r["stalled"] else
-                 f"{r['test_exact']:.3f}"]  # fmt: skip
+        cells = [
+            str(r["seed"]),
+            f"**{r['test_exact']:.3f}**" if r["stalled"] else f"{r['test_exact']:.3f}",
+        ]
         cells += [f"{by[k]:.3f}" for k in ("1", "2", "3")]
         cells += [f"{point[k]:.3f}" for k in ("color", "size", "shape")]
         cells.append("yes" if r["stalled"] else "no")
@@ -158,14 +169,19 @@ def shapes_targets(rows: Rows) -> str:
     seeds: how many stalled, how many reached the config's target, the lowest score of each
     kind and the median training seconds; seeds from :data:`HELD_OUT_FROM` on, which chose
     nothing, on a line of their own."""
-    lines = ["| config | blocks | seeds | stalled | at target | target | lowest exact "
-             "| lowest 3 objects | lowest pointing: colour / size / shape "
-             "| median train s (threads) |",
-             "|" + " --- |" * 10]  # fmt: skip
+    lines = [
+        "| config | blocks | seeds | stalled | at target | target | lowest exact "
+        "| lowest 3 objects | lowest pointing: colour / size / shape "
+        "| median train s (threads) |",
+        "|" + " --- |" * 10,
+    ]
     shown = []
     for config, target in SHAPES_TARGETS.items():
-        blocks = [b for b in ("preact", "residual", "plain")
-                  if any(r["config"] == config and _block_only(r) == b for r in rows)]  # fmt: skip
+        blocks = [
+            b
+            for b in ("preact", "residual", "plain")
+            if any(r["config"] == config and _block_only(r) == b for r in rows)
+        ]
         for block in blocks:
             group = [r for r in rows if r["config"] == config and _block_only(r) == block]
             chosen_on = [r for r in group if r["seed"] < HELD_OUT_FROM]

@@ -34,16 +34,27 @@ def _provenance(rows: Rows, what: str) -> str:
     else:
         alone = "an otherwise idle machine" if all(flags) else "a machine doing other work too"
         where = f", on {alone}: {provenance(rows, with_timing=False)}"
-    return (f"{len(rows)} {what} rows of `results/speed.json`{where}; torch "
-            f"{torch_versions(rows)}. Made by {commands(rows)}.")  # fmt: skip
+    return (
+        f"{len(rows)} {what} rows of `results/speed.json`{where}; torch "
+        f"{torch_versions(rows)}. Made by {commands(rows)}."
+    )
 
 
 def speed_quality(rows: Rows) -> str:
     """Time to quality (``benchmarks/time_to_quality.py``): each run's wall seconds and test
     scores against its targets."""
     rows = _kind(rows, "quality")
-    lines = header(["run", "target", "seconds", "test exact", "3 objects",
-                    "pointing: colour / size / shape", ""])  # fmt: skip
+    lines = header(
+        [
+            "run",
+            "target",
+            "seconds",
+            "test exact",
+            "3 objects",
+            "pointing: colour / size / shape",
+            "",
+        ]
+    )
     for r in rows:
         t = r["target"]
         target = f"≤ {t['seconds']:.0f} s; exact ≥ {t['exact']:.2f}"
@@ -85,8 +96,19 @@ def speed_bench(rows: Rows) -> str:
     for r in rows:
         group = groups.setdefault((r["size"], r["device"], r["precision"], r["task"]), {})
         group[(r["impl"], r["compiled"])] = r
-    lines = header(["size", "device", "precision", "task", "reference", "ours", "speed-up",
-                    "ours, compiled", "speed-up"])  # fmt: skip
+    lines = header(
+        [
+            "size",
+            "device",
+            "precision",
+            "task",
+            "reference",
+            "ours",
+            "speed-up",
+            "ours, compiled",
+            "speed-up",
+        ]
+    )
     for (size, device, precision, task), group in groups.items():
         reference = (group.get(("reference", False)) or {}).get("median_s")
         cells = [size, device, precision, task.replace("_", " "), _seconds(reference)]
@@ -112,10 +134,16 @@ def speed_floor(rows: Rows) -> str:
     """The beam-search floor (``benchmarks/beam_floor.py``): its parts, the floor, ours, and
     the median ratio of ours to the floor over the rounds, per task, eager and compiled."""
     rows = sorted(_kind(rows, "floor"), key=lambda r: -r["beam_size"])
-    columns = [(r, mode) for r in rows for mode in ("eager", "compiled")
-               if r.get(f"floor_{mode}") is not None]  # fmt: skip
-    names = [f"{'greedy' if r['beam_size'] == 1 else 'beam k=' + str(r['beam_size'])}, {mode}"
-             for r, mode in columns]  # fmt: skip
+    columns = [
+        (r, mode)
+        for r in rows
+        for mode in ("eager", "compiled")
+        if r.get(f"floor_{mode}") is not None
+    ]
+    names = [
+        f"{'greedy' if r['beam_size'] == 1 else 'beam k=' + str(r['beam_size'])}, {mode}"
+        for r, mode in columns
+    ]
     lines = ["| | " + " | ".join(names) + " |", "| --- |" + " --- |" * len(columns)]
 
     def add(label: str, cell: Callable[[dict[str, Any], str], str]) -> None:
@@ -131,11 +159,14 @@ def speed_floor(rows: Rows) -> str:
         ratios = r.get(f"ratios_{mode}")
         if not ratios:
             return "–"
-        return (f"**{statistics.median(ratios):.2f}×** (rounds {min(ratios):.2f}-"
-                f"{max(ratios):.2f}×)")  # fmt: skip
+        return f"**{statistics.median(ratios):.2f}×** (rounds {min(ratios):.2f}-{max(ratios):.2f}×)"
 
-    add("dense layers", lambda r, m: f"{r['parts']['dense']:.3g} s ({r['gflop']:.0f} GFLOP)"
-        if m == "eager" else "")  # fmt: skip
+    add(
+        "dense layers",
+        lambda r, m: (
+            f"{r['parts']['dense']:.3g} s ({r['gflop']:.0f} GFLOP)" if m == "eager" else ""
+        ),
+    )
     add("score: add + tanh + projection alone", parts)
     add(
         "score, the three passes in sequence",
@@ -152,9 +183,12 @@ def speed_floor(rows: Rows) -> str:
         return f"{reference / r[f'floor_{mode}']:.1f}×" if reference else "–"
 
     add("most speed-up the floor allows", allowed)
-    lines += ["", _provenance(rows, "floor") + f" {rows[0]['images']} images, "
-              f"{rows[0]['max_length']} words, COCO size; each round times the floor, then "
-              f"ours right after it."]  # fmt: skip
+    lines += [
+        "",
+        _provenance(rows, "floor") + f" {rows[0]['images']} images, "
+        f"{rows[0]['max_length']} words, COCO size; each round times the floor, then "
+        f"ours right after it.",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -169,19 +203,28 @@ def speed_profile(rows: Rows) -> str:
         words.append("channels-last" if r["channels_last"] else "NCHW")
         return ", ".join(words)
 
-    lines = ["| phase (ms per step) | " + " | ".join(label(r) for r in rows) + " |",
-             "| --- |" + " --- |" * len(rows)]  # fmt: skip
+    lines = [
+        "| phase (ms per step) | " + " | ".join(label(r) for r in rows) + " |",
+        "| --- |" + " --- |" * len(rows),
+    ]
     phases = list(dict.fromkeys(name for r in rows for name in r["phases"]))
     for name in phases:
         cells = [f"{r['phases'][name] * 1e3:.0f}" if name in r["phases"] else "–" for r in rows]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    lines.append("| **step** | " + " | ".join(f"**{r['step_seconds'] * 1e3:.0f}**" for r in rows)
-                 + " |")  # fmt: skip
-    lines.append("| validation (decode + score), per epoch | " + " | ".join(
-        f"{(r['validation_decode_seconds'] + r['validation_score_seconds']):.1f} s" for r in rows)
-        + " |")  # fmt: skip
-    lines.append("| **epoch** | " + " | ".join(f"**{r['epoch_seconds']:.1f} s**" for r in rows)
-                 + " |")  # fmt: skip
+    lines.append(
+        "| **step** | " + " | ".join(f"**{r['step_seconds'] * 1e3:.0f}**" for r in rows) + " |"
+    )
+    lines.append(
+        "| validation (decode + score), per epoch | "
+        + " | ".join(
+            f"{(r['validation_decode_seconds'] + r['validation_score_seconds']):.1f} s"
+            for r in rows
+        )
+        + " |"
+    )
+    lines.append(
+        "| **epoch** | " + " | ".join(f"**{r['epoch_seconds']:.1f} s**" for r in rows) + " |"
+    )
     lines += [
         "",
         _provenance(rows, "profile") + f" Medians of each run's timed steps; "
@@ -197,14 +240,21 @@ def speed_sharing(rows: Rows) -> str:
     if not rows:
         return "No rows of `results/speed.json` yet: the command above writes them.\n"
     alone = next((r["steps_per_s_total"] for r in rows if r["jobs"] == 1), None)
-    lines = ["| jobs side by side | threads each | steps/s of each job | steps/s in all | "
-             "to one job alone |", "| --- | --- | --- | --- | --- |"]  # fmt: skip
+    lines = [
+        "| jobs side by side | threads each | steps/s of each job | steps/s in all | "
+        "to one job alone |",
+        "| --- | --- | --- | --- | --- |",
+    ]
     for row in rows:
         each = ", ".join(f"{s:.2f}" for s in row["steps_per_s"])
         ratio = "–" if not alone else f"{row['steps_per_s_total'] / alone:.2f}x"
-        lines.append(f"| {row['jobs']} | {row['threads']} | {each} | "
-                     f"{row['steps_per_s_total']:.2f} | {ratio} |")  # fmt: skip
+        lines.append(
+            f"| {row['jobs']} | {row['threads']} | {each} | "
+            f"{row['steps_per_s_total']:.2f} | {ratio} |"
+        )
     configs = sorted({r["config"] for r in rows})
-    note = (f"{len(rows)} rows of `results/speed.json` ({', '.join(configs)}): "
-            f"{provenance(rows)}. Made by {commands(rows)}.")  # fmt: skip
+    note = (
+        f"{len(rows)} rows of `results/speed.json` ({', '.join(configs)}): "
+        f"{provenance(rows)}. Made by {commands(rows)}."
+    )
     return "\n".join([*lines, "", note]) + "\n"
