@@ -3,11 +3,11 @@
     python -m tests.signal_points --verb train --points 100 --work /tmp/points --out rows.json
 
 One process imports the package once and forks a child per run (its own process group, so
-that a signal reaches it and whatever it starts, as Ctrl-C in a terminal does). A first
-child runs the verb to its end; its length spreads the points over the whole run (steps,
-validation, every file write, figures), one point a slice at a random place in it. Each
-later child is signalled at its point, SIGINT and SIGTERM in turn, and its row says what it
-did: the exit code, stderr's last line, any traceback, what it left in its folder; for a
+that a signal reaches it and whatever it starts, as Ctrl-C in a terminal does). Three
+children first run the verb to its end; the shortest's length spreads the points over the
+whole run (steps, validation, every file write, figures), one point a slice at a random
+place in it. Each later child is signalled at its point, SIGINT and SIGTERM in turn, and its
+row says what it did: the exit code, stderr's last line, any traceback, what it left in its folder; for a
 training, whether ``last.pt`` loads and, resumed, reaches the weights of the run nobody
 stopped; for an extraction, whether the cache holds a whole split or none. ``lost`` marks a
 run that exited 0 though the signal came before its last write.
@@ -150,9 +150,16 @@ def run_points(
     resumed); one row per signalled run."""
     work.mkdir(parents=True, exist_ok=True)
     reference = work / "reference"
-    code, length, _ = fork_run(verb_argv(verb, shapes, reference), work / "reference.err")
-    if code != 0:
-        raise SystemExit(f"the run nobody stopped failed: {(work / 'reference.err').read_text()}")
+    lengths = []
+    for again in range(3):  # the shortest of three: the first runs cold, the points land warm
+        folder = reference if again == 0 else work / f"reference{again}"
+        code, length, _ = fork_run(verb_argv(verb, shapes, folder), work / "reference.err")
+        if code != 0:
+            raise SystemExit(
+                f"the run nobody stopped failed: {(work / 'reference.err').read_text()}"
+            )
+        lengths.append(length)
+    length = min(lengths)
     final = weights(reference / "last.pt") if verb == "train" else features(reference)
     rng = random.Random(seed)
     rows = []

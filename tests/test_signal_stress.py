@@ -52,7 +52,7 @@ def test_a_training_keeps_its_promise_at_50_points(tmp_path, background):
     rows = points(tmp_path, "train", 50, *(["--background"] if background else []))
     assert len(rows) == 50
     assert not broken(rows), broken(rows)
-    assert sum(row["code"] in (130, 143) for row in rows) >= 40  # most came mid-run
+    assert sum(row["code"] in (130, 143) for row in rows) >= 35  # most came mid-run
 
 
 @pytest.mark.slow
@@ -60,4 +60,4 @@ def test_an_extraction_keeps_its_promise_at_100_points(tmp_path):
     rows = points(tmp_path, "extract", 100)
     assert len(rows) == 100
     assert not broken(rows), broken(rows)
-    assert sum(row["code"] in (130, 143) for row in rows) >= 80
+    assert sum(row["code"] in (130, 143) for row in rows) >= 70
