@@ -7,10 +7,10 @@ that a signal reaches it and whatever it starts, as Ctrl-C in a terminal does). 
 children first run the verb to its end; the shortest's length spreads the points over the
 whole run (steps, validation, every file write, figures), one point a slice at a random
 place in it. Each later child is signalled at its point, SIGINT and SIGTERM in turn, and its
-row says what it did: the exit code, stderr's last line, any traceback, what it left in its folder; for a
-training, whether ``last.pt`` loads and, resumed, reaches the weights of the run nobody
-stopped; for an extraction, whether the cache holds a whole split or none. ``lost`` marks a
-run that exited 0 though the signal came before its last write.
+row says what it did: the exit code, stderr's last line, any traceback, what it left in its
+folder; for a training, whether ``last.pt`` loads and, resumed, reaches the weights of the
+run nobody stopped; for an extraction, whether the cache holds a whole split or none.
+``lost`` marks a run that exited 0 though the signal came before its last write.
 """
 
 from __future__ import annotations
