@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from functools import partial
 from typing import Literal
 
 import torch
@@ -205,15 +205,44 @@ def grouped_dot(keys: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
     return logits.transpose(1, 2).reshape(batch * g, cells)
 
 
-SCORES = {
-    "additive": partial(AdditiveScore, activation="tanh"),
-    "additive_relu": partial(AdditiveScore, activation="relu"),
-    "dot": DotScore,
-    "scaled_dot": partial(DotScore, scaled=True),
-    "cosine": partial(DotScore, cosine=True),
-    "general": GeneralScore,
-    "location": LocationScore,
-}
+@dataclass(frozen=True)
+class ScoreSizes:
+    """What every score function is built from: the width of a cell's features (D), of
+    the decoder's state (Q), of the score's own hidden layer (A), and the number of cells
+    (L, fixed by the encoder; None where unknown)."""
+
+    feature_dim: int
+    query_dim: int
+    attention_dim: int
+    cells: int | None = None
+
+
+ScoreFactory = Callable[[ScoreSizes], nn.Module]
+# The score functions by the name ``model.score`` gives, each built from :class:`ScoreSizes`.
+# A score is a module with ``project_keys(features (B, L, D)) -> keys (B, L, A')``, computed
+# once per image, and ``forward(keys, query (B*G, Q)) -> logits (B*G, L)`` (G rows an image).
+SCORES: dict[str, ScoreFactory] = {}
+
+
+def register_score(name: str, factory: ScoreFactory) -> ScoreFactory:
+    """Make ``factory`` the score ``model.score=name`` builds; a name already taken is an
+    error (unregister it from :data:`SCORES` first). docs/extending.md has an example."""
+    if name in SCORES:
+        raise ValueError(f"a score named {name!r} is already registered")
+    SCORES[name] = factory
+    return factory
+
+
+for _name, _factory in {
+    "additive": lambda s: AdditiveScore(s.feature_dim, s.query_dim, s.attention_dim, "tanh"),
+    "additive_relu": lambda s: AdditiveScore(s.feature_dim, s.query_dim, s.attention_dim, "relu"),
+    "dot": lambda s: DotScore(s.feature_dim, s.query_dim, s.attention_dim),
+    "scaled_dot": lambda s: DotScore(s.feature_dim, s.query_dim, s.attention_dim, scaled=True),
+    "cosine": lambda s: DotScore(s.feature_dim, s.query_dim, s.attention_dim, cosine=True),
+    "general": lambda s: GeneralScore(s.feature_dim, s.query_dim, s.attention_dim),
+    "location": lambda s: LocationScore(s.feature_dim, s.query_dim, s.attention_dim, s.cells),
+}.items():
+    register_score(_name, _factory)
 
 
 def make_score(
@@ -223,15 +252,12 @@ def make_score(
     attention_dim: int,
     cells: int | None = None,
 ) -> nn.Module:
-    """A score module by name (see ``SCORES``) or a ready module, returned as is. ``cells``
-    (L) is needed by the location score only."""
+    """A score module by name (see :data:`SCORES`) or a ready module, returned as is."""
     if isinstance(score, nn.Module):
         return score
     if score not in SCORES:
         raise ConfigError(f"model.score must be one of {', '.join(SCORES)}; got {score!r}")
-    if score == "location":
-        return LocationScore(feature_dim, query_dim, attention_dim, cells)
-    return SCORES[score](feature_dim, query_dim, attention_dim)
+    return SCORES[score](ScoreSizes(feature_dim, query_dim, attention_dim, cells))
 
 
 # --------------------------------------------------------------------------- attention
