@@ -282,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     if args.results:
         try:
-            write_atomically(args.results, text + "\n")
+            write_atomically(args.results, json.dumps([result], indent=1) + "\n")  # one row
         except CaptioningError as exc:
             return fail(exc)
     return 0 if result["ok"] else 1
