@@ -228,6 +228,19 @@ def report(
     }
 
 
+def served_as(checkpoint: Path) -> dict[str, Any]:
+    """The precision and threads the demo ran ``checkpoint`` with (its ``runtime`` section;
+    threads left to torch are this machine's default)."""
+    import torch
+
+    from captioning.checkpoint import load_checkpoint
+    from captioning.runtime import resolve_precision
+
+    runtime = load_checkpoint(checkpoint)["config"].get("runtime", {})
+    precision = resolve_precision(runtime.get("precision") or "auto", torch.device("cpu"))
+    return {"precision": precision, "threads": runtime.get("threads") or torch.get_num_threads()}
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the stress test from the command line (None: ``sys.argv[1:]``); 0 when every
     check passes, else 1."""
@@ -271,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as scratch:
         checkpoint = args.checkpoint or tiny_checkpoint(Path(scratch))
         result = stress(checkpoint, args.clients, Path(scratch), args.scan_bombs)
+        result.update(served_as(checkpoint))
     result.update(
         command=module_command("benchmarks.serve_stress", argv),
         commit=git_commit(),
