@@ -503,7 +503,7 @@ def test_the_benchmarks_run_as_modules_from_the_repository_root():
     assert bench_run.stderr.strip().splitlines() == [
         "error: --sizes must name some of shapes, coco, tiny; got ['nope']"
     ]
-    for module in ("beam_floor", "profile_epoch", "serve_load", "serve_stress"):
+    for module in ("beam_floor", "profile_epoch", "roofline", "serve_load", "serve_stress"):
         helped = run(f"benchmarks.{module}", "--help")
         assert helped.returncode == 0 and f"python -m benchmarks.{module}" in helped.stdout
 
@@ -660,3 +660,28 @@ def test_two_jobs_times_each_arrangement_of_the_cores(tmp_path, monkeypatch):
         assert str(tmp_path) not in str(row)
     table = load_tool("tables").speed_sharing(rows)
     assert "| 1 | 2 | " in table and "| 1.00x |" in table and "| 2 | 1 | " in table
+
+
+# --------------------------------------------------------------------------- roofline
+
+
+def test_the_roofline_counts_a_products_flops_and_rates_it_against_the_peak():
+    from benchmarks import roofline
+
+    a, b = torch.randn(6, 5), torch.randn(5, 7)
+    assert roofline.flops(lambda: torch.mm(a, b)) == 2 * 6 * 5 * 7
+    rate = roofline.matmul_rate(64, 64, 64, "fp32", repeats=1)
+    assert 0 < rate < 1e5  # GFLOP/s of a real product, not a count
+
+
+@pytest.mark.slow  # a COCO-size model, every task timed once
+def test_the_roofline_writes_a_row_per_task(tmp_path):
+    from benchmarks import roofline
+
+    results = tmp_path / "roofline.json"
+    argv = ["--precisions", "fp32", "--images", "1", "--repeats", "1", "--results", str(results)]
+    assert roofline.main(argv) == 0
+    rows = json.loads(results.read_text())
+    assert [row["task"] for row in rows] == list(roofline.TASKS)
+    for row in rows:
+        assert row["gflop"] > 0 and 0 < row["share_of_square_peak"] < 2, row

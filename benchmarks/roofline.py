@@ -1,0 +1,162 @@
+"""How much of this machine's arithmetic training and decoding use: a roofline.
+
+    python -m benchmarks.roofline --results results/roofline.json
+    python -m benchmarks.roofline --precisions fp32 --repeats 3 --images 32
+
+1. **The peak**: the median rate of ``torch.mm`` on one large square product (2,048 x 2,048
+   x 2,048, the machine's best case) and on the largest products the COCO-size decoder makes
+   (a word's vocabulary projection and LSTM cell over the rows of beam search), in each
+   precision asked (bf16 only where the CPU computes it natively).
+2. **The work**: the matrix FLOPs of each task as it runs, counted by torch's
+   ``FlopCounterMode`` (matrix products, batched products and convolutions; elementwise work
+   such as the score's tanh is not counted, so a task whose time goes to it shows a low
+   share): a training step on cached grids (forward and backward), beam search with 5 beams
+   and greedy decoding, every caption run to ``decode.max_length`` words, at the COCO size
+   of ``python -m benchmarks.bench --sizes coco`` (14 x 14 x 2,048 grid, LSTM 512, 10,000
+   words, 32 images).
+3. **The share**: the task's FLOPs over its median seconds, as a share of each peak.
+
+Each row names the task, precision, threads and host (``--results FILE`` merges them into a
+results file; ``python -m tools.tables`` renders ``results/roofline.json`` into
+docs/speed.md). Time it on an otherwise idle machine (``--machine-busy`` says it was not).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from benchmarks.provenance import add_replace_option, add_result_options, record
+from benchmarks.results import ResultsError
+from benchmarks.study_options import fail
+from benchmarks.timing import median_seconds
+from benchmarks.workload import coco_size, decoder_step, our_decoding, random_batch, set_up
+from captioning.config import replace_section
+from captioning.models.captioner import build_model
+from captioning.runtime import native_bf16
+
+TASKS = ("train", "beam5", "greedy")
+
+
+def matmul_rate(rows: int, inner: int, cols: int, precision: str, repeats: int) -> float:
+    """GFLOP/s of ``torch.mm`` of (rows, inner) by (inner, cols) in ``precision``."""
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(rows, inner, generator=g).to(dtype)
+    b = torch.randn(inner, cols, generator=g).to(dtype)
+    out = torch.empty(rows, cols, dtype=dtype)
+    seconds = median_seconds(lambda: torch.mm(a, b, out=out), repeats)
+    return 2 * rows * inner * cols / seconds / 1e9
+
+
+def peaks(precision: str, images: int, repeats: int) -> dict[str, float]:
+    """The square product's rate, and the best of the decoder's own largest products."""
+    size = coco_size()
+    hidden, vocab, features = size.config.model.hidden_dim, size.vocab_size, 2048
+    rows = images * 5  # beam search's rows
+    model = max(
+        matmul_rate(rows, hidden, vocab, precision, repeats),  # vocabulary projection
+        matmul_rate(rows, 2 * hidden + features, 4 * hidden, precision, repeats),  # LSTM
+    )
+    return {"square": matmul_rate(2048, 2048, 2048, precision, repeats), "model": model}
+
+
+def task_of(name: str, precision: str, images: int) -> Callable[[], Any]:
+    """The task ``name`` at COCO size over ``images`` images, in ``precision``."""
+    size = coco_size()
+    size.batch_size = images
+    cfg = replace_section(size.config, "train", precision=precision)
+    torch.manual_seed(0)
+    model = build_model(cfg.model, size.vocab_size)
+    setup = set_up(size, model, random_batch(size, model, 0), torch.device("cpu"))
+    if name == "train":
+        return decoder_step(setup, cfg, reference=False, compiled=False)
+    return our_decoding(setup, name, precision, compiled=False)
+
+
+def flops(fn: Callable[[], Any]) -> int:
+    """The matrix FLOPs of one call of ``fn``."""
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    return counter.get_total_flops()
+
+
+def measure(precision: str, images: int, repeats: int) -> list[dict[str, Any]]:
+    """One row per task in ``precision``."""
+    peak = peaks(precision, images, repeats)
+    rows = []
+    for name in TASKS:
+        fn = task_of(name, precision, images)
+        work = flops(fn) / 1e9
+        seconds = median_seconds(fn, repeats, warmup=1)
+        rate = work / seconds
+        rows.append(
+            {
+                "task": name,
+                "precision": precision,
+                "images": images,
+                "threads": torch.get_num_threads(),
+                "gflop": round(work, 2),
+                "seconds": round(seconds, 4),
+                "gflops_per_s": round(rate, 1),
+                "peak_square_gflops_per_s": round(peak["square"], 1),
+                "peak_model_gflops_per_s": round(peak["model"], 1),
+                "share_of_square_peak": round(rate / peak["square"], 3),
+                "share_of_model_peak": round(rate / peak["model"], 3),
+            }
+        )
+        print(
+            f"{name:7s} {precision}: {work:.1f} GFLOP in {seconds:.3f} s = {rate:.0f} GFLOP/s; "
+            f"{rate / peak['square']:.0%} of the square product's {peak['square']:.0f}, "
+            f"{rate / peak['model']:.0%} of the decoder's own products' {peak['model']:.0f}"
+        )
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.roofline", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--precisions", default="fp32,bf16", help="comma-separated")
+    parser.add_argument("--images", type=int, default=32, help="images per batch (32)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed calls per median (5)")
+    add_result_options(parser, "the rows")
+    add_replace_option(parser)
+    args = parser.parse_args(argv)
+    precisions = [p for p in args.precisions.split(",") if p]
+    unknown = sorted(set(precisions) - {"fp32", "bf16"})
+    if unknown or not precisions:
+        parser.error(f"--precisions takes fp32 and bf16, got {args.precisions!r}")
+    if args.images < 1 or args.repeats < 1:
+        parser.error("--images and --repeats must be at least 1")
+    rows = []
+    for precision in precisions:
+        if precision == "bf16" and not native_bf16(torch.device("cpu")):
+            print("bf16: this CPU does not compute it natively; left out")
+            continue
+        rows.extend(measure(precision, args.images, args.repeats))
+    if args.results:
+        try:
+            record(
+                args.results,
+                rows,
+                key=lambda row: (row["task"], row["precision"], row.get("cpu")),
+                module="benchmarks.roofline",
+                argv=argv,
+                timed_alone=not args.machine_busy,
+                settings=("images", "threads"),
+                replace=args.replace,
+            )
+        except ResultsError as exc:
+            return fail(exc)
+        print(f"merged {len(rows)} rows into {args.results}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
