@@ -139,7 +139,7 @@ def first_word_map(model: Captioner, grid: torch.Tensor) -> dict[str, float]:
     if score is None:
         return {}
     state = decoder.init_state(grid)
-    keys = decoder._values_and_keys(grid, decoder.prepare(grid))[1]
+    keys = decoder.values_and_keys(grid, decoder.prepare(grid))[1]
     scores = score(keys, state.h).float()  # (B, L)
     alpha = torch.softmax(scores, dim=1)
     entropy = -(alpha * alpha.clamp_min(1e-12).log()).sum(dim=1)

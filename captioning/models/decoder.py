@@ -230,11 +230,12 @@ class Decoder(nn.Module):
             return keys
         return torch.cat([self.value_proj(cells), keys], dim=-1)
 
-    def _values_and_keys(
+    def values_and_keys(
         self, features: torch.Tensor, prepared: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """What the context averages (the features, or their values) and the score's keys,
-        from :meth:`prepare`'s tensor."""
+        from :meth:`prepare`'s tensor: what a tool that reads the attention's inputs (e.g.
+        tools/colour_trace.py) needs besides the maps."""
         features, _ = self.split(features)
         if self.value_proj is None:
             return features, prepared
@@ -257,7 +258,7 @@ class Decoder(nn.Module):
         hard: HardContext,
     ) -> tuple[DecoderState, AttentionOutput, torch.Tensor, torch.Tensor]:
         """Attend, gate and run the LSTM cell: returns state, attention, gated context, beta."""
-        values, keys = self._values_and_keys(features, keys)
+        values, keys = self.values_and_keys(features, keys)
         attended = self.attention(values, keys, state.h, hard)
         context, beta_mean = self._gate(state.h, attended.context)  # (B, D), (B,)
         inputs = torch.cat([embedded, context], dim=1) if self.context_to_lstm else embedded
@@ -399,7 +400,7 @@ class Decoder(nn.Module):
         lead = self.lead(embedded, features)
         if hard.mode != "marginal":
             return StepOutput(self.output(lead, state.h, context), state, attended)
-        values, _ = self._values_and_keys(features, keys)
+        values, _ = self.values_and_keys(features, keys)
         rows = values.repeat_interleave(tokens.shape[0] // values.shape[0], dim=0)
         beta = torch.sigmoid(self.gate(previous)).unsqueeze(1) if self.gate is not None else None
         logits = self._marginal(
@@ -493,7 +494,7 @@ class Decoder(nn.Module):
         """All T words at once: the LSTM never sees the context, so the queries h_0..h_{T-1}
         are known before any attention runs; they are scored as T query groups per image."""
         batch, steps, _ = embedded.shape
-        values, keys = self._values_and_keys(features, keys)
+        values, keys = self.values_and_keys(features, keys)
         hiddens = self._run_lstm(embedded, state)  # (B, T, H): h_1..h_T
         queries = torch.cat([state.h.unsqueeze(1), hiddens[:, :-1]], dim=1)  # h_0..h_{T-1}
         queries = queries.reshape(batch * steps, -1)  # (B*T, H), image-major
