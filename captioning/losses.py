@@ -10,7 +10,7 @@ is per caption too, so lambda means what it means in the paper. Padding never co
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 import torch.nn.functional as F
@@ -143,6 +143,39 @@ def caption_terms(
         penalty=penalty.mean().detach(),
         tokens=num_tokens,
     )
+
+
+@runtime_checkable
+class Objective(Protocol):
+    """What training asks of an objective, whichever it is (cross-entropy here, hard
+    attention's estimators in :mod:`captioning.hard_attention`, self-critical training in
+    :mod:`captioning.scst`): the loss of a batch, then :meth:`commit` once the step is known
+    to be finite or :meth:`discard` when it was skipped, the scalars it logs, and the state a
+    checkpoint keeps (a baseline, a running mean)."""
+
+    def loss(
+        self,
+        module: nn.Module,
+        images: torch.Tensor | None,
+        grid: torch.Tensor | None,
+        tokens: torch.Tensor,
+        step: int,
+        indices: torch.Tensor | None = None,
+    ) -> LossTerms:
+        """The loss of one batch (``module``: the captioner or its DDP wrapper, fed
+        ``images`` or cached ``grid`` and the reference ``tokens``; ``indices``: the images'
+        places in the dataset, for an objective that looks up their references)."""
+        ...
+
+    def commit(self) -> None: ...
+
+    def discard(self) -> None: ...
+
+    def scalars(self) -> dict[str, float]: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
 class CrossEntropyObjective:

@@ -26,13 +26,11 @@ from captioning.distributed import SINGLE, World, gather_objects
 from captioning.errors import CaptioningError, CheckpointError
 from captioning.hard_attention import HardAttentionObjective
 from captioning.inference import load_weights
-from captioning.losses import CrossEntropyObjective
+from captioning.losses import CrossEntropyObjective, Objective
 from captioning.models import Captioner
 from captioning.optim import LRSchedule, build_optimizer
 from captioning.scst import CaptionReward, SelfCriticalObjective
 from captioning.vocab import Vocabulary
-
-Objective = CrossEntropyObjective | HardAttentionObjective | SelfCriticalObjective
 
 
 @dataclass

@@ -131,3 +131,16 @@ def test_what_runs_a_trained_model_reads_no_training_settings(name):
         and node.value.attr == "train"
     ]
     assert not reads, reads
+
+
+def test_every_objective_has_the_objective_protocols_methods_and_signature():
+    import inspect
+
+    from captioning.hard_attention import HardAttentionObjective
+    from captioning.losses import CrossEntropyObjective, Objective
+    from captioning.scst import SelfCriticalObjective
+
+    expected = inspect.signature(Objective.loss)
+    for cls in (CrossEntropyObjective, HardAttentionObjective, SelfCriticalObjective):
+        assert issubclass(cls, Objective), cls.__name__
+        assert list(inspect.signature(cls.loss).parameters) == list(expected.parameters), cls
