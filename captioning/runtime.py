@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from captioning.errors import CaptioningError
+from captioning.signals import signals_deferred
 
 T = TypeVar("T")
 logger = logging.getLogger("captioning")
@@ -185,7 +186,8 @@ def _an(flag: str) -> str:
 def write_atomically(path: str | Path, content: str | bytes) -> Path:
     """Write ``content`` (text as UTF-8) to ``path`` through a temporary file in the same
     folder, flushed, synced and then renamed over ``path``: a crash, a kill or a full disk
-    leaves the previous file (or none), never a half-written one.
+    leaves the previous file (or none), never a half-written one, and Ctrl-C or SIGTERM wait
+    until the write is done.
 
     Raises:
         CaptioningError: in one line, when the file cannot be written; the previous one is
@@ -194,23 +196,24 @@ def write_atomically(path: str | Path, content: str | bytes) -> Path:
     path = Path(path)
     data = content.encode("utf-8") if isinstance(content, str) else content
     tmp = path.parent / f".{path.name}.{os.urandom(6).hex()}.tmp"
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # os.open, not mkstemp: the file gets the permissions the umask gives, as open() would
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    except OSError as exc:
-        raise _cannot_write(path, exc) from exc
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException as exc:
-        tmp.unlink(missing_ok=True)
-        if isinstance(exc, OSError):
+    with signals_deferred():  # Ctrl-C and SIGTERM wait for the rename (or the clean-up)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            # os.open, not mkstemp: the file gets the permissions the umask gives, as open()
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        except OSError as exc:
             raise _cannot_write(path, exc) from exc
-        raise
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)
+        except BaseException as exc:
+            tmp.unlink(missing_ok=True)
+            if isinstance(exc, OSError):
+                raise _cannot_write(path, exc) from exc
+            raise
     return path
 
 

@@ -139,3 +139,20 @@ def test_a_background_training_stops_with_its_line(tiny_shapes, tmp_path, name, 
     assert result.stderr.strip().splitlines()[-1] == said
     assert "Traceback" not in result.stderr
     assert not list(run.glob(".*.tmp"))
+
+
+def test_a_signal_during_an_atomic_write_waits_for_the_rename(ctrl_c_raises, tmp_path, monkeypatch):
+    from captioning import runtime
+
+    real_fsync = os.fsync
+
+    def interrupted_fsync(fd):  # Ctrl-C lands in the middle of the write
+        os.kill(os.getpid(), signal.SIGINT)
+        real_fsync(fd)
+
+    monkeypatch.setattr(runtime.os, "fsync", interrupted_fsync)
+    target = tmp_path / "metrics.json"
+    with pytest.raises(KeyboardInterrupt):
+        runtime.write_atomically(target, "{}")
+    assert target.read_text() == "{}"  # whole, renamed into place
+    assert not list(tmp_path.glob(".*.tmp"))
