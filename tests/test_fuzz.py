@@ -39,6 +39,7 @@ FUZZ = settings(
     max_examples=EXAMPLES,
     deadline=None,
     derandomize=EXAMPLES <= 60,  # the default run takes the same examples every time
+    database=None,  # nothing written into the checkout
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 
