@@ -538,3 +538,18 @@ def test_flickr8k_dev_decode_sets_each_seeds_choice_beside_three_beams_on_the_sa
     assert lines[2] == ("| best | AMD CPU | 2 | 5 / 0 (0), 7 / 0.5 (1) | 19.40 | 18.85 | 19.00 "
                         "| 19.00 | 46.00 | 46.00 | 19.20 (0), 19.60 (1) |")  # fmt: skip
     assert len(lines) == 5  # the head, one line, a blank and the note
+
+
+def test_the_roofline_table_gives_each_tasks_share_of_both_peaks():
+    from tools.tables.speed import roofline
+
+    row = {"task": "greedy", "precision": "fp32", "images": 32, "threads": 2, "gflop": 30.2,
+           "seconds": 0.5, "gflops_per_s": 60.4, "peak_square_gflops_per_s": 120.8,
+           "peak_model_gflops_per_s": 80.0, "share_of_square_peak": 0.5,
+           "share_of_model_peak": 0.755, "command": "python -m benchmarks.roofline",
+           "commit": "abc1234", "cpu": "Xeon", "cores": 2, "device": "Xeon",
+           "timed_alone": True}  # fmt: skip
+    table = roofline([row])
+    assert "| greedy | fp32 | 30.2 | 0.500 | 60 | 121 / 80 | 50% | 76% |" in table
+    assert "1 rows of `results/roofline.json`" in table
+    assert roofline([]).startswith("No rows")

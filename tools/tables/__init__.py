@@ -74,6 +74,7 @@ from tools.tables.shapes import (
     shapes_targets,
 )
 from tools.tables.speed import (
+    roofline,
     speed_bench,
     speed_floor,
     speed_profile,
@@ -85,6 +86,7 @@ DOCUMENTS = ("README.md", "docs/*.md")
 _BLOCK = re.compile(r"(<!-- table: (\w+) -->\n)(.*?)(<!-- end table -->)", re.S)
 
 TABLES: dict[str, Callable[[Rows], str]] = {
+    "roofline": roofline,
     "photos": photos,
     "photo_levers": photo_levers,
     "photo_budget_timed": photo_budget_timed,

@@ -258,3 +258,36 @@ def speed_sharing(rows: Rows) -> str:
         f"{provenance(rows)}. Made by {commands(rows)}."
     )
     return "\n".join([*lines, "", note]) + "\n"
+
+
+ROOFLINE_TASKS = {
+    "train": "training step, cached grids",
+    "beam5": "beam search, k=5",
+    "greedy": "greedy",
+}
+
+
+def roofline(rows: Rows) -> str:
+    """Each task's matrix FLOPs, time and rate, and its share of the host's two peaks
+    (``benchmarks/roofline.py``), by precision."""
+    if not rows:
+        return "No rows of `results/roofline.json` yet: the command above writes them.\n"
+    lines = [
+        "| task | precision | GFLOP | seconds | GFLOP/s | peak: 2,048-cube / the decoder's "
+        "products (GFLOP/s) | share of the cube's peak | share of the decoder's products' |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    order = list(ROOFLINE_TASKS)
+    for row in sorted(rows, key=lambda r: (r["precision"], order.index(r["task"]))):
+        lines.append(
+            f"| {ROOFLINE_TASKS[row['task']]} | {row['precision']} | {row['gflop']:.1f} | "
+            f"{row['seconds']:.3f} | {row['gflops_per_s']:.0f} | "
+            f"{row['peak_square_gflops_per_s']:.0f} / {row['peak_model_gflops_per_s']:.0f} | "
+            f"{row['share_of_square_peak']:.0%} | {row['share_of_model_peak']:.0%} |"
+        )
+    images = sorted({r["images"] for r in rows})
+    note = (
+        f"{len(rows)} rows of `results/roofline.json`: {provenance(rows)}. Made by "
+        f"{commands(rows)}. COCO size, {', '.join(map(str, images))} images, 20 words."
+    )
+    return "\n".join([*lines, "", note]) + "\n"
