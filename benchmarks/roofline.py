@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from benchmarks.provenance import add_replace_option, add_result_options, record
+from benchmarks.provenance import add_replace_option, add_result_options, device_name, record
 from benchmarks.results import ResultsError
 from benchmarks.study_options import fail
 from benchmarks.timing import median_seconds
@@ -101,6 +101,7 @@ def measure(precision: str, images: int, repeats: int) -> list[dict[str, Any]]:
                 "precision": precision,
                 "images": images,
                 "threads": torch.get_num_threads(),
+                "device": device_name("cpu"),
                 "gflop": round(work, 2),
                 "seconds": round(seconds, 4),
                 "gflops_per_s": round(rate, 1),
