@@ -169,7 +169,7 @@ class TrainConfig:
     baseline_decay: float = 0.9
     semi_sampling_p: float = 0.5  # share of minibatches (or captions) that sample cells
     semi_sampling: Literal["batch", "sample"] = "batch"  # the authors mix per minibatch
-    # how hard attention's gradient is estimated (see captioning/hard_attention.py and
+    # how hard attention's gradient is estimated (see captioning/objectives/hard_attention.py and
     # docs/hard-attention.md): the paper's REINFORCE with a moving-average baseline, leave-one-out
     # REINFORCE or VIMCO over hard_samples samples per caption, straight-through
     # Gumbel-softmax, or the exact marginal likelihood (model.context_to_lstm: false only)
@@ -181,11 +181,12 @@ class TrainConfig:
     gumbel_temperature: float = 1.0  # the starting temperature of the relaxation
     gumbel_min_temperature: float = 0.5
     gumbel_anneal_rate: float = 1e-4  # temperature *= exp(-rate) after every step
-    # what the model is trained to minimise: cross-entropy on the references, or
-    # self-critical sequence training (captioning/scst.py): sampled captions rewarded with
-    # CIDEr-D against the training references, minus a baseline; start it from a
-    # cross-entropy checkpoint with `captioning train --init CKPT`
-    objective: Literal["xe", "scst"] = "xe"
+    # what the model is trained to minimise (captioning/objectives/): xe, the references'
+    # likelihood (cross-entropy, or hard attention's estimator), or scst, self-critical
+    # sequence training: sampled captions rewarded with CIDEr-D against the training
+    # references, minus a baseline (start it from a cross-entropy checkpoint with
+    # `captioning train --init CKPT`); or a name given to register_objective
+    objective: str = "xe"
     # greedy: the reward of the greedy caption (Rennie et al. 2017); loo: each sample's
     # baseline is the mean reward of the other samples of its image
     scst_baseline: Literal["greedy", "loo"] = "greedy"

@@ -24,12 +24,10 @@ from captioning.config import Config, config_from_dict, config_to_dict, quote
 from captioning.data.records import ImageRecord
 from captioning.distributed import SINGLE, World, gather_objects
 from captioning.errors import CaptioningError, CheckpointError
-from captioning.hard_attention import HardAttentionObjective
 from captioning.inference import load_weights
-from captioning.losses import CrossEntropyObjective, Objective
 from captioning.models import Captioner
+from captioning.objectives import Objective, ObjectiveContext, build_objective
 from captioning.optim import LRSchedule, build_optimizer
-from captioning.scst import CaptionReward, SelfCriticalObjective
 from captioning.vocab import Vocabulary
 
 
@@ -97,7 +95,9 @@ class Run:
             optimizer=optimizer,
             schedule=LRSchedule(optimizer, cfg.train, steps_per_epoch),
             scaler=torch.amp.GradScaler(device.type) if cfg.train.precision == "fp16" else None,
-            objective=build_objective(cfg, model, device, world, vocab, train_records),
+            objective=build_objective(
+                ObjectiveContext(cfg, model, device, world, vocab, train_records)
+            ),
             world=world,
         )
 
@@ -130,36 +130,6 @@ class Run:
         self.progress.history = list(self.progress.history)
         ranks = payload["rng"]
         set_rng_state(ranks[self.world.rank] if len(ranks) == self.world.size else ranks[0])
-
-
-def build_objective(
-    cfg: Config,
-    model: Captioner,
-    device: torch.device,
-    world: World = SINGLE,
-    vocab: Vocabulary | None = None,
-    train_records: Sequence[ImageRecord] = (),
-) -> Objective:
-    """The objective that trains ``model``: self-critical training (rewarding captions
-    against ``train_records``, in ``vocab``'s words), hard attention's estimator, or
-    cross-entropy."""
-    if cfg.train.objective == "scst":
-        if vocab is None or not train_records:
-            raise CaptioningError("self-critical training needs the training images and vocabulary")
-        reward = CaptionReward(train_records, vocab, cfg.train.scst_bleu_weight)
-        return SelfCriticalObjective(
-            cfg, reward, device, cfg.train.precision, hard=model.hard_attention
-        )
-    if model.hard_attention:
-        cells = model.grid_shape[0] * model.grid_shape[1]
-        return HardAttentionObjective(cfg, cells, device, cfg.train.precision, world)
-    return CrossEntropyObjective(
-        cfg.train.doubly_stochastic_weight,
-        device,
-        cfg.train.precision,
-        label_smoothing=cfg.train.label_smoothing,
-        entropy_weight=cfg.train.attention_entropy_weight,
-    )
 
 
 # What resuming needs beyond the weights, of what :meth:`Run.state_dict` writes (a checkpoint

@@ -49,9 +49,9 @@ from captioning.distributed import (
 from captioning.errors import CaptioningError
 from captioning.feature_cache import find_caches
 from captioning.inference import CaptionResult, decode_dataset, draw_attention, load_weights
-from captioning.losses import LossTerms
 from captioning.metrics import score_predictions
 from captioning.models import Captioner, build_model
+from captioning.objectives import LossTerms
 from captioning.progress import progress_bar
 from captioning.run_folder import claim_run_dir, write_config
 from captioning.run_state import Run, check_resume_config, load_init, resume_run

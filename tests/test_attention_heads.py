@@ -11,7 +11,6 @@ import torch
 
 from captioning.config import load_config
 from captioning.errors import ConfigError
-from captioning.losses import caption_loss, doubly_stochastic_penalty
 from captioning.models import build_model
 from captioning.models.attention import (
     MultiHeadAttention,
@@ -19,6 +18,7 @@ from captioning.models.attention import (
     build_attention,
     make_score,
 )
+from captioning.objectives.cross_entropy import caption_loss, doubly_stochastic_penalty
 
 TINY = ["model.encoder=small_cnn", "model.image_size=48", "model.cnn_channels=[8,16,32]",
         "model.attention_dim=16", "model.embed_dim=16", "model.hidden_dim=32",

@@ -20,8 +20,8 @@ from benchmarks.results import ResultsError
 from captioning import inference, train
 from captioning.config import load_config
 from captioning.decoding import beam_search, greedy_decode
-from captioning.losses import caption_loss
 from captioning.models import build_model
+from captioning.objectives.cross_entropy import caption_loss
 from captioning.vocab import Vocabulary
 from tests.conftest import load_tool
 

@@ -8,7 +8,10 @@ import pytest
 import torch
 
 import captioning
+from captioning import objectives
+from captioning.config import load_config
 from captioning.models import attention
+from captioning.train import fit
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -54,3 +57,51 @@ def test_a_score_name_taken_twice_or_unknown_is_refused(registered_scores):
         attention.register_score("dot", lambda sizes: None)
     with pytest.raises(captioning.errors.ConfigError, match="model.score must be one of"):
         attention.make_score("no_such_score", 4, 4, 4)
+
+
+@pytest.fixture
+def registered_objectives():
+    before = dict(objectives.OBJECTIVES)
+    yield
+    objectives.OBJECTIVES.clear()
+    objectives.OBJECTIVES.update(before)
+
+
+def test_an_objective_registered_from_a_file_of_its_own_trains(
+    registered_objectives, tiny_shapes, tmp_path, monkeypatch
+):
+    define, train = code_blocks("An objective")
+    namespace: dict = {}
+    exec(compile(define, "extending.md", "exec"), namespace)
+    assert "word_mean" in objectives.OBJECTIVES
+    calls = []
+    cls = namespace["WordMeanObjective"]
+    real_loss = cls.loss
+    monkeypatch.setattr(
+        cls, "loss", lambda self, *a, **k: calls.append(1) or real_loss(self, *a, **k)
+    )
+    monkeypatch.chdir(ROOT)
+    exec(compile(train, "extending.md", "exec"), {"shapes": tiny_shapes, "out": tmp_path / "run"})
+    assert calls  # training went through the registered objective
+    checkpoint = torch.load(tmp_path / "run" / "last.pt", weights_only=True)
+    assert checkpoint["config"]["train"]["objective"] == "word_mean"
+    history = checkpoint["history"]
+    assert history[-1]["nll_per_token"] < history[0]["nll_per_token"]  # it learns
+    caption = captioning.load(tmp_path / "run" / "best.pt", device="cpu").caption(
+        str(next((tiny_shapes / "images" / "test").iterdir()))
+    )
+    assert caption.words
+
+
+def test_an_objective_name_taken_twice_or_unknown_is_refused(
+    registered_objectives, tiny_shapes, tmp_path
+):
+    with pytest.raises(ValueError, match="'xe' is already registered"):
+        objectives.register_objective("xe", lambda context: None)
+    cfg = load_config(
+        ROOT / "configs" / "test_tiny.yaml", [f"data.root={tiny_shapes}", "train.objective=nope"]
+    )
+    with pytest.raises(
+        captioning.errors.ConfigError, match="train.objective must be one of scst, xe; got .nope."
+    ):
+        fit(cfg, out_dir=tmp_path / "run")

@@ -13,8 +13,8 @@ import tools.compare_estimators as compare
 import tools.estimator_variance as variance
 from benchmarks.results import write_results
 from captioning.config import load_config
-from captioning.hard_attention import ESTIMATORS
 from captioning.models import build_model
+from captioning.objectives.hard_attention import ESTIMATORS
 from tests.conftest import ROOT
 
 HARD = str(ROOT / "configs" / "shapes_hard.yaml")

@@ -10,9 +10,9 @@ import torch
 from captioning.config import DecodeConfig, ModelConfig, load_config
 from captioning.decoding import decode
 from captioning.errors import ConfigError
-from captioning.losses import attention_entropy, caption_loss
 from captioning.models import build_model
 from captioning.models.encoder import build_encoder, split_summary
+from captioning.objectives.cross_entropy import attention_entropy, caption_loss
 
 VOCAB = 30
 

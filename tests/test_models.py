@@ -6,7 +6,6 @@ from torch import nn
 
 from captioning.config import load_config
 from captioning.errors import ConfigError
-from captioning.losses import caption_loss
 from captioning.models import attention as attention_module
 from captioning.models import build_model
 from captioning.models.attention import (
@@ -19,6 +18,7 @@ from captioning.models.attention import (
 )
 from captioning.models.decoder import Decoder
 from captioning.models.encoder import build_encoder, sinusoidal_positions
+from captioning.objectives.cross_entropy import caption_loss
 
 TINY = [
     "model.encoder=small_cnn",
@@ -303,7 +303,7 @@ def test_label_smoothing_trains_on_the_smoothed_loss_and_logs_the_plain_one():
 
 
 def test_doubly_stochastic_penalty_value():
-    from captioning.losses import doubly_stochastic_penalty
+    from captioning.objectives.cross_entropy import doubly_stochastic_penalty
 
     alphas = torch.tensor([[[1.0, 0.0], [0.0, 1.0], [0.5, 0.5]]])  # (1, T=3, L=2)
     mask = torch.tensor([[1.0, 1.0, 0.0]])

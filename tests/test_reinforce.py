@@ -18,9 +18,9 @@ from torch import nn
 
 from captioning.config import Config
 from captioning.distributed import SINGLE, World
-from captioning.hard_attention import HardAttentionObjective, MovingAverageBaseline
 from captioning.models.attention import EXPECTATION, HardAttention, HardContext, make_score
 from captioning.models.decoder import Decoder
+from captioning.objectives.hard_attention import HardAttentionObjective, MovingAverageBaseline
 
 CELLS, FEATURES, STEPS = 3, 4, 3
 TOKENS = torch.tensor([[1, 4, 5, 2]])  # <start> w4 w5 <end>: three predicted words

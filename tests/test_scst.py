@@ -6,7 +6,7 @@ import os
 import pytest
 import torch
 
-import captioning.scst as scst
+import captioning.objectives.self_critical as scst
 from captioning.config import load_config
 from captioning.data.records import ImageRecord
 from captioning.decoding import Decoded, greedy_decode
@@ -14,7 +14,12 @@ from captioning.metrics import tokenize_for_eval
 from captioning.models import build_model
 from captioning.models.attention import HardContext
 from captioning.models.trace import AttentionTrace
-from captioning.scst import CaptionReward, SelfCriticalObjective, leave_one_out, teacher_inputs
+from captioning.objectives.self_critical import (
+    CaptionReward,
+    SelfCriticalObjective,
+    leave_one_out,
+    teacher_inputs,
+)
 from captioning.vocab import Vocabulary
 
 CONFIG = os.path.join(os.path.dirname(__file__), "..", "configs", "test_tiny.yaml")

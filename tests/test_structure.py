@@ -136,9 +136,12 @@ def test_what_runs_a_trained_model_reads_no_training_settings(name):
 def test_every_objective_has_the_objective_protocols_methods_and_signature():
     import inspect
 
-    from captioning.hard_attention import HardAttentionObjective
-    from captioning.losses import CrossEntropyObjective, Objective
-    from captioning.scst import SelfCriticalObjective
+    from captioning.objectives import (
+        CrossEntropyObjective,
+        HardAttentionObjective,
+        Objective,
+        SelfCriticalObjective,
+    )
 
     expected = inspect.signature(Objective.loss)
     for cls in (CrossEntropyObjective, HardAttentionObjective, SelfCriticalObjective):

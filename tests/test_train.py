@@ -443,7 +443,7 @@ def test_checkpoint_format_checks(tmp_path):
 
 
 def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(shapes, tmp_path, monkeypatch):
-    import captioning.losses as losses_module
+    import captioning.objectives.cross_entropy as losses_module
 
     real_loss = losses_module.caption_loss
     calls = {"n": 0}
@@ -462,7 +462,7 @@ def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(shapes, tmp_pat
 
 
 def test_a_skipped_nonfinite_batch_leaves_the_baseline_untouched(shapes, tmp_path, monkeypatch):
-    from captioning.hard_attention import HardAttentionObjective
+    from captioning.objectives.hard_attention import HardAttentionObjective
 
     real_loss = HardAttentionObjective.loss
     rewards = []

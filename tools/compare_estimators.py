@@ -48,7 +48,7 @@ from benchmarks.study import (
 )
 from captioning.config import Config, load_config
 from captioning.errors import CaptioningError
-from captioning.hard_attention import ESTIMATORS, MULTI_SAMPLE
+from captioning.objectives.hard_attention import ESTIMATORS, MULTI_SAMPLE
 
 # the test scores each row keeps (the columns of the table in docs/hard-attention.md)
 COLUMNS = (

@@ -55,10 +55,10 @@ from captioning.checkpoint import load_checkpoint
 from captioning.config import Config, replace_section
 from captioning.data import CaptionDataset, collate, load_splits
 from captioning.errors import CaptioningError
-from captioning.hard_attention import HardAttentionObjective
 from captioning.inference import load_model
 from captioning.models import Captioner
 from captioning.models.attention import HardContext
+from captioning.objectives.hard_attention import HardAttentionObjective
 from captioning.vocab import Vocabulary
 
 # the arguments that say where files are (the first four, written portably) or how the rows

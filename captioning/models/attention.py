@@ -15,7 +15,7 @@ it), and return an :class:`AttentionOutput` with the context vector and the per-
 record (:class:`~captioning.models.trace.AttentionTrace`: the weights ``alpha`` and what each
 kind adds: the chosen cell, the heads' weights, the predicted centre), and for hard
 attention the chosen cell's log-probability. How a hard model is trained (estimator,
-baseline, mixing) lives in :mod:`captioning.hard_attention`.
+baseline, mixing) lives in :mod:`captioning.objectives.hard_attention`.
 """
 
 from __future__ import annotations
@@ -394,7 +394,7 @@ def expected_context(alpha: torch.Tensor, features: torch.Tensor) -> torch.Tenso
 class HardAttention(SoftAttention):
     """Stochastic attention: one cell s_t ~ Categorical(alpha) per word; the context is its
     feature (see :class:`HardContext` for the other ways to form it). The gradient through
-    the choice comes from the estimator in :mod:`captioning.hard_attention`, built on the
+    the choice comes from the estimator in :mod:`captioning.objectives.hard_attention`, built on the
     ``log_prob`` returned here.
     """
 

@@ -1,6 +1,6 @@
-"""Training losses: masked cross-entropy and the doubly stochastic attention penalty, and
-the objective that trains soft attention with them (hard attention's lives in
-:mod:`captioning.hard_attention`).
+"""Maximum likelihood for soft (or no) attention: masked cross-entropy and the doubly
+stochastic attention penalty, and the objective that trains with them (hard attention's
+lives in :mod:`captioning.objectives.hard_attention`, which shares the terms).
 
 Normalisation follows the authors' code: the negative log-likelihood is summed over the words
 of a caption and averaged over captions, and the penalty lambda * sum_i (1 - sum_t alpha_ti)^2
@@ -9,14 +9,14 @@ is per caption too, so lambda means what it means in the paper. Padding never co
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from captioning.models.decoder import DecoderOutput
+from captioning.objectives.base import LossTerms
 from captioning.runtime import autocast
 from captioning.vocab import Vocabulary
 
@@ -60,32 +60,6 @@ def attention_entropy(alphas: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (entropy * mask).sum(dim=1)
 
 
-@dataclass
-class LossTerms:
-    """The parts of a training loss; ``total`` is what is back-propagated. Terms an
-    objective does not have are None."""
-
-    total: torch.Tensor
-    nll: torch.Tensor  # mean per caption
-    nll_per_token: torch.Tensor
-    penalty: torch.Tensor | None  # None: an objective without the doubly stochastic term
-    tokens: int
-    reinforce: torch.Tensor | None = None  # the score-function surrogate, mean per caption
-    entropy: torch.Tensor | None = None  # attention entropy of the sampled (or summed) steps
-    reward: torch.Tensor | None = None  # mean log p(y | a, s) of the captions that sampled
-
-    def scalars(self) -> dict[str, float]:
-        """The terms to log, by name."""
-        values = {
-            "loss": self.total,
-            "nll_per_token": self.nll_per_token,
-            "penalty": self.penalty,
-            "reward": self.reward,
-            "entropy": self.entropy,
-        }
-        return {k: float(v.detach()) for k, v in values.items() if v is not None}
-
-
 def caption_loss(
     output: DecoderOutput,
     targets: torch.Tensor,
@@ -97,7 +71,7 @@ def caption_loss(
     """Soft (or no) attention: NLL + lambda * the doubly stochastic penalty (+ w * the
     entropy of each word's map, summed over the words), per caption, averaged over
     captions. A hard model's sampled output gives its likelihood given the
-    samples here; its estimator terms come from :mod:`captioning.hard_attention`.
+    samples here; its estimator terms come from :mod:`captioning.objectives.hard_attention`.
 
     Args:
         output: the decoder's teacher-forced output for ``targets``.
@@ -145,44 +119,11 @@ def caption_terms(
     )
 
 
-@runtime_checkable
-class Objective(Protocol):
-    """What training asks of an objective, whichever it is (cross-entropy here, hard
-    attention's estimators in :mod:`captioning.hard_attention`, self-critical training in
-    :mod:`captioning.scst`): the loss of a batch, then :meth:`commit` once the step is known
-    to be finite or :meth:`discard` when it was skipped, the scalars it logs, and the state a
-    checkpoint keeps (a baseline, a running mean)."""
-
-    def loss(
-        self,
-        module: nn.Module,
-        images: torch.Tensor | None,
-        grid: torch.Tensor | None,
-        tokens: torch.Tensor,
-        step: int,
-        indices: torch.Tensor | None = None,
-    ) -> LossTerms:
-        """The loss of one batch (``module``: the captioner or its DDP wrapper, fed
-        ``images`` or cached ``grid`` and the reference ``tokens``; ``indices``: the images'
-        places in the dataset, for an objective that looks up their references)."""
-        ...
-
-    def commit(self) -> None: ...
-
-    def discard(self) -> None: ...
-
-    def scalars(self) -> dict[str, float]: ...
-
-    def state_dict(self) -> dict[str, Any]: ...
-
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
-
-
 class CrossEntropyObjective:
     """Soft (or no) attention's training objective: teacher-forced cross-entropy plus the
-    doubly stochastic penalty. It has no state; it shares the interface of
-    :class:`captioning.hard_attention.HardAttentionObjective` so that training never asks
-    which attention it trains.
+    doubly stochastic penalty. It has no state; it meets the
+    :class:`~captioning.objectives.base.Objective` protocol as hard attention's and
+    self-critical training's do, so that training never asks which it trains.
 
     Args:
         penalty_weight: lambda of the doubly stochastic penalty.

@@ -40,15 +40,15 @@ from torch import nn
 
 from captioning.config import Config
 from captioning.distributed import SINGLE, World, sum_over_ranks
-from captioning.losses import (
-    LossTerms,
+from captioning.models.attention import HardContext
+from captioning.models.decoder import DecoderOutput
+from captioning.objectives.base import LossTerms
+from captioning.objectives.cross_entropy import (
     attention_entropy,
     caption_terms,
     doubly_stochastic_penalty,
     token_nll,
 )
-from captioning.models.attention import HardContext
-from captioning.models.decoder import DecoderOutput
 from captioning.runtime import autocast
 from captioning.vocab import Vocabulary
 

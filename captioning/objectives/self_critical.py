@@ -34,12 +34,13 @@ from torch import nn
 from captioning.config import Config
 from captioning.data.records import ImageRecord
 from captioning.decoding import Decoded, greedy_decode, sample_decode
-from captioning.losses import LossTerms
+from captioning.errors import CaptioningError
 from captioning.metrics.bleu import sentence_bleu
 from captioning.metrics.captions import tokenize_for_eval
 from captioning.metrics.cider import CiderD
 from captioning.models.attention import EXPECTATION, HardContext
 from captioning.models.captioner import Captioner
+from captioning.objectives.base import LossTerms, ObjectiveContext, register_objective
 from captioning.runtime import autocast
 from captioning.vocab import Vocabulary
 
@@ -277,3 +278,18 @@ class SelfCriticalObjective:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Nothing to restore."""
+
+
+def self_critical(context: ObjectiveContext) -> SelfCriticalObjective:
+    """``train.objective=scst``: sampled captions rewarded against the training split's
+    references (``context.train_records``, in ``context.vocab``'s words)."""
+    if context.vocab is None or not context.train_records:
+        raise CaptioningError("self-critical training needs the training images and vocabulary")
+    cfg = context.cfg
+    reward = CaptionReward(context.train_records, context.vocab, cfg.train.scst_bleu_weight)
+    return SelfCriticalObjective(
+        cfg, reward, context.device, cfg.train.precision, hard=context.model.hard_attention
+    )
+
+
+register_objective("scst", self_critical)
