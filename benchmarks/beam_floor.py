@@ -49,7 +49,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.beam_floor_parts import COCO, FEATURE_DIM, VOCAB, WIDTH, Floor
+from benchmarks.beam_floor_parts import CELLS, COCO, FEATURE_DIM, VOCAB, WIDTH, Floor
 from benchmarks.provenance import add_replace_option, add_result_options, device_name, record
 from benchmarks.reference_decoding import DECODERS
 from benchmarks.results import ResultsError
@@ -58,6 +58,7 @@ from benchmarks.timing import median_seconds
 from benchmarks.workload import our_decoding, random_batch, set_up
 from captioning.config import replace_section
 from captioning.models import Decoder, build_attention
+from captioning.models.attention import AttentionSizes
 from captioning.models.captioner import build_model
 
 
@@ -152,7 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     # the deep output and the context fed to the LSTM, as the COCO size has them
     assert model.embed_dim == model.attention_dim == WIDTH and model.gate == "scalar"
     assert model.deep_output and model.context_to_lstm
-    attention = build_attention(model.attention, model.score, FEATURE_DIM, WIDTH, WIDTH)
+    attention = build_attention(
+        model, AttentionSizes(FEATURE_DIM, WIDTH, CELLS, (14, 14), FEATURE_DIM)
+    )
     decoder = Decoder(VOCAB, FEATURE_DIM, attention, embed_dim=WIDTH, hidden_dim=WIDTH).eval()
     floor = Floor(decoder, args.beam_size, args.images, args.max_length, not args.no_compile)
     ours = _ours(args, task) if args.ours else {}

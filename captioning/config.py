@@ -107,9 +107,10 @@ class ModelConfig:
     grid_layers: int = 0
     grid_heads: int = 4
     # attention
-    # local: soft attention times a Gaussian around a centre the decoder predicts (Luong's
-    # local-p on the 2-D grid), local_sigma cells wide
-    attention: Literal["soft", "hard", "local", "none"] = "soft"
+    # soft, hard, none, or local: soft attention times a Gaussian around a centre the
+    # decoder predicts (Luong's local-p on the 2-D grid), local_sigma cells wide; or a name
+    # given to captioning.models.attention.register_attention
+    attention: str = "soft"
     local_sigma: float = 1.0
     # additive, additive_relu, dot, general, scaled_dot, cosine, or location (W h: where,
     # not what; Luong 2015)
@@ -446,7 +447,6 @@ def _validate(cfg: Config) -> None:
         raise ConfigError(
             f"train.device must be auto, cpu, cuda, cuda:N or mps, got {quote(cfg.train.device)}"
         )
-    check_heads(cfg.model.attention, cfg.model.heads)
     _validate_summary(cfg.model)
     if cfg.model.values == "projected" and cfg.model.attention == "none":
         raise ConfigError(
@@ -493,14 +493,16 @@ def _validate_summary(model: ModelConfig) -> None:
         )
 
 
-def check_heads(attention: str, heads: int) -> None:
-    """Refuse ``heads`` > 1 for any attention but soft (the config's check, and
-    :func:`captioning.models.attention.build_attention`'s)."""
-    if heads > 1 and attention != "soft":
-        raise ConfigError(
-            f"model.heads={heads} needs model.attention=soft: hard attention samples one cell "
-            f"from one distribution (use model.heads=1)"
-        )
+def unknown_choice(key: str, value: Any, known: typing.Iterable[str], register: str) -> ConfigError:
+    """The error for a name that no registry holds (an attention, score, objective or
+    encoder): the names it knows, the nearest of them, and the function that adds one."""
+    names = sorted(known)
+    close = difflib.get_close_matches(str(value), names, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return ConfigError(
+        f"{key} must be one of {', '.join(names)}, got {quote(value)}{hint}; "
+        f"{register} adds another"
+    )
 
 
 # The range of every numeric key, checked in one place: key → (minimum, maximum, which ends

@@ -9,10 +9,11 @@ from dataclasses import replace
 import pytest
 import torch
 
-from captioning.config import load_config
+from captioning.config import ModelConfig, load_config
 from captioning.errors import ConfigError
 from captioning.models import build_model
 from captioning.models.attention import (
+    AttentionSizes,
     MultiHeadAttention,
     SoftAttention,
     build_attention,
@@ -80,7 +81,10 @@ def test_each_head_averages_its_own_channel_group():
     only its group of the context; every head scores with the single head's width."""
     torch.manual_seed(0)
     features, query = grid(dim=32), torch.randn(6, 24)
-    attention = build_attention("soft", "additive", 32, 24, 16, cells=36, heads=4)
+    attention = build_attention(
+        ModelConfig(attention="soft", score="additive", attention_dim=16, heads=4),
+        AttentionSizes(32, 24, 36, (1, 36), 32),
+    )
     assert [head.key_proj.out_features for head in attention.heads] == [16] * 4
     with torch.no_grad():
         before = attention(features, attention.project_keys(features), query)
@@ -149,7 +153,10 @@ def test_four_heads_learn_as_fast_as_one():
 
 def test_heads_must_divide_the_context():
     with pytest.raises(ConfigError, match="model.heads=3 must divide the context's size 32"):
-        build_attention("soft", "additive", 32, 24, 16, cells=36, heads=3)
+        build_attention(
+            ModelConfig(attention="soft", score="additive", attention_dim=16, heads=3),
+            AttentionSizes(32, 24, 36, (1, 36), 32),
+        )
 
 
 def test_with_projected_values_each_head_reads_its_block_of_them():

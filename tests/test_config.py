@@ -47,7 +47,7 @@ def test_yaml_holds_differences_and_overrides_win(tmp_path):
         ("train.epoch=3", "did you mean train.epochs"),
         ("trian.epochs=3", "did you mean train"),
         ("epochs=3", "did you mean train.epochs"),
-        ("model.attention=hrad", "did you mean 'hard'"),
+        ("model.gate=scaler", "did you mean 'scalar'"),
         ("train.epochs=three", "must be an integer"),
         ("train.lr=fast", "must be a number"),
         ("model.deep_output=maybe", "true or false"),

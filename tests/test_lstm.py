@@ -5,8 +5,9 @@ import pytest
 import torch
 from torch import nn
 
+from captioning.config import ModelConfig
 from captioning.models import decoder as decoder_module
-from captioning.models.attention import build_attention
+from captioning.models.attention import AttentionSizes, build_attention
 from captioning.models.decoder import Decoder, lstm_by_step, lstm_sequence
 
 
@@ -113,7 +114,10 @@ def test_without_the_private_lstm_the_public_path_runs_and_agrees(monkeypatch, s
         torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
 
     torch.manual_seed(0)
-    attention = build_attention("soft", "additive", 6, 8, 5, cells=7)
+    attention = build_attention(
+        ModelConfig(attention="soft", score="additive", attention_dim=5),
+        AttentionSizes(6, 8, 7, (1, 7), 6),
+    )
     together = Decoder(11, 6, attention, embed_dim=4, hidden_dim=8, context_to_lstm=False,
                        dropout=0.0)  # fmt: skip
     by_step = Decoder(11, 6, attention, embed_dim=4, hidden_dim=8, context_to_lstm=False,

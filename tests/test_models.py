@@ -4,12 +4,13 @@ import pytest
 import torch
 from torch import nn
 
-from captioning.config import load_config
+from captioning.config import ModelConfig, load_config
 from captioning.errors import ConfigError
 from captioning.models import attention as attention_module
 from captioning.models import build_model
 from captioning.models.attention import (
     SCORES,
+    AttentionSizes,
     HardAttention,
     HardContext,
     NoAttention,
@@ -82,7 +83,10 @@ def test_every_score_function(name):
 def test_grouped_queries_equal_a_repeated_grid(kind, name):
     """G queries per image against one copy of the grid give what G copies of it give."""
     torch.manual_seed(0)
-    attention = attention_module.build_attention(kind, name, 8, 6, 5, cells=9)
+    attention = attention_module.build_attention(
+        ModelConfig(attention=kind, score=name, attention_dim=5),
+        AttentionSizes(8, 6, 9, (1, 9), 8),
+    )
     images, g = 3, 4
     features = torch.randn(images, 9, 8)
     query = torch.randn(images * g, 6)  # image-major: the 4 queries of image 0 first
@@ -341,7 +345,10 @@ def test_all_words_at_once_equal_the_step_loop(kind, gate):
     gradients as the step function that decoding uses, for every score function."""
     for name in SCORES:
         torch.manual_seed(0)
-        attention = attention_module.build_attention(kind, name, 6, 8, 5, cells=7)
+        attention = attention_module.build_attention(
+            ModelConfig(attention=kind, score=name, attention_dim=5),
+            AttentionSizes(6, 8, 7, (1, 7), 6),
+        )
         decoder = Decoder(11, 6, attention, embed_dim=4, hidden_dim=8, gate=gate,
                           context_to_lstm=False, dropout=0.0, parallel=True)  # fmt: skip
         features = torch.randn(3, 7, 6)
@@ -386,7 +393,10 @@ def test_several_captions_per_image_equal_a_repeated_grid(kind, context_to_lstm)
     for name in SCORES:
         torch.manual_seed(0)
         attention = attention_module.build_attention(
-            "hard" if kind == "marginal" else kind, name, 6, 8, 5, cells=7
+            ModelConfig(
+                attention="hard" if kind == "marginal" else kind, score=name, attention_dim=5
+            ),
+            AttentionSizes(6, 8, 7, (1, 7), 6),
         )
         decoder = Decoder(11, 6, attention, embed_dim=4, hidden_dim=8, gate="scalar",
                           context_to_lstm=context_to_lstm, dropout=0.0)  # fmt: skip
@@ -449,7 +459,10 @@ def test_exact_marginal_in_chunks_equals_one_chunk_and_decodes(monkeypatch):
     from captioning.models import decoder as decoder_module
 
     torch.manual_seed(0)
-    attention = attention_module.build_attention("hard", "additive", 6, 8, 5)
+    attention = attention_module.build_attention(
+        ModelConfig(attention="hard", score="additive", attention_dim=5),
+        AttentionSizes(6, 8, 7, (1, 7), 6),
+    )
     decoder = Decoder(11, 6, attention, embed_dim=4, hidden_dim=8, gate="vector",
                       context_to_lstm=False, dropout=0.0)  # fmt: skip
     features = torch.randn(3, 7, 6)
@@ -480,7 +493,10 @@ def test_exact_marginal_dropout_is_one_mask_per_word_whatever_the_chunks(monkeyp
     from captioning.models import decoder as decoder_module
 
     torch.manual_seed(0)
-    attention = attention_module.build_attention("hard", "additive", 6, 8, 5)
+    attention = attention_module.build_attention(
+        ModelConfig(attention="hard", score="additive", attention_dim=5),
+        AttentionSizes(6, 8, 7, (1, 7), 6),
+    )
     decoder = Decoder(11, 6, attention, embed_dim=4, hidden_dim=8, gate="none",
                       context_to_lstm=False, dropout=0.5).train()  # fmt: skip
     features, tokens = torch.randn(3, 7, 6), torch.randint(1, 11, (3, 5))
@@ -553,7 +569,10 @@ def test_location_score_looks_at_where_not_at_what():
     """``model.score=location``: alpha = softmax(W_a h) depends on the decoder state only;
     two grids with other contents get the same weights (and other contexts)."""
     torch.manual_seed(0)
-    attention = attention_module.build_attention("soft", "location", 8, 6, 5, cells=9)
+    attention = attention_module.build_attention(
+        ModelConfig(attention="soft", score="location", attention_dim=5),
+        AttentionSizes(8, 6, 9, (1, 9), 8),
+    )
     query = torch.randn(4, 6)
     a, b = torch.randn(4, 9, 8), torch.randn(4, 9, 8)
     out_a = attention(a, attention.project_keys(a), query)
@@ -640,9 +659,11 @@ def test_multi_head_attention(score):
         assert param.grad is not None and param.grad.abs().sum() > 0, name
     for setting, message in (
         (["model.attention=hard"], "model.heads=4 needs model.attention=soft"),
+        (["model.attention=hrad"], "did you mean 'hard'"),
+        (["model.score=addtive"], "did you mean 'additive'"),
     ):
         with pytest.raises(ConfigError, match=message):
-            load_config(None, ["model.heads=4", *setting])
+            build_model(load_config(None, ["model.heads=4", *setting]).model, 11)
 
 
 def test_local_attention_is_a_gaussian_window_around_a_predicted_centre():
@@ -651,7 +672,8 @@ def test_local_attention_is_a_gaussian_window_around_a_predicted_centre():
     gradient steps on -log alpha(target)."""
     torch.manual_seed(0)
     attention = attention_module.build_attention(
-        "local", "additive", 8, 6, 5, cells=12, grid_shape=(3, 4), local_sigma=0.8
+        ModelConfig(attention="local", score="additive", attention_dim=5, local_sigma=0.8),
+        AttentionSizes(8, 6, 12, (3, 4), 8),
     )
     features, query = torch.randn(2, 12, 8), torch.randn(2, 6)
     keys = attention.project_keys(features).detach()

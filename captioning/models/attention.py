@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from captioning.config import check_heads
+from captioning.config import ModelConfig, unknown_choice
 from captioning.errors import ConfigError
 from captioning.models.trace import AttentionTrace
 
@@ -256,7 +256,7 @@ def make_score(
     if isinstance(score, nn.Module):
         return score
     if score not in SCORES:
-        raise ConfigError(f"model.score must be one of {', '.join(SCORES)}; got {score!r}")
+        raise unknown_choice("model.score", score, SCORES, "models.attention.register_score")
     return SCORES[score](ScoreSizes(feature_dim, query_dim, attention_dim, cells))
 
 
@@ -394,8 +394,8 @@ def expected_context(alpha: torch.Tensor, features: torch.Tensor) -> torch.Tenso
 class HardAttention(SoftAttention):
     """Stochastic attention: one cell s_t ~ Categorical(alpha) per word; the context is its
     feature (see :class:`HardContext` for the other ways to form it). The gradient through
-    the choice comes from the estimator in :mod:`captioning.objectives.hard_attention`, built on the
-    ``log_prob`` returned here.
+    the choice comes from the estimator in :mod:`captioning.objectives.hard_attention`,
+    built on the ``log_prob`` returned here.
     """
 
     stochastic = True
@@ -597,40 +597,90 @@ def head_contexts(heads: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
     return context.reshape(batch * g, dim)
 
 
-def build_attention(
-    kind: str,
-    score: str | nn.Module,
-    feature_dim: int,
-    query_dim: int,
-    attention_dim: int,
-    cells: int | None = None,
-    heads: int = 1,
-    context_dim: int | None = None,
-    grid_shape: tuple[int, int] | None = None,
-    local_sigma: float = 1.0,
-) -> nn.Module:
-    """``soft``, ``hard``, ``local`` or ``none`` attention with the named score function over
-    a grid of ``cells`` cells (``grid_shape`` for local attention, whose Gaussian has width
-    ``local_sigma`` cells); ``heads`` > 1 gives soft multi-head attention: H scores of
-    ``attention_dim`` each, every head averaging its share of the ``context_dim`` channels
-    (default ``feature_dim``: the size of what the context averages)."""
-    check_heads(kind, heads)
-    if kind == "none":
-        return NoAttention()
-    if heads > 1:
-        # Each head scores with the single head's width: under Adam a score's logits grow
-        # about in proportion to its hidden units, and heads of attention_dim / H units stay
-        # near uniform (at H = 8 on shapes, a head's largest weight 0.06-0.16 after 7 epochs).
-        # The heads start as copies of one: the model starts as the single-head model of the
-        # same seed (the same function, the same random draws for everything else), and the
-        # heads part as each learns from its own channel group. Independently drawn heads
-        # start elsewhere (on shapes, H = 4 at seed 0: test exact match 0.044 against 0.976).
-        first = make_score(score, feature_dim, query_dim, attention_dim, cells)
-        scores = [first, *(copy.deepcopy(first) for _ in range(heads - 1))]
-        return MultiHeadAttention(scores, context_dim or feature_dim)
-    score_module = make_score(score, feature_dim, query_dim, attention_dim, cells)
-    if kind == "local":
-        if grid_shape is None:
-            raise ConfigError("model.attention=local needs the grid's shape")
-        return LocalAttention(score_module, query_dim, attention_dim, grid_shape, local_sigma)
-    return {"soft": SoftAttention, "hard": HardAttention}[kind](score_module)
+@dataclass(frozen=True)
+class AttentionSizes:
+    """What an attention module is built for besides its config section: D, the features'
+    width; Q, the decoder state's; L cells in a (rows, cols) grid; and the width of what
+    the context averages (D, or ``model.value_dim`` for projected values)."""
+
+    feature_dim: int
+    query_dim: int
+    cells: int
+    grid_shape: tuple[int, int]
+    context_dim: int
+
+
+AttentionFactory = Callable[[ModelConfig, AttentionSizes], nn.Module]
+
+# model.attention's names and the factories that build them from the model's config section.
+ATTENTIONS: dict[str, AttentionFactory] = {}
+
+
+def register_attention(name: str, factory: AttentionFactory) -> AttentionFactory:
+    """Make ``factory`` the attention ``model.attention=name`` builds; a name already taken
+    is an error (remove it from :data:`ATTENTIONS` first). docs/extending.md has an
+    example."""
+    if name in ATTENTIONS:
+        raise ValueError(f"an attention named {name!r} is already registered")
+    ATTENTIONS[name] = factory
+    return factory
+
+
+def score_for(cfg: ModelConfig, sizes: AttentionSizes) -> nn.Module:
+    """The score function ``model.score`` names, at ``model.attention_dim`` units."""
+    return make_score(cfg.score, sizes.feature_dim, sizes.query_dim, cfg.attention_dim, sizes.cells)
+
+
+def check_heads(cfg: ModelConfig) -> None:
+    """Refuse ``model.heads`` > 1 for any attention but soft."""
+    if cfg.heads > 1 and cfg.attention != "soft":
+        raise ConfigError(
+            f"model.heads={cfg.heads} needs model.attention=soft: {cfg.attention} attention "
+            f"has one distribution per word (use model.heads=1)"
+        )
+
+
+def _soft(cfg: ModelConfig, sizes: AttentionSizes) -> nn.Module:
+    """Soft attention; ``model.heads`` > 1 gives soft multi-head attention: H scores of
+    ``model.attention_dim`` each, every head averaging its share of the context's
+    channels."""
+    first = score_for(cfg, sizes)
+    if cfg.heads == 1:
+        return SoftAttention(first)
+    # Each head scores with the single head's width: under Adam a score's logits grow
+    # about in proportion to its hidden units, and heads of attention_dim / H units stay
+    # near uniform (at H = 8 on shapes, a head's largest weight 0.06-0.16 after 7 epochs).
+    # The heads start as copies of one: the model starts as the single-head model of the
+    # same seed (the same function, the same random draws for everything else), and the
+    # heads part as each learns from its own channel group. Independently drawn heads
+    # start elsewhere (on shapes, H = 4 at seed 0: test exact match 0.044 against 0.976).
+    scores = [first, *(copy.deepcopy(first) for _ in range(cfg.heads - 1))]
+    return MultiHeadAttention(scores, sizes.context_dim)
+
+
+def _local(cfg: ModelConfig, sizes: AttentionSizes) -> nn.Module:
+    """Local attention: a Gaussian ``model.local_sigma`` cells wide around a predicted
+    centre."""
+    return LocalAttention(
+        score_for(cfg, sizes), sizes.query_dim, cfg.attention_dim, sizes.grid_shape, cfg.local_sigma
+    )
+
+
+for _name, _attention in {
+    "soft": _soft,
+    "hard": lambda cfg, sizes: HardAttention(score_for(cfg, sizes)),
+    "local": _local,
+    "none": lambda cfg, sizes: NoAttention(),
+}.items():
+    register_attention(_name, _attention)
+
+
+def build_attention(cfg: ModelConfig, sizes: AttentionSizes) -> nn.Module:
+    """The attention ``cfg.attention`` names (see :data:`ATTENTIONS`) over a grid of
+    ``sizes``, with ``cfg``'s score function and widths."""
+    if cfg.attention not in ATTENTIONS:
+        raise unknown_choice(
+            "model.attention", cfg.attention, ATTENTIONS, "models.attention.register_attention"
+        )
+    check_heads(cfg)
+    return ATTENTIONS[cfg.attention](cfg, sizes)

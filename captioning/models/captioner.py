@@ -10,6 +10,7 @@ from captioning.config import ModelConfig, RuntimeConfig
 from captioning.errors import ConfigError
 from captioning.models.attention import (
     EXPECTATION,
+    AttentionSizes,
     HardContext,
     MultiHeadAttention,
     build_attention,
@@ -113,18 +114,11 @@ def build_model(
     switches say (None: the defaults; they change no weight and no number)."""
     runtime = runtime or RuntimeConfig()
     encoder = encoder_from_config(cfg, runtime)
-    attention = build_attention(
-        cfg.attention,
-        cfg.score,
-        encoder.out_channels,
-        cfg.hidden_dim,
-        cfg.attention_dim,
-        encoder.num_cells,
-        cfg.heads,
-        cfg.value_dim if cfg.values == "projected" else None,
-        encoder.grid_shape,
-        cfg.local_sigma,
+    context_dim = cfg.value_dim if cfg.values == "projected" else encoder.out_channels
+    sizes = AttentionSizes(
+        encoder.out_channels, cfg.hidden_dim, encoder.num_cells, encoder.grid_shape, context_dim
     )
+    attention = build_attention(cfg, sizes)
     decoder = Decoder(
         vocab_size=vocab_size,
         feature_dim=encoder.out_channels,

@@ -9,7 +9,7 @@ another (docs/extending.md).
 
 from __future__ import annotations
 
-from captioning.errors import ConfigError
+from captioning.config import unknown_choice
 from captioning.objectives.base import (
     OBJECTIVES,
     LossTerms,
@@ -59,8 +59,5 @@ def build_objective(context: ObjectiveContext) -> Objective:
     """The objective ``context.cfg.train.objective`` names, built for ``context``."""
     name = context.cfg.train.objective
     if name not in OBJECTIVES:
-        raise ConfigError(
-            f"train.objective must be one of {', '.join(sorted(OBJECTIVES))}; got {name!r} "
-            f"(register another with captioning.objectives.register_objective)"
-        )
+        raise unknown_choice("train.objective", name, OBJECTIVES, "objectives.register_objective")
     return OBJECTIVES[name](context)
