@@ -20,7 +20,7 @@ from captioning.data import load_splits
 from captioning.errors import CaptioningError
 from captioning.feature_cache import FeatureCache, cache_folder, extract_features
 from captioning.metrics import caption_metrics, tokenize_for_eval
-from captioning.models import encoder_from_config
+from captioning.models import build_encoder
 from captioning.nearest import NearestNeighbourCaptioner, pool_grids
 
 NN_KS = (1, 3, 5, 10, 20, 40, 80)  # the nearest neighbour's k, chosen among these on val
@@ -82,7 +82,7 @@ def consensus_predictions(
     (those up to the training images' count) with the best validation CIDEr-D, the
     validation CIDEr-D of each, and the test captions at that ``k``."""
     splits = load_splits(cfg.data)
-    folder = cache_folder(cfg, encoder_from_config(cfg.model))
+    folder = cache_folder(cfg, build_encoder(cfg.model))
 
     def pooled(split: str) -> torch.Tensor:
         cache = FeatureCache(folder, split)

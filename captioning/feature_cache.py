@@ -32,7 +32,7 @@ from captioning.data import CaptionDataset, collate, drop_bad_images, load_split
 from captioning.data.images import ImageLimits
 from captioning.data.records import ImageRecord
 from captioning.errors import ConfigError, DataError
-from captioning.models import encoder_from_config
+from captioning.models import build_encoder
 from captioning.models.encoder import Encoder
 from captioning.progress import progress_bar
 from captioning.runtime import (
@@ -180,7 +180,7 @@ def extract_features(
         )
     device = resolve_device(cfg.train.device)
     seed_everything(cfg.train.seed)
-    encoder = encoder_from_config(cfg.model, cfg.runtime)
+    encoder = build_encoder(cfg.model, cfg.runtime)
     folder = cache_folder(cfg, encoder)
     fingerprint = encoder_fingerprint(encoder)  # of the weights as training builds them
     check = partial(_check_new, split=split, overwrite=overwrite)

@@ -14,7 +14,7 @@ import torch
 import torchvision
 from torch import nn
 
-from captioning.config import load_config
+from captioning.config import ModelConfig, load_config
 from captioning.errors import ConfigError
 from captioning.models.captioner import build_model
 
@@ -253,4 +253,4 @@ def test_a_torchvision_weights_file_with_objects_is_refused_in_one_line(tmp_path
     evil = tmp_path / "evil.pt"
     torch.save({"features.0.0.weight": torch.nn.Linear(1, 1)}, evil)
     with pytest.raises(ConfigError, match=r"model.weights=.*evil.pt: refused to load"):
-        build_encoder("mobilenet_v2", weights=str(evil))
+        build_encoder(ModelConfig(encoder="mobilenet_v2", weights=str(evil)))

@@ -10,7 +10,7 @@ import torch
 import captioning
 from captioning import objectives
 from captioning.config import load_config
-from captioning.models import attention
+from captioning.models import attention, encoder
 from captioning.train import fit
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -106,3 +106,58 @@ def test_an_objective_name_taken_twice_or_unknown_is_refused(
         match="one of scst, xe, got .nope.; objectives.register_objective adds",
     ):
         fit(cfg, out_dir=tmp_path / "run")
+
+
+@pytest.fixture
+def registered_models():
+    before = dict(attention.ATTENTIONS), dict(encoder.ENCODERS)
+    yield
+    for registry, kept in zip((attention.ATTENTIONS, encoder.ENCODERS), before):
+        registry.clear()
+        registry.update(kept)
+
+
+def trained(section, shapes, out, monkeypatch):
+    """Run a section's two blocks (define, then train) and return the last checkpoint."""
+    define, train = code_blocks(section)
+    exec(compile(define, "extending.md", "exec"), {})
+    monkeypatch.chdir(ROOT)
+    exec(compile(train, "extending.md", "exec"), {"shapes": shapes, "out": out})
+    return torch.load(out / "last.pt", weights_only=True)
+
+
+def test_an_attention_registered_from_a_file_of_its_own_trains(
+    registered_models, tiny_shapes, tmp_path, monkeypatch
+):
+    checkpoint = trained("An attention", tiny_shapes, tmp_path / "run", monkeypatch)
+    assert checkpoint["config"]["model"]["attention"] == "top4"
+    history = checkpoint["history"]
+    assert history[-1]["nll_per_token"] < history[0]["nll_per_token"]  # it learns
+    model = captioning.load(tmp_path / "run" / "best.pt", device="cpu")
+    image = str(next((tiny_shapes / "images" / "test").iterdir()))
+    caption = model.caption(image, beam_size=3)
+    alpha = caption.alphas.flatten(1)  # (T, rows * cols)
+    assert caption.words and caption.alphas.shape == (len(caption.words), *model.grid_shape)
+    assert ((alpha > 0).sum(dim=1) <= 4).all()  # four cells at most, every word
+    torch.testing.assert_close(alpha.sum(dim=1), torch.ones(len(alpha)))
+
+
+def test_an_encoder_registered_from_a_file_of_its_own_trains(
+    registered_models, tiny_shapes, tmp_path, monkeypatch
+):
+    checkpoint = trained("An encoder", tiny_shapes, tmp_path / "run", monkeypatch)
+    assert checkpoint["config"]["model"]["encoder"] == "patches"
+    assert "encoder.stages.0.0.weight" in checkpoint["model"]
+    history = checkpoint["history"]
+    assert history[-1]["nll_per_token"] < history[0]["nll_per_token"]  # it learns
+    model = captioning.load(tmp_path / "run" / "best.pt", device="cpu")
+    assert model.grid_shape == (6, 6)  # 48 px in 8 px patches
+    caption = model.caption(str(next((tiny_shapes / "images" / "test").iterdir())))
+    assert caption.words
+
+
+def test_an_attention_or_encoder_name_taken_twice_is_refused(registered_models):
+    with pytest.raises(ValueError, match="'soft' is already registered"):
+        attention.register_attention("soft", lambda cfg, sizes: None)
+    with pytest.raises(ValueError, match="'small_cnn' is already registered"):
+        encoder.register_encoder("small_cnn", lambda cfg: None)

@@ -22,7 +22,7 @@ from captioning.feature_cache import (
     extract_features,
     find_cache,
 )
-from captioning.models import encoder_from_config
+from captioning.models import build_encoder
 from captioning.runtime import seed_everything
 from captioning.train import fit
 
@@ -43,7 +43,7 @@ def frozen(shapes, *extra):
 
 def the_encoder(cfg):
     seed_everything(cfg.train.seed)
-    return encoder_from_config(cfg.model)
+    return build_encoder(cfg.model)
 
 
 def test_cache_holds_the_backbone_grid_in_float16(shapes):

@@ -19,7 +19,7 @@ from captioning.config import load_config
 from captioning.data.shapes import generate_shapes
 from captioning.errors import CaptioningError, ConfigError
 from captioning.feature_cache import cache_folder, extract_features
-from captioning.models import encoder_from_config
+from captioning.models import build_encoder
 from captioning.prepare import prepare_folder
 from captioning.quickstart import remove_earlier_run
 from captioning.run_folder import RUN_FOLDER, write_config
@@ -388,7 +388,7 @@ def test_extract_features_refuses_a_cache_folder_it_did_not_write(tiny_shapes, t
     cache = tmp_path / "cache"
     cfg = frozen(tiny_shapes, cache)
     seed_everything(cfg.train.seed)
-    folder = cache_folder(cfg, encoder_from_config(cfg.model, cfg.runtime))
+    folder = cache_folder(cfg, build_encoder(cfg.model, cfg.runtime))
     capsys.readouterr()  # what building the encoder logged
     before = a_persons_folder(folder)
     args = ["extract-features", "--config", TINY, "--split", "val", "--quiet"]

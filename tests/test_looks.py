@@ -93,11 +93,16 @@ def test_a_learned_initial_state_knows_nothing_of_the_image():
     assert model.decoder.initial_h.grad is not None and model.decoder.initial_h.grad.abs().sum() > 0
 
 
+def backbone(name, output_stride=None):
+    """A randomly initialised torchvision backbone for 64 px images."""
+    return build_encoder(ModelConfig(encoder=name, image_size=64, output_stride=output_stride))
+
+
 def test_output_stride_16_doubles_the_grid_with_the_same_weights():
     torch.manual_seed(0)
-    native = build_encoder("mobilenet_v2", None, 64)
+    native = backbone("mobilenet_v2")
     torch.manual_seed(0)
-    finer = build_encoder("mobilenet_v2", None, 64, output_stride=16)
+    finer = backbone("mobilenet_v2", output_stride=16)
     assert native.grid_shape == (2, 2) and finer.grid_shape == (4, 4)
     for (name, a), (_, b) in zip(native.state_dict().items(), finer.state_dict().items()):
         assert torch.equal(a, b), name
@@ -105,16 +110,15 @@ def test_output_stride_16_doubles_the_grid_with_the_same_weights():
     assert depthwise.dilation == (2, 2) and depthwise.padding == (2, 2)
     assert finer.stages[14].conv[1][0].stride == (1, 1)
     # a ResNet downsamples on both paths of its block: both keep their resolution
-    resnet = build_encoder("resnet18", None, 64, output_stride=16)
-    assert resnet.grid_shape == (4, 4)
+    assert backbone("resnet18", output_stride=16).grid_shape == (4, 4)
     with pytest.raises(ConfigError, match="model.output_stride=8: mobilenet_v2's grid has stride"):
-        build_encoder("mobilenet_v2", None, 64, output_stride=8)
-    assert build_encoder("mobilenet_v2", None, 64, output_stride=32).grid_shape == (2, 2)
+        backbone("mobilenet_v2", output_stride=8)
+    assert backbone("mobilenet_v2", output_stride=32).grid_shape == (2, 2)
     # VGG-19 already ends at stride 16 (its last pool is left out); stride 8 would need its
     # fourth pool undone, which dilation cannot do
-    assert build_encoder("vgg11", None, 64, output_stride=16).grid_shape == (4, 4)
+    assert backbone("vgg11", output_stride=16).grid_shape == (4, 4)
     with pytest.raises(ConfigError, match="last downsampling is a pooling layer"):
-        build_encoder("vgg11", None, 64, output_stride=8)
+        backbone("vgg11", output_stride=8)
 
 
 def test_the_entropy_term_adds_each_words_map_entropy():

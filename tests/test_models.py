@@ -164,24 +164,32 @@ def test_hard_attention_samples_a_cell_and_reports_its_log_prob():
     assert torch.allclose(expected.context, torch.einsum("bl,bld->bd", expected.alpha, features))
 
 
+def small_cnn(**settings):
+    """A small CNN encoder for 32 px images, trained from scratch."""
+    return build_encoder(
+        ModelConfig(encoder="small_cnn", image_size=32, fine_tune="all", **settings)
+    )
+
+
 def test_encoder_grid_positions_and_freezing():
-    enc = build_encoder("small_cnn", image_size=32, cnn_channels=[8, 16], fine_tune="all")
+    enc = small_cnn(cnn_channels=[8, 16])
     assert enc.grid_shape == (16, 16) and enc(torch.zeros(2, 3, 32, 32)).shape == (2, 256, 16)
-    pooled = build_encoder("small_cnn", image_size=32, cnn_channels=[8, 16], grid_size=4,
-                           fine_tune="all")  # fmt: skip
+    pooled = small_cnn(cnn_channels=[8, 16], grid_size=4)
     assert pooled.grid_shape == (4, 4)
     codes = sinusoidal_positions(3, 4, 8)
     assert codes.shape == (12, 8) and len({tuple(r.tolist()) for r in codes}) == 12
-    sin = build_encoder("small_cnn", image_size=32, cnn_channels=[8, 16], positional="sinusoidal",
-                        fine_tune="all")  # fmt: skip
+    sin = small_cnn(cnn_channels=[8, 16], positional="sinusoidal")
     flat = torch.zeros(1, 3, 32, 32)
     cells = sin(flat)[0]
     assert len({tuple(c.round(decimals=4).tolist()) for c in cells}) == 256  # cells differ
-    learned = build_encoder("small_cnn", image_size=32, cnn_channels=[8, 16],
-                            positional="learned", fine_tune="all")  # fmt: skip
+    learned = small_cnn(cnn_channels=[8, 16], positional="learned")
     assert learned.positions.requires_grad
 
-    frozen = build_encoder("small_cnn", image_size=32, cnn_channels=[8, 16, 16], fine_tune="last_1")
+    frozen = build_encoder(
+        ModelConfig(
+            encoder="small_cnn", image_size=32, cnn_channels=[8, 16, 16], fine_tune="last_1"
+        )
+    )
     frozen.train()
     assert not frozen.stages[0].training and frozen.stages[-1].training
     assert not any(p.requires_grad for p in frozen.stages[0].parameters())
@@ -192,15 +200,15 @@ def test_encoder_grid_positions_and_freezing():
 
 
 def test_vgg19_conv5_4_grid_without_download():
-    enc = build_encoder("vgg19", image_size=224)
+    enc = build_encoder(ModelConfig(encoder="vgg19", image_size=224))
     assert enc.grid_shape == (14, 14) and enc.out_channels == 512
     assert isinstance(list(enc.stages[-1])[-1], nn.ReLU)  # ends at conv5_4 + ReLU, no pool
     assert not any(p.requires_grad for p in enc.parameters())
 
 
 def test_drop_stages_takes_an_earlier_stages_grid():
-    whole = build_encoder("mobilenet_v2", image_size=64)
-    cut = build_encoder("mobilenet_v2", image_size=64, drop_stages=1)
+    whole = build_encoder(ModelConfig(encoder="mobilenet_v2", image_size=64))
+    cut = build_encoder(ModelConfig(encoder="mobilenet_v2", image_size=64, drop_stages=1))
     assert (whole.out_channels, cut.out_channels) == (1280, 320)
     assert cut.grid_shape == whole.grid_shape == (2, 2)  # the 1 x 1 head keeps the resolution
     assert len(cut.stages) == len(whole.stages) - 1
@@ -208,16 +216,16 @@ def test_drop_stages_takes_an_earlier_stages_grid():
         grid = cut(torch.randint(0, 256, (2, 3, 64, 64)).float())
     assert grid.shape == (2, 4, 320)
     with pytest.raises(ConfigError, match="leaves nothing of mobilenet_v2's 19 stages"):
-        build_encoder("mobilenet_v2", drop_stages=19)
+        build_encoder(ModelConfig(encoder="mobilenet_v2", drop_stages=19))
     with pytest.raises(ConfigError, match="is for a pretrained backbone"):
-        build_encoder("small_cnn", cnn_channels=[8, 16], drop_stages=1)
+        build_encoder(ModelConfig(encoder="small_cnn", cnn_channels=[8, 16], drop_stages=1))
 
 
 def test_bad_encoder_names_and_weights():
     with pytest.raises(Exception, match="not a torchvision model"):
-        build_encoder("resnet9000")
+        build_encoder(ModelConfig(encoder="resnet9000"))
     with pytest.raises(Exception, match="neither a file nor a weights name"):
-        build_encoder("resnet50", weights="IMAGENET_SUPER")
+        build_encoder(ModelConfig(encoder="resnet50", weights="IMAGENET_SUPER"))
 
 
 def test_teacher_forced_forward_equals_repeated_step():
@@ -728,7 +736,7 @@ def test_folded_batch_norms_give_the_same_grid(name):
     grid as it was, with BatchNorm statistics far from the identity; MobileNetV2 loses every
     BatchNorm, and an encoder in training mode refuses."""
     torch.manual_seed(0)
-    encoder = build_encoder(name, weights=None, image_size=64)
+    encoder = build_encoder(ModelConfig(encoder=name, weights=None, image_size=64))
     with torch.no_grad():
         for module in encoder.modules():
             if isinstance(module, nn.BatchNorm2d):

@@ -2,20 +2,24 @@
 
 from captioning.models.attention import (
     AttentionOutput,
+    AttentionSizes,
     HardAttention,
     HardContext,
     NoAttention,
     SoftAttention,
     build_attention,
     make_score,
+    register_attention,
+    register_score,
 )
-from captioning.models.captioner import Captioner, build_model, encoder_from_config
+from captioning.models.captioner import Captioner, build_model
 from captioning.models.decoder import Decoder, DecoderOutput, DecoderState
-from captioning.models.encoder import Encoder, build_encoder
+from captioning.models.encoder import Encoder, build_encoder, register_encoder
 from captioning.models.trace import AttentionTrace
 
 __all__ = [
     "AttentionOutput",
+    "AttentionSizes",
     "AttentionTrace",
     "Captioner",
     "Decoder",
@@ -29,6 +33,8 @@ __all__ = [
     "build_attention",
     "build_encoder",
     "build_model",
-    "encoder_from_config",
     "make_score",
+    "register_attention",
+    "register_encoder",
+    "register_score",
 ]

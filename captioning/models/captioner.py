@@ -86,34 +86,13 @@ class Captioner(nn.Module):
         return self.decoder(features, tokens[:, :-1], hard, targets)
 
 
-def encoder_from_config(cfg: ModelConfig, runtime: RuntimeConfig | None = None) -> Encoder:
-    """The :class:`Encoder` that ``cfg`` describes, with the speed switches of ``runtime``
-    (None: the defaults); built first by :func:`build_model`, so after the same seed both
-    give a random encoder the same weights."""
-    runtime = runtime or RuntimeConfig()
-    return build_encoder(
-        cfg.encoder,
-        weights=cfg.weights,
-        image_size=cfg.image_size,
-        grid_size=cfg.grid_size,
-        positional=cfg.positional,
-        fine_tune=cfg.fine_tune,
-        drop_stages=cfg.drop_stages,
-        summary=cfg.summary != "none",
-        output_stride=cfg.output_stride,
-        cnn_channels=cfg.cnn_channels,
-        cnn_block=cfg.cnn_block,
-        channels_last=runtime.channels_last,
-    )
-
-
 def build_model(
     cfg: ModelConfig, vocab_size: int, runtime: RuntimeConfig | None = None
 ) -> Captioner:
     """The :class:`Captioner` that ``cfg`` describes, running as ``runtime``'s speed
     switches say (None: the defaults; they change no weight and no number)."""
     runtime = runtime or RuntimeConfig()
-    encoder = encoder_from_config(cfg, runtime)
+    encoder = build_encoder(cfg, runtime)  # first: after one seed, one random encoder
     context_dim = cfg.value_dim if cfg.values == "projected" else encoder.out_channels
     sizes = AttentionSizes(
         encoder.out_channels, cfg.hidden_dim, encoder.num_cells, encoder.grid_shape, context_dim

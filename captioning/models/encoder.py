@@ -12,6 +12,8 @@ import logging
 import math
 import pickle
 import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,7 @@ from PIL import Image
 from torch import nn
 from torch.nn.utils.fusion import fuse_conv_bn_eval
 
+from captioning.config import ModelConfig, RuntimeConfig
 from captioning.errors import ConfigError
 
 logger = logging.getLogger("captioning")
@@ -557,76 +560,103 @@ def _load_small_cnn_weights(cnn: SmallCNN, path: str) -> None:
         ) from exc
 
 
-def build_encoder(
-    name: str,
-    weights: str | None = None,
-    image_size: int = 224,
-    grid_size: int | None = None,
-    positional: str = "none",
-    fine_tune: str = "none",
-    cnn_channels: list[int] | None = None,
-    cnn_block: str = "preact",
-    channels_last: bool = True,
-    drop_stages: int = 0,
-    summary: bool = False,
-    output_stride: int | None = None,
-) -> Encoder:
-    """An :class:`Encoder` by backbone name (``small_cnn``, ``vgg19``, ``resnet101``, ...);
-    ``channels_last`` runs its convolutions on NHWC tensors (see :class:`Encoder`);
-    ``drop_stages`` leaves out the backbone's last stages (its grid is then an earlier
-    stage's); ``summary`` keeps them to pool the whole backbone into one vector per image
-    (see :class:`Encoder`)."""
-    dropped: list[nn.Module] = []
-    if name == "small_cnn":
-        if drop_stages:
-            raise ConfigError(
-                "model.drop_stages is for a pretrained backbone; the small CNN's "
-                "stages are model.cnn_channels"
-            )
-        if weights and weights.lower() != "none":
-            if not Path(weights).is_file():
-                raise ConfigError(f"model.weights file {weights} does not exist")
-        cnn = SmallCNN(cnn_channels or [32, 64, 128, 128], block=cnn_block)
-        if weights and weights.lower() != "none":
-            _load_small_cnn_weights(cnn, weights)
-        stages, channels = list(cnn.stages), cnn.out_channels
-        mean, std = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)
-        if fine_tune != "all" and not weights:
-            logger.warning("model.fine_tune=%s freezes a randomly initialised CNN", fine_tune)
-    else:
-        model, mean, std = _load_torchvision(name, weights)
-        stages = _cut_backbone(name, model)
-        if output_stride is not None:
-            _set_output_stride(name, stages, output_stride)
-        if drop_stages:
-            kept = len(stages) - drop_stages
-            if kept < 1:
-                raise ConfigError(
-                    f"model.drop_stages={drop_stages} leaves nothing of {name}'s "
-                    f"{len(stages)} stages; drop at most {len(stages) - 1}"
-                )
-            stages, dropped = stages[:kept], stages[kept:]
-        with torch.no_grad():
-            probe = torch.zeros(1, 3, 64, 64)
-            for stage in stages:
-                stage.eval()
-                probe = stage(probe)
-        channels = int(probe.shape[1])
-    if summary and name == "small_cnn":
+@dataclass
+class Backbone:
+    """What an encoder factory gives: the convolutional stages in order, the normalisation
+    statistics of their weights, and the stages after them that a summary pools (the
+    backbone's later stages, for ``model.summary``; empty when it has none)."""
+
+    stages: list[nn.Module]
+    mean: tuple[float, ...] = IMAGENET_MEAN
+    std: tuple[float, ...] = IMAGENET_STD
+    later: list[nn.Module] = field(default_factory=list)
+
+
+BackboneFactory = Callable[[ModelConfig], Backbone]
+
+# model.encoder's names and the factories of their backbones; any other name is looked up
+# among torchvision's classifiers (vgg19, resnet101, mobilenet_v2, ...).
+ENCODERS: dict[str, BackboneFactory] = {}
+
+
+def register_encoder(name: str, factory: BackboneFactory) -> BackboneFactory:
+    """Make ``factory`` the backbone ``model.encoder=name`` builds; a name already taken is
+    an error (remove it from :data:`ENCODERS` first). docs/extending.md has an example."""
+    if name in ENCODERS:
+        raise ValueError(f"an encoder named {name!r} is already registered")
+    ENCODERS[name] = factory
+    return factory
+
+
+def small_cnn_backbone(cfg: ModelConfig) -> Backbone:
+    """``model.encoder=small_cnn``: the small CNN of ``model.cnn_channels``, trained from
+    scratch or from ``model.weights``."""
+    if cfg.drop_stages:
+        raise ConfigError(
+            "model.drop_stages is for a pretrained backbone; the small CNN's "
+            "stages are model.cnn_channels"
+        )
+    if cfg.summary != "none":
         raise ConfigError(
             "model.summary pools a pretrained backbone's later stages; the "
             "small CNN has none to spare (set model.summary=none)"
         )
-    summary_stages = (dropped or [nn.Identity()]) if summary else None
+    weights = cfg.weights if cfg.weights and cfg.weights.lower() != "none" else None
+    if weights and not Path(weights).is_file():
+        raise ConfigError(f"model.weights file {weights} does not exist")
+    cnn = SmallCNN(cfg.cnn_channels or [32, 64, 128, 128], block=cfg.cnn_block)
+    if weights:
+        _load_small_cnn_weights(cnn, weights)
+    elif cfg.fine_tune != "all":
+        logger.warning("model.fine_tune=%s freezes a randomly initialised CNN", cfg.fine_tune)
+    return Backbone(list(cnn.stages), (0.5, 0.5, 0.5), (0.25, 0.25, 0.25))
+
+
+register_encoder("small_cnn", small_cnn_backbone)
+
+
+def torchvision_backbone(cfg: ModelConfig) -> Backbone:
+    """A torchvision classifier by name (``vgg19``, ``resnet101``, ``mobilenet_v2``, ...)
+    cut at its last convolutional stage, at ``model.output_stride``, less the
+    ``model.drop_stages`` last stages (which a summary pools)."""
+    model, mean, std = _load_torchvision(cfg.encoder, cfg.weights)
+    stages = _cut_backbone(cfg.encoder, model)
+    if cfg.output_stride is not None:
+        _set_output_stride(cfg.encoder, stages, cfg.output_stride)
+    kept = len(stages) - cfg.drop_stages
+    if kept < 1:
+        raise ConfigError(
+            f"model.drop_stages={cfg.drop_stages} leaves nothing of {cfg.encoder}'s "
+            f"{len(stages)} stages; drop at most {len(stages) - 1}"
+        )
+    return Backbone(stages[:kept], mean, std, stages[kept:])
+
+
+def build_encoder(cfg: ModelConfig, runtime: RuntimeConfig | None = None) -> Encoder:
+    """The :class:`Encoder` that ``cfg`` describes: the backbone ``model.encoder`` names (a
+    registered one, see :data:`ENCODERS`, else a torchvision classifier), pooled to
+    ``model.grid_size``, with ``model.positional`` codes and a summary where
+    ``model.summary`` asks, frozen as ``model.fine_tune`` says; ``runtime.channels_last``
+    runs its convolutions on NHWC tensors (see :class:`Encoder`)."""
+    runtime = runtime or RuntimeConfig()
+    backbone = ENCODERS.get(cfg.encoder, torchvision_backbone)(cfg)
+    with torch.no_grad():
+        probe = torch.zeros(1, 3, 64, 64)
+        for stage in backbone.stages:
+            stage.eval()
+            probe = stage(probe)
+    summary = None
+    if cfg.summary != "none":
+        summary = backbone.later or [nn.Identity()]
     return Encoder(
-        stages,
-        channels,
-        image_size,
-        mean,
-        std,
-        grid_size,
-        positional,
-        fine_tune,
-        channels_last,
-        summary_stages,
+        backbone.stages,
+        int(probe.shape[1]),
+        cfg.image_size,
+        backbone.mean,
+        backbone.std,
+        cfg.grid_size,
+        cfg.positional,
+        cfg.fine_tune,
+        runtime.channels_last,
+        summary,
     )
