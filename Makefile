@@ -38,12 +38,12 @@ serve: $(STAMP)
 	$(BIN)/captioning serve --checkpoint runs/quickstart/best.pt
 
 lint: $(STAMP)
-	$(BIN)/ruff check captioning tests tools benchmarks
-	$(BIN)/ruff format --check captioning tests tools benchmarks
+	$(BIN)/ruff check captioning tests tools benchmarks lab
+	$(BIN)/ruff format --check captioning tests tools benchmarks lab
 
 format: $(STAMP)
-	$(BIN)/ruff format captioning tests tools benchmarks
-	$(BIN)/ruff check --fix captioning tests tools benchmarks
+	$(BIN)/ruff format captioning tests tools benchmarks lab
+	$(BIN)/ruff check --fix captioning tests tools benchmarks lab
 
 data: $(STAMP)
 	$(BIN)/captioning shapes --out data/shapes --train 8000 --val 500 --test 500 --seed 0

@@ -13,5 +13,5 @@ Each runs as a module from the repository root:
 :mod:`benchmarks.reference_decoding`, checked by :mod:`benchmarks.reference_check`;
 :mod:`benchmarks.memory` measures peak memory; :mod:`benchmarks.beam_floor` times the
 arithmetic beam search cannot avoid. Rows go into ``results/`` only with ``--results FILE``,
-stamped and merged by :mod:`benchmarks.provenance`.
+stamped and merged by :mod:`lab.provenance`.
 """

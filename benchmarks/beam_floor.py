@@ -50,16 +50,16 @@ from typing import Any
 import torch
 
 from benchmarks.beam_floor_parts import CELLS, COCO, FEATURE_DIM, VOCAB, WIDTH, Floor
-from benchmarks.provenance import add_replace_option, add_result_options, device_name, record
 from benchmarks.reference_decoding import DECODERS
-from benchmarks.results import ResultsError
-from benchmarks.study_options import fail
 from benchmarks.timing import median_seconds
 from benchmarks.workload import our_decoding, random_batch, set_up
 from captioning.config import replace_section
 from captioning.models import Decoder, build_attention
 from captioning.models.attention import AttentionSizes
 from captioning.models.captioner import build_model
+from lab.options import fail
+from lab.provenance import add_replace_option, add_result_options, device_name, record
+from lab.results import ResultsError
 
 
 def bench_seconds(path: Path, task: str, impl: str = "reference", compiled: bool = False) -> float:

@@ -58,12 +58,11 @@ from typing import Any
 import torch
 
 from benchmarks.bench_options import BenchOptions, build_parser, options_from_args, validate
-from benchmarks.bench_report import format_markdown, record_timings, write_results
+from benchmarks.bench_report import format_markdown, record_timings, write_run_files
 from benchmarks.cider_speed import bench_cider
 from benchmarks.memory import environment
 from benchmarks.reference_check import check_reference
 from benchmarks.reference_decoding import DECODERS, captions_equal
-from benchmarks.study_options import fail
 from benchmarks.timing import Job, measure, speedups
 from benchmarks.workload import (
     SIZES,
@@ -81,6 +80,7 @@ from captioning.config import config_to_dict, replace_section
 from captioning.decoding import Decoded
 from captioning.errors import CaptioningError
 from captioning.models import Captioner, build_model
+from lab.options import fail
 
 logger = logging.getLogger("benchmarks")
 
@@ -189,7 +189,7 @@ def run_benchmark(options: BenchOptions) -> dict[str, Any]:
             corpus, repeats=1 if options.quick else options.repeats, seed=options.seed
         )
     results["passed"] = all(check["passed"] for check in results["checks"])
-    write_results(results, Path(options.out))
+    write_run_files(results, Path(options.out))
     return results
 
 

@@ -7,8 +7,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import NoReturn
 
-from benchmarks.provenance import add_replace_option, add_result_options
 from benchmarks.workload import SIZES, BenchError
+from lab.provenance import add_replace_option, add_result_options
 
 
 @dataclass

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.cider_speed import format_cider
-from benchmarks.provenance import record
 from benchmarks.reference_decoding import DECODERS
+from lab.provenance import record
 
 TASK_LABELS = {
     "decoder_step": "decoder train step (cached features)",
@@ -134,7 +134,7 @@ def record_timings(
     each row.
 
     Raises:
-        benchmarks.results.ResultsError: a row would replace one of other settings.
+        lab.results.ResultsError: a row would replace one of other settings.
     """
     settings = results["settings"]
     rows = [
@@ -167,7 +167,7 @@ def record_timings(
         )
 
 
-def write_results(results: dict[str, Any], out: Path) -> None:
+def write_run_files(results: dict[str, Any], out: Path) -> None:
     """The run's JSON file ``out`` and its Markdown tables beside it (``.md``)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2) + "\n")

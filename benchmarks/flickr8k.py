@@ -27,7 +27,7 @@ from the ``soft`` run of the same seed: ``scst`` (self-critical training,
 the same seed (``configs/flickr8k_best.yaml``), and ``best_exact`` is hard attention by the
 exact marginal from it (``configs/flickr8k_best_exact.yaml``).
 
-Training goes through the study runner (:mod:`benchmarks.study`): ``--jobs N`` runs side by
+Training goes through the study runner (:mod:`lab.runner`): ``--jobs N`` runs side by
 side (on one GPU, or one at a time on a CPU so that the times are a user's), each with
 ``train.threads`` = cores // N unless ``--threads`` or ``--set train.threads=`` says
 otherwise. A run lives in ``OUT/runs/cpu|gpu[/VARIANT]/MODEL-seedS`` (by the device that
@@ -57,7 +57,6 @@ from typing import Any
 
 import torch
 
-from benchmarks import study
 from benchmarks.flickr8k_options import parse_args
 from benchmarks.flickr8k_runs import (
     BEAMS,
@@ -72,12 +71,14 @@ from benchmarks.flickr8k_runs import (
     run_dir,
 )
 from benchmarks.flickr8k_scores import references, rows_of_job, score
-from benchmarks.provenance import ROOT, cpu_model, device_name
 from benchmarks.recipe_stages import Stages, consensus_predictions, convert_backbone, extract_grids
-from benchmarks.results import Row
-from benchmarks.study import Outcome, RunSpec, StudyError
 from captioning.config import load_config, parse_override
 from captioning.errors import CaptioningError
+from lab import options, runner
+from lab.options import StudyError
+from lab.provenance import ROOT, cpu_model, device_name
+from lab.results import Row
+from lab.runner import Outcome, RunSpec
 
 logger = logging.getLogger("captioning")
 
@@ -165,7 +166,7 @@ def train_and_decode(spec: RunSpec) -> Outcome:
     folder = spec.folder.parent
     if (folder / "job.json").is_file():
         return Outcome(spec, None)
-    outcome = study.train(spec)
+    outcome = runner.train(spec)
     if outcome.failed is not None:
         raise StudyError(
             f"{spec.name} seed {spec.seed} diverged "
@@ -198,7 +199,7 @@ def train_and_decode(spec: RunSpec) -> Outcome:
         "steps": summary["steps"],
         "train_seconds": round(summary.get("seconds", outcome.train_seconds), 2),
         "evaluate_seconds": decoded,
-        **study.run_fields(outcome),
+        **runner.run_fields(outcome),
         "cpu": cpu_model(),
         **{k: spec.meta[k] for k in ("timed_alone", "commit", "command")},
         "stages": stages_of(spec.meta["out"], spec.name),
@@ -215,7 +216,7 @@ def job_of(outcome: Outcome) -> list[Row]:
 
 def train_all(args: argparse.Namespace, models: list[str], seeds: list[int]) -> None:
     """Every trained model and seed, ``--jobs`` at a time; second stages after their first."""
-    threads = study.threads_for(args.jobs, args.threads or set_threads(args.overrides))
+    threads = options.threads_for(args.jobs, args.threads or set_threads(args.overrides))
     waves = [
         [m for m in models if m in CONFIGS and m not in FIRST_STAGE],
         [m for m in models if m in FIRST_STAGE],
@@ -234,8 +235,8 @@ def train_all(args: argparse.Namespace, models: list[str], seeds: list[int]) -> 
                         f"{model} starts from the {first} run of the same "
                         f"seed; add {first} to --models"
                     )
-        specs = study.plan([run_spec_of(args, m, s) for m in wave for s in seeds], threads)
-        for (job,) in study.run_study(specs, job_of, jobs=args.jobs, run=train_and_decode):
+        specs = runner.plan([run_spec_of(args, m, s) for m in wave for s in seeds], threads)
+        for (job,) in runner.run_study(specs, job_of, jobs=args.jobs, run=train_and_decode):
             logger.info(
                 "%s seed %d: trained in %.0f s (best validation %s %.3f)",
                 job["model"],
@@ -344,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
     try:
-        recorder = study.Recorder.from_args(
+        recorder = runner.Recorder.from_args(
             "benchmarks.flickr8k", argv, args, _key, places={"SHARED": args.shared}
         )
         # the code that trains, recorded with each run (--commit: a copy without .git)
@@ -362,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = collect(args, args.models, args.seeds)
         recorder.write(rows)
     except CaptioningError as exc:
-        return study.fail(exc)
+        return options.fail(exc)
     for row in rows:
         print(
             f"{row['model']} seed {row['seed']} beam {row['beam_size']} ({row['device']}): "

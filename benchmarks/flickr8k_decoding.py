@@ -28,12 +28,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from benchmarks import study
 from benchmarks.flickr8k_runs import KINDS, MODELS, run_dir
 from benchmarks.flickr8k_scores import references, score
-from benchmarks.provenance import portable
-from benchmarks.study import StudyError
 from captioning.errors import CaptioningError
+from lab import options, runner
+from lab.options import StudyError
+from lab.provenance import portable
 
 logger = logging.getLogger("captioning")
 
@@ -159,7 +159,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--models", default="best", help=f"comma-separated, of {', '.join(MODELS[1:])} (best)"
     )
-    study.add_seeds_option(parser, "0,1,2", " (training seeds)")
+    options.add_seeds_option(parser, "0,1,2", " (training seeds)")
     parser.add_argument(
         "--run-variant",
         default="recipe",
@@ -198,7 +198,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if unknown:
         parser.error(f"unknown model {unknown[0]!r}; choose from {', '.join(MODELS[1:])}")
     try:
-        args.seeds = study.seeds_of(args)
+        args.seeds = options.seeds_of(args)
     except StudyError as exc:
         parser.error(str(exc))
     if not args.variant.isidentifier():
@@ -229,12 +229,12 @@ def main(argv: list[str] | None = None) -> int:
                         f"python -m benchmarks.flickr8k first"
                     )
                 folders.append(folder)
-        recorder = study.Recorder.from_args("benchmarks.flickr8k_decoding", argv, args, _key)
+        recorder = runner.Recorder.from_args("benchmarks.flickr8k_decoding", argv, args, _key)
         refs = references(args.out, "test")
         rows = [row_of_run(args, folder, refs) for folder in folders]
         recorder.write(rows)
     except CaptioningError as exc:
-        return study.fail(exc)
+        return options.fail(exc)
     for row in rows:
         chosen = row["decode"]
         print(

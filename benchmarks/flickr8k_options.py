@@ -6,15 +6,15 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from benchmarks import study
 from benchmarks.flickr8k_runs import FIRST_STAGE, MODELS, OWN, RECIPE
-from benchmarks.provenance import module_command
-from benchmarks.study import StudyError
+from lab import options
+from lab.options import StudyError
+from lab.provenance import module_command
 
 
 def parse_cuts(text: str) -> list[int]:
     try:
-        cuts = study.parse_seeds(text)
+        cuts = options.parse_seeds(text)
     except StudyError:
         cuts = [0]
     if min(cuts) < 1:
@@ -36,7 +36,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--models", default=",".join(MODELS), help=f"comma-separated, of {', '.join(MODELS)}"
     )
-    study.add_seeds_option(parser, "0,1,2", " (training seeds)")
+    options.add_seeds_option(parser, "0,1,2", " (training seeds)")
     parser.add_argument(
         "--variant", default=RECIPE, help="a name for rows trained with --set overrides"
     )
@@ -60,15 +60,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "words, for each N of this comma-separated list",
     )
     parser.add_argument("--commit", help="the commit to record (where the copy has no .git)")
-    study.add_runner_options(parser, each="every trained model")
+    options.add_runner_options(parser, each="every trained model")
     args = parser.parse_args(argv)
     args.models = [m for m in args.models.split(",") if m]
     unknown = sorted(set(args.models) - set(MODELS))
     if unknown:
         parser.error(f"unknown model {unknown[0]!r}; choose from {', '.join(MODELS)}")
     try:
-        args.seeds = study.seeds_of(args)
-        study.refuse_plumbing(args.overrides, OWN)
+        args.seeds = options.seeds_of(args)
+        options.refuse_plumbing(args.overrides, OWN)
     except StudyError as exc:
         parser.error(str(exc))
     if not args.variant.isidentifier():

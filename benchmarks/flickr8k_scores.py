@@ -11,7 +11,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from benchmarks.provenance import portable
+from lab.provenance import portable
 
 
 def references(out: Path, split: str) -> dict[int, list[str]]:

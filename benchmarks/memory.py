@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.provenance import cpu_model
+from lab.provenance import cpu_model
 
 CPU_MEMORY_METHODS = {
     "vmhwm": "peak resident set (VmHWM, reset by /proc/self/clear_refs after malloc_trim) "

@@ -23,7 +23,7 @@ validation split. Everything but the attention is the config's, for every model.
 METEOR is left out: its paraphrase tables and stemmer are English-only, and the shared
 captions are Vietnamese. BLEU, ROUGE-L and CIDEr-D are word-level and apply as they are.
 
-The runs go through the study runner (:mod:`benchmarks.study`), ``--jobs N`` of them side by
+The runs go through the study runner (:mod:`lab.runner`), ``--jobs N`` of them side by
 side with ``train.threads`` = cores // N unless ``--threads`` says otherwise. Each model and
 seed is one row (``nn`` is deterministic: one row) of ``--results FILE`` where given
 (results/photos.json), else of ``OUT/rows.json``: the settings, the scores, the seconds of
@@ -64,16 +64,16 @@ from pathlib import Path
 
 import torch
 
-from benchmarks import study
 from benchmarks.photos_options import MODELS, RECIPE, parse_args, repository_path
-from benchmarks.provenance import ROOT, device_name, portable
 from benchmarks.recipe_stages import Stages, consensus_predictions, convert_backbone, extract_grids
-from benchmarks.results import Row
-from benchmarks.study import Evaluation, Outcome, RunSpec
 from captioning.config import Config, load_config
 from captioning.data import load_splits
 from captioning.errors import CaptioningError
 from captioning.metrics import caption_metrics
+from lab import options, runner
+from lab.provenance import ROOT, device_name, portable
+from lab.results import Row
+from lab.runner import Evaluation, Outcome, RunSpec
 
 logger = logging.getLogger("captioning")
 
@@ -184,10 +184,10 @@ def model_specs(
     return [first, second]
 
 
-def _diverged(outcome: Outcome) -> study.StudyError:
+def _diverged(outcome: Outcome) -> options.StudyError:
     spec = outcome.spec
     failed = spec.folder / "failed.json"
-    return study.StudyError(f"{spec.name} seed {spec.seed} diverged ({failed}): {outcome.failed}")
+    return options.StudyError(f"{spec.name} seed {spec.seed} diverged ({failed}): {outcome.failed}")
 
 
 def photo_row(outcome: Outcome) -> list[Row]:
@@ -229,7 +229,7 @@ def photo_row(outcome: Outcome) -> list[Row]:
                 portable(o, {"OUT": spec.meta["out"]})
                 for o in replace(first_spec, plumbing=spec.plumbing).settings()
             ],
-            **study.run_fields(outcome),
+            **runner.run_fields(outcome),
         }
     )
     return [row]
@@ -242,7 +242,7 @@ def run_models(specs: list[RunSpec], threads: int | None = None, jobs: int = 1) 
         [s for s in specs if "first" not in s.meta],
         [s for s in specs if "first" in s.meta],
     ):
-        for rows in study.run_study(study.plan(wave, threads), photo_row, jobs=jobs):
+        for rows in runner.run_study(runner.plan(wave, threads), photo_row, jobs=jobs):
             yield from rows
 
 
@@ -297,9 +297,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
-        seeds = study.seeds_of(args)
-        study.refuse_plumbing([*args.overrides, *args.then_set], OWN)
-        threads = study.threads_for(args.jobs, args.threads)
+        seeds = options.seeds_of(args)
+        options.refuse_plumbing([*args.overrides, *args.then_set], OWN)
+        threads = options.threads_for(args.jobs, args.threads)
         config = repository_path(args.config)
         then = None if args.then is None else (repository_path(args.then), args.then_set)
         out = args.out.resolve()
@@ -321,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
             "prepare_seconds": stages.seconds.get("prepare"),
             "extract_seconds": stages.seconds.get("extract"),
         }
-        recorder = study.Recorder.from_args(
+        recorder = runner.Recorder.from_args(
             "benchmarks.photos", argv, args, key, order=order, places={"SHARED": args.shared}
         )
 
@@ -350,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
         for row in run_models(specs, threads, args.jobs):
             rows = record(row)  # written after each run: an interrupted study keeps it
     except CaptioningError as exc:
-        return study.fail(exc)
+        return options.fail(exc)
     print(table(rows))
     print(f"wrote {recorder.path}")
     return 0

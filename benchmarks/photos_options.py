@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from benchmarks import study
-from benchmarks.provenance import ROOT
+from lab import options
+from lab.provenance import ROOT
 
 CONFIG = "configs/photos_mobilenet.yaml"
 MODELS = ("nn", "none", "soft", "hard")
@@ -24,7 +24,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--models", default=",".join(MODELS), help=f"comma-separated, of {', '.join(MODELS)}"
     )
-    study.add_seeds_option(parser, "0,1,2", " (training seeds)")
+    options.add_seeds_option(parser, "0,1,2", " (training seeds)")
     parser.add_argument("--config", default=CONFIG, help=f"the recipe ({CONFIG})")
     parser.add_argument("--beam-size", type=int, default=3)
     parser.add_argument(
@@ -44,7 +44,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="KEY=VALUE",
         help="a config override of the second stage (repeatable)",
     )
-    study.add_runner_options(parser, each="every model")
+    options.add_runner_options(parser, each="every model")
     args = parser.parse_args(argv)
     args.models = [m for m in args.models.split(",") if m]
     unknown = sorted(set(args.models) - set(MODELS))

@@ -42,14 +42,14 @@ from typing import Any
 
 import torch
 
-from benchmarks.provenance import add_replace_option, add_result_options, portable, record
-from benchmarks.study_options import fail
 from captioning.config import load_config
 from captioning.errors import CaptioningError
 from captioning.inference import decode_dataset
 from captioning.metrics.scoring import score_predictions
 from captioning.runtime import resolve_device, resolve_precision
 from captioning.train import SINGLE, Setup, set_up, train_step
+from lab.options import fail
+from lab.provenance import add_replace_option, add_result_options, portable, record
 
 PHASES = (
     "data",

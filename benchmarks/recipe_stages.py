@@ -14,7 +14,6 @@ from typing import Any
 
 import torch
 
-from benchmarks.provenance import ROOT
 from captioning.config import Config
 from captioning.data import load_splits
 from captioning.errors import CaptioningError
@@ -22,6 +21,7 @@ from captioning.feature_cache import FeatureCache, cache_folder, extract_feature
 from captioning.metrics import caption_metrics, tokenize_for_eval
 from captioning.models import build_encoder
 from captioning.nearest import NearestNeighbourCaptioner, pool_grids
+from lab.provenance import ROOT
 
 NN_KS = (1, 3, 5, 10, 20, 40, 80)  # the nearest neighbour's k, chosen among these on val
 

@@ -31,14 +31,14 @@ from typing import Any
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from benchmarks.provenance import add_replace_option, add_result_options, device_name, record
-from benchmarks.results import ResultsError
-from benchmarks.study_options import fail
 from benchmarks.timing import median_seconds
 from benchmarks.workload import coco_size, decoder_step, our_decoding, random_batch, set_up
 from captioning.config import replace_section
 from captioning.models.captioner import build_model
 from captioning.runtime import native_bf16
+from lab.options import fail
+from lab.provenance import add_replace_option, add_result_options, device_name, record
+from lab.results import ResultsError
 
 TASKS = ("train", "beam5", "greedy")
 

@@ -47,15 +47,15 @@ from urllib.parse import urlsplit
 import torch
 
 import captioning
-from benchmarks.provenance import device_name, git_commit, machine, module_command, portable
-from benchmarks.results import write_results
-from benchmarks.study_options import fail
 from benchmarks.timing import median_seconds
 from captioning.data.images import load_image_bytes
 from captioning.errors import CaptioningError
 from captioning.runtime import autocast, in_passing_thread, resolve_precision
 from captioning.serve.app import settings_for
 from captioning.serve.server import BackgroundServer
+from lab.options import fail
+from lab.provenance import device_name, git_commit, machine, module_command, portable
+from lab.results import write_results
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp")
 
@@ -246,10 +246,10 @@ SETTINGS = ("beam_size", "precision", "threads")  # what rows of one name must s
 def merge(path: Path, rows: list[dict[str, Any]], replace: bool = False) -> list[dict[str, Any]]:
     """Merge one model's ``rows`` into the results file ``path`` and return what it holds:
     the rows of other models (another ``name``) stay, the file's rows of this one are
-    replaced (:func:`benchmarks.results.write_results`, keyed by ``name``).
+    replaced (:func:`lab.results.write_results`, keyed by ``name``).
 
     Raises:
-        benchmarks.results.ResultsError: unless ``replace``, when the file's rows of this
+        lab.results.ResultsError: unless ``replace``, when the file's rows of this
             name were made with another beam size, precision or threads (one line; the file
             is untouched).
     """

@@ -48,12 +48,12 @@ from benchmarks.hostile_clients import (
     talk,
     uploads,
 )
-from benchmarks.provenance import device_name, git_commit, machine, module_command
-from benchmarks.study_options import fail
 from captioning.errors import CaptioningError
-from captioning.runtime import write_atomically
+from lab import ROOT
+from lab.options import fail
+from lab.provenance import device_name, git_commit, machine, module_command
+from lab.results import write_results
 
-ROOT = Path(__file__).resolve().parent.parent
 RSS_LIMIT = 2 * 2**30
 # --- the run ----------------------------------------------------------------------------------
 
@@ -296,7 +296,8 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     if args.results:
         try:
-            write_atomically(args.results, json.dumps([result], indent=1) + "\n")  # one row
+            # the file holds one row, the latest run's
+            write_results(args.results, [result], key=lambda row: "serve_stress", replace=True)
         except CaptioningError as exc:
             return fail(exc)
     return 0 if result["ok"] else 1

@@ -17,7 +17,7 @@ Each run is one row (``kind`` ``quality``) of ``--results FILE`` where given
 (results/speed.json), else of ``OUT/rows.json``, merged by its name (a row made under other
 settings, such as another precision, is replaced only with ``--replace``), with its target,
 whether it was met, the config, precision, device and threads it trained with, the command,
-the commit and the machine (:class:`benchmarks.study.Recorder`). Run it on an otherwise
+the commit and the machine (:class:`lab.runner.Recorder`). Run it on an otherwise
 idle machine: the seconds are the result.
 """
 
@@ -35,17 +35,11 @@ from typing import Any
 
 import torch
 
-from benchmarks.provenance import (
-    ROOT,
-    add_replace_option,
-    add_result_options,
-    device_name,
-    portable,
-)
-from benchmarks.study import Recorder
 from captioning.config import load_config
 from captioning.errors import CaptioningError
 from captioning.runtime import marked_verb, resolve_device, resolve_precision
+from lab.provenance import ROOT, add_replace_option, add_result_options, device_name, portable
+from lab.runner import Recorder
 
 DEFAULT_RUNS = "soft:0,soft:1,hard:0,hard:1,quickstart"
 # the targets a user is promised (docs/speed.md): seconds, and the least test scores

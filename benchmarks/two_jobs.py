@@ -24,15 +24,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.provenance import (
-    add_replace_option,
-    add_result_options,
-    device_name,
-    portable,
-    record,
-)
-from benchmarks.study_options import fail
 from captioning.errors import CaptioningError
+from lab.options import fail
+from lab.provenance import add_replace_option, add_result_options, device_name, portable, record
 
 
 def time_jobs(

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-import benchmarks.study as runner
+import lab.runner as runner
 import tools.compare_attention
 from captioning.train import TrainingError, fit
 from tests.conftest import ROOT, TINY_SETTINGS
@@ -217,7 +217,7 @@ def test_without_its_results_file_a_table_says_so(tables, tmp_path) -> None:
 
 
 def test_rows_of_other_blocks_sit_beside_the_first_studys(study, tmp_path) -> None:
-    from benchmarks.results import write_results
+    from lab.results import write_results
 
     path = tmp_path / "family.json"
     old = {"member": "soft", "lr": 0.004, "seed": 0, "test": {"exact": 0.06}}  # before blocks

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import flickr8k, flickr8k_options, flickr8k_runs, study
-from benchmarks.provenance import usable_cores
+from benchmarks import flickr8k, flickr8k_options, flickr8k_runs
 from captioning.errors import CaptioningError
 from captioning.metrics import caption_metrics
+from lab import runner
+from lab.provenance import usable_cores
 from tests.conftest import TINY_SETTINGS, load_tool
 
 REFS = {
@@ -133,7 +134,7 @@ def test_parallel_runs_share_the_cores_unless_the_user_says(
         planned.extend(specs)
         return iter(())
 
-    monkeypatch.setattr(study, "run_study", run_study)
+    monkeypatch.setattr(runner, "run_study", run_study)
     flickr8k.train_all(_args(tmp_path, jobs, threads, overrides), ["soft", "scst"], [0, 1])
     assert [(s.name, s.seed) for s in planned] == [("soft", 0), ("soft", 1), ("scst", 0),
                                                    ("scst", 1)]  # fmt: skip

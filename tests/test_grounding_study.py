@@ -6,7 +6,7 @@ import shutil
 import pytest
 import torch
 
-from benchmarks.provenance import cpu_model
+from lab.provenance import cpu_model
 
 from .conftest import load_tool
 

@@ -11,10 +11,10 @@ import torch
 
 import tools.compare_estimators as compare
 import tools.estimator_variance as variance
-from benchmarks.results import write_results
 from captioning.config import load_config
 from captioning.models import build_model
 from captioning.objectives.hard_attention import ESTIMATORS
+from lab.results import write_results
 from tests.conftest import ROOT
 
 HARD = str(ROOT / "configs" / "shapes_hard.yaml")

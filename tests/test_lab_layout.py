@@ -1,6 +1,7 @@
-"""The lab (``benchmarks/`` and ``tools/``) is a set of modules run as ``python -m NAME``:
-no script edits ``sys.path`` to find the repository, none outgrows 400 lines, and the run
-instructions in the README, the docs, the Makefile and the lab itself give the module form."""
+"""The lab (``benchmarks/``, ``tools/`` and their library ``lab/``) is a set of modules run
+as ``python -m NAME``: no script edits ``sys.path`` to find the repository, none outgrows 400
+lines, and the run instructions in the README, the docs, the Makefile and the lab itself give
+the module form."""
 
 from __future__ import annotations
 
@@ -26,13 +27,13 @@ def _name(path: Path) -> str:
     return path.relative_to(ROOT).as_posix()
 
 
-@pytest.mark.parametrize("folder", ["benchmarks", "tools"])
+@pytest.mark.parametrize("folder", ["benchmarks", "tools", "lab"])
 def test_no_lab_module_edits_sys_path(folder: str):
     offenders = [_name(f) for f in _lab(folder) if FORBIDDEN in f.read_text(encoding="utf-8")]
     assert not offenders, f"{FORBIDDEN} edited in {', '.join(offenders)}: run them with python -m"
 
 
-@pytest.mark.parametrize("folder", ["benchmarks", "tools"])
+@pytest.mark.parametrize("folder", ["benchmarks", "tools", "lab"])
 def test_no_lab_module_exceeds_400_lines(folder: str):
     long = {_name(f): n for f in _lab(folder)
             if (n := len(f.read_text(encoding="utf-8").splitlines())) > MAX_LINES}  # fmt: skip
@@ -41,7 +42,13 @@ def test_no_lab_module_exceeds_400_lines(folder: str):
 
 def test_run_instructions_give_the_module_form():
     prose = [ROOT / "README.md", ROOT / "Makefile", *sorted((ROOT / "docs").glob("*.md"))]
-    files = [*prose, *_lab("benchmarks"), *_lab("tools"), *sorted(ROOT.glob("notebooks/*.ipynb"))]
+    files = [
+        *prose,
+        *_lab("benchmarks"),
+        *_lab("tools"),
+        *_lab("lab"),
+        *sorted(ROOT.glob("notebooks/*.ipynb")),
+    ]
     offenders = [
         f"{_name(f)}:{number}"
         for f in files

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from benchmarks.provenance import usable_cores
 from captioning.errors import CaptioningError
+from lab.provenance import usable_cores
 from tests.conftest import ROOT, load_tool
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import photos
-from benchmarks.results import ResultsError, write_results
+from lab.results import ResultsError, write_results
 from tests.conftest import ROOT, TINY_SETTINGS
 
 

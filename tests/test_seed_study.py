@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-import benchmarks.study as runner
+import lab.runner as runner
 import tools.seed_study
-from benchmarks.results import write_results
+from lab.results import write_results
 from tests.conftest import ROOT
 from tests.conftest import TINY_SETTINGS as TINY
 

@@ -84,8 +84,8 @@ def test_rows_of_two_models_share_the_file_and_the_table(tmp_path: Path):
 
 
 def test_rows_of_other_settings_are_replaced_only_when_asked(tmp_path: Path):
-    from benchmarks.results import ResultsError
     from benchmarks.serve_load import merge
+    from lab.results import ResultsError
 
     out = tmp_path / "rows.json"
     committed = [{**_row(1, 32, 40.0), "name": "photos", "precision": "bf16", "threads": 2}]

@@ -1,4 +1,4 @@
-"""benchmarks.study, the runner every study is a spec of: one seeds parser, one row merge that
+"""lab.runner, the runner every study is a spec of: one seeds parser, one row merge that
 keeps rows of other settings, rows that name no machine's path, and threads shared out
 among parallel jobs."""
 
@@ -10,19 +10,19 @@ from pathlib import Path
 import pytest
 
 import tools.colour_trace
-from benchmarks import provenance, study
-from benchmarks.results import ResultsError, settings_of, write_results
+from lab import options, provenance, runner
+from lab.results import ResultsError, settings_of, write_results
 from tests.conftest import ROOT, TINY_SETTINGS
 
 
 def test_the_seeds_parser_reads_lists_and_ranges_and_refuses_the_rest() -> None:
-    assert study.parse_seeds("0,1,2") == [0, 1, 2]
-    assert study.parse_seeds("0-9") == list(range(10))
-    assert study.parse_seeds("3") == [3]
-    assert study.parse_seeds("5, 2-3,2") == [2, 3, 5]
+    assert options.parse_seeds("0,1,2") == [0, 1, 2]
+    assert options.parse_seeds("0-9") == list(range(10))
+    assert options.parse_seeds("3") == [3]
+    assert options.parse_seeds("5, 2-3,2") == [2, 3, 5]
     for bad in ("", "x", "3-1", "-1", "1,,a", "0-"):
-        with pytest.raises(study.StudyError, match="^--seeds wants seeds >= 0") as caught:
-            study.parse_seeds(bad)
+        with pytest.raises(options.StudyError, match="^--seeds wants seeds >= 0") as caught:
+            options.parse_seeds(bad)
         assert "\n" not in str(caught.value)
 
 
@@ -69,20 +69,22 @@ def test_a_command_names_no_machine_path_and_is_in_module_form(tmp_path: Path) -
 
 def test_parallel_jobs_share_the_cores_and_are_not_timed_alone(monkeypatch, tmp_path) -> None:
     cores = provenance.usable_cores()
-    assert study.threads_for(2, None) == max(1, cores // 2)
-    assert study.threads_for(3, None, cores=8) == 2 and study.threads_for(16, None, cores=4) == 1
-    assert study.threads_for(1, None) is None and study.threads_for(1, 3) == 3
-    with pytest.raises(study.StudyError, match="--threads 2 with --jobs 2 asks 4 threads of 2"):
-        study.threads_for(2, 2, cores=2)
-    specs = [study.RunSpec("soft", "configs/test_tiny.yaml", seed=s, folder=tmp_path / str(s))
+    assert options.threads_for(2, None) == max(1, cores // 2)
+    assert (
+        options.threads_for(3, None, cores=8) == 2 and options.threads_for(16, None, cores=4) == 1
+    )
+    assert options.threads_for(1, None) is None and options.threads_for(1, 3) == 3
+    with pytest.raises(options.StudyError, match="--threads 2 with --jobs 2 asks 4 threads of 2"):
+        options.threads_for(2, 2, cores=2)
+    specs = [runner.RunSpec("soft", "configs/test_tiny.yaml", seed=s, folder=tmp_path / str(s))
              for s in (0, 1)]  # fmt: skip
-    planned = study.plan(specs, study.threads_for(2, None))
+    planned = runner.plan(specs, options.threads_for(2, None))
     for spec in planned:
         assert spec.load().train.threads == max(1, cores // 2)
-        assert study.run_fields(study.Outcome(spec, None))["threads"] == max(1, cores // 2)
-    recorder = study.Recorder("tools.x", [], tmp_path, lambda r: r["seed"], jobs=2)
+        assert runner.run_fields(runner.Outcome(spec, None))["threads"] == max(1, cores // 2)
+    recorder = runner.Recorder("tools.x", [], tmp_path, lambda r: r["seed"], jobs=2)
     assert recorder.stamp["timed_alone"] is False and recorder.stamp["jobs"] == 2
-    busy = study.Recorder("tools.x", [], tmp_path, lambda r: r["seed"], timed_alone=False)
+    busy = runner.Recorder("tools.x", [], tmp_path, lambda r: r["seed"], timed_alone=False)
     assert busy.stamp["timed_alone"] is False
 
 

@@ -10,7 +10,7 @@ For each seed this trains ``configs/shapes_soft.yaml`` (with the ``--set`` overr
 ``tools.colour_probe`` from the output of each encoder stage (the stem, then each block, under
 each object's centre) and from the decoder's grid (after the position codes and grid layers).
 Each (variant, seed, step) is one row of ``--results FILE`` where given
-(results/colour_trace.json), else of ``OUT/rows.json``, recorded by :mod:`benchmarks.study`
+(results/colour_trace.json), else of ``OUT/rows.json``, recorded by :mod:`lab.runner`
 (precision, threads, device, commit, command); the table in docs/attention.md is rendered
 from results/colour_trace.json.
 """
@@ -28,28 +28,24 @@ from typing import Any
 import torch
 from PIL import Image
 
-from benchmarks.study import (
-    Outcome,
-    Recorder,
-    RunSpec,
+from captioning.errors import CaptioningError
+from captioning.models import Captioner
+from captioning.run_state import Run
+from captioning.train import fit
+from lab.options import (
     StudyError,
     add_runner_options,
     add_seeds_option,
     fail,
     refuse_plumbing,
-    run_fields,
     seeds_of,
 )
-from captioning.errors import CaptioningError
-from captioning.models import Captioner
-from captioning.run_state import Run
-from captioning.train import fit
+from lab.runner import Outcome, Recorder, RunSpec, run_fields
 from tools.colour_probe import centre_cell, colour_probe
 from tools.seed_study import CONFIG, PLUMBING
 
 logger = logging.getLogger("captioning")
 
-ROOT = Path(__file__).resolve().parent.parent
 STEPS = "0,25,50,75,100,150,200,300,450"
 TRACE_IMAGES = 300  # validation images whose objects the probe reads (fewer than the study's)
 TRACE_PROBE_STEPS = 300  # the logistic regression's steps (the study's: 500)

@@ -25,7 +25,7 @@ Each run is one row of ``--results FILE`` where given (results/attention_family.
 the phase, the validation and test scores, trainable parameters, train seconds and steps/s,
 the precision, threads and device, the commit, the command and the machine. Rows merge into
 the file by (member, lr, seed, the small CNN's blocks), so the study runs in pieces
-(``--only``) and resumes: the runner (:mod:`benchmarks.study`) evaluates a run folder
+(``--only``) and resumes: the runner (:mod:`lab.runner`) evaluates a run folder
 ``OUT/MEMBER/lrLR-seedS`` that finished without retraining it, resumes one that stopped
 part-way from its ``last.pt``, and keeps the ``failed.json`` of one whose training diverged,
 whose row says so. ``--jobs N`` trains N rates (then N seeds) side by side. The tables in
@@ -40,28 +40,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from benchmarks.study import (
-    Evaluation,
-    Outcome,
-    Recorder,
-    RunSpec,
-    add_runner_options,
-    add_seeds_option,
-    fail,
-    plan,
-    run_fields,
-    run_spec,
-    run_study,
-    seeds_of,
-    threads_for,
-)
 from captioning.config import load_config
 from captioning.errors import CaptioningError
 from captioning.inference import load_model
+from lab import ROOT
+from lab.options import add_runner_options, add_seeds_option, fail, seeds_of, threads_for
+from lab.runner import Evaluation, Outcome, Recorder, RunSpec, plan, run_fields, run_spec, run_study
 
 logger = logging.getLogger("captioning")
 
-ROOT = Path(__file__).resolve().parent.parent
 SOFT, HARD = "configs/shapes_soft.yaml", "configs/shapes_hard.yaml"
 LOCAL = "configs/shapes_local.yaml"
 RUNS = {

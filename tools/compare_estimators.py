@@ -18,7 +18,7 @@ estimators keep the config's lambda_r (``train.reinforce_weight``), entropy bonu
 
 Each ``best.pt`` is decoded on the test split with every decode mode (``marginal`` too,
 without the context in the LSTM) and scored without METEOR: exact match, BLEU-4, CIDEr-D and
-the pointing game by word type. The runner (:mod:`benchmarks.study`) trains, resumes and
+the pointing game by word type. The runner (:mod:`lab.runner`) trains, resumes and
 records: one row per (estimator, seed, decode mode) with its settings, precision, threads,
 device, commit and command, merged into ``--results FILE`` where given, else into
 ``OUT/rows.json``; ``OUT/results.md`` tabulates the rows (mean ± standard deviation over the
@@ -33,22 +33,11 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from benchmarks.study import (
-    Evaluation,
-    Outcome,
-    Recorder,
-    RunSpec,
-    add_runner_options,
-    add_seeds_option,
-    plan,
-    run_fields,
-    run_study,
-    seeds_of,
-    threads_for,
-)
 from captioning.config import Config, load_config
 from captioning.errors import CaptioningError
 from captioning.objectives.hard_attention import ESTIMATORS, MULTI_SAMPLE
+from lab.options import add_runner_options, add_seeds_option, seeds_of, threads_for
+from lab.runner import Evaluation, Outcome, Recorder, RunSpec, plan, run_fields, run_study
 
 # the test scores each row keeps (the columns of the table in docs/hard-attention.md)
 COLUMNS = (

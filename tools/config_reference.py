@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-ROOT = Path(__file__).resolve().parent.parent
+from lab import ROOT
+
 TARGET = ROOT / "docs" / "config.md"
 SOURCE = "captioning/config.py"
 _HEADING = re.compile(r"[a-z]+( [a-z]+){0,2}")

@@ -34,7 +34,7 @@ is left out, so that b does not know its rewards). "reinforce, no baseline" (b =
 the baseline removes.
 
 Writes ``OUT/estimators.json`` and ``OUT/estimators.md``; the rows, with their settings, the
-commit, the command, the device and threads (:mod:`benchmarks.study`'s recorder), merge by
+commit, the command, the device and threads (:mod:`lab.runner`'s recorder), merge by
 estimator into ``--results FILE`` where given, else into ``OUT/rows.json``.
 """
 
@@ -49,8 +49,6 @@ from typing import Any
 
 import torch
 
-from benchmarks.provenance import cpu_model, portable
-from benchmarks.study import Recorder, fail
 from captioning.checkpoint import load_checkpoint
 from captioning.config import Config, replace_section
 from captioning.data import CaptionDataset, collate, load_splits
@@ -60,6 +58,9 @@ from captioning.models import Captioner
 from captioning.models.attention import HardContext
 from captioning.objectives.hard_attention import HardAttentionObjective
 from captioning.vocab import Vocabulary
+from lab.options import fail
+from lab.provenance import cpu_model, portable
+from lab.runner import Recorder
 
 # the arguments that say where files are (the first four, written portably) or how the rows
 # are kept, not what is measured: left out of a row's fingerprint in its results file

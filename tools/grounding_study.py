@@ -16,7 +16,7 @@ and the caption scores become one row of ``--results FILE`` where given
 (results/grounding.json), else of ``OUT/rows.json``: the model's settings that studies vary,
 the decoding, its precision, threads and device, the machine, the commands (the evaluation's
 as ``command``, this study's as ``study``; the folders ``--out``, ``--shared`` and ``--runs``
-written as OUT, SHARED and RUNS) and the commit (:class:`benchmarks.study.Recorder`). Rows
+written as OUT, SHARED and RUNS) and the commit (:class:`lab.runner.Recorder`). Rows
 merge by (model, variant, seed); one made under other settings (checkpoint levers, decoding,
 data) is replaced only with ``--replace``. ``python -m tools.tables`` renders them into
 docs/grounding.md. Run it once per kind of model (``--model hard --hard-context argmax``,
@@ -34,12 +34,13 @@ from typing import Any
 
 import torch
 
-from benchmarks.provenance import device_name, machine, portable
-from benchmarks.study import Recorder, add_seeds_option, fail, seeds_of
 from captioning.checkpoint import load_checkpoint
 from captioning.cli import add_set_option, positive_int
 from captioning.errors import CaptioningError
 from captioning.runtime import resolve_device
+from lab.options import add_seeds_option, fail, seeds_of
+from lab.provenance import device_name, machine, portable
+from lab.runner import Recorder
 
 # The checkpoint settings a grounding study varies (the levers of docs/grounding.md).
 LEVERS = (

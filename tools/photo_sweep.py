@@ -13,7 +13,7 @@ Each job of the ``--jobs`` file is one training run of ``--config`` (the photo r
 ``init`` names another job of the same seed: this one starts from that run's ``best.pt``
 (``captioning train --init``), as self-critical training starts from a cross-entropy model,
 so it must sit in a later ``phase``; the phases run one after the other, the jobs of a phase
-up to ``--parallel`` at a time through the study runner (:mod:`benchmarks.study`), each in a
+up to ``--parallel`` at a time through the study runner (:mod:`lab.runner`), each in a
 process of its own with ``train.threads`` = cores // ``--parallel`` (``--threads`` to say
 otherwise). On one GPU a dozen small decoders train side by side in about the time of one;
 on a CPU, give each job its own core.
@@ -38,16 +38,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from benchmarks import study
 from benchmarks.photos import nearest_neighbour, repository_path
-from benchmarks.provenance import add_replace_option, add_result_options
 from benchmarks.recipe_stages import extract_grids
-from benchmarks.results import Row
-from benchmarks.study import Evaluation, Outcome, RunSpec
 from captioning.cli import positive_int
 from captioning.config import load_config
 from captioning.errors import CaptioningError
 from captioning.metrics import java_available
+from lab import options, runner
+from lab.provenance import add_replace_option, add_result_options
+from lab.results import Row
+from lab.runner import Evaluation, Outcome, RunSpec
 
 CONFIG = "configs/photos_mobilenet.yaml"
 SOFT = "model.attention=soft"  # every job's attention, before its own settings
@@ -113,9 +113,9 @@ def job_spec(args: argparse.Namespace, job: dict[str, Any]) -> RunSpec:
 
 
 def run_job(spec: RunSpec) -> Outcome:
-    """:func:`benchmarks.study.run_spec`, a job's error becoming its outcome (``failed``)."""
+    """:func:`benchmarks.runner.run_spec`, a job's error becoming its outcome (``failed``)."""
     try:
-        return study.run_spec(spec)
+        return runner.run_spec(spec)
     except Exception as exc:  # noqa: BLE001 -- one job's error (a bad setting) must not stop the sweep
         return Outcome(spec, None, failed=f"{type(exc).__name__}: {exc}")
 
@@ -138,7 +138,7 @@ def sweep_row(outcome: Outcome) -> list[Row]:
         best_epoch=summary.get("best_epoch"),
         train_seconds=round(summary.get("seconds", outcome.train_seconds), 1),
         config=repository_path(spec.config),
-        **study.run_fields(outcome),
+        **runner.run_fields(outcome),
     )
     for beam in job.get("beams", [3]):
         for split in ("val", "test"):
@@ -200,8 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     jobs, written, failed = args.job_list, 0, 0
     try:
-        threads = study.threads_for(args.parallel, args.threads)
-        recorder = study.Recorder(
+        threads = options.threads_for(args.parallel, args.threads)
+        recorder = runner.Recorder(
             "tools.photo_sweep",
             argv,
             args.out,
@@ -222,8 +222,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"nn: test CIDEr-D {row['test_CIDEr_beam3']:.3f}", flush=True)
         for phase in sorted({job.get("phase", 1) for job in jobs}):
             specs = [job_spec(args, job) for job in jobs if job.get("phase", 1) == phase]
-            for (row,) in study.run_study(
-                study.plan(specs, threads), sweep_row, jobs=args.parallel, run=run_job
+            for (row,) in runner.run_study(
+                runner.plan(specs, threads), sweep_row, jobs=args.parallel, run=run_job
             ):
                 if "failed" in row:
                     failed += 1
@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
                 written += 1
                 print(f"{row['name']} seed {row['seed']}: val {row['val_best']:.3f}", flush=True)
     except CaptioningError as exc:
-        return study.fail(exc)
+        return options.fail(exc)
     print(f"wrote {recorder.path}: {written} rows; {failed} failed")
     return 1 if failed else 0
 

@@ -15,7 +15,7 @@ beam 3 (CIDEr-D, BLEU-4, METEOR, exact match, with the captions' mean length and
 that end in "a", "and", "of" or "the") and becomes one row of ``--results FILE`` where given
 (results/scst_shapes.json), else of ``OUT/rows.json``: the variant, the seed, the scores, the
 train seconds, the ``captioning`` commands, the study's command, the commit, precision,
-threads, device and machine. The runner (:mod:`benchmarks.study`) scores a run folder that
+threads, device and machine. The runner (:mod:`lab.runner`) scores a run folder that
 finished (``summary.json``) again without retraining it; ``--jobs N`` trains N seeds (then
 N fine-tunes) side by side. Rows merge by (variant, seed); the table in docs/scst.md is
 rendered from results/scst_shapes.json.
@@ -30,25 +30,18 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from benchmarks.provenance import portable
-from benchmarks.study import (
-    Evaluation,
-    Outcome,
-    Recorder,
-    RunSpec,
+from captioning.errors import CaptioningError
+from lab.options import (
     StudyError,
     add_runner_options,
     add_seeds_option,
     fail,
-    plan,
-    run_fields,
-    run_study,
     seeds_of,
     threads_for,
 )
-from captioning.errors import CaptioningError
+from lab.provenance import portable
+from lab.runner import Evaluation, Outcome, Recorder, RunSpec, plan, run_fields, run_study
 
-ROOT = Path(__file__).resolve().parent.parent
 XE_CONFIG = "configs/shapes_soft.yaml"
 SCST_CONFIG = "configs/shapes_varied_scst.yaml"
 BEAM = 3

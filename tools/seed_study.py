@@ -21,7 +21,7 @@ validation and test exact match, the pointing game by word type, the colour prob
 (``tools.colour_probe``), ``stalled`` (test exact match below 0.5), the train seconds, the
 commit the run was **trained** at (``--trained-at`` for a folder the study did not train:
 adopted, copied or linked; ``evaluated_at`` is this checkout's), the commands, precision,
-threads, device and machine (:mod:`benchmarks.study` runs and records them; ``--jobs N``
+threads, device and machine (:mod:`lab.runner` runs and records them; ``--jobs N``
 trains N seeds side by side). Rows merge by (variant, seed); the table in docs/attention.md
 is rendered from results/shapes_seeds.json.
 """
@@ -38,33 +38,35 @@ from typing import Any
 
 import torch
 
-from benchmarks.study import (
-    Evaluation,
-    Outcome,
-    Recorder,
-    RunSpec,
+from captioning.checkpoint import load_checkpoint
+from captioning.config import Config, config_to_dict, load_config, parse_override
+from captioning.errors import CaptioningError
+from lab import ROOT
+from lab.options import (
     StudyError,
     add_runner_options,
     add_seeds_option,
     fail,
-    flat_settings,
     parse_seeds,
-    plan,
     refuse_plumbing,
-    run_fields,
-    run_spec,
-    run_study,
     seeds_of,
     threads_for,
 )
-from captioning.checkpoint import load_checkpoint
-from captioning.config import Config, config_to_dict, load_config, parse_override
-from captioning.errors import CaptioningError
+from lab.runner import (
+    Evaluation,
+    Outcome,
+    Recorder,
+    RunSpec,
+    flat_settings,
+    plan,
+    run_fields,
+    run_spec,
+    run_study,
+)
 from tools.colour_probe import PROBE_FIT, centre_cell, colour_probe, object_features
 
 logger = logging.getLogger("captioning")
 
-ROOT = Path(__file__).resolve().parent.parent
 CONFIG = "configs/shapes_soft.yaml"
 STALLED_BELOW = 0.5  # test exact match of a stalled run: ~0.05; of a healthy one: > 0.9
 RECORD = "seed_study.json"  # in a run folder the study trained: the commit and command

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import re
 import statistics
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 from typing import Any
+
+from lab import ROOT
 
 Row = dict[str, Any]
 Rows = list[Row]
 
-ROOT = Path(__file__).resolve().parents[2]
 SHARED = ROOT.parent / "shared"  # the project's shared data and weights, beside the checkout
 NOT_RECORDED = "not recorded"
 

@@ -13,8 +13,8 @@ finished one (``summary.json``, or a ``last.pt`` at the config's last epoch), re
 so, with no scores), then evaluate ``best.pt`` as the spec says. :func:`run_study` runs the
 specs one after another or ``--jobs N`` side by side (one process each); :func:`plan` gives
 each run ``train.threads`` = max(1, cores // N) so that parallel trainings never share the
-cores unawares. :class:`Recorder` stamps the rows (:mod:`benchmarks.provenance`) and merges
-them (:func:`benchmarks.results.write_results`) into ``--results FILE`` when given, else into
+cores unawares. :class:`Recorder` stamps the rows (:mod:`lab.provenance`) and merges
+them (:func:`lab.results.write_results`) into ``--results FILE`` when given, else into
 ``OUT/rows.json`` only: a study never writes into results/ unless asked.
 """
 
@@ -32,54 +32,16 @@ from typing import Any
 
 import torch
 
-from benchmarks.provenance import (
-    ROOT,
-    cpu_model,
-    device_name,
-    git_commit,
-    module_command,
-    usable_cores,
-)
-from benchmarks.results import PLUMBING, Key, ResultsError, Row, settings_of, write_results
-from benchmarks.study_options import (
-    StudyError,
-    add_runner_options,
-    add_seeds_option,
-    fail,
-    parse_seeds,
-    refuse_plumbing,
-    seeds_of,
-    threads_for,
-)
 from captioning.checkpoint import load_checkpoint
 from captioning.config import Config, config_to_dict, load_config
 from captioning.evaluate import evaluate_checkpoint
 from captioning.runtime import resolve_device, resolve_precision, write_atomically
 from captioning.train import TrainingError, fit
-
-__all__ = [
-    "PLUMBING",
-    "ResultsError",
-    "write_results",
-    "StudyError",
-    "parse_seeds",
-    "Evaluation",
-    "RunSpec",
-    "Outcome",
-    "run_spec",
-    "run_study",
-    "plan",
-    "threads_for",
-    "Recorder",
-    "add_runner_options",
-    "add_seeds_option",
-    "seeds_of",
-    "refuse_plumbing",
-    "run_fields",
-    "fail",
-    "check_folder",
-    "train",
-]
+from lab.options import (
+    StudyError,
+)
+from lab.provenance import ROOT, cpu_model, device_name, git_commit, module_command, usable_cores
+from lab.results import PLUMBING, Key, Row, settings_of, write_results
 
 SUMMARY, FAILED = "summary.json", "failed.json"  # in a run folder: finished, or diverged
 # config keys that may differ between a run folder and the spec that resumes or re-reads it:

@@ -4,11 +4,11 @@ A study or benchmark writes rows that say which code made them (:func:`git_commi
 ``+dirty`` when tracked files differ from the commit), how (:func:`module_command`: the
 module form with no machine's paths) and on what (:func:`machine`, :func:`device_name`).
 :func:`stamp` puts these on a benchmark's rows and :func:`record` merges them into a results
-file through :func:`benchmarks.results.write_results`, the one row merge: a row replaces the
+file through :func:`lab.results.write_results`, the one row merge: a row replaces the
 file's row of the same key only when both were made under the same settings, unless
 ``--replace`` (:func:`add_replace_option`) asks otherwise; :func:`add_result_options` gives a
 benchmark ``--results`` and ``--machine-busy``. The studies stamp and merge theirs through
-:class:`benchmarks.study.Recorder`.
+:class:`lab.runner.Recorder`.
 """
 
 from __future__ import annotations
@@ -25,10 +25,9 @@ from typing import Any
 
 import torch
 
-from benchmarks.results import write_results
+from lab import ROOT, SHARED
+from lab.results import write_results
 
-ROOT = Path(__file__).resolve().parent.parent
-SHARED = ROOT.parent / "shared"  # the project's shared data and weights, beside the checkout
 # options whose value a run writes: a path of theirs outside the checkout becomes OUT/NAME
 OUTPUT_OPTIONS = ("--out", "--results")
 
@@ -207,7 +206,7 @@ def record(
         replace: replace rows of other settings too.
 
     Raises:
-        benchmarks.results.ResultsError: a row would replace one made under other settings
+        lab.results.ResultsError: a row would replace one made under other settings
             (one line; the file is untouched).
     """
     fields = stamp(module, argv, timed_alone=timed_alone, device=device, places=places)

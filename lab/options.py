@@ -1,6 +1,6 @@
 """The options and checks every study's command line shares: ``--seeds`` (one parser),
 ``--set``, ``--threads``, ``--jobs``, ``--machine-busy``, ``--results`` and ``--replace``,
-and one-line errors. :mod:`benchmarks.study` re-exports them.
+and one-line errors.
 """
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from benchmarks.provenance import add_replace_option, add_result_options, usable_cores
-from benchmarks.results import PLUMBING
 from captioning.cli import add_set_option, positive_int
 from captioning.config import parse_override
 from captioning.errors import CaptioningError
+from lab.provenance import add_replace_option, add_result_options, usable_cores
+from lab.results import PLUMBING
 
 
 class StudyError(CaptioningError):
