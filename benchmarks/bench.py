@@ -11,13 +11,13 @@ timed callables), :mod:`benchmarks.timing` (one measurement), :mod:`benchmarks.b
 What is timed, as medians over ``--repeats`` runs after ``--warmup`` runs:
 
 - ``decoder_step``: one training step on cached backbone grids, a random (B, L, D) tensor:
-  :func:`captioning.train.train_step` itself, the step training takes (forward under
+  :func:`captioning.training.train.train_step` itself, the step training takes (forward under
   autocast of the measured precision, loss, backward, gradient clipping, Adam, schedule);
 - ``full_step``: the same step on images (images → encoder → decoder). The size's
   ``fine_tune`` says whether the encoder trains (shapes: ``all``) or runs frozen under
   no_grad (coco: ``none``, a random-init ResNet-101 at 448 px, so nothing downloads);
 - ``greedy``, ``beam3``, ``beam5``: captioning one batch of cached grids through
-  :func:`captioning.inference.caption_batch`, in images/s and words/s. Every caption runs to
+  :func:`captioning.inference.caption.caption_batch`, in images/s and words/s. Every caption runs to
   the size's ``max_length`` (``<end>`` is masked through ``min_length``), so the work does not
   depend on where random weights happen to end a caption.
 
@@ -77,8 +77,8 @@ from benchmarks.workload import (
     set_up,
 )
 from captioning.config import config_to_dict, replace_section
-from captioning.decoding import Decoded
 from captioning.errors import CaptioningError
+from captioning.inference.decoding import Decoded
 from captioning.models import Captioner, build_model
 from lab.options import fail
 

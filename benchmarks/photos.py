@@ -17,7 +17,7 @@ The stages, each timed, are what a user runs by hand (see docs/photos.md):
 The models: ``soft`` and ``hard`` are the paper's two (``hard`` trained by its exact
 marginal likelihood, ``train.hard_estimator=exact``), ``none`` is the same decoder without
 attention (the mean of the grid at every word), and ``nn`` is the consensus nearest-neighbour
-caption of Devlin et al. (2015, :mod:`captioning.nearest`), with its ``k`` chosen on the
+caption of Devlin et al. (2015, :mod:`captioning.inference.nearest`), with its ``k`` chosen on the
 validation split. Everything but the attention is the config's, for every model.
 
 METEOR is left out: its paraphrase tables and stemmer are English-only, and the shared

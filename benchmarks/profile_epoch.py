@@ -3,16 +3,15 @@
     python -m benchmarks.profile_epoch --config configs/shapes_soft.yaml [--set KEY=VALUE ...]
         [--steps 20] [--ops] [--out runs/profile/shapes_soft.json]
 
-It builds the run exactly as ``captioning train`` does (:func:`captioning.train.set_up`) and
-times ``--steps`` calls of :func:`captioning.train.train_step` after two warm-up steps, split
-with hooks into: waiting for the batch (the data loader), the encoder's forward, the rest of
+It builds the run exactly as ``captioning train`` does (:func:`captioning.training.train.set_up`)
+and times ``--steps`` calls of :func:`captioning.training.train.train_step` after two warm-up steps,
+split with hooks into: waiting for the batch (the data loader), the encoder's forward, the rest of
 the forward and the loss (positions, grid layers, decoder), the decoder's backward (until the
-gradient reaches the encoder's output), the encoder's backward, and what follows (clipping,
-Adam, schedule). Then it times one validation as training runs it: decoding the split and
-scoring the captions. The epoch estimate is steps per epoch x the median step plus one
-validation, scaled by ``1 / train.val_every``. With ``data.cache_images`` the images are
-decoded into the cache first (timed apart: the first epoch's extra cost), so the data phase
-is that of every later epoch.
+gradient reaches the encoder's output), the encoder's backward, and what follows (clipping, Adam,
+schedule). Then it times one validation as training runs it: decoding the split and scoring the
+captions. The epoch estimate is steps per epoch x the median step plus one validation, scaled by ``1
+/ train.val_every``. With ``data.cache_images`` the images are decoded into the cache first (timed
+apart: the first epoch's extra cost), so the data phase is that of every later epoch.
 
 ``--step-loop`` makes teacher forcing run word by word even where all words could run at once
 (``runtime.parallel_decoder=false``), and ``--no-channels-last`` runs the encoder's
@@ -44,10 +43,10 @@ import torch
 
 from captioning.config import load_config
 from captioning.errors import CaptioningError
-from captioning.inference import decode_dataset
+from captioning.inference.caption import decode_dataset
 from captioning.metrics.scoring import score_predictions
 from captioning.runtime import resolve_device, resolve_precision
-from captioning.train import SINGLE, Setup, set_up, train_step
+from captioning.training.train import SINGLE, Setup, set_up, train_step
 from lab.options import fail
 from lab.provenance import add_replace_option, add_result_options, portable, record
 

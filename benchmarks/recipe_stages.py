@@ -16,11 +16,11 @@ import torch
 
 from captioning.config import Config
 from captioning.data import load_splits
+from captioning.data.feature_cache import FeatureCache, cache_folder, extract_features
 from captioning.errors import CaptioningError
-from captioning.feature_cache import FeatureCache, cache_folder, extract_features
+from captioning.inference.nearest import NearestNeighbourCaptioner, pool_grids
 from captioning.metrics import caption_metrics, tokenize_for_eval
 from captioning.models import build_encoder
-from captioning.nearest import NearestNeighbourCaptioner, pool_grids
 from lab.provenance import ROOT
 
 NN_KS = (1, 3, 5, 10, 20, 40, 80)  # the nearest neighbour's k, chosen among these on val

@@ -19,9 +19,9 @@ import torch
 from benchmarks.reference import load_reference
 from benchmarks.reference_decoding import DECODERS, captions_equal
 from captioning.config import ModelConfig
-from captioning.decoding import Decoded, decode
+from captioning.data.vocab import Vocabulary
+from captioning.inference.decoding import Decoded, decode
 from captioning.models import Decoder
-from captioning.vocab import Vocabulary
 
 LOGITS_TOLERANCE = 1e-5
 SCORE_TOLERANCE = 1e-4
@@ -124,10 +124,10 @@ def check_reference(
     device: torch.device,
 ) -> dict[str, Any]:
     """Ours against the reference on the same weights: the largest teacher-forced logit
-    difference (fp32), and per decoding task of ``DECODERS`` the share of identical captions
-    (fp64), with the weights as they are and with ``<end>`` raised until about half of our
-    captions end (:func:`end_biased`, per task). Ours decodes with
-    :func:`captioning.decoding.decode`, the function every caption of the package comes from.
+    difference (fp32), and per decoding task of ``DECODERS`` the share of identical captions (fp64),
+    with the weights as they are and with ``<end>`` raised until about half of our captions end
+    (:func:`end_biased`, per task). Ours decodes with :func:`captioning.inference.decoding.decode`,
+    the function every caption of the package comes from.
 
     Args:
         decoder: our decoder; it is copied, not changed.

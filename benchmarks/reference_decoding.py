@@ -1,5 +1,5 @@
 """Greedy decoding and beam search one image at a time, tutorial style, with the result
-semantics of :mod:`captioning.decoding`: the reference decodings of the benchmark.
+semantics of :mod:`captioning.inference.decoding`: the reference decodings of the benchmark.
 
 :data:`DECODERS` pairs each decoding task the benchmark times (``greedy``, ``beam3``,
 ``beam5``) with how ours decodes it and the reference's decoding of it.
@@ -15,9 +15,9 @@ import torch
 
 from benchmarks.reference import ReferenceDecoder
 from captioning.config import DecodeConfig
-from captioning.decoding import Decoded
+from captioning.data.vocab import Vocabulary
+from captioning.inference.decoding import Decoded
 from captioning.models import AttentionTrace
-from captioning.vocab import Vocabulary
 
 
 def _reference_log_probs(
@@ -66,7 +66,7 @@ def reference_greedy(
     suppress_unk: bool = True,
 ) -> Decoded:
     """Greedy decoding one image at a time, with the result semantics of
-    :func:`captioning.decoding.greedy_decode`.
+    :func:`captioning.inference.decoding.greedy_decode`.
 
     Args:
         reference: the decoder.
@@ -163,7 +163,7 @@ def reference_beam_search(
     suppress_unk: bool = True,
 ) -> Decoded:
     """Beam search one image at a time, with the result semantics of
-    :func:`captioning.decoding.beam_search` (same candidates, same rule for which endings
+    :func:`captioning.inference.decoding.beam_search` (same candidates, same rule for which endings
     count, same stopping, same answer when no beam ends). Without a length penalty only.
 
     Args:

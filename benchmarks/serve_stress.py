@@ -62,7 +62,7 @@ def tiny_checkpoint(folder: Path) -> Path:
     """A shapes model trained for one epoch on a few dozen 48 px images (seconds)."""
     from captioning.config import load_config
     from captioning.data.shapes import generate_shapes
-    from captioning.train import fit
+    from captioning.training.train import fit
 
     data = folder / "shapes"
     generate_shapes(data, num_train=24, num_val=6, num_test=6, seed=0, image_size=48)

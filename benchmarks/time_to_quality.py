@@ -37,7 +37,8 @@ import torch
 
 from captioning.config import load_config
 from captioning.errors import CaptioningError
-from captioning.runtime import marked_verb, resolve_device, resolve_precision
+from captioning.folders import marked_verb
+from captioning.runtime import resolve_device, resolve_precision
 from lab.provenance import ROOT, add_replace_option, add_result_options, device_name, portable
 from lab.runner import Recorder
 

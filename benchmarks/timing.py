@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from benchmarks.memory import PeakMemory
-from captioning.decoding import Decoded
+from captioning.inference.decoding import Decoded
 
 logger = logging.getLogger("benchmarks")
 

@@ -22,13 +22,13 @@ import torch
 from benchmarks.reference import ReferenceDecoder, load_reference
 from benchmarks.reference_decoding import DECODERS
 from captioning.config import Config, config_from_dict, load_config
-from captioning.decoding import Decoded
+from captioning.data.vocab import SPECIALS, Vocabulary
 from captioning.errors import CaptioningError
-from captioning.inference import caption_batch
+from captioning.inference.caption import caption_batch
+from captioning.inference.decoding import Decoded
 from captioning.models import Captioner
 from captioning.runtime import autocast
-from captioning.train import Run, train_step
-from captioning.vocab import SPECIALS, Vocabulary
+from captioning.training.train import Run, train_step
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

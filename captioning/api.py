@@ -11,7 +11,7 @@
     result.heads, result.centres  # multi-head: (words, H, rows, cols); local: (words, 2)
 
 The ``caption`` verb, ``evaluate``, the quickstart, the notebook and the web demo all load
-and caption through this module, on top of :mod:`captioning.inference`.
+and caption through this module, on top of :mod:`captioning.inference.caption`.
 """
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ from PIL import Image
 
 from captioning.config import Config
 from captioning.data.images import ImageLimits, as_rgb, load_image
+from captioning.data.vocab import Vocabulary
 from captioning.errors import DataError
-from captioning.inference import (
+from captioning.inference.caption import (
     Caption,
     Failed,
     ImageSource,
@@ -41,7 +42,6 @@ from captioning.inference import (
 )
 from captioning.models import Captioner
 from captioning.runtime import resolve_device
-from captioning.vocab import Vocabulary
 
 __all__ = ["Caption", "CaptionModel", "Failed", "ImageInput", "load"]
 

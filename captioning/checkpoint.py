@@ -1,9 +1,9 @@
 """Checkpoints: plain data only, written atomically, read with ``weights_only=True``.
 
 A checkpoint is a dict of tensors, numbers, strings, lists and dicts. Its schema is
-:meth:`captioning.run_state.Run.state_dict` (``model``, ``optimizer``, ``scheduler``, ``epoch``,
-``step``, ``config``: the resolved config dict, ``vocab``: the word list, ``rng``: one state
-per process, ...) plus ``format_version``. It rebuilds its own model, and a file crafted to
+:meth:`captioning.training.run_state.Run.state_dict` (``model``, ``optimizer``, ``scheduler``,
+``epoch``, ``step``, ``config``: the resolved config dict, ``vocab``: the word list, ``rng``: one
+state per process, ...) plus ``format_version``. It rebuilds its own model, and a file crafted to
 run code when unpickled is refused instead of executed. Files of an older format version are
 upgraded when they are read.
 """

@@ -112,8 +112,8 @@ def _add_checkpoint_args(parser: argparse.ArgumentParser) -> None:
 
 def cmd_shapes(args: argparse.Namespace) -> int:
     from captioning.data.shapes import generate_shapes
-    from captioning.run_folder import SHAPES
-    from captioning.runtime import claim_folder
+    from captioning.folders import claim_folder
+    from captioning.training.run_folder import SHAPES
 
     with claim_folder(args.out, SHAPES):
         summary = generate_shapes(
@@ -269,7 +269,7 @@ def cmd_prepare_flickr30k(args: argparse.Namespace) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from captioning.config import load_config
-    from captioning.train import fit
+    from captioning.training.train import fit
 
     overrides = list(args.overrides)
     if args.quiet:
@@ -282,7 +282,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_extract_features(args: argparse.Namespace) -> int:
     from captioning.config import load_config
-    from captioning.feature_cache import extract_features
+    from captioning.data.feature_cache import extract_features
 
     cfg = load_config(args.config, args.overrides)
     summary = extract_features(
@@ -339,8 +339,8 @@ def grounding_line(grounding: dict) -> str:
 
 def cmd_caption(args: argparse.Namespace) -> int:
     from captioning.api import load
-    from captioning.inference import CAPTION
-    from captioning.runtime import claim_folder
+    from captioning.folders import claim_folder
+    from captioning.inference.caption import CAPTION
 
     if args.per_head and not args.attention_dir:
         raise ConfigError("--per-head writes its figures into --attention-dir: give one")
@@ -398,7 +398,7 @@ def _caption(
     import json
 
     from captioning.api import Failed
-    from captioning.inference import figure_stem
+    from captioning.inference.caption import figure_stem
 
     decoding = dict(beam_size=args.beam_size, hard_context=args.hard_context)
     # Letters as they are; \u escapes only where stdout was forced to another encoding.

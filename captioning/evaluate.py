@@ -25,11 +25,12 @@ from captioning.data.images import ImageLimits
 from captioning.data.records import ImageRecord
 from captioning.data.shapes import SHAPES
 from captioning.errors import CaptioningError, ConfigError
-from captioning.inference import decode_dataset
+from captioning.files import write_atomically
+from captioning.folders import Writer, claim_folder, holds_only
+from captioning.inference.caption import decode_dataset
 from captioning.metrics import AttentionMaps, score_predictions
 from captioning.metrics.pointing import category_grounding
 from captioning.metrics.words import load_category_words, shipped_category_words
-from captioning.runtime import Writer, claim_folder, holds_only, write_atomically
 
 logger = logging.getLogger("captioning")
 
@@ -90,7 +91,7 @@ def evaluate_checkpoint(
             settings (greedy by default), 1 is greedy.
         out_dir: where to write the two json files (nothing is written without it): a new
             or empty folder, or one an earlier evaluation wrote (see
-            :func:`captioning.runtime.claim_folder`); it is locked while in use.
+            :func:`captioning.folders.claim_folder`); it is locked while in use.
         data_root: read the data from here instead of the checkpoint's ``data.root``.
         hard_context: for hard-attention models, ``expectation``, ``argmax`` or ``sample``.
         max_images: score only the first this many images of the split.

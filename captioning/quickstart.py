@@ -18,10 +18,11 @@ from captioning.config import Config, load_config
 from captioning.data import load_splits
 from captioning.data.shapes import generate_shapes
 from captioning.evaluate import evaluate_checkpoint, format_table
-from captioning.inference import CAPTION, figure_stem
-from captioning.run_folder import CONFIG_FILE, SHAPES
-from captioning.runtime import LOCK, Writer, claim_folder, holds_only, write_atomically
-from captioning.train import fit
+from captioning.files import write_atomically
+from captioning.folders import LOCK, Writer, claim_folder, holds_only
+from captioning.inference.caption import CAPTION, figure_stem
+from captioning.training.run_folder import CONFIG_FILE, SHAPES
+from captioning.training.train import fit
 
 logger = logging.getLogger("captioning")
 

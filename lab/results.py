@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from captioning.errors import CaptioningError
-from captioning.runtime import write_atomically
+from captioning.files import write_atomically
 
 Row = dict[str, Any]
 Key = Callable[[Row], Hashable]

@@ -35,8 +35,9 @@ import torch
 from captioning.checkpoint import load_checkpoint
 from captioning.config import Config, config_to_dict, load_config
 from captioning.evaluate import evaluate_checkpoint
-from captioning.runtime import resolve_device, resolve_precision, write_atomically
-from captioning.train import TrainingError, fit
+from captioning.files import write_atomically
+from captioning.runtime import resolve_device, resolve_precision
+from captioning.training.train import TrainingError, fit
 from lab.options import (
     StudyError,
 )

@@ -142,7 +142,7 @@ def tiny_shapes(tmp_path_factory) -> Path:
 
 def _tiny_run(root: Path, out: Path, *overrides: str) -> Path:
     from captioning.config import load_config
-    from captioning.train import fit
+    from captioning.training.train import fit
 
     config = Path(__file__).resolve().parent.parent / "configs" / "test_tiny.yaml"
     fit(load_config(config, [f"data.root={root}", "train.epochs=1", *overrides]), out_dir=out)

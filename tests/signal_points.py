@@ -226,8 +226,8 @@ def main() -> int:
 
     torch.set_num_threads(1)  # no thread pool in the parent: every child is forked
     import captioning.cli
-    import captioning.feature_cache
-    import captioning.train  # noqa: F401  (imported once: a child starts where a run starts)
+    import captioning.data.feature_cache
+    import captioning.training.train  # noqa: F401  (imported once: a child starts where a run starts)
 
     if args.work.exists() and any(args.work.iterdir()):
         parser.error(f"--work {args.work} holds files; give a new or empty folder")

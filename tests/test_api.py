@@ -235,7 +235,7 @@ def test_load_folds_a_frozen_encoders_batch_norms(tiny_shapes, tmp_path, block, 
     so the caption, are those of the network as trained."""
     from torch import nn
 
-    from captioning.inference import caption_batch, load_model
+    from captioning.inference.caption import caption_batch, load_model
     from tests.conftest import _tiny_run
 
     checkpoint = _tiny_run(

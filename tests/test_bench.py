@@ -16,12 +16,13 @@ from benchmarks import beam_floor, bench, bench_report, reference_decoding, work
 from benchmarks.reference import ReferenceDecoder, load_reference
 from benchmarks.reference_check import check_reference, end_biased
 from benchmarks.reference_decoding import reference_beam_search, reference_greedy
-from captioning import inference, train
 from captioning.config import load_config
-from captioning.decoding import beam_search, greedy_decode
+from captioning.data.vocab import Vocabulary
+from captioning.inference import caption as inference
+from captioning.inference.decoding import beam_search, greedy_decode
 from captioning.models import build_model
 from captioning.objectives.cross_entropy import caption_loss
-from captioning.vocab import Vocabulary
+from captioning.training import train
 from lab.results import ResultsError
 from tests.conftest import load_tool
 

@@ -4,7 +4,8 @@ import pytest
 
 import tools.colour_trace
 from captioning.data.shapes import generate_shapes
-from captioning.train import fit
+from captioning.training.train import fit
+from lab import ROOT
 
 from .test_train import tiny
 
@@ -44,7 +45,7 @@ def test_the_first_words_map_is_as_peaked_as_its_scores_are_large():
     from captioning.models import build_model
 
     torch.manual_seed(0)
-    cfg = load_config(tools.colour_trace.ROOT / "configs" / "test_tiny.yaml",
+    cfg = load_config(ROOT / "configs" / "test_tiny.yaml",
                       ["model.score=general", "model.grid_layers=0"])  # fmt: skip
     model = build_model(cfg.model, vocab_size=12).eval()
     grid = torch.randn(5, 16, model.decoder.attention.score.query_proj.out_features)

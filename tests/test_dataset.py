@@ -11,8 +11,8 @@ from captioning.data import (
     drop_bad_images,
     load_splits,
 )
+from captioning.data.vocab import Vocabulary
 from captioning.errors import DataError
-from captioning.vocab import Vocabulary
 
 from .test_readers import COCO2014
 

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from captioning.decoding import beam_search, greedy_decode, sample_decode
+from captioning.inference.decoding import beam_search, greedy_decode, sample_decode
 from captioning.models.attention import AttentionOutput
 from captioning.models.decoder import DecoderState, StepOutput
 from captioning.models.trace import AttentionTrace

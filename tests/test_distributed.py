@@ -12,7 +12,7 @@ import torch
 from captioning.checkpoint import load_checkpoint
 from captioning.config import load_config
 from captioning.data.shapes import generate_shapes
-from captioning.train import fit
+from captioning.training.train import fit
 
 CONFIG = os.path.join(os.path.dirname(__file__), "..", "configs", "test_tiny.yaml")
 # Dropout off and a frozen encoder: with dropout each process draws its own masks, and a

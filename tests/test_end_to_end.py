@@ -5,7 +5,7 @@ import pytest
 from captioning.config import load_config
 from captioning.data.shapes import generate_shapes
 from captioning.evaluate import evaluate_checkpoint
-from captioning.train import fit
+from captioning.training.train import fit
 
 from .test_train import CONFIG
 

@@ -10,8 +10,9 @@ from PIL import Image
 
 from captioning.cli import main
 from captioning.data.records import ImageRecord, ObjectAnnotation
-from captioning.decoding import Decoded
+from captioning.data.vocab import Vocabulary
 from captioning.evaluate import evaluate_checkpoint
+from captioning.inference.decoding import Decoded
 from captioning.metrics.grounding import (
     centre_in_box,
     grounding_scores,
@@ -19,8 +20,7 @@ from captioning.metrics.grounding import (
     point_and_mass,
 )
 from captioning.models.trace import AttentionTrace
-from captioning.train import fit
-from captioning.vocab import Vocabulary
+from captioning.training.train import fit
 
 from .test_train import tiny
 
@@ -130,7 +130,7 @@ def test_centre_pointing_game_by_word_type():
 def test_evaluate_reports_the_centre_pointing_game_of_a_local_model(tiny_local_checkpoint):
     import captioning
     from captioning.data import load_splits
-    from captioning.inference import caption_files
+    from captioning.inference.caption import caption_files
     from captioning.metrics.grounding import COCO_SYNONYMS
 
     metrics = evaluate_checkpoint(tiny_local_checkpoint, split="test", meteor=False,

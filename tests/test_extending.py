@@ -11,7 +11,7 @@ import captioning
 from captioning import objectives
 from captioning.config import load_config
 from captioning.models import attention, encoder
-from captioning.train import fit
+from captioning.training.train import fit
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -16,13 +16,13 @@ import pytest
 import torch
 
 import captioning
-from captioning import train as train_module
 from captioning.checkpoint import load_checkpoint
 from captioning.cli import main
 from captioning.config import load_config
 from captioning.data.shapes import generate_shapes
 from captioning.errors import CaptioningError
-from captioning.train import TrainingError, fit
+from captioning.training import train as train_module
+from captioning.training.train import TrainingError, fit
 
 REPO = Path(__file__).parents[1]
 CONFIG = str(REPO / "configs" / "test_tiny.yaml")
@@ -61,7 +61,8 @@ def finite(payload) -> bool:
 CHILD = """
 import sys, time
 from pathlib import Path
-from captioning import checkpoint, train
+from captioning import checkpoint
+from captioning.training import train
 from captioning.cli import main
 
 where, stop_at, marks = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
@@ -220,7 +221,7 @@ def test_a_nonfinite_gradient_skips_the_batch_and_the_weights_stay_finite(
 
 
 def test_the_lock_is_taken_before_the_folder_is_checked(shapes, tmp_path):
-    from captioning.run_folder import lock_run_dir
+    from captioning.training.run_folder import lock_run_dir
 
     run = tmp_path / "run"
     run.mkdir()

@@ -12,19 +12,19 @@ from captioning.checkpoint import load_checkpoint
 from captioning.cli import main
 from captioning.config import load_config
 from captioning.data.build import load_splits
-from captioning.data.images import load_image
-from captioning.data.shapes import generate_shapes
-from captioning.errors import DataError
-from captioning.feature_cache import (
+from captioning.data.feature_cache import (
     FeatureCache,
     cache_folder,
     encoder_fingerprint,
     extract_features,
     find_cache,
 )
+from captioning.data.images import load_image
+from captioning.data.shapes import generate_shapes
+from captioning.errors import DataError
 from captioning.models import build_encoder
 from captioning.runtime import seed_everything
-from captioning.train import fit
+from captioning.training.train import fit
 
 CONFIG = os.path.join(os.path.dirname(__file__), "..", "configs", "test_tiny.yaml")
 FROZEN = ["model.fine_tune=none", "model.dropout=0", "train.epochs=2", "train.precision=fp32"]

@@ -16,14 +16,16 @@ from PIL import Image
 from captioning import api
 from captioning.cli import main
 from captioning.config import load_config
+from captioning.data.feature_cache import cache_folder, extract_features
 from captioning.data.shapes import generate_shapes
 from captioning.errors import CaptioningError, ConfigError
-from captioning.feature_cache import cache_folder, extract_features
+from captioning.files import write_atomically
+from captioning.folders import MARKER, lock_folder
 from captioning.models import build_encoder
 from captioning.prepare import prepare_folder
 from captioning.quickstart import remove_earlier_run
-from captioning.run_folder import RUN_FOLDER, write_config
-from captioning.runtime import MARKER, lock_folder, seed_everything, write_atomically
+from captioning.runtime import seed_everything
+from captioning.training.run_folder import RUN_FOLDER, write_config
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = str(ROOT / "configs" / "test_tiny.yaml")
@@ -259,9 +261,9 @@ def test_no_file_is_written_through_a_link_left_in_a_commands_folder(tmp_path, c
     opened without following links: a link where one will go is refused in one line and
     the file it points at keeps its bytes."""
     from captioning.config import Config, save_config
+    from captioning.data.vocab import Vocabulary
+    from captioning.figures.heatmaps import attention_gif, attention_grid_figure
     from captioning.files import open_unlinked
-    from captioning.viz import attention_gif, attention_grid_figure
-    from captioning.vocab import Vocabulary
 
     precious = tmp_path / "notes.txt"
     precious.write_text("my notes\n")
@@ -403,7 +405,7 @@ def test_extract_features_refuses_a_cache_folder_it_did_not_write(tiny_shapes, t
 
 STOPPING = """
 import os, signal, sys
-import captioning.feature_cache as feature_cache
+import captioning.data.feature_cache as feature_cache
 from captioning.cli import main
 
 real = feature_cache.progress_bar

@@ -12,9 +12,10 @@ import torch
 
 from captioning.cli import main
 from captioning.data.records import ImageRecord, ObjectAnnotation
-from captioning.decoding import Decoded
+from captioning.data.vocab import Vocabulary
 from captioning.errors import ConfigError
 from captioning.evaluate import evaluate_checkpoint
+from captioning.inference.decoding import Decoded
 from captioning.metrics.pointing import (
     Grid,
     box_coverage,
@@ -25,7 +26,6 @@ from captioning.metrics.pointing import (
 )
 from captioning.metrics.words import load_category_words, shipped_category_words
 from captioning.models.trace import AttentionTrace
-from captioning.vocab import Vocabulary
 
 from .conftest import ROOT
 
@@ -190,7 +190,7 @@ def test_the_figure_outlines_the_boxes_of_each_word():
     from matplotlib.patches import Rectangle
     from PIL import Image
 
-    from captioning.viz import attention_grid
+    from captioning.figures.heatmaps import attention_grid
 
     image = Image.new("RGB", (40, 20))
     alphas = torch.stack([one_hot((0, 1.0)), one_hot((7, 1.0))])
@@ -294,17 +294,17 @@ def test_evaluate_refuses_a_bad_category_words_file_in_one_line(tiny_checkpoint,
 def test_caption_outlines_the_boxes_from_an_instances_file(
     tiny_checkpoint, tiny_shapes, tmp_path, monkeypatch, capsys
 ):
-    import captioning.viz
+    import captioning.figures.heatmaps
     from captioning.data.coco import read_instance_images
 
     drawn = {}
-    real = captioning.viz.trace_figure
+    real = captioning.figures.heatmaps.trace_figure
 
     def spy(image, words, trace, grid, path, *args, boxes=None, **kwargs):
         drawn["words"], drawn["boxes"] = words, boxes
         return real(image, words, trace, grid, path, *args, boxes=boxes, **kwargs)
 
-    monkeypatch.setattr(captioning.viz, "trace_figure", spy)
+    monkeypatch.setattr(captioning.figures.heatmaps, "trace_figure", spy)
     instances = tiny_shapes / "annotations" / "instances_test.json"
     image = sorted((tiny_shapes / "images" / "test").glob("*.png"))[0]
     out = tmp_path / "figures"

@@ -7,25 +7,25 @@ from pathlib import Path
 import pytest
 import torch
 
-import captioning.train as train_module
+import captioning.training.train as train_module
 from captioning.checkpoint import FORMAT_VERSION, load_checkpoint
 from captioning.cli import main
 from captioning.config import load_config, replace_section
 from captioning.data import CaptionDataset, load_splits
 from captioning.data.shapes import generate_shapes
-from captioning.decoding import Decoded
+from captioning.data.vocab import Vocabulary
 from captioning.errors import CheckpointError, ConfigError
 from captioning.evaluate import evaluate_checkpoint
-from captioning.inference import (
+from captioning.inference.caption import (
     Caption,
     caption_files,
     decode_dataset,
     load_model,
     with_decoding,
 )
+from captioning.inference.decoding import Decoded
 from captioning.models.trace import AttentionTrace
-from captioning.train import fit, validate
-from captioning.vocab import Vocabulary
+from captioning.training.train import fit, validate
 
 from .test_train import CONFIG, tiny
 
@@ -227,7 +227,7 @@ def test_init_and_resume_ignore_small_cnn_keys_of_another_encoder(tmp_path, enco
     nothing, so --init and --resume accept today's default for them, and refuse it only for
     a small CNN."""
     from captioning.config import config_to_dict
-    from captioning.run_state import check_resume_config, load_init
+    from captioning.training.run_state import check_resume_config, load_init
 
     ours = load_config(CONFIG, [f"model.encoder={encoder}", "model.weights=null"])
     saved = config_to_dict(ours)

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from captioning.config import DecodeConfig, ModelConfig, load_config
-from captioning.decoding import decode
 from captioning.errors import ConfigError
+from captioning.inference.decoding import decode
 from captioning.models import build_model
 from captioning.models.encoder import build_encoder, split_summary
 from captioning.objectives.cross_entropy import attention_entropy, caption_loss

@@ -9,6 +9,7 @@ from pycocoevalcap import eval as cocoeval
 from pycocoevalcap.bleu.bleu import Bleu
 from pycocotools.coco import COCO
 
+from captioning.data.vocab import tokenize
 from captioning.errors import CaptioningError
 from captioning.metrics import (
     METRIC_NAMES,
@@ -20,7 +21,6 @@ from captioning.metrics import (
 )
 from captioning.metrics import captions as captions_module
 from captioning.metrics.captions import BLEU_NO_BP_NAMES
-from captioning.vocab import tokenize
 
 REFERENCES = {
     11: [

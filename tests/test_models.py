@@ -530,7 +530,7 @@ def test_grid_self_attention_relates_cells_and_trains():
     does without the layers. Every parameter gets gradients, at the decoder's learning rate,
     and cached grids pass through the layers like images do."""
     from captioning.config import TrainConfig
-    from captioning.optim import build_optimizer
+    from captioning.training.optim import build_optimizer
 
     images, tokens = batch()
     changed = images.clone()

@@ -1,4 +1,4 @@
-"""The consensus nearest-neighbour baseline (captioning/nearest.py)."""
+"""The consensus nearest-neighbour baseline (captioning/inference/nearest.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from collections import Counter
 import pytest
 import torch
 
+from captioning.inference.nearest import NearestNeighbourCaptioner, pool_grids
 from captioning.metrics.cider import ngram_counts
-from captioning.nearest import NearestNeighbourCaptioner, pool_grids
 
 WORDS = "một người đàn ông đang đánh bóng tennis trên sân chày vợt cầm phụ nữ".split()
 

@@ -19,7 +19,7 @@ from captioning.errors import DataError
 from captioning.prepare import coco as coco_module
 from captioning.prepare import prepare_folder
 from captioning.prepare.download import RemoteFile, download
-from captioning.train import fit
+from captioning.training.train import fit
 from tests.conftest import make_coco
 
 CONFIG = os.path.join(os.path.dirname(__file__), "..", "configs", "test_tiny.yaml")

@@ -8,7 +8,7 @@ import captioning.runtime as runtime
 from captioning.checkpoint import load_checkpoint
 from captioning.errors import CaptioningError
 from captioning.runtime import autocast, native_bf16, resolve_device, resolve_precision
-from captioning.train import fit
+from captioning.training.train import fit
 
 from .test_train import tiny
 

@@ -5,13 +5,13 @@ configs and checkpoints from before it decode as they did; set, it decides alone
 import pytest
 import torch
 
-from captioning import inference
 from captioning.checkpoint import load_checkpoint, save_checkpoint
 from captioning.config import config_from_dict, config_to_dict, load_config
 from captioning.errors import CheckpointError, ConfigError
 from captioning.evaluate import evaluate_checkpoint
-from captioning.inference import load_model
-from captioning.run_state import check_resume_config
+from captioning.inference import caption as inference
+from captioning.inference.caption import load_model
+from captioning.training.run_state import check_resume_config
 
 
 def test_runtime_keys_follow_the_train_section_until_set():

@@ -9,7 +9,8 @@ import torch
 import captioning.objectives.self_critical as scst
 from captioning.config import load_config
 from captioning.data.records import ImageRecord
-from captioning.decoding import Decoded, greedy_decode
+from captioning.data.vocab import Vocabulary
+from captioning.inference.decoding import Decoded, greedy_decode
 from captioning.metrics import tokenize_for_eval
 from captioning.models import build_model
 from captioning.models.attention import HardContext
@@ -20,7 +21,6 @@ from captioning.objectives.self_critical import (
     leave_one_out,
     teacher_inputs,
 )
-from captioning.vocab import Vocabulary
 
 CONFIG = os.path.join(os.path.dirname(__file__), "..", "configs", "test_tiny.yaml")
 VOCAB = Vocabulary(

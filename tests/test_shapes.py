@@ -11,8 +11,8 @@ from PIL import Image
 from pycocotools.coco import COCO
 
 from captioning.data.shapes import COLORS, SHAPES, SIZES, describe_objects, generate_shapes
+from captioning.data.vocab import tokenize
 from captioning.errors import DataError
-from captioning.vocab import tokenize
 
 SPLITS = ("train", "val", "test")
 COUNT_WORDS = {1: "one", 2: "two", 3: "three"}

@@ -95,7 +95,8 @@ def test_a_command_stops_on_ctrl_c_even_where_it_inherited_it_ignored():
 # would install its own handler).
 CHILD = """
 import os, signal, sys
-from captioning import config, train
+from captioning import config
+from captioning.training import train
 from captioning.cli import main
 
 name, where = sys.argv[1], sys.argv[2]
@@ -142,7 +143,7 @@ def test_a_background_training_stops_with_its_line(tiny_shapes, tmp_path, name, 
 
 
 def test_a_signal_during_an_atomic_write_waits_for_the_rename(ctrl_c_raises, tmp_path, monkeypatch):
-    from captioning import runtime
+    from captioning import files
 
     real_fsync = os.fsync
 
@@ -150,9 +151,9 @@ def test_a_signal_during_an_atomic_write_waits_for_the_rename(ctrl_c_raises, tmp
         os.kill(os.getpid(), signal.SIGINT)
         real_fsync(fd)
 
-    monkeypatch.setattr(runtime.os, "fsync", interrupted_fsync)
+    monkeypatch.setattr(files.os, "fsync", interrupted_fsync)
     target = tmp_path / "metrics.json"
     with pytest.raises(KeyboardInterrupt):
-        runtime.write_atomically(target, "{}")
+        files.write_atomically(target, "{}")
     assert target.read_text() == "{}"  # whole, renamed into place
     assert not list(tmp_path.glob(".*.tmp"))

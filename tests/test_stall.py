@@ -9,7 +9,7 @@ import pytest
 
 from captioning.config import load_config
 from captioning.data.shapes import generate_shapes
-from captioning.train import fit
+from captioning.training.train import fit
 
 from .conftest import load_tool
 from .test_train import CONFIG

@@ -6,14 +6,14 @@ import pickle
 import pytest
 import torch
 
-from captioning import train as train_module
 from captioning.checkpoint import FORMAT_VERSION, load_checkpoint, save_checkpoint
 from captioning.cli import main
 from captioning.config import load_config
 from captioning.data.shapes import generate_shapes
 from captioning.errors import CaptioningError, CheckpointError
-from captioning.inference import decode_dataset, load_model
-from captioning.train import TrainingError, fit
+from captioning.inference.caption import decode_dataset, load_model
+from captioning.training import train as train_module
+from captioning.training.train import TrainingError, fit
 
 CONFIG = os.path.join(os.path.dirname(__file__), "..", "configs", "test_tiny.yaml")
 
@@ -171,7 +171,7 @@ def test_resume_needs_training_state_and_fitting_weights(shapes, one_epoch, tmp_
 
 
 def test_init_starts_a_new_run_from_the_weights(shapes, one_epoch, tmp_path, monkeypatch):
-    from captioning import train
+    from captioning.training import train
 
     loaded = {}
     real = train.load_weights
@@ -198,7 +198,7 @@ def test_init_starts_a_new_run_from_the_weights(shapes, one_epoch, tmp_path, mon
 def test_hard_attention_starts_from_a_soft_models_weights(shapes, one_epoch, tmp_path):
     """Soft and hard attention score the cells with the same weights, so --init may swap one
     for the other; an attention with other weights (none) is refused by name."""
-    from captioning import train
+    from captioning.training import train
 
     loaded = {}
     real = train.load_weights
@@ -334,7 +334,7 @@ def test_ctrl_c_during_a_checkpoint_write_finishes_the_write_then_stops(
 
 
 def test_a_run_folder_takes_one_training_at_a_time(shapes, tmp_path, caplog):
-    from captioning.run_folder import lock_run_dir
+    from captioning.training.run_folder import lock_run_dir
 
     run = tmp_path / "run"
     run.mkdir()
@@ -353,8 +353,8 @@ def test_a_run_folder_takes_one_training_at_a_time(shapes, tmp_path, caplog):
 
 
 def test_a_diverged_model_skips_its_figure_and_keeps_training(shapes, tmp_path, caplog):
-    from captioning.inference import CaptionResult
-    from captioning.train import _epoch_figure
+    from captioning.inference.caption import CaptionResult
+    from captioning.training.train import _epoch_figure
 
     fit(tiny(shapes, "train.epochs=1"), out_dir=tmp_path / "run")
     model, cfg, vocab = load_model(tmp_path / "run" / "last.pt")

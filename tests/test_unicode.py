@@ -18,9 +18,9 @@ import pytest
 from PIL import Image
 
 import captioning
+from captioning.data.vocab import tokenize
 from captioning.evaluate import evaluate_checkpoint, format_table
 from captioning.metrics import caption_metrics, java_available, tokenize_for_eval
-from captioning.vocab import tokenize
 
 from .conftest import write_json
 from .test_vocab import VIETNAMESE
@@ -58,7 +58,7 @@ def vietnamese_run(tmp_path_factory):
     """A COCO-style dataset with Vietnamese captions and no instances, and a tiny model
     trained on it for a few epochs (seconds)."""
     from captioning.config import load_config
-    from captioning.train import fit
+    from captioning.training.train import fit
 
     root = tmp_path_factory.mktemp("photos_vi")
     for first_id, (split, count) in zip((1, 101, 201), (("train", 24), ("val", 4), ("test", 4))):

@@ -16,7 +16,7 @@ import pytest
 import torch
 from PIL import Image, ImageDraw
 
-from captioning.viz import (
+from captioning.figures.heatmaps import (
     DIM_FLOOR,
     DIM_GLOW,
     attention_gif,
@@ -594,7 +594,11 @@ def test_no_pyplot_import(tmp_path):
         import sys
         import numpy as np
         from PIL import Image
-        from captioning.viz import attention_gif, attention_grid_figure, upsample_attention
+        from captioning.figures.heatmaps import (
+            attention_gif,
+            attention_grid_figure,
+            upsample_attention,
+        )
 
         image = Image.new("RGB", (40, 30))
         alphas = np.full((2, 6), 1 / 6)

@@ -4,10 +4,10 @@ import unicodedata
 
 import pytest
 
-from captioning import vocab
+from captioning.data import vocab
 from captioning.data.records import ImageRecord
+from captioning.data.vocab import SPECIALS, Vocabulary, tokenize
 from captioning.errors import DataError
-from captioning.vocab import SPECIALS, Vocabulary, tokenize
 
 
 def test_tokenize_matches_coco_conventions():

@@ -30,8 +30,8 @@ from PIL import Image
 
 from captioning.errors import CaptioningError
 from captioning.models import Captioner
-from captioning.run_state import Run
-from captioning.train import fit
+from captioning.training.run_state import Run
+from captioning.training.train import fit
 from lab.options import (
     StudyError,
     add_runner_options,

@@ -42,7 +42,7 @@ from typing import Any
 
 from captioning.config import load_config
 from captioning.errors import CaptioningError
-from captioning.inference import load_model
+from captioning.inference.caption import load_model
 from lab import ROOT
 from lab.options import add_runner_options, add_seeds_option, fail, seeds_of, threads_for
 from lab.runner import Evaluation, Outcome, Recorder, RunSpec, plan, run_fields, run_spec, run_study

@@ -52,12 +52,12 @@ import torch
 from captioning.checkpoint import load_checkpoint
 from captioning.config import Config, replace_section
 from captioning.data import CaptionDataset, collate, load_splits
+from captioning.data.vocab import Vocabulary
 from captioning.errors import CaptioningError
-from captioning.inference import load_model
+from captioning.inference.caption import load_model
 from captioning.models import Captioner
 from captioning.models.attention import HardContext
 from captioning.objectives.hard_attention import HardAttentionObjective
-from captioning.vocab import Vocabulary
 from lab.options import fail
 from lab.provenance import cpu_model, portable
 from lab.runner import Recorder

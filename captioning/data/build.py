@@ -12,8 +12,8 @@ from captioning.config import DataConfig
 from captioning.data.coco import read_coco, read_instances
 from captioning.data.karpathy import read_karpathy
 from captioning.data.records import ImageRecord, ObjectAnnotation
+from captioning.data.vocab import Vocabulary
 from captioning.errors import DataError
-from captioning.vocab import Vocabulary
 
 logger = logging.getLogger("captioning")
 

@@ -18,8 +18,8 @@ from torch.utils.data import Dataset, Sampler
 
 from captioning.data.images import DEFAULT_LIMITS, ImageLimits, load_image
 from captioning.data.records import ImageRecord
+from captioning.data.vocab import Vocabulary
 from captioning.errors import DataError
-from captioning.vocab import Vocabulary
 
 logger = logging.getLogger("captioning")
 
@@ -27,7 +27,7 @@ Transform = Callable[[Image.Image], torch.Tensor]
 
 
 class GridSource(Protocol):
-    """Cached backbone grids by image id (what :class:`captioning.feature_cache.FeatureCache`
+    """Cached backbone grids by image id (what :class:`captioning.data.feature_cache.FeatureCache`
     provides)."""
 
     def check(self, records: list[ImageRecord]) -> None: ...
@@ -51,7 +51,7 @@ class CaptionDataset(Dataset):
         cache_images: keep each transformed image in memory after its first load
             (for small datasets such as shapes; one copy per DataLoader worker).
         feature_cache: cached backbone grids (a
-            :class:`captioning.feature_cache.FeatureCache`); items then carry ``grid`` (L, D)
+            :class:`captioning.data.feature_cache.FeatureCache`); items then carry ``grid`` (L, D)
             instead of ``image`` and no image is opened.
     """
 

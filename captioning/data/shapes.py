@@ -23,7 +23,7 @@ Caption modes:
   a relation for two objects. Everything said is still true of the image, but the references
   disagree with each other, so scores are lower and depend more on the decoding.
 
-Every caption annotation also has ``tokens`` (:func:`captioning.vocab.tokenize` of the caption)
+Every caption annotation also has ``tokens`` (:func:`captioning.data.vocab.tokenize` of the caption)
 and ``object_ids``: for each token the id of the instance annotation it names (its colour, size
 or shape word), ``None`` for every other word. That ground truth lets attention maps be scored
 against the boxes of the objects the words refer to.
@@ -50,10 +50,10 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw
 
+from captioning.data.vocab import tokenize
 from captioning.errors import DataError
 from captioning.files import open_unlinked
 from captioning.progress import progress_bar
-from captioning.vocab import tokenize
 
 # Bright, well-separated colours (nearest-colour lookup stays unambiguous under the jitter and
 # noise), all far from the dark background.
@@ -259,7 +259,7 @@ def _varied_caption(
 
 @lru_cache(maxsize=1 << 16)
 def _tokens(text: str) -> tuple[str, ...]:
-    """:func:`captioning.vocab.tokenize`, cached: it dominates the run time otherwise, and the
+    """:func:`captioning.data.vocab.tokenize`, cached: it dominates the run time otherwise, and the
     words and many captions repeat."""
     return tuple(tokenize(text))
 

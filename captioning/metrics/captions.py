@@ -31,8 +31,8 @@ from pycocoevalcap.rouge.rouge import Rouge
 from pycocoevalcap.spice.spice import Spice
 from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
 
+from captioning.data.vocab import tokenize
 from captioning.errors import CaptioningError
-from captioning.vocab import tokenize
 
 logger = logging.getLogger("captioning")
 
@@ -90,13 +90,13 @@ def _one_line(error: BaseException) -> str:
 def tokenize_for_eval(captions: Mapping[K, Sequence[str]]) -> dict[K, list[str]]:
     """Tokenize captions the way the COCO caption evaluation does.
 
-    With Java this is pycocoevalcap's ``PTBTokenizer`` (one Java run for all captions); without
-    it, :func:`captioning.vocab.tokenize`, which gives the same tokens on ordinary captions; one
+    With Java this is pycocoevalcap's ``PTBTokenizer`` (one Java run for all captions); without it,
+    :func:`captioning.data.vocab.tokenize`, which gives the same tokens on ordinary captions; one
     known difference is brackets, which PTBTokenizer keeps as ``-lrb-``/``-rrb-`` tokens (it
     lower-cases them before its punctuation filter, which looks for ``-LRB-``), another a lone
     ``/``, which it keeps.
 
-    Captions are NFC-normalised first, as :func:`captioning.vocab.tokenize` does: Java keeps
+    Captions are NFC-normalised first, as :func:`captioning.data.vocab.tokenize` does: Java keeps
     combining marks as they come, so a reference typed with them ("u" + U+031B + U+0309) would
     not match the same letter generated as one code point ("ử"). PTBTokenizer reads and writes
     UTF-8 whatever the locale (``LANG=C`` included).
@@ -351,7 +351,7 @@ def _exact_hits(
 def exact_match(predictions: Mapping[int, str], references: Mapping[int, Sequence[str]]) -> float:
     """Share of images whose prediction equals one of its references, ignoring case and punctuation.
 
-    Both sides are compared as :func:`captioning.vocab.tokenize` token lists.
+    Both sides are compared as :func:`captioning.data.vocab.tokenize` token lists.
 
     Args:
         predictions: one raw predicted caption per image id.

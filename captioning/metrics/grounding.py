@@ -28,8 +28,8 @@ from typing import Any
 import torch
 
 from captioning.data.records import ImageRecord, ObjectAnnotation
+from captioning.data.vocab import Vocabulary
 from captioning.metrics.words import shipped_category_words
-from captioning.vocab import Vocabulary
 
 # Words that name a COCO category (words.py; the category names themselves map too).
 COCO_SYNONYMS: dict[str, str] = shipped_category_words()
@@ -136,7 +136,7 @@ def grounding_scores(
 
     Args:
         records: images with object annotations (and ``width``/``height``).
-        decoded: per image id, a single-image :class:`captioning.decoding.Decoded`
+        decoded: per image id, a single-image :class:`captioning.inference.decoding.Decoded`
             (``tokens`` (T,), ``lengths`` (), and its ``trace``: ``alpha`` (T, L), and
             ``centre`` (T, 2) for local attention).
         vocab: the vocabulary of the tokens.

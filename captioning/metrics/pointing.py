@@ -39,10 +39,10 @@ from typing import Any
 import numpy as np
 
 from captioning.data.records import ImageRecord, ObjectAnnotation
+from captioning.data.vocab import Vocabulary
 from captioning.metrics.grounding import decoded_with_objects
 from captioning.metrics.words import category_of, named_category
 from captioning.models.trace import AttentionTrace
-from captioning.vocab import Vocabulary
 
 # The centre prior's standard deviation, as a share of the image's width (across) and height
 # (down).
@@ -307,7 +307,7 @@ def category_grounding(
 
     Args:
         records: the scored images; those with objects (and ``width``/``height``) count.
-        decoded: per image id, a single-image :class:`captioning.decoding.Decoded`.
+        decoded: per image id, a single-image :class:`captioning.inference.decoding.Decoded`.
         vocab: the vocabulary of the tokens.
         grid_shape: the model's attention grid (rows, columns).
         category_words: word to category (:func:`captioning.metrics.words.load_category_words`).

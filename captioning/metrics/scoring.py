@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from captioning.data.records import ImageRecord
+from captioning.data.vocab import Vocabulary
 from captioning.metrics.captions import caption_metrics, exact_match, exact_match_by_group
 from captioning.metrics.grounding import grounding_scores
-from captioning.vocab import Vocabulary
 
 
 @dataclass
@@ -18,7 +18,7 @@ class AttentionMaps:
     """What grounding needs besides the captions.
 
     Attributes:
-        decoded: per image id, its single-image :class:`captioning.decoding.Decoded`.
+        decoded: per image id, its single-image :class:`captioning.inference.decoding.Decoded`.
         vocab: the vocabulary of the decoded tokens.
         grid_shape: the model's attention grid (rows, columns).
     """

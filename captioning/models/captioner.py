@@ -56,7 +56,7 @@ class Captioner(nn.Module):
         self, images: torch.Tensor | None = None, grid: torch.Tensor | None = None
     ) -> torch.Tensor:
         """Decoder features (B, L, D) from ``images`` (B, 3, S, S), or from a cached backbone
-        ``grid`` (B, L, D) (see :mod:`captioning.feature_cache`)."""
+        ``grid`` (B, L, D) (see :mod:`captioning.data.feature_cache`)."""
         if grid is not None:
             features = self.encoder.add_positions(grid.float())
         elif images is None:

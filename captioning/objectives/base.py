@@ -18,9 +18,9 @@ from torch import nn
 
 from captioning.config import Config
 from captioning.data.records import ImageRecord
+from captioning.data.vocab import Vocabulary
 from captioning.distributed import SINGLE, World
 from captioning.models.captioner import Captioner
-from captioning.vocab import Vocabulary
 
 
 @dataclass

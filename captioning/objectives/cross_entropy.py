@@ -15,10 +15,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from captioning.data.vocab import Vocabulary
 from captioning.models.decoder import DecoderOutput
 from captioning.objectives.base import LossTerms
 from captioning.runtime import autocast
-from captioning.vocab import Vocabulary
 
 
 def token_nll(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

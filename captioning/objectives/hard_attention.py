@@ -39,6 +39,7 @@ import torch
 from torch import nn
 
 from captioning.config import Config
+from captioning.data.vocab import Vocabulary
 from captioning.distributed import SINGLE, World, sum_over_ranks
 from captioning.models.attention import HardContext
 from captioning.models.decoder import DecoderOutput
@@ -50,7 +51,6 @@ from captioning.objectives.cross_entropy import (
     token_nll,
 )
 from captioning.runtime import autocast
-from captioning.vocab import Vocabulary
 
 ESTIMATORS = ("reinforce", "reinforce_loo", "vimco", "gumbel", "exact")
 MULTI_SAMPLE = ("reinforce_loo", "vimco")

@@ -33,8 +33,9 @@ from torch import nn
 
 from captioning.config import Config
 from captioning.data.records import ImageRecord
-from captioning.decoding import Decoded, greedy_decode, sample_decode
+from captioning.data.vocab import Vocabulary
 from captioning.errors import CaptioningError
+from captioning.inference.decoding import Decoded, greedy_decode, sample_decode
 from captioning.metrics.bleu import sentence_bleu
 from captioning.metrics.captions import tokenize_for_eval
 from captioning.metrics.cider import CiderD
@@ -42,7 +43,6 @@ from captioning.models.attention import EXPECTATION, HardContext
 from captioning.models.captioner import Captioner
 from captioning.objectives.base import LossTerms, ObjectiveContext, register_objective
 from captioning.runtime import autocast
-from captioning.vocab import Vocabulary
 
 
 class CaptionReward:

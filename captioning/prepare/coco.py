@@ -20,8 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from captioning.errors import CaptioningError, DataError
+from captioning.files import write_atomically
+from captioning.folders import Writer, claim_folder, holds_only
 from captioning.prepare.download import RemoteFile, check_url, download, unpack
-from captioning.runtime import Writer, claim_folder, holds_only, write_atomically
 
 logger = logging.getLogger("captioning")
 

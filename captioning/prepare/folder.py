@@ -36,15 +36,9 @@ from pathlib import Path
 
 from captioning.data.images import check_images
 from captioning.errors import DataError
+from captioning.files import write_atomically
+from captioning.folders import LOCK, MARKER, Writer, claim_folder, holds_only
 from captioning.prepare.formats import IMAGE_SUFFIXES, CaptionTable, read_captions
-from captioning.runtime import (
-    LOCK,
-    MARKER,
-    Writer,
-    claim_folder,
-    holds_only,
-    write_atomically,
-)
 
 logger = logging.getLogger("captioning")
 

@@ -2,7 +2,7 @@
 the checkpoints (``config.yaml``, the resolved config).
 
 :func:`claim_run_dir` is how training takes a folder, the way every command takes the folder
-it writes (:func:`captioning.runtime.claim_folder`): the main process refuses a folder that
+it writes (:func:`captioning.folders.claim_folder`): the main process refuses a folder that
 holds files other than an earlier training's, makes and locks it, refuses a folder that
 already holds a run (unless resuming), removes what a killed checkpoint write left, and
 gives back what it made when the start fails.
@@ -20,15 +20,8 @@ import yaml
 
 from captioning.config import Config, config_to_dict
 from captioning.errors import CaptioningError, ConfigError
-from captioning.runtime import (
-    LOCK,
-    FolderWords,
-    Writer,
-    hold_folder,
-    holds_only,
-    lock_folder,
-    write_atomically,
-)
+from captioning.files import write_atomically
+from captioning.folders import LOCK, FolderWords, Writer, hold_folder, holds_only, lock_folder
 
 if TYPE_CHECKING:
     from captioning.distributed import World
@@ -92,7 +85,7 @@ def lock_run_dir(out_dir: Path) -> Any:
 @contextlib.contextmanager
 def claim_run_dir(out_dir: Path, resume: str | None, world: World) -> Iterator[None]:
     """Hold the run folder ``out_dir`` for the block: the main process takes it as
-    :func:`captioning.runtime.claim_folder` does, and only under the lock checks that it
+    :func:`captioning.folders.claim_folder` does, and only under the lock checks that it
     holds no other run and removes what a killed checkpoint write left, so that of two
     trainings started together one is refused. Every process stops when the main one cannot
     have it."""

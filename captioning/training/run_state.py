@@ -22,13 +22,13 @@ import torch
 from captioning.checkpoint import load_checkpoint, rng_state, set_rng_state
 from captioning.config import Config, config_from_dict, config_to_dict, quote
 from captioning.data.records import ImageRecord
+from captioning.data.vocab import Vocabulary
 from captioning.distributed import SINGLE, World, gather_objects
 from captioning.errors import CaptioningError, CheckpointError
-from captioning.inference import load_weights
+from captioning.inference.caption import load_weights
 from captioning.models import Captioner
 from captioning.objectives import Objective, ObjectiveContext, build_objective
-from captioning.optim import LRSchedule, build_optimizer
-from captioning.vocab import Vocabulary
+from captioning.training.optim import LRSchedule, build_optimizer
 
 
 @dataclass

@@ -3,10 +3,10 @@
 
 Model selection uses metrics of generated (greedy) captions on the validation split, never
 teacher-forced accuracy. Everything a run carries from epoch to epoch lives in one
-:class:`~captioning.run_state.Run`, whose ``state_dict`` is the checkpoint: ``last.pt`` every
-epoch, ``best.pt`` on improvement, enough to continue exactly where a run stopped. What a run
-may resume or start from is :mod:`captioning.run_state`'s; the folder it writes into and its
-lock are :mod:`captioning.run_folder`'s.
+:class:`~captioning.training.run_state.Run`, whose ``state_dict`` is the checkpoint: ``last.pt``
+every epoch, ``best.pt`` on improvement, enough to continue exactly where a run stopped. What a run
+may resume or start from is :mod:`captioning.training.run_state`'s; the folder it writes into and
+its lock are :mod:`captioning.training.run_folder`'s.
 """
 
 from __future__ import annotations
@@ -34,8 +34,9 @@ from captioning.data import (
     drop_bad_images,
     load_splits,
 )
+from captioning.data.feature_cache import find_caches
 from captioning.data.images import ImageLimits
-from captioning.decoding import Decoded
+from captioning.data.vocab import Vocabulary
 from captioning.distributed import (
     SINGLE,
     World,
@@ -47,17 +48,16 @@ from captioning.distributed import (
     mean_over_ranks,
 )
 from captioning.errors import CaptioningError
-from captioning.feature_cache import find_caches
-from captioning.inference import CaptionResult, decode_dataset, draw_attention, load_weights
+from captioning.inference.caption import CaptionResult, decode_dataset, draw_attention, load_weights
+from captioning.inference.decoding import Decoded
 from captioning.metrics import score_predictions
 from captioning.models import Captioner, build_model
 from captioning.objectives import LossTerms
 from captioning.progress import progress_bar
-from captioning.run_folder import claim_run_dir, write_config
-from captioning.run_state import Run, check_resume_config, load_init, resume_run
 from captioning.runtime import resolve_precision, seed_everything
 from captioning.signals import signals_deferred, sigterm_raises
-from captioning.vocab import Vocabulary
+from captioning.training.run_folder import claim_run_dir, write_config
+from captioning.training.run_state import Run, check_resume_config, load_init, resume_run
 
 logger = logging.getLogger("captioning")
 

@@ -24,13 +24,14 @@ from captioning.checkpoint import load_checkpoint
 from captioning.config import Config, DecodeConfig, config_from_dict, replace_section
 from captioning.data import CaptionDataset, collate
 from captioning.data.images import DEFAULT_LIMITS, ImageLimits, load_image
-from captioning.decoding import Decoded, decode
+from captioning.data.vocab import Vocabulary
 from captioning.distributed import SINGLE, World
 from captioning.errors import CaptioningError, CheckpointError, DataError
+from captioning.folders import Writer
+from captioning.inference.decoding import Decoded, decode
 from captioning.models import AttentionTrace, Captioner, build_model
 from captioning.progress import progress_bar
-from captioning.runtime import Writer, autocast
-from captioning.vocab import Vocabulary
+from captioning.runtime import autocast
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -182,7 +183,7 @@ class Caption:
         objects it names as shares (x, y, width, height) of the image, outlined: see
         :func:`captioning.metrics.pointing.word_boxes`). Nothing is shown on screen or
         written: a notebook displays it, and ``.savefig(path)`` writes it."""
-        from captioning.viz import trace_grid
+        from captioning.figures.heatmaps import trace_grid
 
         _notebooks_show_figures()
         return trace_grid(
@@ -198,7 +199,7 @@ class Caption:
 
     def save(self, path: str | Path, smooth: bool = True, boxes: Boxes | None = None) -> Path:
         """Write :meth:`plot` as a PNG at ``path`` (parent folders are created)."""
-        from captioning.viz import trace_figure
+        from captioning.figures.heatmaps import trace_figure
 
         return trace_figure(
             self._picture(),
@@ -213,7 +214,7 @@ class Caption:
 
     def save_gif(self, path: str | Path, smooth: bool = True) -> Path:
         """Write an animated GIF at ``path``: one frame per word, its heatmap over the image."""
-        from captioning.viz import trace_gif
+        from captioning.figures.heatmaps import trace_gif
 
         return trace_gif(self._picture(), self.words, self.trace, self._grid(), path, smooth)
 
@@ -222,7 +223,7 @@ class Caption:
 
         Raises:
             ConfigError: the model has a single attention head."""
-        from captioning.viz import trace_heads_grid
+        from captioning.figures.heatmaps import trace_heads_grid
 
         _notebooks_show_figures()
         return trace_heads_grid(
@@ -231,7 +232,7 @@ class Caption:
 
     def save_heads(self, path: str | Path, smooth: bool = True) -> Path:
         """Write :meth:`plot_heads` as a PNG at ``path`` (parent folders are created)."""
-        from captioning.viz import trace_heads_figure
+        from captioning.figures.heatmaps import trace_heads_figure
 
         return trace_heads_figure(
             self._picture(), self.words, self.trace, self._grid(), path, smooth, self.caption

@@ -12,10 +12,10 @@ from dataclasses import dataclass, fields
 import torch
 
 from captioning.config import DecodeConfig
+from captioning.data.vocab import Vocabulary
 from captioning.models.attention import HardContext
 from captioning.models.decoder import Decoder
 from captioning.models.trace import AttentionTrace, TraceLayout
-from captioning.vocab import Vocabulary
 
 
 @dataclass

@@ -31,22 +31,15 @@ from captioning.config import Config
 from captioning.data import CaptionDataset, collate, drop_bad_images, load_splits
 from captioning.data.images import ImageLimits
 from captioning.data.records import ImageRecord
+from captioning.data.vocab import SPECIALS, Vocabulary
 from captioning.errors import ConfigError, DataError
+from captioning.files import replace_synced, write_atomically
+from captioning.folders import Writer, claim_folder, holds_only
 from captioning.models import build_encoder
 from captioning.models.encoder import Encoder
 from captioning.progress import progress_bar
-from captioning.runtime import (
-    Writer,
-    autocast,
-    claim_folder,
-    holds_only,
-    replace_synced,
-    resolve_device,
-    seed_everything,
-    write_atomically,
-)
+from captioning.runtime import autocast, resolve_device, seed_everything
 from captioning.signals import sigterm_raises
-from captioning.vocab import SPECIALS, Vocabulary
 
 logger = logging.getLogger("captioning")
 
@@ -166,10 +159,10 @@ def extract_features(
 ) -> dict[str, Any]:
     """Run the frozen encoder over every image of ``split`` and write its cache.
 
-    The encoder is built exactly as :func:`captioning.train.fit` builds it (same seed), so
+    The encoder is built exactly as :func:`captioning.training.train.fit` builds it (same seed), so
     a randomly initialised frozen encoder gets the same weights, and the same fingerprint.
     The cache folder is locked while it is written (see
-    :func:`captioning.runtime.claim_folder`), and the grids go to a partial file that is
+    :func:`captioning.folders.claim_folder`), and the grids go to a partial file that is
     renamed into place once complete: SIGTERM or Ctrl-C removes the partial file, and the
     command exits as a killed one would.
     """
