@@ -1,6 +1,7 @@
 """docs/extending.md's worked examples, run as written there: a score registered from
 outside the package trains, its loss falls, and its checkpoint captions."""
 
+import json
 import re
 from pathlib import Path
 
@@ -161,3 +162,29 @@ def test_an_attention_or_encoder_name_taken_twice_is_refused(registered_models):
         attention.register_attention("soft", lambda cfg, sizes: None)
     with pytest.raises(ValueError, match="'small_cnn' is already registered"):
         encoder.register_encoder("small_cnn", lambda cfg: None)
+
+
+def test_a_study_written_as_the_guide_says_trains_records_and_reuses_its_runs(
+    tiny_shapes, tmp_path, monkeypatch
+):
+    [module] = code_blocks("A study")
+    study: dict = {"__name__": "dropout_study"}
+    exec(compile(module, "extending.md", "exec"), study)
+    monkeypatch.chdir(ROOT)
+    out = tmp_path / "dropout"
+    argv = ["--out", str(out), "--seeds", "0-1", "--set", f"data.root={tiny_shapes}"]
+    argv += ["--set", "train.epochs=1", "--set", "data.max_images=12"]
+    assert study["main"](argv) == 0
+    rows = json.loads((out / "rows.json").read_text())
+    assert sorted((r["variant"], r["seed"]) for r in rows) == [
+        ("half", 0), ("half", 1), ("none", 0), ("none", 1)
+    ]  # fmt: skip
+    for row in rows:
+        assert 0 <= row["CIDEr"] and row["train_seconds"] > 0 and row["commit"]
+        assert row["command"].startswith("python -m tools.dropout_study --out OUT")
+        assert str(tmp_path) not in row["command"].replace(str(tiny_shapes), "")
+    stamps = {p: p.stat().st_mtime_ns for p in out.glob("*/last.pt")}
+    assert len(stamps) == 4
+    assert study["main"](argv) == 0  # finished runs are reused, not trained again
+    assert {p: p.stat().st_mtime_ns for p in out.glob("*/last.pt")} == stamps
+    assert study["main"]([*argv[:2], "--seeds", "x"]) == 2  # a user's error: one line, exit 2
