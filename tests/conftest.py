@@ -17,10 +17,17 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
     torch.set_num_threads(1)
 # a shapes model small enough to train a few steps in about a second
-TINY_SETTINGS = ["model.hidden_dim=32", "model.embed_dim=16", "model.attention_dim=16",
-                 "model.cnn_channels=[8,16]", "model.grid_layers=0", "train.batch_size=8",
-                 "train.epochs=1", "train.warmup_steps=0",
-                 "train.figure_every_epoch=false"]  # fmt: skip
+TINY_SETTINGS = [
+    "model.hidden_dim=32",
+    "model.embed_dim=16",
+    "model.attention_dim=16",
+    "model.cnn_channels=[8,16]",
+    "model.grid_layers=0",
+    "train.batch_size=8",
+    "train.epochs=1",
+    "train.warmup_steps=0",
+    "train.figure_every_epoch=false",
+]
 
 
 def load_tool(name: str) -> ModuleType:

@@ -62,8 +62,22 @@ def test_a_list_or_a_batch_tensor_gives_a_list_in_order(model, images):
 
 
 def test_the_caption_verb_goes_the_same_way(model, images, tmp_path, capsys):
-    assert main(["caption", *images, "--checkpoint", str(model.checkpoint), "--json",
-                 "--beam-size", "2", "--attention-dir", str(tmp_path)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "caption",
+                *images,
+                "--checkpoint",
+                str(model.checkpoint),
+                "--json",
+                "--beam-size",
+                "2",
+                "--attention-dir",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [r["caption"] for r in records] == [
         r.caption for r in model.caption(images, beam_size=2)
@@ -136,8 +150,9 @@ def test_a_notebook_shows_the_result_and_its_plot(model, images):
 def test_a_diverged_models_nan_is_null_in_json():
     alphas = torch.full((1, 4), 0.25)  # (T, L)
     alphas[0, 3] = float("nan")
-    result = captioning.Caption("red", ["red"], AttentionTrace(alphas), "x.png", grid=(2, 2),
-                                image=Image.new("RGB", (4, 4)))  # fmt: skip
+    result = captioning.Caption(
+        "red", ["red"], AttentionTrace(alphas), "x.png", grid=(2, 2), image=Image.new("RGB", (4, 4))
+    )
     data = json.loads(json.dumps(result.to_dict(), allow_nan=False))
     assert data["attention"] == [[[0.25, 0.25], [0.25, None]]] and data["grid"] == [2, 2]
 
@@ -181,8 +196,9 @@ def test_a_local_model_reports_its_centres(local, images):
     figure = result.plot()  # the centre of each word is crossed on its panel
     crosses = [ax.lines[0].get_data() for ax in figure.axes[1:]]
     height, width = result.image.height, result.image.width
-    expected = [[c * width / cols - 0.5, r * height / rows - 0.5]
-                for r, c in result.centres.tolist()]  # fmt: skip
+    expected = [
+        [c * width / cols - 0.5, r * height / rows - 0.5] for r, c in result.centres.tolist()
+    ]
     drawn = [[float(x[0]), float(y[0])] for x, y in crosses]
     np.testing.assert_allclose(drawn, expected, rtol=1e-6)
     with pytest.raises(ConfigError, match="single attention head"):
@@ -190,11 +206,25 @@ def test_a_local_model_reports_its_centres(local, images):
 
 
 @pytest.mark.slow  # every head's figure for two models (the plain caption verb stays)
-def test_the_caption_verb_writes_heads_figures_and_json(multi_head, local, images, tmp_path,
-                                                        capsys):  # fmt: skip
+def test_the_caption_verb_writes_heads_figures_and_json(
+    multi_head, local, images, tmp_path, capsys
+):
     out = tmp_path / "att"
-    assert main(["caption", *images[:2], "--checkpoint", str(multi_head.checkpoint), "--json",
-                 "--attention-dir", str(out), "--per-head"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "caption",
+                *images[:2],
+                "--checkpoint",
+                str(multi_head.checkpoint),
+                "--json",
+                "--attention-dir",
+                str(out),
+                "--per-head",
+            ]
+        )
+        == 0
+    )
     records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     for record, path in zip(records, images):
         stem = path.rsplit("/", 1)[1][:-4]
@@ -202,23 +232,23 @@ def test_the_caption_verb_writes_heads_figures_and_json(multi_head, local, image
         with Image.open(record["heads_figure"]) as png:
             assert png.format == "PNG" and png.height > png.width / len(record["caption"])
         expected = multi_head.caption(path)
-        torch.testing.assert_close(torch.tensor(record["heads"]), expected.heads, atol=1e-4,
-                                   rtol=0)  # fmt: skip
+        torch.testing.assert_close(torch.tensor(record["heads"]), expected.heads, atol=1e-4, rtol=0)
         assert record["centres"] is None
     assert main(["caption", images[0], "--checkpoint", str(local.checkpoint), "--json"]) == 0
     record = json.loads(capsys.readouterr().out)
     expected = local.caption(images[0])
     assert record["heads"] is None and len(record["centres"]) == len(expected.words)
-    torch.testing.assert_close(torch.tensor(record["centres"]), expected.centres, atol=1e-4,
-                               rtol=0)  # fmt: skip
+    torch.testing.assert_close(torch.tensor(record["centres"]), expected.centres, atol=1e-4, rtol=0)
 
 
 def test_per_head_on_a_single_head_model_is_one_line(local, images, tmp_path, capsys):
     for argv, message in (
-        (["--attention-dir", str(tmp_path), "--per-head"],
-         "has a single head: give a multi-head checkpoint (trained with --set model.heads=H"),
+        (
+            ["--attention-dir", str(tmp_path), "--per-head"],
+            "has a single head: give a multi-head checkpoint (trained with --set model.heads=H",
+        ),
         (["--per-head"], "--per-head writes its figures into --attention-dir"),
-    ):  # fmt: skip
+    ):
         code = main(["caption", images[0], "--checkpoint", str(local.checkpoint), *argv])
         captured = capsys.readouterr()
         err = captured.err.strip().splitlines()

@@ -21,9 +21,17 @@ from captioning.models.attention import (
 )
 from captioning.objectives.cross_entropy import caption_loss, doubly_stochastic_penalty
 
-TINY = ["model.encoder=small_cnn", "model.image_size=48", "model.cnn_channels=[8,16,32]",
-        "model.attention_dim=16", "model.embed_dim=16", "model.hidden_dim=32",
-        "model.dropout=0.0", "model.positional=sinusoidal", "model.fine_tune=all"]  # fmt: skip
+TINY = [
+    "model.encoder=small_cnn",
+    "model.image_size=48",
+    "model.cnn_channels=[8,16,32]",
+    "model.attention_dim=16",
+    "model.embed_dim=16",
+    "model.hidden_dim=32",
+    "model.dropout=0.0",
+    "model.positional=sinusoidal",
+    "model.fine_tune=all",
+]
 
 
 def grid(batch: int = 6, cells: int = 36, dim: int = 32, seed: int = 0) -> torch.Tensor:
@@ -163,8 +171,16 @@ def test_with_projected_values_each_head_reads_its_block_of_them():
     """``model.values=projected``: head h averages the h-th block of W_v a_i, the field's
     per-head value projection; all words at once equal the step loop."""
     torch.manual_seed(0)
-    cfg = load_config(None, [*TINY, "model.heads=2", "model.values=projected",
-                             "model.value_dim=24", "model.context_to_lstm=false"])  # fmt: skip
+    cfg = load_config(
+        None,
+        [
+            *TINY,
+            "model.heads=2",
+            "model.values=projected",
+            "model.value_dim=24",
+            "model.context_to_lstm=false",
+        ],
+    )
     model = build_model(cfg.model, 11)
     images = torch.rand(2, 3, 48, 48, generator=torch.Generator().manual_seed(1))
     decoder = model.decoder

@@ -294,11 +294,15 @@ def test_timed_steps_and_decoding_are_the_packages_own(tmp_path, monkeypatch):
     steps, decodes, compiled = [], [], []
 
     def counting_step(run, module, batch, device):
-        steps.append({
-            "decoder": type(run.model.decoder).__name__, "inputs": sorted(batch),
-            "precision": run.cfg.train.precision, "compiled": module is not run.model,
-            "training": run.model.training,
-        })  # fmt: skip
+        steps.append(
+            {
+                "decoder": type(run.model.decoder).__name__,
+                "inputs": sorted(batch),
+                "precision": run.cfg.train.precision,
+                "compiled": module is not run.model,
+                "training": run.model.training,
+            }
+        )
         return train.train_step(run, module, batch, device)
 
     def counting_caption_batch(model, settings, precision, images=None, grid=None):
@@ -372,9 +376,16 @@ def test_quick_run_writes_every_measurement(tmp_path, monkeypatch, capsys):
     assert rows[0] == {"kind": "floor", "task": "beam5"}
     assert len(rows) == 1 + len(results["measurements"])
     assert [r["median_s"] for r in rows[1:]] == [m["median_s"] for m in results["measurements"]]
-    assert all(r["kind"] == "bench" and r["checks_passed"] and r["timed_alone"]
-               and r["commit"] and r["precision"] and r["threads"] == 1
-               and r["machine"]["device"] for r in rows[1:])  # fmt: skip
+    assert all(
+        r["kind"] == "bench"
+        and r["checks_passed"]
+        and r["timed_alone"]
+        and r["commit"]
+        and r["precision"]
+        and r["threads"] == 1
+        and r["machine"]["device"]
+        for r in rows[1:]
+    )
     # the command is the module form and names no path of this machine
     assert {r["command"] for r in rows[1:]} == {
         "python -m benchmarks.bench " + " ".join(argv) + " --out OUT/bench.json --results "
@@ -495,9 +506,12 @@ def test_a_failed_reference_check_exits_1(tmp_path, monkeypatch, capsys):
 def test_the_benchmarks_run_as_modules_from_the_repository_root():
     def run(*args):
         return subprocess.run(
-            [sys.executable, "-m", *args], cwd=REPO_ROOT, capture_output=True, text=True,
+            [sys.executable, "-m", *args],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
             timeout=120,
-        )  # fmt: skip
+        )
 
     bench_run = run("benchmarks.bench", "--sizes", "nope")
     assert bench_run.returncode == 2
@@ -514,22 +528,45 @@ def test_the_benchmarks_run_as_modules_from_the_repository_root():
 
 @pytest.mark.slow  # times beam search against its floor
 def test_beam_floor_bounds_the_speed_up_from_a_bench_file(tmp_path, capsys):
-    results = {"measurements": [
-        {"size": "coco", "device": "cpu", "precision": "fp32", "task": "beam2",
-         "impl": "reference", "median_s": 1000.0},
-        {"size": "coco", "device": "cpu", "precision": "fp32", "task": "beam2",
-         "impl": "ours", "compiled": False, "median_s": 30.0},
-        {"size": "coco", "device": "cpu", "precision": "fp32", "task": "greedy",
-         "impl": "reference", "median_s": 500.0},
-    ]}  # fmt: skip
+    results = {
+        "measurements": [
+            {
+                "size": "coco",
+                "device": "cpu",
+                "precision": "fp32",
+                "task": "beam2",
+                "impl": "reference",
+                "median_s": 1000.0,
+            },
+            {
+                "size": "coco",
+                "device": "cpu",
+                "precision": "fp32",
+                "task": "beam2",
+                "impl": "ours",
+                "compiled": False,
+                "median_s": 30.0,
+            },
+            {
+                "size": "coco",
+                "device": "cpu",
+                "precision": "fp32",
+                "task": "greedy",
+                "impl": "reference",
+                "median_s": 500.0,
+            },
+        ]
+    }
     path = tmp_path / "bench.json"
     path.write_text(json.dumps(results))
     args = ["--beam-size", "2", "--images", "2", "--max-length", "2", "--repeats", "1"]
     assert beam_floor.main([*args, "--no-compile", "--bench", str(path)]) == 0
     out = capsys.readouterr().out
     dense = float(out.split("dense layers:")[1].split(" s")[0])
-    passes = [float(out.split(f"eager {name}:")[1].split(" s")[0])
-              for name in ("add", "tanh", "projection")]  # fmt: skip
+    passes = [
+        float(out.split(f"eager {name}:")[1].split(" s")[0])
+        for name in ("add", "tanh", "projection")
+    ]
     sequence = float(out.split("eager, in sequence:")[1].split(" s")[0])
     choice = float(out.split("word choice:")[1].split(" s")[0])
     # 2 images, first word on 1 beam, second on 2: 2 * 3 * 196 * 512 activations
@@ -548,16 +585,31 @@ def test_beam_floor_bounds_the_speed_up_from_a_bench_file(tmp_path, capsys):
     assert ratio == pytest.approx(30.0 / floor, rel=0.02)
 
     # one beam is greedy decoding: its reference is the greedy one
-    assert beam_floor.main([*args[2:], "--beam-size", "1", "--no-compile", "--bench",
-                            str(path)]) == 0  # fmt: skip
+    assert (
+        beam_floor.main([*args[2:], "--beam-size", "1", "--no-compile", "--bench", str(path)]) == 0
+    )
     out = capsys.readouterr().out
     assert out.startswith("greedy, 2 images") and "the reference's 500.00 s" in out
     assert "ours" not in out  # the file has no time of ours for greedy
 
     # --ours times our greedy decoding right after each round of the floor
     speed = tmp_path / "speed.json"
-    assert beam_floor.main([*args[2:], "--beam-size", "1", "--no-compile", "--ours",
-                            "--rounds", "2", "--results", str(speed)]) == 0  # fmt: skip
+    assert (
+        beam_floor.main(
+            [
+                *args[2:],
+                "--beam-size",
+                "1",
+                "--no-compile",
+                "--ours",
+                "--rounds",
+                "2",
+                "--results",
+                str(speed),
+            ]
+        )
+        == 0
+    )
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("floor, eager"))
     rounds = [float(x) for x in line.split("(rounds: ")[1].rstrip(")").split(", ")]
     assert len(rounds) == 2 and min(rounds) > 0
@@ -591,9 +643,21 @@ def test_profile_epoch_splits_the_step_into_phases(tmp_path, capsys):
     config = str(Path(__file__).resolve().parent.parent / "configs" / "test_tiny.yaml")
     out = tmp_path / "profile.json"
     speed = tmp_path / "speed.json"
-    code = profile_epoch.main(["--config", config, "--set", f"data.root={tmp_path / 'shapes'}",
-                               "--steps", "3", "--out", str(out), "--results", str(speed),
-                               "--machine-busy"])  # fmt: skip
+    code = profile_epoch.main(
+        [
+            "--config",
+            config,
+            "--set",
+            f"data.root={tmp_path / 'shapes'}",
+            "--steps",
+            "3",
+            "--out",
+            str(out),
+            "--results",
+            str(speed),
+            "--machine-busy",
+        ]
+    )
     assert code == 0
     result = json.loads(out.read_text())
     (row,) = json.loads(speed.read_text())
@@ -627,9 +691,23 @@ def test_profile_epoch_compiled_matches_the_eager_loss(tmp_path, capsys):
     generate_shapes(tmp_path / "shapes", num_train=16, num_val=4, num_test=4, image_size=48)
     config = str(Path(__file__).resolve().parent.parent / "configs" / "test_tiny.yaml")
     out = tmp_path / "profile.json"
-    code = profile_epoch.main(["--config", config, "--set", f"data.root={tmp_path / 'shapes'}",
-                               "--set", "model.dropout=0", "--steps", "2", "--compile",
-                               "--backend", "aot_eager", "--out", str(out)])  # fmt: skip
+    code = profile_epoch.main(
+        [
+            "--config",
+            config,
+            "--set",
+            f"data.root={tmp_path / 'shapes'}",
+            "--set",
+            "model.dropout=0",
+            "--steps",
+            "2",
+            "--compile",
+            "--backend",
+            "aot_eager",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0
     result = json.loads(out.read_text())
     assert result["compiled"] and result["compile_warmup_seconds"] > 0
@@ -649,8 +727,18 @@ def test_two_jobs_times_each_arrangement_of_the_cores(tmp_path, monkeypatch):
     monkeypatch.setattr(two_jobs.os, "sched_getaffinity", lambda pid: {0, 1})
     config = str(Path(__file__).resolve().parent.parent / "configs" / "test_tiny.yaml")
     speed = tmp_path / "speed.json"
-    code = two_jobs.main(["--config", config, "--set", f"data.root={tmp_path / 'shapes'}",
-                          "--steps", "2", "--results", str(speed)])  # fmt: skip
+    code = two_jobs.main(
+        [
+            "--config",
+            config,
+            "--set",
+            f"data.root={tmp_path / 'shapes'}",
+            "--steps",
+            "2",
+            "--results",
+            str(speed),
+        ]
+    )
     assert code == 0
     rows = json.loads(speed.read_text())
     assert [(r["jobs"], r["threads"]) for r in rows] == [(1, 2), (2, 2), (2, 1)]

@@ -34,8 +34,13 @@ def chrome():
         pytest.fail("chromium and chromedriver are missing: `make test-browser` installs them")
     options = webdriver.ChromeOptions()
     options.binary_location = browser
-    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                 "--window-size=1000,720"):  # fmt: skip
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--disable-gpu",
+        "--window-size=1000,720",
+    ):
         options.add_argument(flag)
     return webdriver.Chrome(options=options, service=Service(driver))
 
@@ -151,8 +156,11 @@ def test_an_example_with_instances_outlines_the_objects_a_word_names(tiny_checkp
     model = captioning.load(tiny_checkpoint, device="cpu")
     example = sorted(str(p) for p in (tiny_shapes / "images" / "test").glob("*.png"))[0]
     first = model.caption(example).words[0]
-    settings = ServeSettings(examples=(example,), category_words={first: "thing"},
-                             example_boxes=((("thing", (0.25, 0.25, 0.5, 0.5)),),))  # fmt: skip
+    settings = ServeSettings(
+        examples=(example,),
+        category_words={first: "thing"},
+        example_boxes=((("thing", (0.25, 0.25, 0.5, 0.5)),),),
+    )
     with BackgroundServer(model, settings) as url:
         driver = chrome()
         try:

@@ -19,8 +19,11 @@ def shapes(tmp_path_factory):
 
 def test_fit_calls_on_step_before_every_step(shapes, tmp_path):
     seen = []
-    summary = fit(tiny(shapes), out_dir=tmp_path / "run", on_step=lambda run: seen.append(
-        (run.progress.step, run.model.training)))  # fmt: skip
+    summary = fit(
+        tiny(shapes),
+        out_dir=tmp_path / "run",
+        on_step=lambda run: seen.append((run.progress.step, run.model.training)),
+    )
     assert [step for step, _ in seen] == list(range(summary["steps"]))
     assert all(training for _, training in seen)
 
@@ -45,8 +48,9 @@ def test_the_first_words_map_is_as_peaked_as_its_scores_are_large():
     from captioning.models import build_model
 
     torch.manual_seed(0)
-    cfg = load_config(ROOT / "configs" / "test_tiny.yaml",
-                      ["model.score=general", "model.grid_layers=0"])  # fmt: skip
+    cfg = load_config(
+        ROOT / "configs" / "test_tiny.yaml", ["model.score=general", "model.grid_layers=0"]
+    )
     model = build_model(cfg.model, vocab_size=12).eval()
     grid = torch.randn(5, 16, model.decoder.attention.score.query_proj.out_features)
     with torch.no_grad():

@@ -43,8 +43,15 @@ def test_the_study_sweeps_chooses_on_val_adds_seeds_merges_and_resumes(
     monkeypatch.setattr(runner, "evaluate_checkpoint", evaluate)
     results, out = tmp_path / "family.json", tmp_path / "runs"
     settings = [f"data.root={tiny_shapes}", *TINY]
-    common = ["--out", str(out), "--results", str(results), "--lrs", "1e-3,2e-3",
-              *(a for s in settings for a in ("--set", s))]  # fmt: skip
+    common = [
+        "--out",
+        str(out),
+        "--results",
+        str(results),
+        "--lrs",
+        "1e-3,2e-3",
+        *(a for s in settings for a in ("--set", s)),
+    ]
     assert study.main([*common, "--only", "soft", "--seeds", "0,1", "--threads", "1"]) == 0
     rows = json.loads(results.read_text())
     assert [(r["member"], r["lr"], r["seed"], r["phase"]) for r in rows] == [
@@ -73,8 +80,11 @@ def test_the_study_sweeps_chooses_on_val_adds_seeds_merges_and_resumes(
     assert study.main([*common, "--only", "local", "--lrs", "1e-3", "--seeds", "0"]) == 0
     rows = json.loads(results.read_text())
     assert [(r["member"], r["lr"], r["seed"]) for r in rows] == [
-        ("soft", 1e-3, 0), ("soft", 2e-3, 0), ("soft", 2e-3, 1), ("local", 1e-3, 0),
-    ]  # fmt: skip
+        ("soft", 1e-3, 0),
+        ("soft", 2e-3, 0),
+        ("soft", 2e-3, 1),
+        ("local", 1e-3, 0),
+    ]
     assert rows[3]["config"] == "configs/shapes_local.yaml"
     # the centre's pointing is scored wherever a caption named an object (a one-epoch model
     # may name none: then neither is scored)
@@ -124,17 +134,40 @@ def test_bad_arguments_are_one_line_errors(study, capsys) -> None:
 
 
 def _scores(exact: float, centre: float | None = None) -> dict:
-    return {"exact": exact, "exact_3_objects": exact - 0.1, "pointing_color": 0.9,
-            "pointing_size": 0.8, "pointing_shape": 0.7, "centre_pointing": centre,
-            "mass_in_box": 0.5, "Bleu_4": 0.9, "CIDEr": 8.0}  # fmt: skip
+    return {
+        "exact": exact,
+        "exact_3_objects": exact - 0.1,
+        "pointing_color": 0.9,
+        "pointing_size": 0.8,
+        "pointing_shape": 0.7,
+        "centre_pointing": centre,
+        "mass_in_box": 0.5,
+        "Bleu_4": 0.9,
+        "CIDEr": 8.0,
+    }
 
 
 def _row(member: str, lr: float, seed: int, val: float, exact: float, **extra) -> dict:
-    return {"member": member, "lr": lr, "seed": seed, "phase": "sweep" if seed == 0 else "seeds",
-            "select_metric": "exact_match", "val_select": val, "val": _scores(val),
-            "test": _scores(exact), "parameters": 750_000, "train_seconds": 120.0,
-            "precision": "bf16", "commit": "abcdef1234", "command": "python -m tools.x",
-            "cores": 2, "cpu": "cpu", "torch": "2.6", "timed_alone": True, **extra}  # fmt: skip
+    return {
+        "member": member,
+        "lr": lr,
+        "seed": seed,
+        "phase": "sweep" if seed == 0 else "seeds",
+        "select_metric": "exact_match",
+        "val_select": val,
+        "val": _scores(val),
+        "test": _scores(exact),
+        "parameters": 750_000,
+        "train_seconds": 120.0,
+        "precision": "bf16",
+        "commit": "abcdef1234",
+        "command": "python -m tools.x",
+        "cores": 2,
+        "cpu": "cpu",
+        "torch": "2.6",
+        "timed_alone": True,
+        **extra,
+    }
 
 
 def _failed(member: str, lr: float) -> dict:
@@ -179,8 +212,18 @@ def test_the_family_table_gives_each_member_at_its_rate_with_its_seeds(tables, t
 
 
 def test_hard_attention_gets_a_line_per_decoding_mode(tables) -> None:
-    row = _row("hard", 4e-3, 0, 0.98, 0.98, test_by_hard_context={
-        "expectation": _scores(0.98), "argmax": _scores(0.97), "sample": _scores(0.9)})  # fmt: skip
+    row = _row(
+        "hard",
+        4e-3,
+        0,
+        0.98,
+        0.98,
+        test_by_hard_context={
+            "expectation": _scores(0.98),
+            "argmax": _scores(0.97),
+            "sample": _scores(0.9),
+        },
+    )
     lines = tables.attention_family([row]).splitlines()
     assert [line.split(" | ")[0:3] for line in lines[2:5]] == [
         ["| hard (expectation)", "0.004", "0.980"],

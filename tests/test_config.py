@@ -189,8 +189,14 @@ def test_a_yaml_alias_bomb_is_refused_in_one_short_line(tmp_path):
         load_config(path)
     assert len(str(caught.value)) < 200
     with pytest.raises(ConfigError, match="holds more than 100,000 values"):
-        load_config(None, ["train.epochs=" + "\n".join(lines[:6]).replace("\n", ", ")
-                           .replace("a: ", "{a: ", 1) + "}"])  # fmt: skip
+        load_config(
+            None,
+            [
+                "train.epochs="
+                + "\n".join(lines[:6]).replace("\n", ", ").replace("a: ", "{a: ", 1)
+                + "}"
+            ],
+        )
 
 
 def test_error_messages_quote_values_within_bounds():
@@ -245,12 +251,16 @@ def test_a_config_extends_the_base_it_names(tmp_path):
         ({"a.yaml": "base: missing.yaml\n"}, "its base missing.yaml .* does not exist"),
         ({"a.yaml": "base: [b.yaml, 3]\n", "b.yaml": ""}, "base must be the path of a config file"),
         ({"a.yaml": "base: []\n"}, "base must be the path of a config file or a list"),
-        ({"a.yaml": "base: [b.yaml]\n", "b.yaml": "base: [c.yaml, a.yaml]\n", "c.yaml": ""},
-         "its bases come back to"),
-        ({"a.yaml": "base: b.yaml\n", "b.yaml": "model:\n  hiden_dim: 3\n"},
-         "unknown config key model.hiden_dim"),
+        (
+            {"a.yaml": "base: [b.yaml]\n", "b.yaml": "base: [c.yaml, a.yaml]\n", "c.yaml": ""},
+            "its bases come back to",
+        ),
+        (
+            {"a.yaml": "base: b.yaml\n", "b.yaml": "model:\n  hiden_dim: 3\n"},
+            "unknown config key model.hiden_dim",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_broken_base_is_one_line_that_names_it(tmp_path, files, message):
     for name, text in files.items():
         (tmp_path / name).write_text(text)

@@ -62,7 +62,7 @@ class PartConfig:
     # is one description
     mode: Literal["fast", "safe"] = "safe"
     names: dict[str, str] = field(
-        default_factory=lambda: {"a": "b"}  # fmt: skip
+        default_factory=lambda: {"a": "b"}
     )
     limit: float | None = None  # a | b, at most *two*
     # encoder

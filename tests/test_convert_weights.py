@@ -31,8 +31,11 @@ _spec.loader.exec_module(convert_weights)
 
 
 def _conv_bn(c_in: int, c_out: int, stride: int) -> nn.Sequential:
-    return nn.Sequential(nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False), nn.BatchNorm2d(c_out),
-                         nn.ReLU6(inplace=True))  # fmt: skip
+    return nn.Sequential(
+        nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False),
+        nn.BatchNorm2d(c_out),
+        nn.ReLU6(inplace=True),
+    )
 
 
 class OldInvertedResidual(nn.Module):
@@ -43,14 +46,20 @@ class OldInvertedResidual(nn.Module):
         super().__init__()
         hidden = c_in * expand_ratio
         self.use_res_connect = stride == 1 and c_in == c_out
-        depthwise = [nn.Conv2d(hidden, hidden, 3, stride, 1, groups=hidden, bias=False),
-                     nn.BatchNorm2d(hidden), nn.ReLU6(inplace=True)]  # fmt: skip
+        depthwise = [
+            nn.Conv2d(hidden, hidden, 3, stride, 1, groups=hidden, bias=False),
+            nn.BatchNorm2d(hidden),
+            nn.ReLU6(inplace=True),
+        ]
         linear = [nn.Conv2d(hidden, c_out, 1, 1, 0, bias=False), nn.BatchNorm2d(c_out)]
         if expand_ratio == 1:
             layers = [*depthwise, *linear]
         else:
-            expand = [nn.Conv2d(c_in, hidden, 1, 1, 0, bias=False), nn.BatchNorm2d(hidden),
-                      nn.ReLU6(inplace=True)]  # fmt: skip
+            expand = [
+                nn.Conv2d(c_in, hidden, 1, 1, 0, bias=False),
+                nn.BatchNorm2d(hidden),
+                nn.ReLU6(inplace=True),
+            ]
             layers = [*expand, *depthwise, *linear]
         self.conv = nn.Sequential(*layers)
 
@@ -62,8 +71,15 @@ class OldMobileNetV2Features(nn.Module):
     """MobileNetV2 (width 1.0) up to its last 1x1 conv, in the old layout, with torchvision's
     block configuration (t, c, n, s)."""
 
-    SETTINGS = [(1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1),
-                (6, 160, 3, 2), (6, 320, 1, 1)]  # fmt: skip
+    SETTINGS = [
+        (1, 16, 1, 1),
+        (6, 24, 2, 2),
+        (6, 32, 3, 2),
+        (6, 64, 4, 2),
+        (6, 96, 3, 1),
+        (6, 160, 3, 2),
+        (6, 320, 1, 1),
+    ]
 
     def __init__(self) -> None:
         super().__init__()
@@ -73,8 +89,13 @@ class OldMobileNetV2Features(nn.Module):
             for i in range(n):
                 layers.append(OldInvertedResidual(c_in, c, s if i == 0 else 1, t))
                 c_in = c
-        layers.append(nn.Sequential(nn.Conv2d(c_in, 1280, 1, 1, 0, bias=False),
-                                    nn.BatchNorm2d(1280), nn.ReLU6(inplace=True)))  # fmt: skip
+        layers.append(
+            nn.Sequential(
+                nn.Conv2d(c_in, 1280, 1, 1, 0, bias=False),
+                nn.BatchNorm2d(1280),
+                nn.ReLU6(inplace=True),
+            )
+        )
         self.features = nn.Sequential(*layers)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -88,8 +109,9 @@ def _randomised(model: nn.Module, seed: int = 0) -> nn.Module:
         for module in model.modules():
             if isinstance(module, nn.Conv2d):
                 fan_in = module.weight[0].numel()
-                module.weight.copy_(torch.randn(module.weight.shape, generator=generator)
-                                    * (2.0 / fan_in) ** 0.5)  # fmt: skip
+                module.weight.copy_(
+                    torch.randn(module.weight.shape, generator=generator) * (2.0 / fan_in) ** 0.5
+                )
             elif isinstance(module, nn.BatchNorm2d):
                 shape = module.weight.shape
                 module.weight.copy_(torch.rand(shape, generator=generator) + 0.5)
@@ -133,9 +155,11 @@ def test_converted_weights_compute_what_the_old_model_computes(old_model):
 def test_mismatched_keys_and_shapes_are_named(old_model):
     state = dict(old_model.state_dict())
     wrong = {**state, "features.3.conv.4.weight": torch.zeros(7)}
-    with pytest.raises(convert_weights.ConversionError,
-                       match=r"features\.3\.conv\.1\.1\.weight \(renamed from "
-                       r"features\.3\.conv\.4\.weight\) has shape \(7,\)"):  # fmt: skip
+    with pytest.raises(
+        convert_weights.ConversionError,
+        match=r"features\.3\.conv\.1\.1\.weight \(renamed from "
+        r"features\.3\.conv\.4\.weight\) has shape \(7,\)",
+    ):
         convert_weights.convert(wrong, "mobilenet_v2")
     extra = {**state, "features.19.0.weight": torch.zeros(1)}
     with pytest.raises(convert_weights.ConversionError, match=r"features\.19\.0\.weight has no"):
@@ -155,8 +179,14 @@ def test_mismatched_keys_and_shapes_are_named(old_model):
 
 def _run(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, str(TOOL), *args], capture_output=True, text=True,
-                          env=env, timeout=300, check=False)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, str(TOOL), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
 
 
 @pytest.mark.slow  # several interpreter starts with torch: about 20 s on 2 cores
@@ -168,8 +198,10 @@ def test_the_command_converts_wrapped_weights_and_refuses_in_one_line(old_model,
     assert done.returncode == 0, done.stderr
     digest = hashlib.sha256(dst.read_bytes()).hexdigest()
     assert "312 tensors" in done.stdout and digest in done.stdout
-    assert torch.load(dst, weights_only=True).keys() == convert_weights.convert(
-        old_model.state_dict(), "mobilenet_v2").keys()  # fmt: skip
+    assert (
+        torch.load(dst, weights_only=True).keys()
+        == convert_weights.convert(old_model.state_dict(), "mobilenet_v2").keys()
+    )
     assert [p.name for p in dst.parent.iterdir()] == ["tv.pt"]  # no temporary file left
     # A torchvision-layout file (here under "model") is said to be one and written unchanged.
     again = tmp_path / "again.pt"
@@ -182,12 +214,16 @@ def test_the_command_converts_wrapped_weights_and_refuses_in_one_line(old_model,
     torch.save({**old_model.state_dict(), "features.2.conv.6.weight": torch.zeros(3, 3)}, bad)
     for args, message in [
         ((str(src), str(tmp_path / "x.pt"), "--arch", "vgg19"), "unknown --arch 'vgg19'"),
-        ((str(tmp_path / "none.pt"), str(tmp_path / "x.pt"), "--arch", "mobilenet_v2"),
-         "none.pt does not exist"),
-        ((str(bad), str(tmp_path / "x.pt"), "--arch", "mobilenet_v2"),
-         "features.2.conv.2.weight (renamed from features.2.conv.6.weight) has shape (3, 3)"),
+        (
+            (str(tmp_path / "none.pt"), str(tmp_path / "x.pt"), "--arch", "mobilenet_v2"),
+            "none.pt does not exist",
+        ),
+        (
+            (str(bad), str(tmp_path / "x.pt"), "--arch", "mobilenet_v2"),
+            "features.2.conv.2.weight (renamed from features.2.conv.6.weight) has shape (3, 3)",
+        ),
         ((str(src), str(dst), "--arch", "mobilenet_v2"), "exists; pass --force to replace it"),
-    ]:  # fmt: skip
+    ]:
         done = _run(*args)
         assert done.returncode == 2 and done.stdout == "", args
         lines = done.stderr.strip().splitlines()
@@ -215,16 +251,23 @@ def test_the_shared_file_converts_and_loads_strictly(converted_file):
     state = torch.load(converted_file, weights_only=True)
     assert len(state) == 312
     features = torchvision.models.mobilenet_v2().features
-    features.load_state_dict({k.removeprefix("features."): v for k, v in state.items()},
-                             strict=True)  # fmt: skip
+    features.load_state_dict(
+        {k.removeprefix("features."): v for k, v in state.items()}, strict=True
+    )
     source = torch.load(SHARED_WEIGHTS, weights_only=True)
     assert torch.equal(state["features.17.conv.2.weight"], source["features.17.conv.6.weight"])
 
 
 def _model_config(weights: Path):
-    return load_config(REPO / "configs" / "test_tiny.yaml",
-                       ["model.encoder=mobilenet_v2", f"model.weights={weights}",
-                        "model.image_size=224", "model.fine_tune=none"]).model  # fmt: skip
+    return load_config(
+        REPO / "configs" / "test_tiny.yaml",
+        [
+            "model.encoder=mobilenet_v2",
+            f"model.weights={weights}",
+            "model.image_size=224",
+            "model.fine_tune=none",
+        ],
+    ).model
 
 
 def test_the_encoder_reads_the_converted_file_through_the_config(converted_file):

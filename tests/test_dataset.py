@@ -57,8 +57,9 @@ def test_a_caption_of_ten_thousand_words_is_cut_by_default(coco2014, caplog):
     record = splits["train"][0]
     splits["train"][0] = type(record)(**{**record.__dict__, "captions": ("dog " * 10_000,)})
     vocab = Vocabulary.build(c for r in splits["train"] for c in r.captions)
-    dataset = CaptionDataset(splits["train"], vocab, to_tensor,
-                             max_length=cfg.data.max_caption_length)  # fmt: skip
+    dataset = CaptionDataset(
+        splits["train"], vocab, to_tensor, max_length=cfg.data.max_caption_length
+    )
     assert len(dataset.captions[0][0]) == 52  # <start>, 50 words, <end>
     assert "cut 1 of 7 captions to data.max_caption_length=50 words" in caplog.text
 

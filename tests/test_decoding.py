@@ -112,12 +112,17 @@ def test_beam_size_one_is_greedy(attention):
         assert torch.equal(greedy.trace.cell, beam.trace.cell)
 
 
-@pytest.mark.parametrize(("beam_size", "variant"), [
-    (2, []), (5, []), (5, ["model.score=location"]),
-    (5, ["model.values=projected", "model.value_dim=6"]),
-    (3, ["model.heads=2", "model.attention_dim=12"]),
-    (3, ["model.attention=local"]),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("beam_size", "variant"),
+    [
+        (2, []),
+        (5, []),
+        (5, ["model.score=location"]),
+        (5, ["model.values=projected", "model.value_dim=6"]),
+        (3, ["model.heads=2", "model.attention_dim=12"]),
+        (3, ["model.attention=local"]),
+    ],
+)
 def test_batch_gives_the_same_captions_as_one_image_at_a_time(beam_size, variant):
     torch.manual_seed(3)
     model = tiny_model("model.hidden_dim=40", *variant).eval()
@@ -125,11 +130,17 @@ def test_batch_gives_the_same_captions_as_one_image_at_a_time(beam_size, variant
         for p in model.decoder.out.parameters():
             p.mul_(8)  # sharper word distributions: longer, more varied captions
         features = model.encoder(batch(size=6)[0])
-    together = beam_search(model.decoder, features, beam_size=beam_size, max_length=10,
-                           length_penalty=0.7)  # fmt: skip
+    together = beam_search(
+        model.decoder, features, beam_size=beam_size, max_length=10, length_penalty=0.7
+    )
     for i in range(6):
-        alone = beam_search(model.decoder, features[i : i + 1], beam_size=beam_size,
-                            max_length=10, length_penalty=0.7)  # fmt: skip
+        alone = beam_search(
+            model.decoder,
+            features[i : i + 1],
+            beam_size=beam_size,
+            max_length=10,
+            length_penalty=0.7,
+        )
         n = int(alone.lengths[0])
         assert int(together.lengths[i]) == n
         assert torch.equal(together.tokens[i, :n], alone.tokens[0, :n])
@@ -139,8 +150,11 @@ def test_batch_gives_the_same_captions_as_one_image_at_a_time(beam_size, variant
             if getattr(alone.trace, extra) is None:
                 assert getattr(together.trace, extra) is None
                 continue
-            assert torch.allclose(getattr(together.trace, extra)[i, : n + 1],
-                                  getattr(alone.trace, extra)[0, : n + 1], atol=1e-5)  # fmt: skip
+            assert torch.allclose(
+                getattr(together.trace, extra)[i, : n + 1],
+                getattr(alone.trace, extra)[0, : n + 1],
+                atol=1e-5,
+            )
     if "model.heads=2" in variant:
         shape = (6, together.tokens.shape[1], 2, together.alphas.shape[2])
         assert together.trace.heads.shape == shape
@@ -163,8 +177,9 @@ def replay(decoder, features, tokens):
     return outputs
 
 
-@pytest.mark.parametrize("variant", [["model.heads=2", "model.attention_dim=12"],
-                                     ["model.attention=local"]])  # fmt: skip
+@pytest.mark.parametrize(
+    "variant", [["model.heads=2", "model.attention_dim=12"], ["model.attention=local"]]
+)
 @pytest.mark.parametrize("beam_size", [1, 3])
 def test_heads_and_centres_are_those_of_the_words_said(variant, beam_size):
     """Each word's recorded heads (centre) are what the model's attention gives when it is run
@@ -182,8 +197,7 @@ def test_heads_and_centres_are_those_of_the_words_said(variant, beam_size):
     if beam_size == 1:
         out = greedy_decode(model.decoder, features, max_length=10, min_length=4)
     else:
-        out = beam_search(model.decoder, features, beam_size=beam_size, max_length=10,
-                          min_length=4)  # fmt: skip
+        out = beam_search(model.decoder, features, beam_size=beam_size, max_length=10, min_length=4)
     multi_head = "model.heads=2" in variant
     heads, centres = out.trace.heads, out.trace.centre
     assert (heads is not None) == multi_head and (centres is not None) != multi_head
@@ -213,8 +227,10 @@ def test_a_plain_model_records_no_heads_or_centres():
     model = tiny_model().eval()
     with torch.no_grad():
         features = model.encoder(batch(size=2)[0])
-    for out in (greedy_decode(model.decoder, features, max_length=5),
-                beam_search(model.decoder, features, beam_size=2, max_length=5)):  # fmt: skip
+    for out in (
+        greedy_decode(model.decoder, features, max_length=5),
+        beam_search(model.decoder, features, beam_size=2, max_length=5),
+    ):
         assert out.trace.heads is None and out.trace.centre is None
         assert out.alphas.shape[2] == features.shape[1]
         assert out.row(0).trace.heads is None and out.row(0).trace.centre is None
@@ -241,9 +257,11 @@ class CountdownDecoder(ToyDecoder):
         cells = features.shape[1]
         alpha = torch.full((tokens.shape[0], cells), 1.0 / cells)
         new = DecoderState((said + 1)[:, None], state.c)
-        return StepOutput(torch.log(probs / probs.sum(1, keepdim=True)), new,
-                          AttentionOutput(torch.zeros(tokens.shape[0], 3),
-                                          AttentionTrace(alpha)))  # fmt: skip
+        return StepOutput(
+            torch.log(probs / probs.sum(1, keepdim=True)),
+            new,
+            AttentionOutput(torch.zeros(tokens.shape[0], 3), AttentionTrace(alpha)),
+        )
 
 
 def test_images_that_are_done_leave_the_batch():
@@ -264,8 +282,7 @@ def test_images_that_are_done_leave_the_batch():
 
 
 def test_sampling_is_seeded_and_top_k_restricts():
-    decoder = ToyDecoder({1: {A: 0.5, B: 0.3, C: 0.2}, A: {END: 1.0}, B: {END: 1.0},
-                          C: {END: 1.0}})  # fmt: skip
+    decoder = ToyDecoder({1: {A: 0.5, B: 0.3, C: 0.2}, A: {END: 1.0}, B: {END: 1.0}, C: {END: 1.0}})
     features = torch.zeros(200, 4, 3)
     g = torch.Generator().manual_seed(0)
     first = sample_decode(decoder, features, generator=g).tokens[:, 0]
@@ -289,9 +306,15 @@ def test_several_samples_per_image_equal_sampling_a_repeated_grid(attention):
         runs = []
         for grid, samples in ((features, 4), (features.repeat_interleave(4, dim=0), 1)):
             torch.manual_seed(5)
-            runs.append(sample_decode(model.decoder, grid, max_length=6, samples=samples,
-                                      hard_context="sample" if attention == "hard"
-                                      else "expectation"))  # fmt: skip
+            runs.append(
+                sample_decode(
+                    model.decoder,
+                    grid,
+                    max_length=6,
+                    samples=samples,
+                    hard_context="sample" if attention == "hard" else "expectation",
+                )
+            )
     grouped, repeated = runs
     assert grouped.tokens.shape[0] == 12
     assert torch.equal(grouped.tokens, repeated.tokens)

@@ -37,9 +37,15 @@ def free_port() -> int:
 
 def torchrun(nproc: int, *args: str) -> subprocess.CompletedProcess:
     command = [
-        sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-        f"--master_port={free_port()}", "-m", "captioning", *args,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc_per_node={nproc}",
+        f"--master_port={free_port()}",
+        "-m",
+        "captioning",
+        *args,
+    ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     return result
@@ -59,7 +65,7 @@ VARIANTS = {
         "model.attention=hard",
         "train.hard_estimator=vimco",
         "train.semi_sampling=sample",
-    ],  # fmt: skip
+    ],
     "hard-gumbel": ["model.attention=hard", "train.hard_estimator=gumbel"],
 }
 # The attention family: each has parameters of its own (the centre's MLP, the values, one
@@ -81,9 +87,14 @@ VARIANTS.update(FAMILY)
 def test_two_processes_match_one_with_the_global_batch(shapes, tmp_path, variant):
     extra = VARIANTS[variant]
     result = torchrun(
-        2, "train", "--config", CONFIG, "--out", str(tmp_path / "two"),
+        2,
+        "train",
+        "--config",
+        CONFIG,
+        "--out",
+        str(tmp_path / "two"),
         *overrides(shapes, "train.batch_size=4", *extra),
-    )  # fmt: skip
+    )
     assert "data-parallel training: 2 processes (gloo), batch 4 per process" in result.stderr
     # one process speaks: each epoch is logged once
     assert result.stderr.count("epoch 1/2") == 1
@@ -145,11 +156,16 @@ RESUMED = {**VARIANTS, "scst": ["train.objective=scst", "train.scst_samples=2"]}
 
 
 # about 20 s each on 2 cores: with the slow tests
-@pytest.mark.parametrize("variant", [pytest.param(v, marks=pytest.mark.slow)
-                                     for v in ("soft", "hard", "scst")])  # fmt: skip
+@pytest.mark.parametrize(
+    "variant", [pytest.param(v, marks=pytest.mark.slow) for v in ("soft", "hard", "scst")]
+)
 def test_resume_under_torchrun_is_exact(shapes, tmp_path, variant):
-    args = ["train", "--config", CONFIG,
-            *overrides(shapes, "train.batch_size=4", *RESUMED[variant])]  # fmt: skip
+    args = [
+        "train",
+        "--config",
+        CONFIG,
+        *overrides(shapes, "train.batch_size=4", *RESUMED[variant]),
+    ]
     torchrun(2, *args, "--out", str(tmp_path / "straight"))
     torchrun(2, *args, "--out", str(tmp_path / "half"), "--set", "train.epochs=1")
     torchrun(

@@ -108,14 +108,20 @@ def test_centre_pointing_game_by_word_type():
     record = ImageRecord(7, "x.png", "test", ("a red circle",), 40, 20, (red, blue))
     alphas = torch.zeros(4, 8)
     alphas[:, 0] = 1.0  # every peak on cell 0, the red circle's
-    centres = torch.tensor([
-        [1.5, 3.5],  # "a": not grounded
-        [0.5, 0.5],  # "red": (5, 5) px, inside the red circle's box
-        [1.5, 3.5],  # "circle": (35, 15) px, on the blue square, not the circle
-        [1.0, 1.0],  # <end>
-    ])  # fmt: skip
-    decoded = Decoded(torch.tensor([4, 5, 6, 0]), torch.tensor(3), torch.tensor(0.0),
-                      AttentionTrace(alphas, centre=centres))  # fmt: skip
+    centres = torch.tensor(
+        [
+            [1.5, 3.5],  # "a": not grounded
+            [0.5, 0.5],  # "red": (5, 5) px, inside the red circle's box
+            [1.5, 3.5],  # "circle": (35, 15) px, on the blue square, not the circle
+            [1.0, 1.0],  # <end>
+        ]
+    )
+    decoded = Decoded(
+        torch.tensor([4, 5, 6, 0]),
+        torch.tensor(3),
+        torch.tensor(0.0),
+        AttentionTrace(alphas, centre=centres),
+    )
     scores = grounding_scores([record], {7: decoded}, vocab, (2, 4))
     assert scores["pointing_game"] == 1.0  # the peaks are all on the circle
     assert scores["centre_pointing_game"] == pytest.approx(0.5)
@@ -133,8 +139,7 @@ def test_evaluate_reports_the_centre_pointing_game_of_a_local_model(tiny_local_c
     from captioning.inference.caption import caption_files
     from captioning.metrics.grounding import COCO_SYNONYMS
 
-    metrics = evaluate_checkpoint(tiny_local_checkpoint, split="test", meteor=False,
-                                  progress=False)  # fmt: skip
+    metrics = evaluate_checkpoint(tiny_local_checkpoint, split="test", meteor=False, progress=False)
     assert "centre_pointing_game" in metrics
     by_type = metrics["grounding_by_word_type"]
     types = [k.split("/")[1] for k in by_type if k.startswith("pointing_game/")]
@@ -143,14 +148,22 @@ def test_evaluate_reports_the_centre_pointing_game_of_a_local_model(tiny_local_c
     loaded = captioning.load(tiny_local_checkpoint, device="cpu")
     records = load_splits(loaded.config.data)["test"]
     hits = []
-    results = caption_files([r.path for r in records], loaded.model, loaded.vocab,
-                            loaded.config, loaded.device)  # fmt: skip
+    results = caption_files(
+        [r.path for r in records], loaded.model, loaded.vocab, loaded.config, loaded.device
+    )
     for record, result in zip(records, results):
         for t, word in enumerate(result.words):
             found = named_object(word, record.objects, COCO_SYNONYMS)
             if found is not None:
-                hits.append(centre_in_box(result.centres[t], found[1].bbox, loaded.grid_shape,
-                                          record.width, record.height))  # fmt: skip
+                hits.append(
+                    centre_in_box(
+                        result.centres[t],
+                        found[1].bbox,
+                        loaded.grid_shape,
+                        record.width,
+                        record.height,
+                    )
+                )
     assert len(hits) == metrics["grounded_words"] > 0
     assert metrics["centre_pointing_game"] == pytest.approx(sum(hits) / len(hits))
 
@@ -163,8 +176,18 @@ def test_evaluate_matches_pycocoevalcap_on_the_predictions_file(trained, tmp_pat
     root, checkpoint = trained
     metrics = evaluate_checkpoint(checkpoint, split="test", out_dir=tmp_path, progress=False)
     saved = json.loads((tmp_path / "metrics.json").read_text())
-    for key in ("Bleu_1", "Bleu_4", "METEOR", "ROUGE_L", "CIDEr", "exact_match", "num_images",
-                "exact_match_by_objects", "pointing_game", "attention_in_box"):  # fmt: skip
+    for key in (
+        "Bleu_1",
+        "Bleu_4",
+        "METEOR",
+        "ROUGE_L",
+        "CIDEr",
+        "exact_match",
+        "num_images",
+        "exact_match_by_objects",
+        "pointing_game",
+        "attention_in_box",
+    ):
         assert key in saved, key
     assert saved["num_images"] == 8
     assert "centre_pointing_game" not in saved  # soft attention has no centres
@@ -198,8 +221,20 @@ def test_evaluate_matches_pycocoevalcap_on_the_predictions_file(trained, tmp_pat
 @pytest.mark.slow  # four evaluations through the CLI, METEOR's Java each time
 def test_evaluate_cli_beam_and_table(trained, tmp_path, capsys):
     _, checkpoint = trained
-    code = main(["evaluate", "--checkpoint", str(checkpoint), "--split", "val",
-                 "--beam-size", "3", "--out", str(tmp_path), "--quiet"])  # fmt: skip
+    code = main(
+        [
+            "evaluate",
+            "--checkpoint",
+            str(checkpoint),
+            "--split",
+            "val",
+            "--beam-size",
+            "3",
+            "--out",
+            str(tmp_path),
+            "--quiet",
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0 and "CIDEr" in out and "exact_match" in out
     metrics = json.loads((tmp_path / "metrics.json").read_text())
@@ -220,11 +255,27 @@ def test_caption_cli_reports_bad_files_and_captions_the_rest(trained, tmp_path, 
     Image.new("RGBA", (300, 200), (200, 30, 30, 128)).save(photo)
     text = tmp_path / "notes.jpg"
     text.write_text("not an image")
-    images = [str(good[0]), str(tmp_path / "missing.png"), str(tmp_path), str(text),
-              str(photo), str(good[1])]  # fmt: skip
+    images = [
+        str(good[0]),
+        str(tmp_path / "missing.png"),
+        str(tmp_path),
+        str(text),
+        str(photo),
+        str(good[1]),
+    ]
     figures = tmp_path / "att"
-    code = main(["caption", *images, "--checkpoint", str(checkpoint), "--json",
-                 "--attention-dir", str(figures), "--gif"])  # fmt: skip
+    code = main(
+        [
+            "caption",
+            *images,
+            "--checkpoint",
+            str(checkpoint),
+            "--json",
+            "--attention-dir",
+            str(figures),
+            "--gif",
+        ]
+    )
     captured = capsys.readouterr()
     lines = [json.loads(line) for line in captured.out.splitlines()]
     assert code == 2
@@ -311,11 +362,22 @@ def test_evaluate_reports_only_what_the_data_supports(trained, tmp_path, instanc
         names = ["dog", "cat", "car"]
         coco["categories"] = [{"id": c["id"], "name": n} for c, n in zip(coco["categories"], names)]
         path.write_text(json.dumps(coco))
-    metrics = evaluate_checkpoint(checkpoint, split="test", data_root=str(data), meteor=False,
-                                  out_dir=tmp_path / "eval", progress=False)  # fmt: skip
+    metrics = evaluate_checkpoint(
+        checkpoint,
+        split="test",
+        data_root=str(data),
+        meteor=False,
+        out_dir=tmp_path / "eval",
+        progress=False,
+    )
     saved = json.loads((tmp_path / "eval" / "metrics.json").read_text())
-    for key in ("exact_match_by_objects", "pointing_game", "attention_in_box", "grounded_words",
-                "grounding_by_word_type"):  # fmt: skip
+    for key in (
+        "exact_match_by_objects",
+        "pointing_game",
+        "attention_in_box",
+        "grounded_words",
+        "grounding_by_word_type",
+    ):
         assert key not in metrics and key not in saved, key
     assert saved["exact_match"] == metrics["exact_match"] and saved["num_images"] == 8
     table = format_table(metrics)
@@ -330,11 +392,16 @@ def test_applicable_metrics_keeps_what_each_kind_of_data_supports():
 
     shape = ObjectAnnotation(1, (0, 0, 5, 5), "circle", {"color": "red", "size": "small"})
     dog = ObjectAnnotation(2, (0, 0, 5, 5), "dog", {})
-    scores = {"CIDEr": 0.5, "METEOR": None, "exact_match": 0.25,
-              "exact_match_by_objects": {"1": 0.25}, "pointing_game": 0.5,
-              "attention_in_box": 0.4, "grounded_words": 4,
-              "grounding_by_word_type": {"pointing_game/color": 0.5,
-                                         "pointing_game/size": None}}  # fmt: skip
+    scores = {
+        "CIDEr": 0.5,
+        "METEOR": None,
+        "exact_match": 0.25,
+        "exact_match_by_objects": {"1": 0.25},
+        "pointing_game": 0.5,
+        "attention_in_box": 0.4,
+        "grounded_words": 4,
+        "grounding_by_word_type": {"pointing_game/color": 0.5, "pointing_game/size": None},
+    }
     shapes = [ImageRecord(1, "a.png", "test", ("a red circle",), 9, 9, (shape,))]
     coco = [ImageRecord(1, "a.png", "test", ("a dog",), 9, 9, (dog,))]
     plain = [ImageRecord(1, "a.png", "test", ("một con chó",), 9, 9)]
@@ -344,8 +411,13 @@ def test_applicable_metrics_keeps_what_each_kind_of_data_supports():
     assert kept["METEOR"] is None  # not computed is said, not hidden
     kept = applicable_metrics(scores, coco)
     assert "exact_match_by_objects" not in kept and kept["grounded_words"] == 4
-    ungrounded = {**scores, "pointing_game": None, "attention_in_box": None,
-                  "grounded_words": 0, "grounding_by_word_type": {}}  # fmt: skip
+    ungrounded = {
+        **scores,
+        "pointing_game": None,
+        "attention_in_box": None,
+        "grounded_words": 0,
+        "grounding_by_word_type": {},
+    }
     for records in (coco, plain):
         kept = applicable_metrics(ungrounded, records)
         assert set(kept) == {"CIDEr", "METEOR", "exact_match"}
@@ -376,9 +448,21 @@ def test_an_instances_file_the_user_names_and_that_is_missing_is_an_error(
     tiny_checkpoint, tiny_shapes, tmp_path, capsys
 ):
     out = tmp_path / "eval"
-    code = main(["evaluate", "--checkpoint", str(tiny_checkpoint), "--split", "test",
-                 "--set", f"data.root={tiny_shapes}",
-                 "--set", "data.instances=instances_{split}.json", "--out", str(out)])  # fmt: skip
+    code = main(
+        [
+            "evaluate",
+            "--checkpoint",
+            str(tiny_checkpoint),
+            "--split",
+            "test",
+            "--set",
+            f"data.root={tiny_shapes}",
+            "--set",
+            "data.instances=instances_{split}.json",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert "data.instances=instances_{split}.json names no file for split 'test'" in lines[-1]

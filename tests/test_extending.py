@@ -177,8 +177,11 @@ def test_a_study_written_as_the_guide_says_trains_records_and_reuses_its_runs(
     assert study["main"](argv) == 0
     rows = json.loads((out / "rows.json").read_text())
     assert sorted((r["variant"], r["seed"]) for r in rows) == [
-        ("half", 0), ("half", 1), ("none", 0), ("none", 1)
-    ]  # fmt: skip
+        ("half", 0),
+        ("half", 1),
+        ("none", 0),
+        ("none", 1),
+    ]
     for row in rows:
         assert 0 <= row["CIDEr"] and row["train_seconds"] > 0 and row["commit"]
         assert row["command"].startswith("python -m tools.dropout_study --out OUT")

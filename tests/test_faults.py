@@ -49,8 +49,9 @@ def one_error(capsys) -> str:
 
 
 def finite(payload) -> bool:
-    return all(bool(torch.isfinite(v).all()) for v in payload["model"].values()
-               if v.is_floating_point())  # fmt: skip
+    return all(
+        bool(torch.isfinite(v).all()) for v in payload["model"].values() if v.is_floating_point()
+    )
 
 
 # --------------------------------------------------------------------------- SIGTERM
@@ -96,11 +97,23 @@ def terminate_training(shapes, run: Path, marks: Path, where: str, stop_at: int 
     """Train in a child process, send it SIGTERM where ``where`` says; its exit code and
     stderr."""
     marks.mkdir()
-    argv = ["train", "--config", CONFIG, "--set", f"data.root={shapes}", "--out", str(run),
-            "--quiet"]  # fmt: skip
+    argv = [
+        "train",
+        "--config",
+        CONFIG,
+        "--set",
+        f"data.root={shapes}",
+        "--out",
+        str(run),
+        "--quiet",
+    ]
     env = {**os.environ, "PYTHONPATH": str(Path(captioning.__file__).parents[1])}
-    child = subprocess.Popen([sys.executable, "-c", CHILD, where, str(stop_at), str(marks), *argv],
-                             env=env, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, where, str(stop_at), str(marks), *argv],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.time() + 240
         while not (marks / "ready").exists():
@@ -166,13 +179,24 @@ def test_nonfinite_weights_are_never_saved_even_when_training_goes_on(
 ):
     poison_after(monkeypatch, 2)  # in epoch 1: nothing good to keep yet
     run = tmp_path / "run"
-    argv = ["train", "--config", CONFIG, "--set", f"data.root={shapes}", "--set",
-            "train.stop_on_nonfinite=false", "--out", str(run)]  # fmt: skip
+    argv = [
+        "train",
+        "--config",
+        CONFIG,
+        "--set",
+        f"data.root={shapes}",
+        "--set",
+        "train.stop_on_nonfinite=false",
+        "--out",
+        str(run),
+    ]
     assert main(argv) == 2
     error = one_error(capsys)
     assert error.startswith("error: the weights became non-finite in epoch 1 (decoder.")
-    assert error.endswith("holds NaN or inf), so they were not saved; start again with a "
-                          "lower train.lr or train.precision=fp32")  # fmt: skip
+    assert error.endswith(
+        "holds NaN or inf), so they were not saved; start again with a "
+        "lower train.lr or train.precision=fp32"
+    )
     assert not (run / "last.pt").exists() and not (run / "best.pt").exists()
     assert not list(run.glob(".*.tmp"))
 
@@ -241,8 +265,7 @@ def test_the_lock_is_taken_before_the_folder_is_checked(shapes, tmp_path):
 
 
 @pytest.mark.parametrize("code", [errno.ENOLCK, errno.EOPNOTSUPP])
-def test_a_file_system_without_locks_is_named_as_such(shapes, tmp_path, capsys, monkeypatch,
-                                                      code):  # fmt: skip
+def test_a_file_system_without_locks_is_named_as_such(shapes, tmp_path, capsys, monkeypatch, code):
     import fcntl
 
     def no_locks(handle, operation):
@@ -253,25 +276,41 @@ def test_a_file_system_without_locks_is_named_as_such(shapes, tmp_path, capsys, 
     argv = ["train", "--config", CONFIG, "--set", f"data.root={shapes}", "--out", str(run)]
     assert main(argv) == 2
     error = one_error(capsys)
-    assert error == (f"error: cannot lock run folder {run} ({os.strerror(code)}): its file "
-                     f"system does not take file locks (some network mounts); choose an --out "
-                     f"on a local disk")  # fmt: skip
+    assert error == (
+        f"error: cannot lock run folder {run} ({os.strerror(code)}): its file "
+        f"system does not take file locks (some network mounts); choose an --out "
+        f"on a local disk"
+    )
     assert "in use" not in error
     assert not (run / "config.yaml").exists()
 
 
 def test_a_run_folder_that_cannot_be_made_is_one_line(shapes, tmp_path, capsys):
     (tmp_path / "file").write_text("not a folder")
-    argv = ["train", "--config", CONFIG, "--set", f"data.root={shapes}", "--out",
-            str(tmp_path / "file" / "run")]  # fmt: skip
+    argv = [
+        "train",
+        "--config",
+        CONFIG,
+        "--set",
+        f"data.root={shapes}",
+        "--out",
+        str(tmp_path / "file" / "run"),
+    ]
     assert main(argv) == 2
     assert "cannot make run folder" in one_error(capsys)
 
 
 def test_a_failed_start_leaves_no_folder_behind(tmp_path, capsys):
     run = tmp_path / "run"
-    argv = ["train", "--config", CONFIG, "--set", f"data.root={tmp_path / 'no data'}", "--out",
-            str(run)]  # fmt: skip
+    argv = [
+        "train",
+        "--config",
+        CONFIG,
+        "--set",
+        f"data.root={tmp_path / 'no data'}",
+        "--out",
+        str(run),
+    ]
     assert main(argv) == 2
     one_error(capsys)
     assert not run.exists()
@@ -310,29 +349,62 @@ def test_a_section_given_as_a_value_in_yaml_is_refused(tmp_path, capsys):
     config.write_text("train: 3\n")
     for extra in ([], ["--set", "train.epochs=1"]):
         assert main(["train", "--config", str(config), *extra]) == 2
-        assert one_error(capsys) == (f"error: config file {config}: section 'train' must be a "
-                                     f"mapping of keys, got 3")  # fmt: skip
+        assert one_error(capsys) == (
+            f"error: config file {config}: section 'train' must be a mapping of keys, got 3"
+        )
 
 
 # --------------------------------------------------------------------------- caption
 
 
 def test_an_attention_dir_that_is_a_file_is_one_line(shapes, tmp_path, capsys):
-    assert main(["train", "--config", CONFIG, "--set", f"data.root={shapes}", "--set",
-                 "train.epochs=1", "--out", str(tmp_path / "run")]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "train",
+                "--config",
+                CONFIG,
+                "--set",
+                f"data.root={shapes}",
+                "--set",
+                "train.epochs=1",
+                "--out",
+                str(tmp_path / "run"),
+            ]
+        )
+        == 0
+    )
     image = str(next((shapes / "images" / "val").iterdir()))
     taken = tmp_path / "figures.png"
     taken.write_bytes(b"a file the user has")
     for folder in (taken, taken / "sub"):
-        code = main(["caption", image, "--checkpoint", str(tmp_path / "run" / "best.pt"),
-                     "--attention-dir", str(folder)])  # fmt: skip
+        code = main(
+            [
+                "caption",
+                image,
+                "--checkpoint",
+                str(tmp_path / "run" / "best.pt"),
+                "--attention-dir",
+                str(folder),
+            ]
+        )
         assert code == 2
-        assert one_error(capsys) == (f"error: --attention-dir {folder}: {taken} is a file, "
-                                     f"not a folder; name a folder (it is made when "
-                                     f"missing)")  # fmt: skip
+        assert one_error(capsys) == (
+            f"error: --attention-dir {folder}: {taken} is a file, "
+            f"not a folder; name a folder (it is made when "
+            f"missing)"
+        )
         assert taken.read_bytes() == b"a file the user has"
-    code = main(["caption", image, "--checkpoint", str(tmp_path / "run" / "best.pt"),
-                 "--attention-dir", str(tmp_path / "new" / "figures")])  # fmt: skip
+    code = main(
+        [
+            "caption",
+            image,
+            "--checkpoint",
+            str(tmp_path / "run" / "best.pt"),
+            "--attention-dir",
+            str(tmp_path / "new" / "figures"),
+        ]
+    )
     assert code == 0 and list((tmp_path / "new" / "figures").glob("*.png"))
 
 
@@ -387,9 +459,11 @@ def test_a_full_disk_during_a_checkpoint_write_is_one_line_and_keeps_the_last_on
     run = tmp_path / "run"
     argv = ["train", "--config", CONFIG, "--set", f"data.root={shapes}", "--out", str(run)]
     assert main(argv) == 2
-    assert one_error(capsys) == (f"error: {run / 'last.pt'}: cannot write the checkpoint "
-                                 f"([Errno 28] No space left on device); the previous one is "
-                                 f"kept; free some space and run again")  # fmt: skip
+    assert one_error(capsys) == (
+        f"error: {run / 'last.pt'}: cannot write the checkpoint "
+        f"([Errno 28] No space left on device); the previous one is "
+        f"kept; free some space and run again"
+    )
     assert load_checkpoint(run / "last.pt")["epoch"] == 1
     assert not list(run.glob(".*.tmp"))
 

@@ -59,8 +59,11 @@ def test_the_official_split_is_kept_and_every_quirk_reported_by_line(tmp_path):
     assert "8_x.jpg: captioned, but no split file lists it; not used" in problems
     report = (tmp_path / "out" / "prepare_report.txt").read_text()
     assert report.startswith("captioning prepare flickr8k")
-    for needle in ("Flickr8k.token.txt:17: image 9_x.jpg.1: no such file",
-                   "3 split-file problems", "8_x.jpg: captioned, but no split file"):  # fmt: skip
+    for needle in (
+        "Flickr8k.token.txt:17: image 9_x.jpg.1: no such file",
+        "3 split-file problems",
+        "8_x.jpg: captioned, but no split file",
+    ):
         assert needle in report
     test = json.loads((tmp_path / "out" / "annotations" / "captions_test.json").read_text())
     assert [image["file_name"] for image in test["images"]] == ["6_x.jpg", "7_x.jpg"]
@@ -79,9 +82,11 @@ def test_the_official_split_is_kept_and_every_quirk_reported_by_line(tmp_path):
 def test_flickr30k_split_files_may_list_ids_and_the_pipe_format_is_read(tmp_path):
     images = photos(tmp_path / "flickr30k-images", ["10.jpg", "11.jpg", "12.jpg", "13.jpg"])
     captions = tmp_path / "results.csv"
-    captions.write_text("image_name| comment_number| comment\n"
-                        + "".join(f"{n}.jpg| 0| A man at work {n} .\n" for n in range(10, 14))
-                        + "11.jpg| 1 A second caption that lost its bar .\n")  # fmt: skip
+    captions.write_text(
+        "image_name| comment_number| comment\n"
+        + "".join(f"{n}.jpg| 0| A man at work {n} .\n" for n in range(10, 14))
+        + "11.jpg| 1 A second caption that lost its bar .\n"
+    )
     splits = {}
     for split, names in (("train", "10\n11\n"), ("val", "12\n"), ("test", "13.jpg\n14\n")):
         splits[split] = tmp_path / f"{split}.txt"
@@ -95,8 +100,19 @@ def test_flickr30k_split_files_may_list_ids_and_the_pipe_format_is_read(tmp_path
 def test_a_split_left_empty_or_a_missing_file_is_one_line(tmp_path, capsys):
     images, text = release(tmp_path)
     (text / "Flickr_8k.testImages.txt").rename(tmp_path / "test.txt")
-    code = main(["--quiet", "prepare", "flickr8k", "--images", str(images), "--text", str(text),
-                 "--out", str(tmp_path / "out")])  # fmt: skip
+    code = main(
+        [
+            "--quiet",
+            "prepare",
+            "flickr8k",
+            "--images",
+            str(images),
+            "--text",
+            str(text),
+            "--out",
+            str(tmp_path / "out"),
+        ]
+    )
     lines = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and [line for line in lines if line.startswith("error: ")] == lines[-1:]
     assert (
@@ -111,8 +127,19 @@ def test_a_split_left_empty_or_a_missing_file_is_one_line(tmp_path, capsys):
 
 def test_the_cli_prints_what_it_wrote_and_the_next_command(tmp_path, capsys):
     images, text = release(tmp_path)
-    code = main(["--quiet", "prepare", "flickr8k", "--images", str(images), "--text", str(text),
-                 "--out", str(tmp_path / "out")])  # fmt: skip
+    code = main(
+        [
+            "--quiet",
+            "prepare",
+            "flickr8k",
+            "--images",
+            str(images),
+            "--text",
+            str(text),
+            "--out",
+            str(tmp_path / "out"),
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0
     assert "images train 3 (6 captions), val 2 (4 captions), test 2 (4 captions)" in out
@@ -123,8 +150,12 @@ def test_the_cli_prints_what_it_wrote_and_the_next_command(tmp_path, capsys):
 @pytest.mark.slow
 @pytest.mark.skipif(not FLICKR8K.is_dir(), reason="../shared/data/flickr8k is absent")
 def test_the_real_flickr8k_release_gives_the_official_split(tmp_path):
-    summary = prepare_flickr8k(FLICKR8K / "Flicker8k_Dataset", FLICKR8K / "Flickr8k_text",
-                               tmp_path / "flickr8k", progress=False)  # fmt: skip
+    summary = prepare_flickr8k(
+        FLICKR8K / "Flicker8k_Dataset",
+        FLICKR8K / "Flickr8k_text",
+        tmp_path / "flickr8k",
+        progress=False,
+    )
     assert summary.images == {"train": 6000, "val": 1000, "test": 1000}
     assert summary.captions == {"train": 30000, "val": 5000, "test": 5000}
     # 2258277193_586949ec62.jpg is not in the archive: its five rows, by line

@@ -18,8 +18,12 @@ REFS = {
 
 def test_the_grid_has_greedy_once_and_every_beam_at_every_penalty():
     assert decoding.grid_of([1, 3, 5], [0.0, 0.5]) == [
-        (1, 0.0), (3, 0.0), (3, 0.5), (5, 0.0), (5, 0.5)
-    ]  # fmt: skip
+        (1, 0.0),
+        (3, 0.0),
+        (3, 0.5),
+        (5, 0.0),
+        (5, 0.5),
+    ]
 
 
 def test_the_best_dev_score_wins_and_of_equals_the_cheaper_decoding():
@@ -33,11 +37,22 @@ def test_the_best_dev_score_wins_and_of_equals_the_cheaper_decoding():
 def _finished_run(out: Path) -> Path:
     folder = run_dir(out, RECIPE, "best", 0, "cpu")
     (folder / "train").mkdir(parents=True)
-    job = {"model": "best", "seed": 0, "variant": RECIPE, "config": "configs/flickr8k_best.yaml",
-           "settings": [f"data.root={out / 'data'}", "train.seed=0"], "select_metric": "CIDEr",
-           "best_val": 0.45, "best_epoch": 18, "epochs": 20, "steps": 3760,
-           "precision": "fp32", "device": "AMD EPYC", "threads": 2,
-           "commit": "abc1234"}  # fmt: skip
+    job = {
+        "model": "best",
+        "seed": 0,
+        "variant": RECIPE,
+        "config": "configs/flickr8k_best.yaml",
+        "settings": [f"data.root={out / 'data'}", "train.seed=0"],
+        "select_metric": "CIDEr",
+        "best_val": 0.45,
+        "best_epoch": 18,
+        "epochs": 20,
+        "steps": 3760,
+        "precision": "fp32",
+        "device": "AMD EPYC",
+        "threads": 2,
+        "commit": "abc1234",
+    }
     (folder / "job.json").write_text(json.dumps(job))
     annotations = out / "data" / "annotations"
     annotations.mkdir(parents=True)
@@ -53,8 +68,12 @@ def _finished_run(out: Path) -> Path:
 def test_the_dev_split_chooses_and_the_test_split_is_scored_once(tmp_path, monkeypatch):
     folder = _finished_run(tmp_path)
     # what each setting decodes: 5 beams says the most on the dev split
-    said = {(3, 0.0): "a dog", (3, 1.0): "a dog runs across", (5, 1.0): "a dog runs",
-            (5, 0.0): "a brown dog is running on a lawn"}  # fmt: skip
+    said = {
+        (3, 0.0): "a dog",
+        (3, 1.0): "a dog runs across",
+        (5, 1.0): "a dog runs",
+        (5, 0.0): "a brown dog is running on a lawn",
+    }
     decoded = []
 
     def fake_decode(checkpoint, split, beam, penalty, out, meteor):
@@ -65,8 +84,20 @@ def test_the_dev_split_chooses_and_the_test_split_is_scored_once(tmp_path, monke
 
     monkeypatch.setattr(decoding, "decode", fake_decode)
     results = tmp_path / "rows.json"
-    code = decoding.main(["--out", str(tmp_path), "--seeds", "0", "--beams", "3,5",
-                          "--length-penalties", "0,1", "--results", str(results)])  # fmt: skip
+    code = decoding.main(
+        [
+            "--out",
+            str(tmp_path),
+            "--seeds",
+            "0",
+            "--beams",
+            "3,5",
+            "--length-penalties",
+            "0,1",
+            "--results",
+            str(results),
+        ]
+    )
     assert code == 0
     # the grid on the dev split, then the test split once, with the choice
     assert decoded[:-1] == [("val", 3, 0.0), ("val", 3, 1.0), ("val", 5, 0.0), ("val", 5, 1.0)]

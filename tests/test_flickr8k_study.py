@@ -27,13 +27,29 @@ def finished_run(out: Path, model: str, seed: int, captions: dict[int, str], kin
     (folder / "test_beam3").mkdir(parents=True)
     predictions = [{"image_id": i, "caption": c} for i, c in captions.items()]
     (folder / "test_beam3" / "predictions.json").write_text(json.dumps(predictions))
-    job = {"model": model, "seed": seed, "variant": "recipe", "config": "configs/x.yaml",
-           "settings": [f"data.root={out / 'data'}", f"model.weights={out}/w.pt"],
-           "select_metric": "CIDEr", "best_val": 0.4, "best_epoch": 3, "epochs": 4, "steps": 80,
-           "train_seconds": 100.0, "evaluate_seconds": {"3": 5.0}, "precision": "bf16",
-           "device": "NVIDIA H100", "cpu": "Xeon", "threads": 1, "timed_alone": False,
-           "stages": {"prepare": 10.0, "extract": 40.0}, "history": [], "commit": "abc",
-           "command": "python -m benchmarks.flickr8k --out OUT"}  # fmt: skip
+    job = {
+        "model": model,
+        "seed": seed,
+        "variant": "recipe",
+        "config": "configs/x.yaml",
+        "settings": [f"data.root={out / 'data'}", f"model.weights={out}/w.pt"],
+        "select_metric": "CIDEr",
+        "best_val": 0.4,
+        "best_epoch": 3,
+        "epochs": 4,
+        "steps": 80,
+        "train_seconds": 100.0,
+        "evaluate_seconds": {"3": 5.0},
+        "precision": "bf16",
+        "device": "NVIDIA H100",
+        "cpu": "Xeon",
+        "threads": 1,
+        "timed_alone": False,
+        "stages": {"prepare": 10.0, "extract": 40.0},
+        "history": [],
+        "commit": "abc",
+        "command": "python -m benchmarks.flickr8k --out OUT",
+    }
     (folder / "job.json").write_text(json.dumps(job))
     return folder
 
@@ -53,8 +69,14 @@ def test_a_run_is_scored_as_the_paper_and_as_coco(tmp_path):
             row[f"Bleu_{n}"]
         )
     assert row["distinct_captions"] == 3 and row["unk_captions"] == 0
-    assert row["seconds"] == {"prepare": 10.0, "extract": 40.0, "first_stage": 0.0,
-                              "train": 100.0, "evaluate": 5.0, "recipe": 155.0}  # fmt: skip
+    assert row["seconds"] == {
+        "prepare": 10.0,
+        "extract": 40.0,
+        "first_stage": 0.0,
+        "train": 100.0,
+        "evaluate": 5.0,
+        "recipe": 155.0,
+    }
     assert row["overrides"] == ["data.root=OUT/data", "model.weights=OUT/w.pt"]
     assert row["device"] == "NVIDIA H100" and row["precision"] == "bf16"
 
@@ -110,10 +132,17 @@ def test_commands_name_no_machine_path(tmp_path):
 def _args(tmp_path, jobs=1, threads=None, overrides=(), variant="recipe", first_stage=None):
     import argparse
 
-    return argparse.Namespace(out=tmp_path, variant=variant, overrides=list(overrides),
-                              first_stage=first_stage or variant, jobs=jobs, threads=threads,
-                              machine_busy=False, commit="abc",
-                              command="python -m benchmarks.flickr8k")  # fmt: skip
+    return argparse.Namespace(
+        out=tmp_path,
+        variant=variant,
+        overrides=list(overrides),
+        first_stage=first_stage or variant,
+        jobs=jobs,
+        threads=threads,
+        machine_busy=False,
+        commit="abc",
+        command="python -m benchmarks.flickr8k",
+    )
 
 
 @pytest.mark.parametrize(
@@ -136,8 +165,12 @@ def test_parallel_runs_share_the_cores_unless_the_user_says(
 
     monkeypatch.setattr(runner, "run_study", run_study)
     flickr8k.train_all(_args(tmp_path, jobs, threads, overrides), ["soft", "scst"], [0, 1])
-    assert [(s.name, s.seed) for s in planned] == [("soft", 0), ("soft", 1), ("scst", 0),
-                                                   ("scst", 1)]  # fmt: skip
+    assert [(s.name, s.seed) for s in planned] == [
+        ("soft", 0),
+        ("soft", 1),
+        ("scst", 0),
+        ("scst", 1),
+    ]
     for spec in planned:
         assert spec.load().train.threads == expected
         # the run folder layout that --no-train re-scores: OUT/runs/KIND/MODEL-seedS/train
@@ -162,15 +195,17 @@ def test_a_second_stage_lever_can_start_from_the_recipes_first_stage(tmp_path):
     assert spec.init == first / "train" / "best.pt"
     assert spec.folder == flickr8k.run_dir(tmp_path, "lr", "best_scst", 0) / "train"
     assert spec.load().train.lr == 5e-5
-    parsed = flickr8k_options.parse_args(["--shared", "s", "--out", "o", "--models", "best_scst",
-                                  "--variant", "lr"])  # fmt: skip
+    parsed = flickr8k_options.parse_args(
+        ["--shared", "s", "--out", "o", "--models", "best_scst", "--variant", "lr"]
+    )
     assert parsed.first_stage == "lr"  # by default the first stage is the variant's own
 
 
 def test_first_stage_without_a_second_stage_is_refused(capsys):
     with pytest.raises(SystemExit) as exit_info:
-        flickr8k_options.parse_args(["--shared", "s", "--out", "o", "--models", "best",
-                             "--first-stage", "recipe"])  # fmt: skip
+        flickr8k_options.parse_args(
+            ["--shared", "s", "--out", "o", "--models", "best", "--first-stage", "recipe"]
+        )
     assert exit_info.value.code == 2
     assert "--models has none; add one of scst" in capsys.readouterr().err
 
@@ -193,15 +228,39 @@ def test_a_second_stage_lever_counts_the_seconds_of_the_first_stage_it_started_f
 def test_a_run_goes_through_the_runner_into_its_folder_and_job_json(tiny_shapes, tmp_path):
     spec = flickr8k.run_spec_of(_args(tmp_path), "soft", 0)
     tiny = [f"data.root={tiny_shapes}", "model.weights=null", *TINY_SETTINGS, "train.threads=1"]
-    spec = replace(spec, config="configs/test_tiny.yaml", overrides=(), plumbing=tuple(tiny),
-                   meta={**spec.meta, "beams": (1, 3)})  # fmt: skip
+    spec = replace(
+        spec,
+        config="configs/test_tiny.yaml",
+        overrides=(),
+        plumbing=tuple(tiny),
+        meta={**spec.meta, "beams": (1, 3)},
+    )
     flickr8k.train_and_decode(spec)
     folder = spec.folder.parent
     job = json.loads((folder / "job.json").read_text())
-    assert {"model", "seed", "variant", "config", "settings", "select_metric", "best_val",
-            "best_epoch", "epochs", "steps", "train_seconds", "evaluate_seconds", "precision",
-            "device", "cpu", "threads", "timed_alone", "commit", "command", "stages",
-            "history"} <= set(job)  # fmt: skip
+    assert {
+        "model",
+        "seed",
+        "variant",
+        "config",
+        "settings",
+        "select_metric",
+        "best_val",
+        "best_epoch",
+        "epochs",
+        "steps",
+        "train_seconds",
+        "evaluate_seconds",
+        "precision",
+        "device",
+        "cpu",
+        "threads",
+        "timed_alone",
+        "commit",
+        "command",
+        "stages",
+        "history",
+    } <= set(job)
     assert set(job["evaluate_seconds"]) == {"1", "3"} and job["threads"] == 1
     assert (folder / "test_beam3" / "predictions.json").is_file()
     stamp = (folder / "job.json").stat().st_mtime_ns
@@ -211,11 +270,27 @@ def test_a_run_goes_through_the_runner_into_its_folder_and_job_json(tiny_shapes,
 
 def test_the_table_puts_the_papers_rows_beside_ours():
     tables = load_tool("tables")
-    rows = [{"variant": "recipe", "model": "soft", "seed": s, "beam_size": 3, "device": "Xeon",
-             "threads": 2, "precision": "bf16", "commit": "abcdef0123",
-             "Bleu_1": 0.6, "Bleu_2": 0.4, "Bleu_3": 0.27, "Bleu_4": b, "METEOR": 0.19,
-             "Bleu_4_no_bp": b, "ROUGE_L": 0.45, "CIDEr": c}
-            for s, b, c in ((0, 0.18, 0.45), (1, 0.19, 0.47))]  # fmt: skip
+    rows = [
+        {
+            "variant": "recipe",
+            "model": "soft",
+            "seed": s,
+            "beam_size": 3,
+            "device": "Xeon",
+            "threads": 2,
+            "precision": "bf16",
+            "commit": "abcdef0123",
+            "Bleu_1": 0.6,
+            "Bleu_2": 0.4,
+            "Bleu_3": 0.27,
+            "Bleu_4": b,
+            "METEOR": 0.19,
+            "Bleu_4_no_bp": b,
+            "ROUGE_L": 0.45,
+            "CIDEr": c,
+        }
+        for s, b, c in ((0, 0.18, 0.45), (1, 0.19, 0.47))
+    ]
     text = tables.flickr8k(rows)
     paper = (
         "| **paper: soft** (Xu et al. 2015; BLEU without BP) | | | | 67.0 | 44.8 | 29.9 | 19.5 |"

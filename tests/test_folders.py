@@ -62,24 +62,59 @@ def argv(verb: str, folder: Path, checkpoint: Path, shapes: Path, scratch: Path)
     captions = scratch / "captions.csv"
     captions.write_text("image,caption\nx.png,a caption\n")
     return {
-        "train": ["train", "--config", TINY, "--set", f"data.root={shapes}", "--out",
-                  str(folder)],
+        "train": ["train", "--config", TINY, "--set", f"data.root={shapes}", "--out", str(folder)],
         "evaluate": ["evaluate", "--checkpoint", str(checkpoint), "--out", str(folder)],
-        "caption": ["caption", an_image(shapes), "--checkpoint", str(checkpoint),
-                    "--attention-dir", str(folder)],
-        "quickstart": ["quickstart", "--config", TINY, "--data-root", str(shapes), "--out",
-                       str(folder)],
-        "quickstart-data": ["quickstart", "--config", TINY, "--data-root", str(folder), "--out",
-                            str(scratch / "quick")],
+        "caption": [
+            "caption",
+            an_image(shapes),
+            "--checkpoint",
+            str(checkpoint),
+            "--attention-dir",
+            str(folder),
+        ],
+        "quickstart": [
+            "quickstart",
+            "--config",
+            TINY,
+            "--data-root",
+            str(shapes),
+            "--out",
+            str(folder),
+        ],
+        "quickstart-data": [
+            "quickstart",
+            "--config",
+            TINY,
+            "--data-root",
+            str(folder),
+            "--out",
+            str(scratch / "quick"),
+        ],
         "shapes": ["shapes", "--out", str(folder), "--train", "2", "--val", "1", "--test", "1"],
-        "prepare folder": ["prepare", "folder", "--images", str(shapes / "images" / "test"),
-                           "--captions", str(captions), "--out", str(folder)],
+        "prepare folder": [
+            "prepare",
+            "folder",
+            "--images",
+            str(shapes / "images" / "test"),
+            "--captions",
+            str(captions),
+            "--out",
+            str(folder),
+        ],
         "prepare coco": ["prepare", "coco", "--root", str(folder)],
-    }[verb]  # fmt: skip
+    }[verb]
 
 
-VERBS = ["train", "evaluate", "caption", "quickstart", "quickstart-data", "shapes",
-         "prepare folder", "prepare coco"]  # fmt: skip
+VERBS = [
+    "train",
+    "evaluate",
+    "caption",
+    "quickstart",
+    "quickstart-data",
+    "shapes",
+    "prepare folder",
+    "prepare coco",
+]
 
 
 @pytest.mark.parametrize("verb", VERBS)
@@ -91,8 +126,10 @@ def test_a_folder_a_person_made_is_refused_and_left_as_it_was(
     assert main(argv(verb, folder, tiny_checkpoint, tiny_shapes, tmp_path)) == 2
     error = one_error(capsys)
     assert f"{folder} already holds files that `captioning " in error
-    assert "did not write (such as notes.txt); nothing was changed: choose a new or empty " \
-           "folder for --" in error  # fmt: skip
+    assert (
+        "did not write (such as notes.txt); nothing was changed: choose a new or empty "
+        "folder for --" in error
+    )
     assert listing(folder) == before  # no lock file, no marker, nothing removed
     assert sorted(p.name for p in folder.iterdir()) == ["notes.txt", "photo.png"]
 
@@ -115,8 +152,9 @@ def test_a_lock_and_a_config_beside_a_users_notes_are_not_an_earlier_run(
 
 
 @pytest.mark.parametrize("where", ["cwd", "home"])
-def test_quickstart_refuses_the_current_folder_and_home(tiny_shapes, tmp_path, capsys,
-                                                        monkeypatch, where):  # fmt: skip
+def test_quickstart_refuses_the_current_folder_and_home(
+    tiny_shapes, tmp_path, capsys, monkeypatch, where
+):
     home = tmp_path / "home"
     before = a_persons_folder(home)
     monkeypatch.setenv("HOME", str(home))
@@ -128,8 +166,7 @@ def test_quickstart_refuses_the_current_folder_and_home(tiny_shapes, tmp_path, c
     assert listing(home) == before
 
 
-def test_a_folder_another_command_wrote_is_refused(tiny_checkpoint, tiny_shapes, tmp_path,
-                                                  capsys):  # fmt: skip
+def test_a_folder_another_command_wrote_is_refused(tiny_checkpoint, tiny_shapes, tmp_path, capsys):
     run = tiny_checkpoint.parent  # a training's run folder
     before = listing(run)
     assert (run / MARKER).read_text().splitlines()[0] == "train"
@@ -143,8 +180,19 @@ def test_a_folder_another_command_wrote_is_refused(tiny_checkpoint, tiny_shapes,
 @pytest.mark.slow  # two quickstarts with their figures
 def test_quickstart_run_again_removes_only_what_it_wrote(tiny_shapes, tmp_path, capsys):
     out = tmp_path / "quick"
-    args = ["quickstart", "--out", str(out), "--data-root", str(tiny_shapes), "--config", TINY,
-            "--set", "train.epochs=1", "--set", "train.figure_every_epoch=true"]  # fmt: skip
+    args = [
+        "quickstart",
+        "--out",
+        str(out),
+        "--data-root",
+        str(tiny_shapes),
+        "--config",
+        TINY,
+        "--set",
+        "train.epochs=1",
+        "--set",
+        "train.figure_every_epoch=true",
+    ]
     assert main(args) == 0
     assert (out / MARKER).read_text().startswith("quickstart\n")
     # A person's files, beside and among the quickstart's.
@@ -169,16 +217,29 @@ def test_quickstart_run_again_removes_only_what_it_wrote(tiny_shapes, tmp_path, 
 
 def test_what_an_earlier_quickstart_wrote_is_all_that_goes(tmp_path):
     out = tmp_path / "quick"
-    ours = ["config.yaml", "best.pt", "last.pt", "events.out.tfevents.1.host",
-            "figures/epoch_001.png", "eval/metrics.json", "eval/predictions.json",
-            "attention/test_000000.png"]  # fmt: skip
-    theirs = ["notes.txt", "figures/sketch.png", "eval/by hand.json", "attention/mine.png",
-              "attention/test_000001.png"]  # fmt: skip
+    ours = [
+        "config.yaml",
+        "best.pt",
+        "last.pt",
+        "events.out.tfevents.1.host",
+        "figures/epoch_001.png",
+        "eval/metrics.json",
+        "eval/predictions.json",
+        "attention/test_000000.png",
+    ]
+    theirs = [
+        "notes.txt",
+        "figures/sketch.png",
+        "eval/by hand.json",
+        "attention/mine.png",
+        "attention/test_000001.png",
+    ]
     for name in ours + theirs:
         (out / name).parent.mkdir(parents=True, exist_ok=True)
         (out / name).write_text(name)
-    summary = {"examples": [{"attention": str(out / "attention" / "test_000000.png")},
-                            {"attention": None}]}  # fmt: skip
+    summary = {
+        "examples": [{"attention": str(out / "attention" / "test_000000.png")}, {"attention": None}]
+    }
     (out / "quickstart.json").write_text(json.dumps(summary))
     removed = remove_earlier_run(out)
     assert sorted(str(p.relative_to(out)) for p in removed) == sorted([*ours, "quickstart.json"])
@@ -194,8 +255,12 @@ def test_quickstart_into_a_folder_in_use_is_refused_before_anything_is_removed(
     (out / "last.pt").write_bytes(b"an earlier quickstart's")
     held = lock_folder(out, RUN_FOLDER)  # another quickstart running there
     try:
-        assert main(["quickstart", "--out", str(out), "--data-root", str(tiny_shapes),
-                     "--config", TINY]) == 2  # fmt: skip
+        assert (
+            main(
+                ["quickstart", "--out", str(out), "--data-root", str(tiny_shapes), "--config", TINY]
+            )
+            == 2
+        )
     finally:
         held.close()
     assert "is in use by another `captioning quickstart` (pid " in one_error(capsys)
@@ -203,8 +268,7 @@ def test_quickstart_into_a_folder_in_use_is_refused_before_anything_is_removed(
 
 
 @pytest.mark.slow  # about 25 s: it trains or evaluates end to end
-def test_a_command_runs_again_into_its_own_folder(tiny_checkpoint, tiny_shapes, tmp_path,
-                                                  capsys):  # fmt: skip
+def test_a_command_runs_again_into_its_own_folder(tiny_checkpoint, tiny_shapes, tmp_path, capsys):
     for verb in ("evaluate", "caption"):
         folder = tmp_path / verb
         assert main(argv(verb, folder, tiny_checkpoint, tiny_shapes, tmp_path)) == 0
@@ -218,8 +282,24 @@ def test_a_command_runs_again_into_its_own_folder(tiny_checkpoint, tiny_shapes, 
 def test_folders_written_before_they_were_marked_are_still_their_commands(tmp_path, capsys):
     shapes = tmp_path / "shapes"
     generate_shapes(shapes, num_train=2, num_val=1, num_test=1, image_size=48)  # unmarked
-    assert main(["shapes", "--out", str(shapes), "--train", "3", "--val", "1", "--test", "1",
-                 "--image-size", "48"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "shapes",
+                "--out",
+                str(shapes),
+                "--train",
+                "3",
+                "--val",
+                "1",
+                "--test",
+                "1",
+                "--image-size",
+                "48",
+            ]
+        )
+        == 0
+    )
     assert (shapes / "images" / "train" / "train_000002.png").is_file()
     coco_like = tmp_path / "coco-like"  # the same two folders, not written by `shapes`
     (coco_like / "images" / "train").mkdir(parents=True)
@@ -244,14 +324,46 @@ def test_a_lock_that_is_a_link_is_never_written_through(tmp_path, capsys):
     """A folder already marked for a verb, whose .lock links to a user's file: the verb
     refuses in one line and the user's file keeps its bytes."""
     out = tmp_path / "q"
-    assert main(["shapes", "--out", str(out), "--train", "2", "--val", "1", "--test", "1",
-                 "--image-size", "48"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "shapes",
+                "--out",
+                str(out),
+                "--train",
+                "2",
+                "--val",
+                "1",
+                "--test",
+                "1",
+                "--image-size",
+                "48",
+            ]
+        )
+        == 0
+    )
     precious = tmp_path / "notes.txt"
     precious.write_text("my notes\n")
     (out / ".lock").unlink(missing_ok=True)
     (out / ".lock").symlink_to(precious)
-    assert main(["shapes", "--out", str(out), "--train", "2", "--val", "1", "--test", "1",
-                 "--image-size", "48"]) == 2  # fmt: skip
+    assert (
+        main(
+            [
+                "shapes",
+                "--out",
+                str(out),
+                "--train",
+                "2",
+                "--val",
+                "1",
+                "--test",
+                "1",
+                "--image-size",
+                "48",
+            ]
+        )
+        == 2
+    )
     assert "holds a .lock that is a symbolic link" in one_error(capsys)
     assert precious.read_text() == "my notes\n"
 
@@ -319,8 +431,11 @@ def test_write_atomically_keeps_the_previous_file(tmp_path, full_disk):
     assert path.stat().st_mode == opened.stat().st_mode  # the umask's, not mkstemp's 0600
     opened.unlink()
     full_disk()
-    with pytest.raises(CaptioningError, match=r"notes.txt: cannot write \(No space left on "
-                       r"device\); the previous one is kept; free some space"):  # fmt: skip
+    with pytest.raises(
+        CaptioningError,
+        match=r"notes.txt: cannot write \(No space left on "
+        r"device\); the previous one is kept; free some space",
+    ):
         write_atomically(path, "second, longer than the first\n")
     assert path.read_text() == "first\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
@@ -370,8 +485,9 @@ def test_a_full_disk_keeps_the_prepare_report(tmp_path, full_disk):
 
 
 def frozen(shapes: Path, cache: Path, *extra: str):
-    return load_config(TINY, [f"data.root={shapes}", f"data.feature_cache={cache}", *FROZEN,
-                              *extra])  # fmt: skip
+    return load_config(
+        TINY, [f"data.root={shapes}", f"data.feature_cache={cache}", *FROZEN, *extra]
+    )
 
 
 def test_a_full_disk_keeps_the_feature_cache(tiny_shapes, tmp_path, full_disk):
@@ -385,8 +501,7 @@ def test_a_full_disk_keeps_the_feature_cache(tiny_shapes, tmp_path, full_disk):
     assert listing(folder) == before and no_temporary_files(folder)
 
 
-def test_extract_features_refuses_a_cache_folder_it_did_not_write(tiny_shapes, tmp_path,
-                                                                  capsys):  # fmt: skip
+def test_extract_features_refuses_a_cache_folder_it_did_not_write(tiny_shapes, tmp_path, capsys):
     cache = tmp_path / "cache"
     cfg = frozen(tiny_shapes, cache)
     seed_everything(cfg.train.seed)
@@ -398,8 +513,10 @@ def test_extract_features_refuses_a_cache_folder_it_did_not_write(tiny_shapes, t
         args += ["--set", setting]
     assert main(args) == 2
     error = one_error(capsys)
-    assert f"data.feature_cache {folder} already holds files that `captioning " \
-           f"extract-features` did not write" in error  # fmt: skip
+    assert (
+        f"data.feature_cache {folder} already holds files that `captioning "
+        f"extract-features` did not write" in error
+    )
     assert listing(folder) == before
 
 
@@ -422,22 +539,40 @@ sys.exit(main(sys.argv[2:]))
 
 
 # A child process each; SIGINT in the default suite, SIGTERM with the slow tests.
-@pytest.mark.parametrize("name, code, said", [
-    pytest.param("SIGTERM", 143, "terminated", marks=pytest.mark.slow),
-    ("SIGINT", 130, "interrupted"),
-])  # fmt: skip
-def test_extract_features_stopped_by_a_signal_leaves_no_partial_file(tiny_shapes, tmp_path,
-                                                                     name, code, said):  # fmt: skip
+@pytest.mark.parametrize(
+    "name, code, said",
+    [
+        pytest.param("SIGTERM", 143, "terminated", marks=pytest.mark.slow),
+        ("SIGINT", 130, "interrupted"),
+    ],
+)
+def test_extract_features_stopped_by_a_signal_leaves_no_partial_file(
+    tiny_shapes, tmp_path, name, code, said
+):
     script = tmp_path / "stopping.py"
     script.write_text(STOPPING)
     cache = tmp_path / "cache"
-    args = ["extract-features", "--config", TINY, "--split", "train", "--batch-size", "4",
-            "--quiet"]  # fmt: skip
+    args = [
+        "extract-features",
+        "--config",
+        TINY,
+        "--split",
+        "train",
+        "--batch-size",
+        "4",
+        "--quiet",
+    ]
     for setting in (f"data.root={tiny_shapes}", f"data.feature_cache={cache}", *FROZEN):
         args += ["--set", setting]
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    result = subprocess.run([sys.executable, str(script), name, *args], cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=300)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, str(script), name, *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == code, result.stderr[-2000:]
     assert result.stderr.strip().splitlines()[-1] == said
     assert not [p for p in cache.rglob("*") if p.suffix == ".npy"], list(cache.rglob("*"))
@@ -471,5 +606,7 @@ def test_images_are_read_outside_the_model_lock(tiny_checkpoint, tiny_shapes, mo
     monkeypatch.setattr(model.model.encoder, "transform", resizing)
     results = list(model.caption_each([*paths, picture], batch_size=2))
     assert [r.source for r in results] == [*paths, "image 3"]
-    assert seen == [("open", False), ("resize", False)] * 3 + [("convert", False),
-                                                               ("resize", False)]  # fmt: skip
+    assert seen == [("open", False), ("resize", False)] * 3 + [
+        ("convert", False),
+        ("resize", False),
+    ]

@@ -28,28 +28,43 @@ EXPECTED = {"a.jpg": [COMMAS, MANY], "b.jpg": [TAB]}
 
 
 def coco(indent=None) -> str:
-    return json.dumps({"images": [{"id": 1, "file_name": "a.jpg"}, {"id": 2, "file_name": "b.jpg"}],
-                       "annotations": [{"id": 1, "image_id": 1, "caption": COMMAS},
-                                       {"id": 2, "image_id": 2, "caption": TAB},
-                                       {"id": 3, "image_id": 1, "caption": MANY}]},
-                      indent=indent, ensure_ascii=False)  # fmt: skip
+    return json.dumps(
+        {
+            "images": [{"id": 1, "file_name": "a.jpg"}, {"id": 2, "file_name": "b.jpg"}],
+            "annotations": [
+                {"id": 1, "image_id": 1, "caption": COMMAS},
+                {"id": 2, "image_id": 2, "caption": TAB},
+                {"id": 3, "image_id": 1, "caption": MANY},
+            ],
+        },
+        indent=indent,
+        ensure_ascii=False,
+    )
 
 
 FILES = {
     "csv": ("csv", f'image,caption\na.jpg,"{COMMAS}"\nb.jpg,{TAB}\na.jpg,{MANY}\n'),
     "tsv": ("tsv", f"image\tcaption\na.jpg\t{COMMAS}\nb.jpg\t{TAB}\na.jpg\t{MANY}\n"),
-    "jsonl": ("jsonl", json.dumps({"image": "a.jpg", "captions": [COMMAS, MANY]}) + "\n\n"
-              + json.dumps({"image": "b.jpg", "caption": TAB}, ensure_ascii=False) + "\n"),
+    "jsonl": (
+        "jsonl",
+        json.dumps({"image": "a.jpg", "captions": [COMMAS, MANY]})
+        + "\n\n"
+        + json.dumps({"image": "b.jpg", "caption": TAB}, ensure_ascii=False)
+        + "\n",
+    ),
     "lines comma": ("lines", f"a.jpg, {COMMAS}\nb.jpg, {TAB} \na.jpg, {MANY}\n"),
     "lines tab": ("lines", f"a.jpg\t{COMMAS}\r\nb.jpg\t{TAB}\r\na.jpg\t{MANY}\r\n"),
     "lines pipe": ("lines", f"a.jpg|{COMMAS}\nb.jpg|{TAB}\na.jpg|{MANY}"),
     "flickr token": ("flickr", f"a.jpg#0\t{COMMAS}\nb.jpg#0\t{TAB}\na.jpg#1\t{MANY}\n"),
     # Flickr30k's results.csv; its row that lost the second '|' is read too.
-    "flickr pipes": ("flickr", f"image_name| comment_number| comment\na.jpg| 0| {COMMAS}\n"
-                               f"b.jpg| 0| {TAB}\na.jpg| 1 {MANY}\n"),
+    "flickr pipes": (
+        "flickr",
+        f"image_name| comment_number| comment\na.jpg| 0| {COMMAS}\n"
+        f"b.jpg| 0| {TAB}\na.jpg| 1 {MANY}\n",
+    ),
     "coco": ("coco", coco()),
     "coco indented": ("coco", coco(indent=2)),
-}  # fmt: skip
+}
 
 
 def write(path: Path, text: str, encoding: str = "utf-8") -> Path:
@@ -92,7 +107,7 @@ def test_every_format_is_detected_and_read_whole(tmp_path, kind, caplog):
         ("0000001.jpg, Một người , đứng .", "lines"),
         ("photos/IMG_1.JPEG\tA cat, asleep .", "lines"),
     ],
-)  # fmt: skip
+)
 def test_the_format_is_told_from_the_first_lines(text, expected):
     assert detect_format(text) == expected
 
@@ -108,13 +123,19 @@ def test_the_separator_of_lines_is_the_one_after_the_image_name(tmp_path):
 @pytest.mark.parametrize(
     "text, message",
     [
-        ("just some words\nand more\n", "cannot tell the caption format from its first lines "
-         "('just some words'); name it with --format csv|tsv|jsonl|lines|flickr|coco"),
-        ("file,text\na.jpg,x\nb.jpg,y\n", "the first line 'file,text' looks like a header; a "
-         "header naming the columns 'image' and 'caption' is needed"),
+        (
+            "just some words\nand more\n",
+            "cannot tell the caption format from its first lines "
+            "('just some words'); name it with --format csv|tsv|jsonl|lines|flickr|coco",
+        ),
+        (
+            "file,text\na.jpg,x\nb.jpg,y\n",
+            "the first line 'file,text' looks like a header; a "
+            "header naming the columns 'image' and 'caption' is needed",
+        ),
         ("\n \n", "the caption file is empty"),
     ],
-)  # fmt: skip
+)
 def test_a_format_that_cannot_be_told_is_one_line_naming_the_choices(tmp_path, text, message):
     with pytest.raises(DataError) as error:
         read_captions(write(tmp_path / "c.txt", text), tmp_path)
@@ -122,27 +143,41 @@ def test_a_format_that_cannot_be_told_is_one_line_naming_the_choices(tmp_path, t
 
 
 def test_bad_rows_of_each_format_are_recorded_by_line(tmp_path):
-    lines = read_captions(write(tmp_path / "l", "a.jpg, x\na.jpg no comma\n\nb.jpg,  \n"),
-                          tmp_path)  # fmt: skip
-    assert lines.problems == [(2, "no ',' between an image name and a caption"),
-                              (4, "empty caption")]  # fmt: skip
+    lines = read_captions(write(tmp_path / "l", "a.jpg, x\na.jpg no comma\n\nb.jpg,  \n"), tmp_path)
+    assert lines.problems == [
+        (2, "no ',' between an image name and a caption"),
+        (4, "empty caption"),
+    ]
     flickr = read_captions(write(tmp_path / "f", "a.jpg#0\tx\na.jpg x\n"), tmp_path)
     assert flickr.problems == [(2, "not NAME#N<TAB>CAPTION")]
-    data = {"images": [{"id": 1, "file_name": "a.jpg"}, {"id": 2}],
-            "annotations": [{"image_id": 1, "caption": "x"}, {"image_id": 3, "caption": "y"},
-                            {"image_id": 2, "caption": "z"}, {"image_id": 1}]}  # fmt: skip
+    data = {
+        "images": [{"id": 1, "file_name": "a.jpg"}, {"id": 2}],
+        "annotations": [
+            {"image_id": 1, "caption": "x"},
+            {"image_id": 3, "caption": "y"},
+            {"image_id": 2, "caption": "z"},
+            {"image_id": 1},
+        ],
+    }
     table = read_captions(write(tmp_path / "c.json", json.dumps(data)), tmp_path)
-    assert table.problems == [(2, "image_id 3 is not in 'images'"),
-                              (3, "image 2 has no 'file_name' in 'images'"),
-                              (4, "no 'caption'")]  # fmt: skip
+    assert table.problems == [
+        (2, "image_id 3 is not in 'images'"),
+        (3, "image 2 has no 'file_name' in 'images'"),
+        (4, "no 'caption'"),
+    ]
     assert table.where("c.json", 2) == "c.json: annotation 2"
 
 
 def test_a_quote_left_open_is_reported_not_swallowed(tmp_path):
     text = 'image,caption\na.jpg,"a sign, open\nb.jpg,a dog\nc.jpg,"a cat"\nd.jpg,"two\nlines"\n'
     table = read_captions(write(tmp_path / "c.csv", text), tmp_path)
-    assert table.problems == [(2, "a quote opened here is closed only on line 4, so lines 2-4 "
-                                  "are one field; close or remove it")]  # fmt: skip
+    assert table.problems == [
+        (
+            2,
+            "a quote opened here is closed only on line 4, so lines 2-4 "
+            "are one field; close or remove it",
+        )
+    ]
     assert dict(table.captions) == {"d.jpg": ["two lines"]}
 
 
@@ -160,13 +195,17 @@ def test_a_field_past_128_kib_is_read_and_one_past_the_bound_skipped_by_line(
     path = write(tmp_path / "c.csv", text)
     table = read_captions(path, tmp_path)
     assert table.problems == [] and table.format == ("csv" if delimiter == "," else "tsv")
-    assert dict(table.captions) == {"a.jpg": [long.strip()], "b.jpg": ["a cat"],
-                                    "c.jpg": ["a bird"]}  # fmt: skip
+    assert dict(table.captions) == {
+        "a.jpg": [long.strip()],
+        "b.jpg": ["a cat"],
+        "c.jpg": ["a bird"],
+    }
     monkeypatch.setattr(formats, "MAX_FIELD_CHARS", 100_000)
     table = read_captions(path, tmp_path)
     assert dict(table.captions) == {"b.jpg": ["a cat"], "c.jpg": ["a bird"]}
-    assert table.problems == [(2, "not readable as CSV/TSV (field larger than field limit "
-                                  "(100000)); a quote not closed?")]  # fmt: skip
+    assert table.problems == [
+        (2, "not readable as CSV/TSV (field larger than field limit (100000)); a quote not closed?")
+    ]
     assert csv.field_size_limit() == 131072  # the module's bound is restored
 
 
@@ -195,16 +234,20 @@ def test_names_differing_by_leading_zeros_are_reported_never_matched(tmp_path, c
     rows += ["img_7.jpg, Chữ thường ."]
     captions = write(tmp_path / "captions.txt", "\n".join(rows) + "\n")
     with caplog.at_level(logging.INFO, logger="captioning"):
-        summary = prepare_folder(images, captions, tmp_path / "out", val=0.25, test=0,
-                                 progress=False)  # fmt: skip
+        summary = prepare_folder(
+            images, captions, tmp_path / "out", val=0.25, test=0, progress=False
+        )
     assert summary.format == "lines"
     missing = "image 0000059.jpg: no such file; 00000059.jpg is on disk (differs by leading zeros)"
     assert summary.skipped == [
         (9, f"{missing}, not matched"),
         (10, f"{missing}, not matched"),
-        (12, "image img_7.jpg: no such file; IMG_7.JPG is on disk (differs in letter case), "
-             "not matched"),
-    ]  # fmt: skip
+        (
+            12,
+            "image img_7.jpg: no such file; IMG_7.JPG is on disk (differs in letter case), "
+            "not matched",
+        ),
+    ]
     assert summary.uncaptioned == ["00000059.jpg", "000016.jpg", "IMG_7.JPG", "sub/free.png"]
     assert sum(summary.images.values()) == 9 and sum(summary.captions.values()) == 9
     written = set()
@@ -214,8 +257,10 @@ def test_names_differing_by_leading_zeros_are_reported_never_matched(tmp_path, c
     assert "00000059.jpg" not in written and "0000059.jpg" not in written
     report = Path(summary.report).read_text(encoding="utf-8")
     assert f"{captions}:9: {missing}, not matched" in report
-    assert "  00000059.jpg: lines 9-10 name 0000059.jpg, which differs by leading zeros " \
-           "(not matched)" in report  # fmt: skip
+    assert (
+        "  00000059.jpg: lines 9-10 name 0000059.jpg, which differs by leading zeros "
+        "(not matched)" in report
+    )
     assert "  000016.jpg: line 11 names 0000016.jpg, which differs by leading zeros\n" in report
     assert "  sub/free.png\n" in report
     assert f"4 image files in {images} have no caption and are not used:" in caplog.text
@@ -229,13 +274,16 @@ def test_many_problems_log_twenty_and_the_report_lists_all(tmp_path, caplog):
     rows += [f"gone{n}.jpg,không có" for n in range(25)]
     captions = write(tmp_path / "c.csv", "\n".join(rows) + "\n")
     with caplog.at_level(logging.INFO, logger="captioning"):
-        summary = prepare_folder(images, captions, tmp_path / "out", val=0.2, test=0.2,
-                                 progress=False)  # fmt: skip
+        summary = prepare_folder(
+            images, captions, tmp_path / "out", val=0.2, test=0.2, progress=False
+        )
     assert len(summary.skipped) == 25 and len(summary.uncaptioned) == 25
     logged = [r.getMessage() for r in caplog.records]
     assert sum("row skipped" in m for m in logged) == 20
-    assert f"... and 5 more rows of {captions} skipped (25 in all, each listed in " \
-           f"{summary.report})" in logged  # fmt: skip
+    assert (
+        f"... and 5 more rows of {captions} skipped (25 in all, each listed in "
+        f"{summary.report})" in logged
+    )
     assert f"  ... and 5 more (each listed in {summary.report})" in logged
     report = Path(summary.report).read_text(encoding="utf-8")
     assert all(f"{captions}:{line}: image gone" in report for line in range(7, 32))
@@ -247,8 +295,20 @@ def test_the_cli_format_option_overrides_the_guess(tmp_path, capsys):
     names = [f"shot{n}" for n in range(4)]  # no suffix: nothing to tell the format by
     photos(images, names)
     captions = write(tmp_path / "c.txt", "".join(f"{n}, Ảnh {n}, có dấu phẩy .\n" for n in names))
-    args = ["prepare", "folder", "--images", str(images), "--captions", str(captions),
-            "--out", str(tmp_path / "out"), "--val", "0.25", "--test", "0"]  # fmt: skip
+    args = [
+        "prepare",
+        "folder",
+        "--images",
+        str(images),
+        "--captions",
+        str(captions),
+        "--out",
+        str(tmp_path / "out"),
+        "--val",
+        "0.25",
+        "--test",
+        "0",
+    ]
     assert main(args) == 2
     assert "name it with --format csv|tsv|jsonl|lines|flickr|coco" in capsys.readouterr().err
     assert main([*args, "--format", "lines"]) == 0
@@ -270,8 +330,7 @@ def test_a_failed_run_leaves_its_report_and_the_same_out_can_be_used_again(tmp_p
         prepare_folder(images, captions, tmp_path / "out", progress=False)
     assert "x.jpg: no such file" in (tmp_path / "out/prepare_report.txt").read_text()
     write(captions, "a.jpg, một\nb.jpg, hai\nc.jpg, ba\n")
-    summary = prepare_folder(images, captions, tmp_path / "out", val=0.34, test=0,
-                             progress=False)  # fmt: skip
+    summary = prepare_folder(images, captions, tmp_path / "out", val=0.34, test=0, progress=False)
     assert sum(summary.images.values()) == 3 and summary.skipped == []
 
 
@@ -292,12 +351,17 @@ def test_the_real_vietnamese_caption_file_loses_no_caption():
     assert sum("," in t for texts in table.captions.values() for t in texts) == with_commas
     # Only the two names that differ by leading zeros are dropped: 5 lines each.
     assert sorted(table.problems) == [
-        (line, f"image {name}: no such file; {disk} is on disk (differs by leading zeros), "
-               f"not matched")
-        for name, disk, lines in (("0000046.jpg", "000046.jpg", range(226, 231)),
-                                  ("0000059.jpg", "00000059.jpg", range(291, 296)))
+        (
+            line,
+            f"image {name}: no such file; {disk} is on disk (differs by leading zeros), "
+            f"not matched",
+        )
+        for name, disk, lines in (
+            ("0000046.jpg", "000046.jpg", range(226, 231)),
+            ("0000059.jpg", "00000059.jpg", range(291, 296)),
+        )
         for line in lines
-    ]  # fmt: skip
+    ]
     assert match.uncaptioned == ["00000059.jpg", "000016.jpg", "000046.jpg"]
     assert len(match.present) == 2_929 and kept == 14_650
     assert table.cleaned == 1  # the caption with two zero-width spaces

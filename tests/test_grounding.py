@@ -66,9 +66,19 @@ def record(objects=(DOG, *PEOPLE)) -> ImageRecord:
 def test_the_shipped_map_names_coco_categories_and_ships_with_the_package():
     words = shipped_category_words()
     assert len(set(words.values())) == 80
-    expected = {"man": "person", "women": "person", "boy": "person", "girl": "person",
-                "child": "person", "people": "person", "player": "person", "puppy": "dog",
-                "bike": "bicycle", "table": "dining table", "dogs": "dog"}  # fmt: skip
+    expected = {
+        "man": "person",
+        "women": "person",
+        "boy": "person",
+        "girl": "person",
+        "child": "person",
+        "people": "person",
+        "player": "person",
+        "puppy": "dog",
+        "bike": "bicycle",
+        "table": "dining table",
+        "dogs": "dog",
+    }
     assert {w: words[w] for w in expected} == expected
     package_data = (ROOT / "pyproject.toml").read_text().split("[tool.setuptools.package-data]")[1]
     assert '"captioning.metrics" = ["category_words.json"]' in package_data
@@ -82,12 +92,15 @@ def test_a_users_file_adds_moves_and_drops_words(tmp_path):
     assert words["man"] == "person"  # the rest stays
 
 
-@pytest.mark.parametrize("text, message", [
-    ("[1, 2]", "must map words to categories"),
-    ("hot dog: hot dog", "'hot dog' is not a single word"),
-    ("puppy: 3", "'puppy' maps to 3; give a category name or null to drop the word"),
-    ("puppy: [dog", "is not JSON or YAML text"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("[1, 2]", "must map words to categories"),
+        ("hot dog: hot dog", "'hot dog' is not a single word"),
+        ("puppy: 3", "'puppy' maps to 3; give a category name or null to drop the word"),
+        ("puppy: [dog", "is not JSON or YAML text"),
+    ],
+)
 def test_a_bad_users_file_is_one_line(tmp_path, text, message):
     path = tmp_path / "words.yaml"
     path.write_text(text)
@@ -102,8 +115,9 @@ def test_a_bad_users_file_is_one_line(tmp_path, text, message):
 
 
 def test_box_coverage_is_exact_for_a_box_and_for_a_union():
-    np.testing.assert_allclose(box_coverage([(5, 5, 10, 10)], GRID),
-                               [0.25, 0.25, 0, 0, 0.25, 0.25, 0, 0])  # fmt: skip
+    np.testing.assert_allclose(
+        box_coverage([(5, 5, 10, 10)], GRID), [0.25, 0.25, 0, 0, 0.25, 0.25, 0, 0]
+    )
     # two overlapping boxes: x 5..20, y 5..15 is covered once, not twice
     union = box_coverage([(5, 5, 10, 10), (10, 5, 10, 10)], GRID)
     np.testing.assert_allclose(union, [0.25, 0.5, 0, 0, 0.25, 0.5, 0, 0])
@@ -127,10 +141,19 @@ def test_the_centre_prior_by_hand():
 
 def test_category_grounding_of_a_hand_built_caption():
     # "a puppy on men": "puppy" names the dog, "men" the two people
-    alphas = [one_hot((0, 1.0)), one_hot((7, 0.7), (6, 0.3)), torch.full((8,), 1 / 8),
-              one_hot((1, 1.0))]  # fmt: skip
-    report = category_grounding([record()], {7: decoded(["a", "puppy", "on", "men"], alphas)},
-                                Vocabulary(WORDS), (2, 4), shipped_category_words())  # fmt: skip
+    alphas = [
+        one_hot((0, 1.0)),
+        one_hot((7, 0.7), (6, 0.3)),
+        torch.full((8,), 1 / 8),
+        one_hot((1, 1.0)),
+    ]
+    report = category_grounding(
+        [record()],
+        {7: decoded(["a", "puppy", "on", "men"], alphas)},
+        Vocabulary(WORDS),
+        (2, 4),
+        shipped_category_words(),
+    )
     overall, dog, men = report["overall"], report["categories"]["dog"], report["words"]["men"]
     assert overall["words"] == 2 and dog["words"] == 1 and men["category"] == "person"
     assert dog["model"]["pointing"] == 1.0 and dog["model"]["mass"] == pytest.approx(0.7 * 0.64)
@@ -157,8 +180,13 @@ def test_category_grounding_of_a_hand_built_caption():
 
 def test_a_word_whose_category_the_photo_lacks_is_counted_apart():
     alphas = [one_hot((0, 1.0)), one_hot((7, 1.0))]
-    report = category_grounding([record(PEOPLE)], {7: decoded(["a", "cat"], alphas)},
-                                Vocabulary(WORDS), (2, 4), shipped_category_words())  # fmt: skip
+    report = category_grounding(
+        [record(PEOPLE)],
+        {7: decoded(["a", "cat"], alphas)},
+        Vocabulary(WORDS),
+        (2, 4),
+        shipped_category_words(),
+    )
     assert report["overall"]["words"] == 0 and report["absent"] == {"cat": 1}
 
 
@@ -167,8 +195,13 @@ def test_every_kind_of_attention_is_scored():
     # local centre (row 0.5, column 1.5) is (15, 5) px, inside the second person's box
     heads = torch.stack([one_hot((1, 1.0)), one_hot((7, 1.0))])[None]  # (1, 2, 8)
     trace = {"heads": heads, "cell": torch.tensor([7]), "centre": torch.tensor([[0.5, 1.5]])}
-    report = category_grounding([record()], {7: decoded(["men"], [heads[0].mean(0)], **trace)},
-                                Vocabulary(WORDS), (2, 4), shipped_category_words())  # fmt: skip
+    report = category_grounding(
+        [record()],
+        {7: decoded(["men"], [heads[0].mean(0)], **trace)},
+        Vocabulary(WORDS),
+        (2, 4),
+        shipped_category_words(),
+    )
     overall = report["overall"]
     assert overall["model"]["pointing"] == 0.5  # the mean of the heads ties cells 1 and 7
     assert overall["model"]["mass"] == pytest.approx(0.5 * 0.64)
@@ -176,8 +209,14 @@ def test_every_kind_of_attention_is_scored():
     assert (overall["head_2"]["pointing"], overall["head_2"]["mass"]) == (0.0, 0.0)
     assert (overall["chosen_cell"]["pointing"], overall["chosen_cell"]["mass"]) == (0.0, 0.0)
     assert overall["local_centre"]["pointing"] == 1.0 and overall["local_centre"]["mass"] is None
-    assert list(overall)[:6] == ["words", "model", "head_1", "head_2", "chosen_cell",
-                                 "local_centre"]  # fmt: skip
+    assert list(overall)[:6] == [
+        "words",
+        "model",
+        "head_1",
+        "head_2",
+        "chosen_cell",
+        "local_centre",
+    ]
 
 
 def test_word_boxes_are_shares_of_the_image():
@@ -216,9 +255,15 @@ def _grounding(checkpoint, tmp_path, **options) -> dict:
     words = tmp_path / "words.json"
     vocab = torch.load(checkpoint, weights_only=True)["vocab"]
     words.write_text(json.dumps({w: "circle" for w in vocab if not w.startswith("<")}))
-    metrics = evaluate_checkpoint(checkpoint, split="test", meteor=False, progress=False,
-                                  out_dir=tmp_path / "eval", category_words=words,
-                                  **options)  # fmt: skip
+    metrics = evaluate_checkpoint(
+        checkpoint,
+        split="test",
+        meteor=False,
+        progress=False,
+        out_dir=tmp_path / "eval",
+        category_words=words,
+        **options,
+    )
     saved = json.loads((tmp_path / "eval" / "grounding.json").read_text())
     assert saved == json.loads(json.dumps(metrics["grounding"]))
     assert saved["overall"]["words"] > 0 and saved["images"] == 6
@@ -229,8 +274,10 @@ def _grounding(checkpoint, tmp_path, **options) -> dict:
 def test_evaluate_writes_grounding_for_a_soft_model(tiny_checkpoint, tmp_path):
     overall = _grounding(tiny_checkpoint, tmp_path)
     assert set(overall) == {"words", "model", "even", "centre", "saliency"}
-    assert all(0 <= overall[k]["pointing"] <= 1 and 0 <= overall[k]["mass"] <= 1
-               for k in ("model", "even", "centre", "saliency"))  # fmt: skip
+    assert all(
+        0 <= overall[k]["pointing"] <= 1 and 0 <= overall[k]["mass"] <= 1
+        for k in ("model", "even", "centre", "saliency")
+    )
 
 
 def test_evaluate_writes_grounding_for_a_multi_head_model(tiny_heads_checkpoint, tmp_path):
@@ -260,22 +307,40 @@ def test_evaluate_scores_another_data_set_through_set(tiny_checkpoint, tiny_shap
     data = tmp_path / "coco"
     (data / "annotations").mkdir(parents=True)
     for kind in ("captions", "instances"):
-        shutil.copy(tiny_shapes / "annotations" / f"{kind}_test.json",
-                    data / "annotations" / f"{kind}_val2017.json")  # fmt: skip
+        shutil.copy(
+            tiny_shapes / "annotations" / f"{kind}_test.json",
+            data / "annotations" / f"{kind}_val2017.json",
+        )
     shutil.copytree(tiny_shapes / "images" / "test", data / "val2017")
     out = tmp_path / "eval"
-    code = main(["evaluate", "--checkpoint", str(tiny_checkpoint), "--set", f"data.root={data}",
-                 "--set", "data.splits.test=val2017", "--set", "data.images={split}",
-                 "--out", str(out), "--quiet"])  # fmt: skip
+    code = main(
+        [
+            "evaluate",
+            "--checkpoint",
+            str(tiny_checkpoint),
+            "--set",
+            f"data.root={data}",
+            "--set",
+            "data.splits.test=val2017",
+            "--set",
+            "data.images={split}",
+            "--out",
+            str(out),
+            "--quiet",
+        ]
+    )
     assert code == 0 and json.loads((out / "grounding.json").read_text())["images"] == 6
 
 
-@pytest.mark.parametrize("setting, message", [
-    ("model.hidden_dim=3", "evaluate takes keys of the data, decode, runtime sections only"),
-    ("data.rooot=x", "data.rooot"),
-    ("data.root.x=1", "data.root is no section of keys"),
-    ("data.splits.test", "must look like section.key=value"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "setting, message",
+    [
+        ("model.hidden_dim=3", "evaluate takes keys of the data, decode, runtime sections only"),
+        ("data.rooot=x", "data.rooot"),
+        ("data.root.x=1", "data.root is no section of keys"),
+        ("data.splits.test", "must look like section.key=value"),
+    ],
+)
 def test_evaluate_refuses_a_bad_setting_in_one_line(tiny_checkpoint, capsys, setting, message):
     assert main(["evaluate", "--checkpoint", str(tiny_checkpoint), "--set", setting]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -285,8 +350,9 @@ def test_evaluate_refuses_a_bad_setting_in_one_line(tiny_checkpoint, capsys, set
 def test_evaluate_refuses_a_bad_category_words_file_in_one_line(tiny_checkpoint, tmp_path, capsys):
     bad = tmp_path / "words.json"
     bad.write_text('{"puppy": 3}')
-    assert main(["evaluate", "--checkpoint", str(tiny_checkpoint), "--category-words",
-                 str(bad)]) == 2  # fmt: skip
+    assert (
+        main(["evaluate", "--checkpoint", str(tiny_checkpoint), "--category-words", str(bad)]) == 2
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "'puppy' maps to 3" in err[0]
 
@@ -308,8 +374,21 @@ def test_caption_outlines_the_boxes_from_an_instances_file(
     instances = tiny_shapes / "annotations" / "instances_test.json"
     image = sorted((tiny_shapes / "images" / "test").glob("*.png"))[0]
     out = tmp_path / "figures"
-    assert main(["caption", str(image), "--checkpoint", str(tiny_checkpoint),
-                 "--attention-dir", str(out), "--instances", str(instances)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "caption",
+                str(image),
+                "--checkpoint",
+                str(tiny_checkpoint),
+                "--attention-dir",
+                str(out),
+                "--instances",
+                str(instances),
+            ]
+        )
+        == 0
+    )
     size, objects = read_instance_images(instances)[image.name]
     expected = word_boxes(drawn["words"], objects, size, shipped_category_words())
     assert drawn["boxes"] == expected and (out / f"{image.stem}.png").is_file()
@@ -317,8 +396,17 @@ def test_caption_outlines_the_boxes_from_an_instances_file(
         ([], "--instances outlines object boxes in the figures of --attention-dir"),
         (["--attention-dir", str(tmp_path / "f2")], "instances file not found"),
     ):
-        code = main(["caption", str(image), "--checkpoint", str(tiny_checkpoint),
-                     "--instances", str(tmp_path / "none.json"), *argv])  # fmt: skip
+        code = main(
+            [
+                "caption",
+                str(image),
+                "--checkpoint",
+                str(tiny_checkpoint),
+                "--instances",
+                str(tmp_path / "none.json"),
+                *argv,
+            ]
+        )
         err = capsys.readouterr().err.strip().splitlines()
         assert code == 2 and len(err) == 1 and message in err[0], err
 

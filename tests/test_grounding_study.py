@@ -17,8 +17,10 @@ def _layout(tiny_checkpoint, tiny_shapes, tmp_path):
     data = shared / "coco"
     (data / "annotations").mkdir(parents=True)
     for kind in ("captions", "instances"):
-        shutil.copy(tiny_shapes / "annotations" / f"{kind}_test.json",
-                    data / "annotations" / f"{kind}_val2017.json")  # fmt: skip
+        shutil.copy(
+            tiny_shapes / "annotations" / f"{kind}_test.json",
+            data / "annotations" / f"{kind}_val2017.json",
+        )
     shutil.copytree(tiny_shapes / "images" / "test", data / "val2017")
     for seed in (0, 1):
         (runs / f"seed{seed}").mkdir(parents=True)
@@ -37,11 +39,31 @@ def test_the_study_writes_a_row_per_seed_without_machine_paths(
     study = load_tool("grounding_study")
     shared, runs, data, words = _layout(tiny_checkpoint, tiny_shapes, tmp_path)
     out = tmp_path / "out"
-    argv = ["--data", str(data), "--split-name", "val2017", "--checkpoint",
-            str(runs / "seed{seed}" / "best.pt"), "--model", "soft", "--seeds", "0,1",
-            "--out", str(out), "--shared", str(shared), "--runs", str(runs),
-            "--results", str(out / "rows.json"), "--category-words", str(words), "--quiet",
-            "--threads", "1"]  # fmt: skip
+    argv = [
+        "--data",
+        str(data),
+        "--split-name",
+        "val2017",
+        "--checkpoint",
+        str(runs / "seed{seed}" / "best.pt"),
+        "--model",
+        "soft",
+        "--seeds",
+        "0,1",
+        "--out",
+        str(out),
+        "--shared",
+        str(shared),
+        "--runs",
+        str(runs),
+        "--results",
+        str(out / "rows.json"),
+        "--category-words",
+        str(words),
+        "--quiet",
+        "--threads",
+        "1",
+    ]
     assert study.main(argv) == 0
     rows = json.loads((out / "rows.json").read_text())
     assert [r["seed"] for r in rows] == [0, 1]
@@ -75,8 +97,14 @@ def test_the_study_writes_a_row_per_seed_without_machine_paths(
 
 def test_the_study_refuses_missing_files_in_one_line(tiny_checkpoint, tmp_path, capsys):
     study = load_tool("grounding_study")
-    common = ["--model", "soft", "--out", str(tmp_path / "out"), "--results",
-              str(tmp_path / "rows.json")]  # fmt: skip
+    common = [
+        "--model",
+        "soft",
+        "--out",
+        str(tmp_path / "out"),
+        "--results",
+        str(tmp_path / "rows.json"),
+    ]
     for argv, message in (
         (["--data", str(tmp_path), "--checkpoint", str(tiny_checkpoint)], "no annotations/"),
         (["--data", str(tmp_path), "--checkpoint", "x", "--seeds", "a"], "--seeds"),
@@ -85,8 +113,20 @@ def test_the_study_refuses_missing_files_in_one_line(tiny_checkpoint, tmp_path, 
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
     (tmp_path / "annotations").mkdir()
-    assert study.main(["--data", str(tmp_path), "--checkpoint", str(tmp_path / "s{seed}.pt"),
-                       "--seeds", "4", *common]) == 2  # fmt: skip
+    assert (
+        study.main(
+            [
+                "--data",
+                str(tmp_path),
+                "--checkpoint",
+                str(tmp_path / "s{seed}.pt"),
+                "--seeds",
+                "4",
+                *common,
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no such file for seed 4" in err[0]
     assert not (tmp_path / "rows.json").exists()

@@ -59,16 +59,27 @@ def test_a_refused_config_stops_before_any_run_in_one_line(tmp_path, capsys):
 
 
 def row(estimator, seed, exact, **settings):
-    return {"estimator": estimator, "seed": seed, "decode": "expectation",
-            "train_seconds": 60.0, "soft_share": 0.5, "soft_share_per": "batch",
-            "reinforce_weight": None, "entropy_weight": None, "hard_samples": None,
-            "exact_match": exact, **settings}  # fmt: skip
+    return {
+        "estimator": estimator,
+        "seed": seed,
+        "decode": "expectation",
+        "train_seconds": 60.0,
+        "soft_share": 0.5,
+        "soft_share_per": "batch",
+        "reinforce_weight": None,
+        "entropy_weight": None,
+        "hard_samples": None,
+        "exact_match": exact,
+        **settings,
+    }
 
 
 def test_the_table_names_the_settings_and_gives_one_seed_no_spread():
-    rows = [row("exact", 0, 0.9), row("reinforce", 0, 0.5, reinforce_weight=0.1,
-                                      entropy_weight=0.002),
-            row("reinforce", 1, 0.7, reinforce_weight=0.1, entropy_weight=0.002)]  # fmt: skip
+    rows = [
+        row("exact", 0, 0.9),
+        row("reinforce", 0, 0.5, reinforce_weight=0.1, entropy_weight=0.002),
+        row("reinforce", 1, 0.7, reinforce_weight=0.1, entropy_weight=0.002),
+    ]
     lines = importlib.import_module("tools.tables").hard_estimators(rows).splitlines()
     assert lines[0].startswith("| estimator | decode | seeds | soft minibatches | λ_r | entropy")
     exact, reinforce = lines[2], lines[3]
@@ -79,9 +90,15 @@ def test_the_table_names_the_settings_and_gives_one_seed_no_spread():
 
 
 def tiny_hard_model():
-    cfg = load_config(ROOT / "configs" / "test_tiny.yaml",
-                      ["model.attention=hard", "model.context_to_lstm=false",
-                       "train.hard_estimator=exact", "model.dropout=0.0"])  # fmt: skip
+    cfg = load_config(
+        ROOT / "configs" / "test_tiny.yaml",
+        [
+            "model.attention=hard",
+            "model.context_to_lstm=false",
+            "train.hard_estimator=exact",
+            "model.dropout=0.0",
+        ],
+    )
     torch.manual_seed(0)
     return build_model(cfg.model, 12).eval(), cfg
 
@@ -92,8 +109,9 @@ def tiny_batches(count: int, size: int = 6) -> list[dict]:
     for _ in range(count):
         tokens = torch.randint(4, 12, (size, 6), generator=generator)
         tokens[:, 0], tokens[:, -1] = 1, 2
-        batches.append({"images": torch.rand(size, 3, 48, 48, generator=generator),
-                        "tokens": tokens})  # fmt: skip
+        batches.append(
+            {"images": torch.rand(size, 3, 48, 48, generator=generator), "tokens": tokens}
+        )
     return batches
 
 
@@ -120,8 +138,9 @@ def test_reinforce_is_measured_with_its_moving_average_baseline():
         expected = 0.9 * expected + 0.1 * mean
     assert baseline == pytest.approx(expected, rel=1e-5) and baseline < -5  # log p of 5 words
     measured = tiny_batches(1, size=8)[0]
-    reference, rows = variance.measure(model, cfg, measured, repeats=6, samples=2,
-                                       baseline=baseline)  # fmt: skip
+    reference, rows = variance.measure(
+        model, cfg, measured, repeats=6, samples=2, baseline=baseline
+    )
     by_name = {r["estimator"]: r for r in rows}
     assert reference["baseline"] == baseline
     plain = by_name["reinforce, no baseline"]["variance"]
@@ -133,14 +152,19 @@ def test_reinforce_is_measured_with_its_moving_average_baseline():
 def test_rows_merge_by_estimator_seed_and_decode_mode(tmp_path):
     """A re-run replaces only its own (estimator, seed, decode) rows of the results file."""
     results = tmp_path / "rows.json"
-    first = [row("exact", 0, 0.2), {**row("exact", 0, 0.3), "decode": "argmax"},
-             row("vimco", 0, 0.1)]  # fmt: skip
+    first = [
+        row("exact", 0, 0.2),
+        {**row("exact", 0, 0.3), "decode": "argmax"},
+        row("vimco", 0, 0.1),
+    ]
     results.write_text(json.dumps(first))
     again = [row("exact", 0, 0.25)]
     merged = write_results(results, again, compare.KEY)
     assert [(r["estimator"], r["decode"], r["exact_match"]) for r in merged] == [
-        ("exact", "argmax", 0.3), ("vimco", "expectation", 0.1), ("exact", "expectation", 0.25)
-    ]  # fmt: skip
+        ("exact", "argmax", 0.3),
+        ("vimco", "expectation", 0.1),
+        ("exact", "expectation", 0.25),
+    ]
     assert write_results(tmp_path / "absent.json", again, compare.KEY) == again
 
 
@@ -149,11 +173,28 @@ def test_the_variance_tool_writes_its_rows_with_where_they_came_from(
 ):
     from tests.conftest import _tiny_run
 
-    checkpoint = _tiny_run(tiny_shapes, tmp_path / "run", "model.attention=hard",
-                           "model.context_to_lstm=false", "train.hard_estimator=exact")  # fmt: skip
+    checkpoint = _tiny_run(
+        tiny_shapes,
+        tmp_path / "run",
+        "model.attention=hard",
+        "model.context_to_lstm=false",
+        "train.hard_estimator=exact",
+    )
     results = tmp_path / "variance.json"
-    argv = ["--checkpoint", str(checkpoint), "--batch", "4", "--repeats", "2", "--samples",
-            "2", "--baseline-batches", "1", "--out", str(tmp_path / "out")]  # fmt: skip
+    argv = [
+        "--checkpoint",
+        str(checkpoint),
+        "--batch",
+        "4",
+        "--repeats",
+        "2",
+        "--samples",
+        "2",
+        "--baseline-batches",
+        "1",
+        "--out",
+        str(tmp_path / "out"),
+    ]
     assert variance.main([*argv, "--results", str(results)]) == 0
     rows = json.loads(results.read_text())
     assert {r["estimator"] for r in rows} >= {"exact", "reinforce_loo", "vimco"}

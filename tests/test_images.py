@@ -386,8 +386,10 @@ def _png_declaring(path, width: int, height: int) -> str:
 def test_an_image_past_the_pixel_limit_is_refused_before_decoding(tmp_path):
     big = _png_declaring(tmp_path / "big.png", 12000, 12000)
     good = _save(Image.new("RGB", (W, H)), tmp_path / "good.png")
-    _assert_bad(big, "image is 12000 x 12000 = 144,000,000 pixels, more than "
-                     "data.max_image_pixels=64,000,000")  # fmt: skip
+    _assert_bad(
+        big,
+        "image is 12000 x 12000 = 144,000,000 pixels, more than data.max_image_pixels=64,000,000",
+    )
     assert check_image(good, ImageLimits(max_pixels=W * H)) is None
     assert "more than data.max_image_pixels=23" in check_image(
         good, ImageLimits(max_pixels=W * H - 1)
@@ -431,8 +433,9 @@ def test_a_jpeg_with_too_many_scans_is_refused_before_decoding(tmp_path):
     data = _progressive(bomb, repeats=MAX_JPEG_SCANS)
     assert jpeg_scans(bomb) > MAX_JPEG_SCANS
     for load in (lambda: load_image(bomb), lambda: load_image_bytes(data, "bomb.jpg")):
-        with pytest.raises(DataError, match=f"bomb.jpg: JPEG has [0-9,]+ scans, more than the "
-                                            f"{MAX_JPEG_SCANS}"):  # fmt: skip
+        with pytest.raises(
+            DataError, match=f"bomb.jpg: JPEG has [0-9,]+ scans, more than the {MAX_JPEG_SCANS}"
+        ):
             load()
     assert "scans" in check_image(bomb)
     # an open file is read from its start and left where it was
@@ -447,12 +450,15 @@ def test_scans_are_counted_across_chunk_boundaries(tmp_path, monkeypatch):
     assert jpeg_scans(path) == 2
 
 
-@pytest.mark.parametrize("mode, info, share", [
-    ("I;16", {}, 6 / 4),
-    ("P", {"transparency": 0}, 5 / 4),
-    ("P", {}, 1.0),
-    ("RGB", {}, 1.0),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "mode, info, share",
+    [
+        ("I;16", {}, 6 / 4),
+        ("P", {"transparency": 0}, 5 / 4),
+        ("P", {}, 1.0),
+        ("RGB", {}, 1.0),
+    ],
+)
 def test_the_pixels_reserved_count_what_converting_holds(tmp_path, mode, info, share):
     """load_image_bytes reserves the picture's pixels in 4-byte units: more for the modes
     whose conversion to RGB holds more than 4 bytes a pixel."""

@@ -22,8 +22,7 @@ from captioning.data.images import (
 )
 from captioning.errors import DataError
 
-ALLOWED = {"JPEG": "jpg", "PNG": "png", "WEBP": "webp", "GIF": "gif", "BMP": "bmp",
-           "TIFF": "tif"}  # fmt: skip
+ALLOWED = {"JPEG": "jpg", "PNG": "png", "WEBP": "webp", "GIF": "gif", "BMP": "bmp", "TIFF": "tif"}
 REFUSED = ["EPS", "PDF", "ICO", "TGA", "PPM", "SGI", "PCX", "QOI"]
 
 
@@ -82,8 +81,9 @@ def test_a_nul_byte_in_a_path_is_one_line(tmp_path):
     path = f"{tmp_path}/a\0b.png"
     with pytest.raises(DataError) as caught:
         load_image(path)
-    assert str(caught.value) == (f"{tmp_path}/a\\0b.png: the path holds a NUL byte; give the "
-                                 "file's real path")  # fmt: skip
+    assert str(caught.value) == (
+        f"{tmp_path}/a\\0b.png: the path holds a NUL byte; give the file's real path"
+    )
     assert check_image(path).startswith("the path holds a NUL byte")
 
 

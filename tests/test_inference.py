@@ -112,7 +112,7 @@ def test_epoch_figures_follow_the_caption_rule(shapes, tmp_path, monkeypatch):
         tiny(shapes, "train.epochs=1", "decode.min_length=2", "train.figure_every_epoch=true"),
         out_dir=tmp_path / "run",
     )
-    (result, stem), = drawn  # fmt: skip
+    ((result, stem),) = drawn
     assert stem == "epoch_001" and (tmp_path / "run" / "figures" / "epoch_001.png").is_file()
     assert "<end>" not in result.words and len(result.words) == result.alphas.shape[0]
     model, cfg, vocab = load_model(tmp_path / "run" / "last.pt")
@@ -155,10 +155,17 @@ def test_a_version_1_checkpoint_loads_and_decodes_as_before(shapes, tmp_path):
     assert not any("<unk>" in c for c in captions.values())
     assert any("<unk>" in c for c in before.values())
     # and a run resumes from it
-    resume_cfg = load_config(CONFIG, [
-        f"data.root={shapes}", "model.attention=hard", "model.gate=none", "train.epochs=2",
-        "train.doubly_stochastic_weight=0.5", "model.cnn_block=plain",  # its plain blocks
-    ])  # fmt: skip
+    resume_cfg = load_config(
+        CONFIG,
+        [
+            f"data.root={shapes}",
+            "model.attention=hard",
+            "model.gate=none",
+            "train.epochs=2",
+            "train.doubly_stochastic_weight=0.5",
+            "model.cnn_block=plain",  # its plain blocks
+        ],
+    )
     summary = fit(resume_cfg, out_dir=tmp_path / "run", resume=str(DATA / "checkpoint_v1.pt"))
     assert summary["epochs"] == 2 and summary["steps"] == 6
 
@@ -174,8 +181,16 @@ def test_old_config_key_names_say_what_they_became(tmp_path):
 
 def test_train_writes_to_runs_named_after_the_config(shapes, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    args = ["train", "--config", CONFIG, "--set", f"data.root={shapes}", "--set",
-            "train.epochs=1", "--quiet"]  # fmt: skip
+    args = [
+        "train",
+        "--config",
+        CONFIG,
+        "--set",
+        f"data.root={shapes}",
+        "--set",
+        "train.epochs=1",
+        "--quiet",
+    ]
     assert main(args) == 0
     assert (tmp_path / "runs" / "test_tiny" / "last.pt").is_file()
 
@@ -203,8 +218,17 @@ def test_older_checkpoints_rebuild_their_small_cnn(tmp_path, version, block, old
     saved = config_to_dict(cfg)
     del saved["model"]["cnn_block"]  # neither version knew the key
     saved["model"].update(old_keys)
-    torch.save({"format_version": version, "model": original.state_dict(), "config": saved,
-                "vocab": vocab.to_list(), "epoch": 1, "step": 1}, tmp_path / "old.pt")  # fmt: skip
+    torch.save(
+        {
+            "format_version": version,
+            "model": original.state_dict(),
+            "config": saved,
+            "vocab": vocab.to_list(),
+            "epoch": 1,
+            "step": 1,
+        },
+        tmp_path / "old.pt",
+    )
     model, loaded_cfg, _ = load_model(tmp_path / "old.pt")
     assert loaded_cfg.model.cnn_block == block
     residual_blocks = sum(isinstance(m, ResidualBlock) for m in model.modules())
@@ -234,9 +258,21 @@ def test_init_and_resume_ignore_small_cnn_keys_of_another_encoder(tmp_path, enco
     del saved["model"]["cnn_block"]
     saved["model"]["cnn_residual"] = False  # upgraded to cnn_block plain
     path = tmp_path / "old.pt"
-    torch.save({"format_version": 4, "model": {}, "config": saved, "vocab": ["<pad>"],
-                "epoch": 1, "step": 1, "optimizer": {}, "scheduler": {}, "objective": {},
-                "rng": {}}, path)  # fmt: skip
+    torch.save(
+        {
+            "format_version": 4,
+            "model": {},
+            "config": saved,
+            "vocab": ["<pad>"],
+            "epoch": 1,
+            "step": 1,
+            "optimizer": {},
+            "scheduler": {},
+            "objective": {},
+            "rng": {},
+        },
+        path,
+    )
     assert ours.model.cnn_block == "preact"
     if encoder == "small_cnn":
         with pytest.raises(CheckpointError, match="model.cnn_block is 'plain' in the checkpoint"):

@@ -19,9 +19,17 @@ VOCAB = 30
 
 def _model(**settings) -> torch.nn.Module:
     torch.manual_seed(0)
-    cfg = ModelConfig(encoder="mobilenet_v2", weights=None, image_size=64, attention_dim=16,
-                      embed_dim=16, hidden_dim=24, context_to_lstm=False, dropout=0.0,
-                      **settings)  # fmt: skip
+    cfg = ModelConfig(
+        encoder="mobilenet_v2",
+        weights=None,
+        image_size=64,
+        attention_dim=16,
+        embed_dim=16,
+        hidden_dim=24,
+        context_to_lstm=False,
+        dropout=0.0,
+        **settings,
+    )
     return build_model(cfg, VOCAB).eval()
 
 
@@ -73,8 +81,9 @@ def test_a_summary_model_decodes_as_it_trains(summary):
         stepped = model.decoder(features, tokens)
     torch.testing.assert_close(parallel.logits, stepped.logits, atol=1e-5, rtol=1e-4)
     greedy = decode(model.decoder, features, DecodeConfig(strategy="greedy", max_length=5))
-    one_beam = decode(model.decoder, features,
-                      DecodeConfig(strategy="beam", beam_size=1, max_length=5))  # fmt: skip
+    one_beam = decode(
+        model.decoder, features, DecodeConfig(strategy="beam", beam_size=1, max_length=5)
+    )
     assert greedy.tokens.tolist() == one_beam.tokens.tolist()
     beams = decode(model.decoder, features, DecodeConfig(strategy="beam", beam_size=3))
     assert beams.trace.alpha.shape[-1] == 16

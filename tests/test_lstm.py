@@ -46,8 +46,7 @@ def test_the_private_fused_lstm_computes_what_the_public_operations_compute(seed
     public operations: the same h_1..h_T and the same gradients. This fails when a torch
     release changes what the private call means."""
     x, h0, c0, weights = random_lstm(seed, *shape)
-    private, private_grads = outputs_and_gradients(decoder_module._private_lstm, x, h0, c0,
-                                                   weights)  # fmt: skip
+    private, private_grads = outputs_and_gradients(decoder_module._private_lstm, x, h0, c0, weights)
     public, public_grads = outputs_and_gradients(lstm_by_step, x, h0, c0, weights)
     assert private.shape == public.shape == (shape[0], shape[1], shape[3])
     torch.testing.assert_close(private, public, rtol=0, atol=1e-5)
@@ -118,15 +117,25 @@ def test_without_the_private_lstm_the_public_path_runs_and_agrees(monkeypatch, s
         ModelConfig(attention="soft", score="additive", attention_dim=5),
         AttentionSizes(6, 8, 7, (1, 7), 6),
     )
-    together = Decoder(11, 6, attention, embed_dim=4, hidden_dim=8, context_to_lstm=False,
-                       dropout=0.0)  # fmt: skip
-    by_step = Decoder(11, 6, attention, embed_dim=4, hidden_dim=8, context_to_lstm=False,
-                      dropout=0.0, parallel=False)  # fmt: skip
+    together = Decoder(
+        11, 6, attention, embed_dim=4, hidden_dim=8, context_to_lstm=False, dropout=0.0
+    )
+    by_step = Decoder(
+        11,
+        6,
+        attention,
+        embed_dim=4,
+        hidden_dim=8,
+        context_to_lstm=False,
+        dropout=0.0,
+        parallel=False,
+    )
     by_step.load_state_dict(together.state_dict())
     features, tokens = torch.randn(3, 7, 6), torch.randint(1, 11, (3, 5))
     calls.clear()
-    torch.testing.assert_close(together(features, tokens).logits,
-                               by_step(features, tokens).logits, rtol=0, atol=1e-5)  # fmt: skip
+    torch.testing.assert_close(
+        together(features, tokens).logits, by_step(features, tokens).logits, rtol=0, atol=1e-5
+    )
     assert len(calls) == 1  # the parallel decoder's one pass, not the step loop's cell
 
 

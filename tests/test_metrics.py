@@ -166,8 +166,13 @@ def no_java(monkeypatch):
 
 
 def test_keys(ours):
-    assert list(ours) == [*SCORED[:5], *BLEU_NO_BP_NAMES, "Bleu_brevity_penalty",
-                          "Bleu_length_ratio", *SCORED[5:]]  # fmt: skip
+    assert list(ours) == [
+        *SCORED[:5],
+        *BLEU_NO_BP_NAMES,
+        "Bleu_brevity_penalty",
+        "Bleu_length_ratio",
+        *SCORED[5:],
+    ]
 
 
 def test_matches_cocoevalcap(ours, official):
@@ -322,12 +327,16 @@ def test_bleu_without_the_brevity_penalty_is_the_papers_form():
     """Xu et al. (2015) report BLEU without the brevity penalty: the same clipped n-gram
     precisions, with exp(1 - r/c) divided out when the captions are shorter than the
     references, and nothing changed when they are not."""
-    refs = {1: ["a dog runs across the green grass", "a brown dog is running on a lawn"],
-            2: ["a man rides a bike down a steep hill", "a person rides a bicycle"]}  # fmt: skip
+    refs = {
+        1: ["a dog runs across the green grass", "a brown dog is running on a lawn"],
+        2: ["a man rides a bike down a steep hill", "a person rides a bicycle"],
+    }
     short = {1: "a dog runs", 2: "a man rides a bike"}
     scores = caption_metrics(short, refs, meteor=False)
-    tokens_refs, tokens_res = tokenize_for_eval(refs), tokenize_for_eval(
-        {k: [v] for k, v in short.items()})  # fmt: skip
+    tokens_refs, tokens_res = (
+        tokenize_for_eval(refs),
+        tokenize_for_eval({k: [v] for k, v in short.items()}),
+    )
     pycoco, _ = Bleu(4).compute_score(tokens_refs, tokens_res, verbose=0)
     assert [scores[f"Bleu_{n}"] for n in range(1, 5)] == pytest.approx(pycoco)
     # 3 + 5 caption words against the closest reference lengths 7 and 5

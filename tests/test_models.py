@@ -100,8 +100,9 @@ def test_grouped_queries_equal_a_repeated_grid(kind, name):
     torch.testing.assert_close(grouped.alpha, copied.alpha, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(grouped.context, copied.context, rtol=1e-5, atol=1e-6)
     if kind == "hard":
-        assert torch.equal(grouped.context, features[torch.arange(images).repeat_interleave(g),
-                                                     cells])  # fmt: skip
+        assert torch.equal(
+            grouped.context, features[torch.arange(images).repeat_interleave(g), cells]
+        )
         torch.testing.assert_close(grouped.log_prob, copied.log_prob)
     with pytest.raises(ValueError, match="do not divide"):
         attention(features, keys, torch.randn(images * g + 1, 6))
@@ -124,8 +125,11 @@ def test_additive_score_in_blocks_and_in_compiled_form_match_the_plain_one(monke
         assert blocks == [7, 2, 2, 2, 1]
         monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
         fused = score(keys, query)  # the reduction form that torch.compile fuses
-    expected = (torch.tanh(keys.repeat_interleave(3, dim=0) + score.query_proj(query)[:, None])
-                @ score.out.weight[0] + score.out.bias)  # fmt: skip
+    expected = (
+        torch.tanh(keys.repeat_interleave(3, dim=0) + score.query_proj(query)[:, None])
+        @ score.out.weight[0]
+        + score.out.bias
+    )
     assert plain.shape == (21, 9)
     torch.testing.assert_close(plain, expected)
     torch.testing.assert_close(blocked, expected)
@@ -357,8 +361,17 @@ def test_all_words_at_once_equal_the_step_loop(kind, gate):
             ModelConfig(attention=kind, score=name, attention_dim=5),
             AttentionSizes(6, 8, 7, (1, 7), 6),
         )
-        decoder = Decoder(11, 6, attention, embed_dim=4, hidden_dim=8, gate=gate,
-                          context_to_lstm=False, dropout=0.0, parallel=True)  # fmt: skip
+        decoder = Decoder(
+            11,
+            6,
+            attention,
+            embed_dim=4,
+            hidden_dim=8,
+            gate=gate,
+            context_to_lstm=False,
+            dropout=0.0,
+            parallel=True,
+        )
         features = torch.randn(3, 7, 6)
         tokens = torch.randint(1, 11, (3, 5))
         cells = torch.randint(0, 7, (3, 5))
@@ -385,8 +398,9 @@ def test_all_words_at_once_equal_the_step_loop(kind, gate):
         torch.testing.assert_close(together.alphas, torch.stack(alphas, 1), rtol=0, atol=1e-5)
         if kind == "hard":
             torch.testing.assert_close(together.log_probs, stepped_log_probs, rtol=0, atol=1e-5)
-        for a, b in zip(gradients(together.logits, together.log_probs),
-                        gradients(stepped, stepped_log_probs)):  # fmt: skip
+        for a, b in zip(
+            gradients(together.logits, together.log_probs), gradients(stepped, stepped_log_probs)
+        ):
             torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
 
 
@@ -406,13 +420,23 @@ def test_several_captions_per_image_equal_a_repeated_grid(kind, context_to_lstm)
             ),
             AttentionSizes(6, 8, 7, (1, 7), 6),
         )
-        decoder = Decoder(11, 6, attention, embed_dim=4, hidden_dim=8, gate="scalar",
-                          context_to_lstm=context_to_lstm, dropout=0.0)  # fmt: skip
+        decoder = Decoder(
+            11,
+            6,
+            attention,
+            embed_dim=4,
+            hidden_dim=8,
+            gate="scalar",
+            context_to_lstm=context_to_lstm,
+            dropout=0.0,
+        )
         features = torch.randn(2, 7, 6)
         tokens = torch.randint(1, 11, (2 * 3, 5))  # three captions per image
         targets = torch.randint(1, 11, (2 * 3, 5))
-        hard = {"hard": HardContext(mode="sample", cells=torch.randint(0, 7, (6, 5))),
-                "marginal": HardContext(mode="marginal")}.get(kind, HardContext())  # fmt: skip
+        hard = {
+            "hard": HardContext(mode="sample", cells=torch.randint(0, 7, (6, 5))),
+            "marginal": HardContext(mode="marginal"),
+        }.get(kind, HardContext())
         params = list(decoder.parameters())
         results = []
         for grid in (features, features.repeat_interleave(3, dim=0)):
@@ -442,8 +466,11 @@ def test_all_words_at_once_train_to_the_same_weights_as_the_step_loop():
     images, tokens = batch()
     trained = []
     for parallel in ("false", "true"):
-        model = tiny_model("model.context_to_lstm=false", "model.dropout=0.0",
-                           f"runtime.parallel_decoder={parallel}")  # fmt: skip
+        model = tiny_model(
+            "model.context_to_lstm=false",
+            "model.dropout=0.0",
+            f"runtime.parallel_decoder={parallel}",
+        )
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         for _ in range(5):
             optimizer.zero_grad()
@@ -471,8 +498,16 @@ def test_exact_marginal_in_chunks_equals_one_chunk_and_decodes(monkeypatch):
         ModelConfig(attention="hard", score="additive", attention_dim=5),
         AttentionSizes(6, 8, 7, (1, 7), 6),
     )
-    decoder = Decoder(11, 6, attention, embed_dim=4, hidden_dim=8, gate="vector",
-                      context_to_lstm=False, dropout=0.0)  # fmt: skip
+    decoder = Decoder(
+        11,
+        6,
+        attention,
+        embed_dim=4,
+        hidden_dim=8,
+        gate="vector",
+        context_to_lstm=False,
+        dropout=0.0,
+    )
     features = torch.randn(3, 7, 6)
     tokens = torch.randint(1, 11, (3, 5))
     targets = torch.randint(1, 11, (3, 5))
@@ -505,8 +540,9 @@ def test_exact_marginal_dropout_is_one_mask_per_word_whatever_the_chunks(monkeyp
         ModelConfig(attention="hard", score="additive", attention_dim=5),
         AttentionSizes(6, 8, 7, (1, 7), 6),
     )
-    decoder = Decoder(11, 6, attention, embed_dim=4, hidden_dim=8, gate="none",
-                      context_to_lstm=False, dropout=0.5).train()  # fmt: skip
+    decoder = Decoder(
+        11, 6, attention, embed_dim=4, hidden_dim=8, gate="none", context_to_lstm=False, dropout=0.5
+    ).train()
     features, tokens = torch.randn(3, 7, 6), torch.randint(1, 11, (3, 5))
     targets = torch.randint(1, 11, (3, 5))
     results = []
@@ -605,8 +641,12 @@ def test_key_value_attention_averages_projected_values(attention):
     W_v a_i of their own size; the step loop, all words at once and the exact marginal agree,
     and the value projection trains."""
     images, tokens = batch()
-    settings = [f"model.attention={attention}", "model.values=projected", "model.value_dim=7",
-                "model.context_to_lstm=false"]  # fmt: skip
+    settings = [
+        f"model.attention={attention}",
+        "model.values=projected",
+        "model.value_dim=7",
+        "model.context_to_lstm=false",
+    ]
     model = tiny_model(*settings)
     decoder = model.decoder
     features = model.encode(images)

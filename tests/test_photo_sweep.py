@@ -28,9 +28,11 @@ def test_jobs_are_checked_before_anything_runs(sweep) -> None:
         sweep.check_jobs([{"name": "xe", "seed": 0}, {"name": "xe", "seed": 0}])
     with pytest.raises(CaptioningError, match="lacks 'seed'"):
         sweep.check_jobs([{"name": "xe"}])
-    for bad in ({"name": "rl", "seed": 0, "init": "xe"},  # same phase
-                {"name": "rl", "seed": 1, "init": "xe", "phase": 2},  # another seed
-                {"name": "rl", "seed": 0, "init": "nope", "phase": 2}):  # fmt: skip
+    for bad in (
+        {"name": "rl", "seed": 0, "init": "xe"},  # same phase
+        {"name": "rl", "seed": 1, "init": "xe", "phase": 2},  # another seed
+        {"name": "rl", "seed": 0, "init": "nope", "phase": 2},
+    ):
         with pytest.raises(CaptioningError, match="earlier phase"):
             sweep.check_jobs([ok[0], bad])
 
@@ -50,16 +52,39 @@ def test_a_sweep_trains_side_by_side_starts_from_another_job_and_writes_rows(
     jobs = [
         {"name": "xe", "seed": 0, "set": tiny},
         {"name": "xe-lr", "seed": 0, "set": [*tiny, "train.lr=1e-3"]},
-        {"name": "rl", "seed": 0, "phase": 2, "init": "xe",
-         "set": [*tiny, "train.objective=scst", "train.scst_baseline=loo",
-                 "train.scst_samples=2", "train.lr=1e-4"]},
-    ]  # fmt: skip
+        {
+            "name": "rl",
+            "seed": 0,
+            "phase": 2,
+            "init": "xe",
+            "set": [
+                *tiny,
+                "train.objective=scst",
+                "train.scst_baseline=loo",
+                "train.scst_samples=2",
+                "train.lr=1e-4",
+            ],
+        },
+    ]
     spec = tmp_path / "jobs.json"
     spec.write_text(json.dumps(jobs))
     results, out = tmp_path / "rows.json", tmp_path / "runs"
-    args = ["--jobs", str(spec), "--data", str(tiny_shapes), "--weights", "null",
-            "--config", str(ROOT / "configs" / "test_tiny.yaml"), "--out", str(out),
-            "--parallel", "2", "--results", str(results)]  # fmt: skip
+    args = [
+        "--jobs",
+        str(spec),
+        "--data",
+        str(tiny_shapes),
+        "--weights",
+        "null",
+        "--config",
+        str(ROOT / "configs" / "test_tiny.yaml"),
+        "--out",
+        str(out),
+        "--parallel",
+        "2",
+        "--results",
+        str(results),
+    ]
     assert sweep.main(args) == 0
     rows = {r["name"]: r for r in json.loads(results.read_text())}
     assert set(rows) == {"xe", "xe-lr", "rl"}
@@ -85,25 +110,49 @@ def test_a_sweep_trains_side_by_side_starts_from_another_job_and_writes_rows(
 def test_a_failed_job_is_named_and_the_exit_code_says_so(sweep, tiny_shapes, tmp_path, capsys):
     spec = tmp_path / "jobs.json"
     spec.write_text(json.dumps([{"name": "bad", "seed": 0, "set": ["model.hidden_dim=-3"]}]))
-    args = ["--jobs", str(spec), "--data", str(tiny_shapes), "--weights", "null",
-            "--config", str(ROOT / "configs" / "test_tiny.yaml"), "--out", str(tmp_path / "r"),
-            "--results", str(tmp_path / "rows.json")]  # fmt: skip
+    args = [
+        "--jobs",
+        str(spec),
+        "--data",
+        str(tiny_shapes),
+        "--weights",
+        "null",
+        "--config",
+        str(ROOT / "configs" / "test_tiny.yaml"),
+        "--out",
+        str(tmp_path / "r"),
+        "--results",
+        str(tmp_path / "rows.json"),
+    ]
     assert sweep.main(args) == 1
     assert "bad seed 0: failed" in capsys.readouterr().out
 
 
 def _row(name, seed, test, val=1.0, init=None, settings=()):
-    return {"name": name, "seed": seed, "set": list(settings), "init": init, "val_best": val,
-            "test_CIDEr_beam3": test, "commit": "abcdef0123", "command": "python x",
-            "device": "CPU", "tokenizer": "ptb"}  # fmt: skip
+    return {
+        "name": name,
+        "seed": seed,
+        "set": list(settings),
+        "init": init,
+        "val_best": val,
+        "test_CIDEr_beam3": test,
+        "commit": "abcdef0123",
+        "command": "python x",
+        "device": "CPU",
+        "tokenizer": "ptb",
+    }
 
 
 def test_the_tables_count_the_seeds_above_the_nearest_neighbour(tables) -> None:
     nn = {**_row("nn", None, 1.2), "k": 40, "val_CIDEr_by_k": {"40": 1.1}}
-    rows = [nn, _row("recipe", 0, 1.1), _row("recipe", 1, 1.25),
-            _row("rl", 0, 1.3, init="recipe", settings=["train.objective=scst"]),
-            _row("rl", 1, 1.21, init="recipe", settings=["train.objective=scst"]),
-            _row("family-heads", 0, 1.0, settings=["model.heads=2"])]  # fmt: skip
+    rows = [
+        nn,
+        _row("recipe", 0, 1.1),
+        _row("recipe", 1, 1.25),
+        _row("rl", 0, 1.3, init="recipe", settings=["train.objective=scst"]),
+        _row("rl", 1, 1.21, init="recipe", settings=["train.objective=scst"]),
+        _row("family-heads", 0, 1.0, settings=["model.heads=2"]),
+    ]
     table = tables.photo_sweep(rows).splitlines()
     assert table[2].startswith("| recipe | (the config as it is) |")
     assert table[2].endswith("| 1.100 (0), 1.250 (1) | 1 of 2 |")

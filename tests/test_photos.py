@@ -69,8 +69,15 @@ def test_200_photos_from_caption_file_to_caption_and_figure(shared: Path, tmp_pa
     )
 
     weights = tmp_path / "mobilenet_v2.pt"
-    _run("-m", "tools.convert_weights", str(WEIGHTS), str(weights), "--arch", "mobilenet_v2",
-         cwd=ROOT)  # fmt: skip
+    _run(
+        "-m",
+        "tools.convert_weights",
+        str(WEIGHTS),
+        str(weights),
+        "--arch",
+        "mobilenet_v2",
+        cwd=ROOT,
+    )
     data = tmp_path / "data"
     _run(
         "-m",

@@ -72,8 +72,17 @@ def test_a_second_stage_starts_from_the_first_and_its_seconds_count(
 
     config = str(ROOT / "configs" / "test_tiny.yaml")
     second = [*TINY_SETTINGS, "train.objective=scst", "train.scst_samples=2", "train.lr=1e-4"]
-    specs = photos.model_specs(config, (f"data.root={tiny_shapes}",), TINY_SETTINGS, "soft", 0,
-                               tmp_path, 1, variant="two", then=(config, second))  # fmt: skip
+    specs = photos.model_specs(
+        config,
+        (f"data.root={tiny_shapes}",),
+        TINY_SETTINGS,
+        "soft",
+        0,
+        tmp_path,
+        1,
+        variant="two",
+        then=(config, second),
+    )
     [row] = photos.run_models(specs, threads=1)
     first = tmp_path / "runs" / "two" / "soft-seed0"
     last = tmp_path / "runs" / "two" / "soft-seed0-then"

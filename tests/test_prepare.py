@@ -92,13 +92,24 @@ def zip_folder(folder: Path, compression: int = zipfile.ZIP_DEFLATED) -> bytes:
 
 def karpathy_file() -> dict:
     def entry(image_id, folder, split):
-        return {"cocoid": image_id, "filepath": folder, "split": split,
-                "filename": f"{folder}_{image_id:012d}.jpg",
-                "sentences": [{"raw": f"image {image_id} caption"}]}  # fmt: skip
+        return {
+            "cocoid": image_id,
+            "filepath": folder,
+            "split": split,
+            "filename": f"{folder}_{image_id:012d}.jpg",
+            "sentences": [{"raw": f"image {image_id} caption"}],
+        }
 
-    return {"images": [entry(1, "train2014", "train"), entry(2, "train2014", "train"),
-                       entry(3, "train2014", "restval"), entry(4, "train2014", "train"),
-                       entry(5, "val2014", "val"), entry(6, "val2014", "test")]}  # fmt: skip
+    return {
+        "images": [
+            entry(1, "train2014", "train"),
+            entry(2, "train2014", "train"),
+            entry(3, "train2014", "restval"),
+            entry(4, "train2014", "train"),
+            entry(5, "val2014", "val"),
+            entry(6, "val2014", "test"),
+        ]
+    }
 
 
 @pytest.fixture(scope="module")
@@ -134,14 +145,29 @@ def server(archives):
 @pytest.fixture
 def published(monkeypatch, archives):
     """The tiny archives' sizes and checksums stand in for the official ones."""
-    known = {name: (len(data), hashlib.sha256(data).hexdigest())
-             for name, data in archives.items() if name != "caption_datasets.zip"}  # fmt: skip
+    known = {
+        name: (len(data), hashlib.sha256(data).hexdigest())
+        for name, data in archives.items()
+        if name != "caption_datasets.zip"
+    }
     monkeypatch.setattr(coco_module, "KNOWN", known)
 
 
 def prepare(server, root, *extra):
-    return main(["prepare", "coco", "--root", str(root), "--year", "2014", "--karpathy",
-                 "--base-url", server.url, *extra])  # fmt: skip
+    return main(
+        [
+            "prepare",
+            "coco",
+            "--root",
+            str(root),
+            "--year",
+            "2014",
+            "--karpathy",
+            "--base-url",
+            server.url,
+            *extra,
+        ]
+    )
 
 
 def test_coco_with_karpathy_downloads_resumes_unpacks_and_checks(
@@ -164,8 +190,12 @@ def test_coco_with_karpathy_downloads_resumes_unpacks_and_checks(
     assert "--config configs/coco_soft_vgg19.yaml --set data.root=" in out
     # The shipped config reads the result.
     cfg = load_config("configs/coco_soft_vgg19.yaml", [f"data.root={root}"])
-    assert main(["check-data", "--config", "configs/coco_soft_vgg19.yaml",
-                 "--set", f"data.root={root}"]) == 0  # fmt: skip
+    assert (
+        main(
+            ["check-data", "--config", "configs/coco_soft_vgg19.yaml", "--set", f"data.root={root}"]
+        )
+        == 0
+    )
     assert cfg.data.format == "karpathy"
     # A second call finds everything unpacked and fetches nothing.
     before = len(server.requests)
@@ -183,16 +213,18 @@ def test_coco_without_karpathy_reads_as_coco_format(server, published, tmp_path,
 def test_an_interrupted_download_resumes_from_its_part_file(server, archives, tmp_path):
     data = archives["val2014.zip"]
     (tmp_path / "val2014.zip.part").write_bytes(data[: len(data) // 3])
-    remote = RemoteFile("val2014.zip", f"{server.url}/val2014.zip", len(data),
-                        hashlib.sha256(data).hexdigest())  # fmt: skip
+    remote = RemoteFile(
+        "val2014.zip", f"{server.url}/val2014.zip", len(data), hashlib.sha256(data).hexdigest()
+    )
     path = download(remote, tmp_path, progress=False)
     assert path.read_bytes() == data
     assert server.requests == [("val2014.zip", f"bytes={len(data) // 3}-")]
     assert not (tmp_path / "val2014.zip.part").exists()
 
 
-def test_a_connection_that_keeps_dropping_keeps_its_part_for_the_next_call(server, archives,
-                                                                          tmp_path):  # fmt: skip
+def test_a_connection_that_keeps_dropping_keeps_its_part_for_the_next_call(
+    server, archives, tmp_path
+):
     server.cut.extend(["val2014.zip"] * 2)
     remote = RemoteFile("val2014.zip", f"{server.url}/val2014.zip")
     with pytest.raises(DataError, match="failed 2 times .* run the same command again to resume"):
@@ -209,8 +241,9 @@ def test_a_server_without_range_support_starts_over(archives, tmp_path):
         data = archives["val2014.zip"]
         (tmp_path / "val2014.zip.part").write_bytes(b"x" * 100)
         server.cut.append("val2014.zip")
-        path = download(RemoteFile("val2014.zip", f"{server.url}/val2014.zip"), tmp_path,
-                        progress=False)  # fmt: skip
+        path = download(
+            RemoteFile("val2014.zip", f"{server.url}/val2014.zip"), tmp_path, progress=False
+        )
         assert path.read_bytes() == data and len(server.requests) == 2
     finally:
         server.close()
@@ -233,8 +266,9 @@ def test_a_corrupted_archive_is_refused_in_one_line(
 ):
     server.files["train2014.zip"] = corrupt(archives["train2014.zip"])
     if checked == "crc":  # no published checksum: the zip's own CRCs catch it
-        monkeypatch.setitem(coco_module.KNOWN, "train2014.zip",
-                            (len(archives["train2014.zip"]), None))  # fmt: skip
+        monkeypatch.setitem(
+            coco_module.KNOWN, "train2014.zip", (len(archives["train2014.zip"]), None)
+        )
     assert prepare(server, tmp_path / "coco") == 2
     err = error_line(capsys)
     if checked == "sha256":
@@ -290,8 +324,10 @@ def test_a_full_disk_while_unpacking_is_one_line_and_the_next_call_finishes(
     root = tmp_path / "coco"
     assert prepare(server, root, "--no-check") == 2
     err = error_line(capsys)
-    assert "annotations/captions_train2014.json from annotations_trainval2014.zip (No space " \
-           "left on device); free some space or choose another --root" in err  # fmt: skip
+    assert (
+        "annotations/captions_train2014.json from annotations_trainval2014.zip (No space "
+        "left on device); free some space or choose another --root" in err
+    )
     assert not (root / "annotations" / "captions_train2014.json").exists()  # no half file
     assert (root / "downloads" / "annotations_trainval2014.zip").is_file()  # nothing lost
     assert not list((root / "downloads").glob("*.unpacked"))
@@ -311,8 +347,9 @@ def bomb(size: int) -> bytes:
     return buffer.getvalue()
 
 
-def test_karpathys_zip_is_bounded_in_what_it_unpacks(server, published, tmp_path, capsys,
-                                                     monkeypatch):  # fmt: skip
+def test_karpathys_zip_is_bounded_in_what_it_unpacks(
+    server, published, tmp_path, capsys, monkeypatch
+):
     monkeypatch.setattr(coco_module, "KARPATHY_MAX_UNPACKED", 8_000_000)
     server.files["caption_datasets.zip"] = bomb(9_000_000)
     assert len(server.files["caption_datasets.zip"]) < 20_000
@@ -327,8 +364,9 @@ def test_karpathys_zip_is_bounded_in_what_it_unpacks(server, published, tmp_path
 
 
 @pytest.mark.parametrize("lengths", [True, False])
-def test_karpathys_zip_is_bounded_in_what_it_downloads(archives, tmp_path, capsys, monkeypatch,
-                                                       published, lengths):  # fmt: skip
+def test_karpathys_zip_is_bounded_in_what_it_downloads(
+    archives, tmp_path, capsys, monkeypatch, published, lengths
+):
     server = Server(dict(archives), lengths=lengths)
     try:
         monkeypatch.setattr(coco_module, "KARPATHY_MAX_DOWNLOAD", 300)
@@ -336,9 +374,11 @@ def test_karpathys_zip_is_bounded_in_what_it_downloads(archives, tmp_path, capsy
         root = tmp_path / "coco"
         assert prepare(server, root, "--no-check") == 2
         err = error_line(capsys)
-        assert err.endswith("caption_datasets.zip: more than 300B, the most "
-                            "caption_datasets.zip can be; this is not the expected file (check "
-                            "--base-url)")  # fmt: skip
+        assert err.endswith(
+            "caption_datasets.zip: more than 300B, the most "
+            "caption_datasets.zip can be; this is not the expected file (check "
+            "--base-url)"
+        )
         assert not list((root / "downloads").glob("caption_datasets.zip*"))  # no part kept
     finally:
         server.close()
@@ -361,14 +401,32 @@ def test_a_folder_with_bad_rows_becomes_a_dataset_that_trains(tmp_path, capsys):
     rows = ["image,caption"]
     rows += [f"p{i:02d}.jpg,a red photo number {i}" for i in range(12)]
     rows += [f'p{i:02d}.jpg,"another caption, with a comma"' for i in range(6)]
-    rows += ["holiday/p00.jpg,a photo in a subfolder", "missing.jpg,a photo that is not there",
-             "broken.jpg,a photo that does not open", "p01.jpg,  ", "p02.jpg,one,unquoted",
-             "p03.jpg", "../outside.jpg,a path out of the folder"]  # fmt: skip
+    rows += [
+        "holiday/p00.jpg,a photo in a subfolder",
+        "missing.jpg,a photo that is not there",
+        "broken.jpg,a photo that does not open",
+        "p01.jpg,  ",
+        "p02.jpg,one,unquoted",
+        "p03.jpg",
+        "../outside.jpg,a path out of the folder",
+    ]
     captions = tmp_path / "captions.csv"
     captions.write_text("\n".join(rows) + "\n")
     out = tmp_path / "dataset"
-    args = ["prepare", "folder", "--images", str(images), "--captions", str(captions),
-            "--out", str(out), "--val", "0.2", "--test", "0.1"]  # fmt: skip
+    args = [
+        "prepare",
+        "folder",
+        "--images",
+        str(images),
+        "--captions",
+        str(captions),
+        "--out",
+        str(out),
+        "--val",
+        "0.2",
+        "--test",
+        "0.1",
+    ]
     assert main(args) == 0
     output = capsys.readouterr()
     assert [line for line in output.err.splitlines() if "row skipped" in line] == [
@@ -378,7 +436,7 @@ def test_a_folder_with_bad_rows_becomes_a_dataset_that_trains(tmp_path, capsys):
         f"{captions}:23: empty caption; row skipped",
         f"{captions}:25: 1 column, the header has 2; row skipped",
         f"{captions}:26: image '../outside.jpg' is not a path inside {images}; row skipped",
-    ]  # fmt: skip
+    ]
     assert "5 rows skipped, 0 images without a caption" in output.out
     splits = {}
     for split in ("train", "val", "test"):
@@ -389,26 +447,32 @@ def test_a_folder_with_bad_rows_becomes_a_dataset_that_trains(tmp_path, capsys):
     assert [len(splits[s]) for s in ("train", "val", "test")] == [9, 3, 1]  # of 13 images
     assert "holiday/p00.jpg" in set().union(*splits.values())
     # A caption holding the separator unquoted (caption is the last column) is kept whole.
-    texts = {a["caption"] for s in ("train", "val", "test")
-             for a in json.loads((out / "annotations" / f"captions_{s}.json").read_text())[
-                 "annotations"]}  # fmt: skip
+    texts = {
+        a["caption"]
+        for s in ("train", "val", "test")
+        for a in json.loads((out / "annotations" / f"captions_{s}.json").read_text())["annotations"]
+    }
     assert "one,unquoted" in texts and "another caption, with a comma" in texts
     # The same files and seed give the same split, and the default configs read it.
-    again = prepare_folder(images, captions, tmp_path / "again", val=0.2, test=0.1,
-                           progress=False)  # fmt: skip
+    again = prepare_folder(images, captions, tmp_path / "again", val=0.2, test=0.1, progress=False)
     assert again.images == {"train": 9, "val": 3, "test": 1}
-    summary = fit(load_config(CONFIG, [f"data.root={out}", "train.epochs=1"]),
-                  out_dir=tmp_path / "run")  # fmt: skip
+    summary = fit(
+        load_config(CONFIG, [f"data.root={out}", "train.epochs=1"]), out_dir=tmp_path / "run"
+    )
     assert summary["steps"] == 2 and (tmp_path / "run" / "best.pt").is_file()
 
 
 def test_jsonl_captions_and_lists(tmp_path):
     images = tmp_path / "photos"
     photos(images, 4)
-    lines = [json.dumps({"image": "p00.jpg", "captions": ["one", "two"]}),
-             json.dumps({"image": "p01.jpg", "caption": "three"}), "",
-             "{not json", json.dumps({"image": "p02.jpg", "caption": None}),
-             json.dumps({"image": "p03.jpg", "captions": ["four"]})]  # fmt: skip
+    lines = [
+        json.dumps({"image": "p00.jpg", "captions": ["one", "two"]}),
+        json.dumps({"image": "p01.jpg", "caption": "three"}),
+        "",
+        "{not json",
+        json.dumps({"image": "p02.jpg", "caption": None}),
+        json.dumps({"image": "p03.jpg", "captions": ["four"]}),
+    ]
     (tmp_path / "c.jsonl").write_text("\n".join(lines) + "\n")
     summary = prepare_folder(images, tmp_path / "c.jsonl", tmp_path / "out", val=0.3, test=0)
     assert summary.skipped == [(4, "not a JSON object"), (5, "a caption that is not text")]
@@ -420,15 +484,27 @@ def test_jsonl_captions_and_lists(tmp_path):
     [
         ("file,text\na.jpg,x\n", ".csv", "header naming the columns 'image' and 'caption'"),
         ("image\tcaption\nmissing.jpg\tx\n", ".tsv", "no row names a readable image"),
-        ("just some words\n", ".txt", "cannot tell the caption format from its first lines "
-         "('just some words'); name it with --format csv|tsv|jsonl|lines|flickr|coco"),
+        (
+            "just some words\n",
+            ".txt",
+            "cannot tell the caption format from its first lines "
+            "('just some words'); name it with --format csv|tsv|jsonl|lines|flickr|coco",
+        ),
     ],
-)  # fmt: skip
+)
 def test_folder_refusals_are_one_line(tmp_path, capsys, content, suffix, message):
     photos(tmp_path / "photos", 1)
     (tmp_path / f"c{suffix}").write_text(content)
-    args = ["prepare", "folder", "--images", str(tmp_path / "photos"), "--captions",
-            str(tmp_path / f"c{suffix}"), "--out", str(tmp_path / "out")]  # fmt: skip
+    args = [
+        "prepare",
+        "folder",
+        "--images",
+        str(tmp_path / "photos"),
+        "--captions",
+        str(tmp_path / f"c{suffix}"),
+        "--out",
+        str(tmp_path / "out"),
+    ]
     assert main(args) == 2
     assert message in error_line(capsys)
 

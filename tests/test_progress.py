@@ -56,8 +56,19 @@ def shapes(tmp_path_factory):
 
 def train(shapes, out, stream) -> str:
     """``captioning train`` for one epoch with bars on, stderr written to ``stream``."""
-    args = ["train", "--config", CONFIG, "--out", str(out), "--set", f"data.root={shapes}",
-            "--set", "train.epochs=1", "--set", "train.quiet=false"]  # fmt: skip
+    args = [
+        "train",
+        "--config",
+        CONFIG,
+        "--out",
+        str(out),
+        "--set",
+        f"data.root={shapes}",
+        "--set",
+        "train.epochs=1",
+        "--set",
+        "train.quiet=false",
+    ]
     with redirect_stderr(stream):
         assert main(args) == 0
     root = logging.getLogger()

@@ -19,8 +19,17 @@ def test_quickstart_trains_evaluates_and_draws(tiny_shapes, tmp_path, capsys, me
     if meteor and not java_available():
         pytest.skip("METEOR needs java")
     out = tmp_path / "quick"
-    args = ["quickstart", "--out", str(out), "--data-root", str(tiny_shapes), "--config", TINY,
-            "--set", "train.epochs=1"]  # fmt: skip
+    args = [
+        "quickstart",
+        "--out",
+        str(out),
+        "--data-root",
+        str(tiny_shapes),
+        "--config",
+        TINY,
+        "--set",
+        "train.epochs=1",
+    ]
     assert main([*args, "--meteor"] if meteor else args) == 0
     summary = json.loads((out / "quickstart.json").read_text())
     assert Path(summary["checkpoint"]).is_file()

@@ -66,15 +66,35 @@ def test_missing_root_and_files_say_what_to_do(tmp_path, coco2014):
 
 def _karpathy(tmp_path):
     images = [
-        {"filepath": "val2014", "filename": "a.jpg", "split": "test", "cocoid": 5,
-         "sentences": [{"raw": "A dog.", "tokens": ["a", "dog"]}]},
-        {"filepath": "train2014", "filename": "b.jpg", "split": "train", "cocoid": 1,
-         "sentences": [{"raw": "A cat.", "tokens": ["a", "cat"]}, {"tokens": ["a", "car"]}]},
-        {"filepath": "val2014", "filename": "c.jpg", "split": "restval", "cocoid": 6,
-         "sentences": [{"raw": "A car.", "tokens": ["a", "car"]}]},
-        {"filepath": "val2014", "filename": "d.jpg", "split": "val", "cocoid": 2,
-         "sentences": [{"raw": "Two cats.", "tokens": ["two", "cats"]}]},
-    ]  # fmt: skip
+        {
+            "filepath": "val2014",
+            "filename": "a.jpg",
+            "split": "test",
+            "cocoid": 5,
+            "sentences": [{"raw": "A dog.", "tokens": ["a", "dog"]}],
+        },
+        {
+            "filepath": "train2014",
+            "filename": "b.jpg",
+            "split": "train",
+            "cocoid": 1,
+            "sentences": [{"raw": "A cat.", "tokens": ["a", "cat"]}, {"tokens": ["a", "car"]}],
+        },
+        {
+            "filepath": "val2014",
+            "filename": "c.jpg",
+            "split": "restval",
+            "cocoid": 6,
+            "sentences": [{"raw": "A car.", "tokens": ["a", "car"]}],
+        },
+        {
+            "filepath": "val2014",
+            "filename": "d.jpg",
+            "split": "val",
+            "cocoid": 2,
+            "sentences": [{"raw": "Two cats.", "tokens": ["two", "cats"]}],
+        },
+    ]
     return write_json(tmp_path / "dataset_coco.json", {"images": images, "dataset": "coco"})
 
 
@@ -91,8 +111,14 @@ def test_karpathy_reader_and_restval(tmp_path):
 
 
 def test_karpathy_flickr_layout_has_no_filepath(tmp_path):
-    images = [{"filename": "1000.jpg", "split": "train", "imgid": 0,
-               "sentences": [{"raw": "A child in a pink dress ."}]}]  # fmt: skip
+    images = [
+        {
+            "filename": "1000.jpg",
+            "split": "train",
+            "imgid": 0,
+            "sentences": [{"raw": "A child in a pink dress ."}],
+        }
+    ]
     path = write_json(tmp_path / "dataset_flickr8k.json", {"images": images})
     splits = read_karpathy(path, tmp_path / "Flicker8k_Dataset")
     assert splits["train"][0].path == str(tmp_path / "Flicker8k_Dataset/1000.jpg")
@@ -118,8 +144,13 @@ def test_karpathy_through_config_with_categories(tmp_path, coco2014):
 
 
 def _karpathy_image(**changes):
-    image = {"split": "train", "cocoid": 1, "filepath": "f", "filename": "a.jpg",
-             "sentences": [{"raw": "A dog."}]}  # fmt: skip
+    image = {
+        "split": "train",
+        "cocoid": 1,
+        "filepath": "f",
+        "filename": "a.jpg",
+        "sentences": [{"raw": "A dog."}],
+    }
     image.update(changes)
     return {k: v for k, v in image.items() if v is not _ABSENT}
 
@@ -169,11 +200,16 @@ def test_malformed_karpathy_files(tmp_path):
 
 
 def _coco(tmp_path, images=None, annotations=None):
-    images = [{"id": 1, "file_name": "a.jpg"}, {"id": 2, "file_name": "sub/b.jpg"}] if (
-        images is None) else images  # fmt: skip
+    images = (
+        [{"id": 1, "file_name": "a.jpg"}, {"id": 2, "file_name": "sub/b.jpg"}]
+        if (images is None)
+        else images
+    )
     if annotations is None:
-        annotations = [{"id": 1, "image_id": 1, "caption": "A dog."},
-                       {"id": 2, "image_id": 2, "caption": "A cat."}]  # fmt: skip
+        annotations = [
+            {"id": 1, "image_id": 1, "caption": "A dog."},
+            {"id": 2, "image_id": 2, "caption": "A cat."},
+        ]
     return write_json(tmp_path / "c.json", {"images": images, "annotations": annotations})
 
 
@@ -185,12 +221,12 @@ def _coco(tmp_path, images=None, annotations=None):
             [{"id": 1, "file_name": 5}],
             [],
             "images[0] needs 'file_name' as a string, got an integer (5)",
-        ),  # fmt: skip
+        ),
         (
             [{"id": "x", "file_name": "a.jpg"}],
             [],
             "images[0] needs 'id' as an integer, got a string (x)",
-        ),  # fmt: skip
+        ),
         (
             [{"id": 1, "file_name": "a.jpg"}, {"id": "2", "file_name": "b.jpg"}],
             [],
@@ -229,9 +265,15 @@ def test_malformed_coco_files(tmp_path):
     with pytest.raises(DataError, match="nested too deeply"):
         read_coco(path, tmp_path, "train")
     path = tmp_path / "utf16.json"  # JSON may come in UTF-16
-    path.write_text(json.dumps({"images": [{"id": 1, "file_name": "é.jpg"}],
-                                "annotations": [{"image_id": 1, "caption": "Été."}]}),
-                    encoding="utf-16")  # fmt: skip
+    path.write_text(
+        json.dumps(
+            {
+                "images": [{"id": 1, "file_name": "é.jpg"}],
+                "annotations": [{"image_id": 1, "caption": "Été."}],
+            }
+        ),
+        encoding="utf-16",
+    )
     assert read_coco(path, tmp_path, "train")[0].captions == ("Été.",)
     path.write_bytes(b"\xff\xfe\x00garbage")
     with pytest.raises(DataError, match="not valid JSON"):
@@ -239,8 +281,12 @@ def test_malformed_coco_files(tmp_path):
 
 
 def test_unusable_coco_entries_are_dropped_and_counted(tmp_path, caplog):
-    images = [{"id": 1, "file_name": "a.jpg"}, {"id": 2, "file_name": "b.jpg"},
-              {"id": 2, "file_name": "c.jpg"}, {"id": 3, "file_name": "d.jpg"}]  # fmt: skip
+    images = [
+        {"id": 1, "file_name": "a.jpg"},
+        {"id": 2, "file_name": "b.jpg"},
+        {"id": 2, "file_name": "c.jpg"},
+        {"id": 3, "file_name": "d.jpg"},
+    ]
     annotations = [
         {"image_id": 1, "caption": " A dog. "},
         {"image_id": 9, "caption": "Lost."},

@@ -43,15 +43,26 @@ class OnGrid(nn.Module):
 def tiny_problem(context_to_lstm=True, dtype=torch.float32):
     torch.manual_seed(0)
     attention = HardAttention(make_score("additive", FEATURES, 5, 4))
-    decoder = Decoder(7, FEATURES, attention, embed_dim=4, hidden_dim=5, dropout=0.0,
-                      context_to_lstm=context_to_lstm).to(dtype)  # fmt: skip
+    decoder = Decoder(
+        7,
+        FEATURES,
+        attention,
+        embed_dim=4,
+        hidden_dim=5,
+        dropout=0.0,
+        context_to_lstm=context_to_lstm,
+    ).to(dtype)
     features = (torch.randn(1, CELLS, FEATURES) * 2).to(dtype)
     return decoder, features
 
 
 # lambda_r = 1 and no entropy bonus or penalty: the estimators of the objectives themselves
-UNBIASED = {"reinforce_weight": 1.0, "entropy_weight": 0.0, "doubly_stochastic_weight": 0.0,
-            "semi_sampling_p": 1.0}  # fmt: skip
+UNBIASED = {
+    "reinforce_weight": 1.0,
+    "entropy_weight": 0.0,
+    "doubly_stochastic_weight": 0.0,
+    "semi_sampling_p": 1.0,
+}
 
 
 def objective(estimator, context_to_lstm=True, world=SINGLE, **train):
@@ -70,16 +81,20 @@ def params_of(decoder):
 
 def flat_grad(loss, params):
     grads = torch.autograd.grad(loss, params, allow_unused=True)
-    return torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1)
-                      for g, p in zip(grads, params)])  # fmt: skip
+    return torch.cat(
+        [(g if g is not None else torch.zeros_like(p)).reshape(-1) for g, p in zip(grads, params)]
+    )
 
 
 def enumerate_sequences(decoder, features):
     """log q(s) and log p(y | s) for all 27 cell sequences, differentiable."""
     cells = torch.tensor(list(itertools.product(range(CELLS), repeat=STEPS)))  # (27, T)
     n = cells.shape[0]
-    out = decoder(features.expand(n, -1, -1), TOKENS[:, :-1].expand(n, -1),
-                  HardContext(mode="sample", cells=cells))  # fmt: skip
+    out = decoder(
+        features.expand(n, -1, -1),
+        TOKENS[:, :-1].expand(n, -1),
+        HardContext(mode="sample", cells=cells),
+    )
     log_p_y = torch.log_softmax(out.logits, dim=2).gather(2, TOKENS[:, 1:, None].expand(n, -1, 1))
     log_q = out.log_probs.sum(dim=1)  # (27,)
     assert torch.allclose(log_q.exp().sum(), torch.tensor(1.0, dtype=log_q.dtype), atol=1e-5)
@@ -115,8 +130,9 @@ def estimates(make_objective, decoder, features, captions, batches=60, setup=Non
         obj = make_objective()
         if setup is not None:
             setup(obj)
-        terms = obj.loss(module, None, features.expand(captions, -1, -1),
-                         TOKENS.expand(captions, -1), step)  # fmt: skip
+        terms = obj.loss(
+            module, None, features.expand(captions, -1, -1), TOKENS.expand(captions, -1), step
+        )
         out.append(flat_grad(terms.total, params))
     return torch.stack(out)  # (batches, P)
 
@@ -141,10 +157,12 @@ def problem():
 @pytest.fixture(scope="module")
 def reinforce_gradients(problem):
     decoder, features, exact, value = problem
-    plain = estimates(lambda: objective("reinforce"), decoder, features, 200,
-                      setup=constant_baseline(0.0))  # fmt: skip
-    with_baseline = estimates(lambda: objective("reinforce"), decoder, features, 200,
-                              setup=constant_baseline(value))  # fmt: skip
+    plain = estimates(
+        lambda: objective("reinforce"), decoder, features, 200, setup=constant_baseline(0.0)
+    )
+    with_baseline = estimates(
+        lambda: objective("reinforce"), decoder, features, 200, setup=constant_baseline(value)
+    )
     return plain, with_baseline
 
 
@@ -246,8 +264,9 @@ def test_reinforce_loss_is_the_papers():
     """-log p(y | s) - lambda_r (r - b) log q(s) - lambda_e H + lambda * penalty, on the
     objective's own samples, with the authors' weights."""
     decoder, features = tiny_problem()
-    obj = objective("reinforce", reinforce_weight=0.1, entropy_weight=0.002,
-                    doubly_stochastic_weight=0.5)  # fmt: skip
+    obj = objective(
+        "reinforce", reinforce_weight=0.1, entropy_weight=0.002, doubly_stochastic_weight=0.5
+    )
     obj.baseline.value, obj.baseline.initialized = -3.0, True
     grid, tokens = features.expand(8, -1, -1), TOKENS.expand(8, -1)
     terms = obj.loss(OnGrid(decoder), None, grid, tokens, step=0)
@@ -285,8 +304,9 @@ def test_baseline_changes_only_on_commit_with_the_mean_reward():
 
 
 def test_gumbel_temperature_anneals_and_is_saved():
-    obj = objective("gumbel", gumbel_temperature=2.0, gumbel_min_temperature=0.5,
-                    gumbel_anneal_rate=0.5)  # fmt: skip
+    obj = objective(
+        "gumbel", gumbel_temperature=2.0, gumbel_min_temperature=0.5, gumbel_anneal_rate=0.5
+    )
     temperatures = []
     for _ in range(5):
         obj.commit()
@@ -329,8 +349,10 @@ def test_samples_do_not_depend_on_the_process_count_or_caption_length(estimator)
     batch's first t words get the same noise whatever its longest caption."""
     settings = {"semi_sampling": "sample", "semi_sampling_p": 0.5}
     one = objective(estimator, **settings).plan(7, 8, STEPS)
-    halves = [objective(estimator, world=World(rank=r, size=2), **settings).plan(7, 4, STEPS)
-              for r in range(2)]  # fmt: skip
+    halves = [
+        objective(estimator, world=World(rank=r, size=2), **settings).plan(7, 4, STEPS)
+        for r in range(2)
+    ]
     assert torch.equal(torch.cat([h.hard.noise for h in halves]), one.hard.noise)
     assert torch.equal(
         torch.cat([h.hard.use_expectation for h in halves]), one.hard.use_expectation
@@ -358,8 +380,11 @@ def test_expectation_rows_neither_sample_nor_get_a_score_term():
     decoder, features = tiny_problem()
     feats = features.expand(6, -1, -1)
     use_expectation = torch.tensor([True, False, True, False, True, False])
-    out = decoder(feats, TOKENS[:, :-1].expand(6, -1),
-                  HardContext(mode="sample", use_expectation=use_expectation))  # fmt: skip
+    out = decoder(
+        feats,
+        TOKENS[:, :-1].expand(6, -1),
+        HardContext(mode="sample", use_expectation=use_expectation),
+    )
     assert torch.equal(out.sampled, ~use_expectation[:, None].expand(-1, STEPS))
     assert (out.log_probs[use_expectation] == 0).all()
     soft = decoder(feats, TOKENS[:, :-1].expand(6, -1), HardContext(mode="expectation"))
@@ -393,10 +418,8 @@ def test_padding_contributes_no_reward_or_penalty(estimator):
                             torch.softmax(torch.randn_like(out.alphas), -1),
                             out.alphas,
                         ),
-                    ),  # fmt: skip
-                    log_probs=torch.where(
-                        padded, torch.randn_like(out.log_probs), out.log_probs
-                    ),  # fmt: skip
+                    ),
+                    log_probs=torch.where(padded, torch.randn_like(out.log_probs), out.log_probs),
                 )
 
             module.decoder.forward = forward
@@ -417,20 +440,32 @@ def test_padding_contributes_no_reward_or_penalty(estimator):
 @pytest.mark.parametrize(
     ("settings", "message"),
     [
-        (["model.attention=hard", "train.hard_estimator=exact"],
-         "train.hard_estimator=exact needs model.context_to_lstm=false"),
-        (["model.attention=hard", "train.hard_estimator=vimco", "train.hard_samples=1"],
-         "train.hard_samples must be at least 2"),
-        (["train.hard_estimator=gumbel"], "trains hard attention; this model has "
-         "model.attention=soft"),
-        (["model.attention=hard", "decode.hard_context=marginal"],
-         "decode.hard_context=marginal needs model.context_to_lstm=false"),
-        (["model.attention=hard", "train.gumbel_temperature=0.1"],
-         "train.gumbel_temperature must be at least train.gumbel_min_temperature"),
-        (["model.attention=hard", "train.exact_soft_p=0.5"],
-         "mixes the exact estimator's minibatches; with train.hard_estimator=reinforce"),
+        (
+            ["model.attention=hard", "train.hard_estimator=exact"],
+            "train.hard_estimator=exact needs model.context_to_lstm=false",
+        ),
+        (
+            ["model.attention=hard", "train.hard_estimator=vimco", "train.hard_samples=1"],
+            "train.hard_samples must be at least 2",
+        ),
+        (
+            ["train.hard_estimator=gumbel"],
+            "trains hard attention; this model has model.attention=soft",
+        ),
+        (
+            ["model.attention=hard", "decode.hard_context=marginal"],
+            "decode.hard_context=marginal needs model.context_to_lstm=false",
+        ),
+        (
+            ["model.attention=hard", "train.gumbel_temperature=0.1"],
+            "train.gumbel_temperature must be at least train.gumbel_min_temperature",
+        ),
+        (
+            ["model.attention=hard", "train.exact_soft_p=0.5"],
+            "mixes the exact estimator's minibatches; with train.hard_estimator=reinforce",
+        ),
     ],
-)  # fmt: skip
+)
 def test_settings_that_cannot_work_are_refused_in_one_line(settings, message):
     from captioning.config import load_config
     from captioning.errors import ConfigError

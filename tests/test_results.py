@@ -134,11 +134,20 @@ def test_the_checks_reject_a_row_without_provenance_or_with_machine_paths() -> N
         "timed_alone": "yes",
     }
     assert {p.split(" ", 1)[0] for p in provenance_problems(row)} == {
-        "no", "threads", "timed_alone", "commit"}  # fmt: skip
+        "no",
+        "threads",
+        "timed_alone",
+        "commit",
+    }
     assert len([p for p in provenance_problems(row) if p.startswith("no ")]) == 2
     problems = portability_problems(row)
-    for where in ("row.command", "row.train_command", "row.config", "row.settings.checkpoint",
-                  "row.settings.images[0]"):  # fmt: skip
+    for where in (
+        "row.command",
+        "row.train_command",
+        "row.config",
+        "row.settings.checkpoint",
+        "row.settings.images[0]",
+    ):
         assert any(p.startswith(where + " ") for p in problems), where
     assert any("runs a script by its path" in p for p in problems)
     assert any(p.startswith("train_command is not") for p in problems)

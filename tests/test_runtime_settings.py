@@ -17,9 +17,17 @@ from captioning.training.run_state import check_resume_config
 def test_runtime_keys_follow_the_train_section_until_set():
     cfg = load_config(None, ["train.precision=bf16", "train.batch_size=7", "train.seed=3"])
     assert (cfg.runtime.precision, cfg.runtime.batch_size, cfg.runtime.seed) == ("bf16", 7, 3)
-    cfg = load_config(None, ["train.precision=bf16", "train.batch_size=7", "train.seed=3",
-                             "runtime.precision=fp32", "runtime.batch_size=2",
-                             "runtime.seed=9"])  # fmt: skip
+    cfg = load_config(
+        None,
+        [
+            "train.precision=bf16",
+            "train.batch_size=7",
+            "train.seed=3",
+            "runtime.precision=fp32",
+            "runtime.batch_size=2",
+            "runtime.seed=9",
+        ],
+    )
     assert (cfg.runtime.precision, cfg.runtime.batch_size, cfg.runtime.seed) == ("fp32", 2, 9)
     assert (cfg.train.precision, cfg.train.batch_size, cfg.train.seed) == ("bf16", 7, 3)
     # stored resolved: written and read back, it no longer follows train
@@ -34,8 +42,11 @@ def test_runtime_keys_follow_the_train_section_until_set():
     assert runtime.channels_last and runtime.parallel_decoder
     with pytest.raises(ConfigError, match="runtime.batch_size must be at least 1, got 0"):
         load_config(None, ["runtime.batch_size=0"])
-    with pytest.raises(ConfigError, match=r"runtime.precision must be 'fp32' \| 'bf16' \| "
-                                          r"'fp16' \| 'auto' \| null, got 'fp8'"):  # fmt: skip
+    with pytest.raises(
+        ConfigError,
+        match=r"runtime.precision must be 'fp32' \| 'bf16' \| "
+        r"'fp16' \| 'auto' \| null, got 'fp8'",
+    ):
         load_config(None, ["runtime.precision=fp8"])
 
 
@@ -70,12 +81,18 @@ def rewrite(checkpoint, path, train=None, runtime=None, decode=None):
         # a checkpoint from before the section decodes as train.* says, as it always did
         ({"precision": "bf16", "batch_size": 2}, None, ("bf16", 2)),
         # with the section, it alone decides
-        ({"precision": "fp32", "batch_size": 64}, {"precision": "bf16", "batch_size": 4},
-         ("bf16", 4)),
-        ({"precision": "bf16", "batch_size": 2}, {"precision": "fp32", "batch_size": 3},
-         ("fp32", 3)),
+        (
+            {"precision": "fp32", "batch_size": 64},
+            {"precision": "bf16", "batch_size": 4},
+            ("bf16", 4),
+        ),
+        (
+            {"precision": "bf16", "batch_size": 2},
+            {"precision": "fp32", "batch_size": 3},
+            ("fp32", 3),
+        ),
     ],
-)  # fmt: skip
+)
 def test_evaluate_decodes_with_the_runtime_settings(
     tiny_checkpoint, tmp_path, monkeypatch, train, runtime, expected
 ):
@@ -99,10 +116,16 @@ def test_sampled_decoding_is_seeded_by_runtime_seed(tiny_checkpoint, tmp_path):
     sample = {"strategy": "sample"}
     captions = {}
     for name, train_seed, runtime_seed in (("a", 0, 7), ("b", 5, 7), ("c", 0, 8)):
-        path = rewrite(tiny_checkpoint, tmp_path / f"{name}.pt", {"seed": train_seed},
-                       {"seed": runtime_seed}, sample)  # fmt: skip
-        evaluate_checkpoint(path, split="val", meteor=False, progress=False, device="cpu",
-                            out_dir=tmp_path / name)  # fmt: skip
+        path = rewrite(
+            tiny_checkpoint,
+            tmp_path / f"{name}.pt",
+            {"seed": train_seed},
+            {"seed": runtime_seed},
+            sample,
+        )
+        evaluate_checkpoint(
+            path, split="val", meteor=False, progress=False, device="cpu", out_dir=tmp_path / name
+        )
         captions[name] = (tmp_path / name / "predictions.json").read_text()
     assert captions["a"] == captions["b"]  # train.seed plays no part
     assert captions["a"] != captions["c"]
@@ -111,8 +134,16 @@ def test_sampled_decoding_is_seeded_by_runtime_seed(tiny_checkpoint, tmp_path):
 def test_a_resumed_run_may_change_the_runtime_section(tiny_checkpoint):
     payload = load_checkpoint(tiny_checkpoint)
     saved = config_to_dict(config_from_dict(payload["config"]))
-    changed = {**saved, "runtime": {**saved["runtime"], "batch_size": 1, "precision": "bf16",
-                                    "channels_last": False, "parallel_decoder": False}}  # fmt: skip
+    changed = {
+        **saved,
+        "runtime": {
+            **saved["runtime"],
+            "batch_size": 1,
+            "precision": "bf16",
+            "channels_last": False,
+            "parallel_decoder": False,
+        },
+    }
     check_resume_config(config_from_dict(changed), payload, str(tiny_checkpoint))
     other_seed = {**saved, "train": {**saved["train"], "seed": saved["train"]["seed"] + 1}}
     with pytest.raises(CheckpointError, match="train.seed is 0 in the checkpoint and 1 here"):

@@ -28,13 +28,15 @@ VOCAB = Vocabulary(
 )
 RECORDS = [
     ImageRecord(i, f"{i}.png", "train", captions)
-    for i, captions in enumerate([
-        ("a red circle", "A red circle."),
-        ("a blue square", "blue square"),
-        ("a red square",),
-        ("a blue circle",),
-    ])
-]  # fmt: skip
+    for i, captions in enumerate(
+        [
+            ("a red circle", "A red circle."),
+            ("a blue square", "blue square"),
+            ("a red square",),
+            ("a blue circle",),
+        ]
+    )
+]
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +49,9 @@ def make(reward, attention="soft", **train):
     cfg = load_config(CONFIG, overrides + [f"train.{k}={v}" for k, v in train.items()])
     torch.manual_seed(0)
     model = build_model(cfg.model, len(VOCAB))
-    objective = SelfCriticalObjective(cfg, reward, torch.device("cpu"), "fp32",
-                                      hard=model.hard_attention)  # fmt: skip
+    objective = SelfCriticalObjective(
+        cfg, reward, torch.device("cpu"), "fp32", hard=model.hard_attention
+    )
     return model, objective
 
 
@@ -135,8 +138,9 @@ def test_the_greedy_baseline_is_decoded_without_gradients_in_eval_mode(reward, m
     monkeypatch.setattr(scst, "greedy_decode", spy)
     images = torch.rand(2, 3, 48, 48)
     model.train()
-    terms = objective.loss(model, images, None, torch.zeros(2, 2, dtype=torch.long), 0,
-                           torch.tensor([0, 1]))  # fmt: skip
+    terms = objective.loss(
+        model, images, None, torch.zeros(2, 2, dtype=torch.long), 0, torch.tensor([0, 1])
+    )
     assert seen == [(False, False)]
     assert model.training  # restored after the loss
     assert terms.total.requires_grad

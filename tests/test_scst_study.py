@@ -30,8 +30,9 @@ def test_caption_statistics_count_words_and_dangling_endings(study) -> None:
 
 
 def test_bad_seeds_and_missing_data_end_in_one_line(study, tmp_path, capsys) -> None:
-    assert study.main(["--data", str(tmp_path), "--out", str(tmp_path / "o"),
-                       "--seeds", "0,x"]) == 2  # fmt: skip
+    assert (
+        study.main(["--data", str(tmp_path), "--out", str(tmp_path / "o"), "--seeds", "0,x"]) == 2
+    )
     assert "--seeds wants seeds >= 0" in capsys.readouterr().err
     assert study.main(["--data", str(tmp_path), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
@@ -39,15 +40,31 @@ def test_bad_seeds_and_missing_data_end_in_one_line(study, tmp_path, capsys) -> 
 
 
 def _row(variant: str, seed: int, cider: float) -> dict:
-    return {"variant": variant, "seed": seed, "CIDEr": cider, "Bleu_4": 0.7, "METEOR": 0.4,
-            "exact_match": 0.07, "mean_length": 12.0, "dangling": 0.0, "test_images": 500,
-            "beam_size": 3, "commit": "abcdef0123", "timed_alone": True,
-            "machine": {"cores": 2, "cpu": "CPU", "threads": 1, "torch": "2"}}  # fmt: skip
+    return {
+        "variant": variant,
+        "seed": seed,
+        "CIDEr": cider,
+        "Bleu_4": 0.7,
+        "METEOR": 0.4,
+        "exact_match": 0.07,
+        "mean_length": 12.0,
+        "dangling": 0.0,
+        "test_images": 500,
+        "beam_size": 3,
+        "commit": "abcdef0123",
+        "timed_alone": True,
+        "machine": {"cores": 2, "cpu": "CPU", "threads": 1, "torch": "2"},
+    }
 
 
 def test_the_table_gives_each_seed_and_the_ratio_to_its_own_start(tables) -> None:
-    rows = [_row("xe", 0, 4.0), _row("xe", 1, 2.0), _row("scst_loo", 0, 4.4),
-            _row("scst_loo", 1, 2.4), _row("xe_control", 0, 4.0)]  # fmt: skip
+    rows = [
+        _row("xe", 0, 4.0),
+        _row("xe", 1, 2.0),
+        _row("scst_loo", 0, 4.4),
+        _row("scst_loo", 1, 2.4),
+        _row("xe_control", 0, 4.0),
+    ]
     text = tables.scst_shapes(rows)
     loo = next(line for line in text.splitlines() if "`loo`" in line)
     # per seed, mean ± sd, and the mean of the per-seed ratios 1.1 and 1.2
@@ -64,9 +81,21 @@ def test_the_study_trains_each_variant_from_its_seed_and_writes_rows(
 ) -> None:
     results = tmp_path / "rows.json"
     settings = [w for s in TINY_SETTINGS for w in ("--set", s)]
-    argv = ["--data", str(tiny_shapes), "--out", str(tmp_path / "runs"), "--seeds", "3",
-            "--results", str(results), "--threads", "1", *settings,
-            "--set", "train.val_max_images=6"]  # fmt: skip
+    argv = [
+        "--data",
+        str(tiny_shapes),
+        "--out",
+        str(tmp_path / "runs"),
+        "--seeds",
+        "3",
+        "--results",
+        str(results),
+        "--threads",
+        "1",
+        *settings,
+        "--set",
+        "train.val_max_images=6",
+    ]
     assert study.main(argv) == 0
     rows = json.loads(results.read_text())
     assert [(r["variant"], r["seed"]) for r in rows] == [

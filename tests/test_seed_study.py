@@ -65,14 +65,20 @@ def test_the_centre_cell_of_a_box(study) -> None:
 
 def test_rows_merge_by_variant_and_seed(study, tmp_path: Path) -> None:
     path = tmp_path / "rows.json"
-    earlier = [{"variant": "b", "seed": 1, "x": 1}, {"variant": "a", "seed": 0, "x": 1},
-               {"variant": "b", "seed": 0, "x": 1}]  # fmt: skip
+    earlier = [
+        {"variant": "b", "seed": 1, "x": 1},
+        {"variant": "a", "seed": 0, "x": 1},
+        {"variant": "b", "seed": 0, "x": 1},
+    ]
     path.write_text(json.dumps(earlier))
     new = [{"variant": "b", "seed": 1, "x": 2}, {"variant": "c", "seed": 0}]
     merged = write_results(path, new, lambda r: (r["variant"], r["seed"]), order=study.order)
     assert [(r["variant"], r["seed"], r.get("x")) for r in merged] == [
-        ("b", 0, 1), ("b", 1, 2), ("a", 0, 1), ("c", 0, None)
-    ]  # fmt: skip
+        ("b", 0, 1),
+        ("b", 1, 2),
+        ("a", 0, 1),
+        ("c", 0, None),
+    ]
 
 
 def test_seeds_and_overrides(study) -> None:
@@ -84,8 +90,13 @@ def test_seeds_and_overrides(study) -> None:
     config = ROOT / "configs" / "shapes_soft.yaml"
     shipped = study.load_config(config).train.warmup_steps
     other = shipped + 300  # differs from whatever the shipped config says
-    settings = ["model.cnn_channels=[32,32,64,128]", f"train.warmup_steps={other}", "train.seed=4",
-                "train.threads=1", "train.precision=bf16"]  # fmt: skip
+    settings = [
+        "model.cnn_channels=[32,32,64,128]",
+        f"train.warmup_steps={other}",
+        "train.seed=4",
+        "train.threads=1",
+        "train.precision=bf16",
+    ]
     run = study.load_config(config, settings)
     # the folder's own differences join the --set list; seed, threads, precision do not
     assert study.overrides_of(config, [], run) == [
@@ -118,8 +129,10 @@ def test_a_seed_is_trained_once_then_adopted(study, tiny_shapes, tmp_path, monke
     monkeypatch.setattr(runner, "fit", lambda *a, **k: pytest.fail("retrained a finished run"))
     folder = out / "tiny-seed0"
     adopt = ["--adopt", f"0={folder}", "--trained-at", "abc1234"]
-    assert study.main(["--out", str(tmp_path), "--variant", "old", "--seeds", "0", *adopt,
-                       *common]) == 0  # fmt: skip
+    assert (
+        study.main(["--out", str(tmp_path), "--variant", "old", "--seeds", "0", *adopt, *common])
+        == 0
+    )
     first, second = json.loads(results.read_text())
     # the study trained it: its record, not --trained-at, says where it comes from
     assert second["variant"] == "old" and not second["adopted"]
@@ -129,13 +142,44 @@ def test_a_seed_is_trained_once_then_adopted(study, tiny_shapes, tmp_path, monke
     assert second["colour_probe"] == first["colour_probe"]
     # the study's own folder, evaluated again, keeps the commit it was trained at; a copy of
     # it in --out is not the study's training and says so
-    assert study.main(["--out", str(out), "--variant", "tiny", "--seeds", "0", *sets,
-                       *common, "--trained-at", "0ld0ld0"]) == 0  # fmt: skip
-    assert json.loads(results.read_text())[0] == {**first, "command": first["command"]
-                                                  + " --trained-at 0ld0ld0"}  # fmt: skip
+    assert (
+        study.main(
+            [
+                "--out",
+                str(out),
+                "--variant",
+                "tiny",
+                "--seeds",
+                "0",
+                *sets,
+                *common,
+                "--trained-at",
+                "0ld0ld0",
+            ]
+        )
+        == 0
+    )
+    assert json.loads(results.read_text())[0] == {
+        **first,
+        "command": first["command"] + " --trained-at 0ld0ld0",
+    }
     shutil.copytree(folder, tmp_path / "copies" / "copy-seed0", ignore=lambda *_: [study.RECORD])
-    assert study.main(["--out", str(tmp_path / "copies"), "--variant", "copy", "--seeds", "0",
-                       *common, "--trained-at", "0ld0ld0"]) == 0  # fmt: skip
+    assert (
+        study.main(
+            [
+                "--out",
+                str(tmp_path / "copies"),
+                "--variant",
+                "copy",
+                "--seeds",
+                "0",
+                *common,
+                "--trained-at",
+                "0ld0ld0",
+            ]
+        )
+        == 0
+    )
     third = json.loads(results.read_text())[2]
     assert third["adopted"] and third["commit"] == "0ld0ld0"
     assert third["trained"].startswith("trained at 0ld0ld0 with warmup_steps=0, adopted from")
@@ -180,8 +224,12 @@ def _row(variant: str, seed: int, exact: float, probe: float) -> dict:
 
 
 def test_the_table_counts_stalls_and_means_the_others(tables) -> None:
-    rows = [_row("w400", 0, 0.9, 0.99), _row("w400", 1, 0.05, 0.27), _row("w400", 2, 0.95, 0.98),
-            _row("w100", 2, 0.04, 0.25)]  # fmt: skip
+    rows = [
+        _row("w400", 0, 0.9, 0.99),
+        _row("w400", 1, 0.05, 0.27),
+        _row("w400", 2, 0.95, 0.98),
+        _row("w100", 2, 0.04, 0.25),
+    ]
     text = tables.shapes_seeds(rows)
     lines = text.splitlines()
     assert lines[2] == (
@@ -193,22 +241,31 @@ def test_the_table_counts_stalls_and_means_the_others(tables) -> None:
     )
     assert "(1 of them runs trained before the study" in text
     assert "evaluated at 1234567+dirty" in text and "274 objects" in text
-    assert "w400: `python -m tools.seed_study --out runs/seeds --variant w400 --seeds 0,1,2 " \
-           "--set train.warmup_steps=400 --threads 1`" in text  # fmt: skip
+    assert (
+        "w400: `python -m tools.seed_study --out runs/seeds --variant w400 --seeds 0,1,2 "
+        "--set train.warmup_steps=400 --threads 1`" in text
+    )
 
 
 def test_the_targets_table_keeps_held_out_seeds_apart(tables) -> None:
     def row(seed: int, exact: float, overrides: list[str]) -> dict:
-        return {**_row("v", seed, exact, 0.99), "overrides": overrides,
-                "test_exact_by_objects": {"3": exact - 0.02}, "train_seconds": 100.0 + seed,
-                "pointing": {"color": 0.97, "size": 0.96, "shape": 0.95}}  # fmt: skip
+        return {
+            **_row("v", seed, exact, 0.99),
+            "overrides": overrides,
+            "test_exact_by_objects": {"3": exact - 0.02},
+            "train_seconds": 100.0 + seed,
+            "pointing": {"color": 0.97, "size": 0.96, "shape": 0.95},
+        }
 
     rows = [row(s, 0.98, []) for s in range(3)] + [row(11, 0.04, []), row(12, 0.97, [])]
     rows.append(row(0, 0.99, ["model.cnn_block=residual"]))
     lines = tables.shapes_targets(rows).splitlines()
-    assert lines[2].startswith("| `configs/shapes_soft.yaml` | preact (shipped) | 0, 1, 2 | 0 of 3 "
-                               "| 3 of 3 |")  # fmt: skip
-    assert lines[3].startswith("| `configs/shapes_soft.yaml` | preact (shipped), held-out seeds "
-                               "| 11, 12 | 1 of 2 | 1 of 2 |")  # fmt: skip
+    assert lines[2].startswith(
+        "| `configs/shapes_soft.yaml` | preact (shipped) | 0, 1, 2 | 0 of 3 | 3 of 3 |"
+    )
+    assert lines[3].startswith(
+        "| `configs/shapes_soft.yaml` | preact (shipped), held-out seeds "
+        "| 11, 12 | 1 of 2 | 1 of 2 |"
+    )
     assert "| 0.040 | 0.020 |" in lines[3]
     assert lines[4].startswith("| `configs/shapes_soft.yaml` | residual | 0 | 0 of 1 | 1 of 1 |")

@@ -32,12 +32,17 @@ def request(url: str, files=None, fields=None, body=None, headers=None):
         boundary = uuid.uuid4().hex
         parts = []
         for name, value in (fields or {}).items():
-            parts.append(f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n'
-                         f"{value}\r\n".encode())  # fmt: skip
+            parts.append(
+                f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n'
+                f"{value}\r\n".encode()
+            )
         for name, (filename, data) in (files or {}).items():
-            parts.append(f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"; '
-                         f'filename="{filename}"\r\nContent-Type: image/png\r\n\r\n'.encode()
-                         + data + b"\r\n")  # fmt: skip
+            parts.append(
+                f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"; '
+                f'filename="{filename}"\r\nContent-Type: image/png\r\n\r\n'.encode()
+                + data
+                + b"\r\n"
+            )
         body = b"".join(parts) + f"--{boundary}--\r\n".encode()
         headers["Content-Type"] = f"multipart/form-data; boundary={boundary}"
     req = urllib.request.Request(url, data=body, headers=headers)
@@ -117,18 +122,34 @@ def test_fifty_concurrent_requests_are_all_answered_correctly(server, model, ima
 TRUNCATED = png_bytes(Image.effect_noise((64, 64), 50).convert("RGB"))[:-300]
 
 BAD = {
-    "text file named .png": ({"image": ("notes.png", b"hello, not an image\n")}, {}, 400,
-                             "notes.png: not a JPEG, PNG, WebP, GIF, BMP or TIFF image"),
-    "truncated image": ({"image": ("cut.png", TRUNCATED)}, {}, 400,
-                        "cut.png: image is truncated or corrupt"),
-    "decompression bomb": ({"image": ("bomb.png", png_declaring(12000, 12000))}, {}, 400,
-                           "bomb.png: image is 12000 x 12000 = 144,000,000 pixels"),
-    "oversized upload": ({"image": ("big.png", b"\0" * (LIMIT + 1))}, {}, 413,
-                         "the upload is larger than the limit of 0.286102 MB"),
+    "text file named .png": (
+        {"image": ("notes.png", b"hello, not an image\n")},
+        {},
+        400,
+        "notes.png: not a JPEG, PNG, WebP, GIF, BMP or TIFF image",
+    ),
+    "truncated image": (
+        {"image": ("cut.png", TRUNCATED)},
+        {},
+        400,
+        "cut.png: image is truncated or corrupt",
+    ),
+    "decompression bomb": (
+        {"image": ("bomb.png", png_declaring(12000, 12000))},
+        {},
+        400,
+        "bomb.png: image is 12000 x 12000 = 144,000,000 pixels",
+    ),
+    "oversized upload": (
+        {"image": ("big.png", b"\0" * (LIMIT + 1))},
+        {},
+        413,
+        "the upload is larger than the limit of 0.286102 MB",
+    ),
     "empty file": ({"image": ("empty.png", b"")}, {}, 400, "empty.png: file is empty"),
     "no image field": ({"photo": ("a.png", b"x")}, {}, 400, "no image: send the file"),
     "bad beam size": (None, {"beam_size": "many"}, 400, "beam_size must be a whole number"),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("kind", list(BAD))
@@ -144,8 +165,9 @@ def test_bad_input_is_a_4xx_with_one_line_and_the_server_stays_up(server, images
 
 
 def test_a_body_that_is_not_a_form_is_a_400(server):
-    status, answer = request(f"{server}/api/caption", body=b"{}", headers={"Content-Type":
-                             "application/json"})  # fmt: skip
+    status, answer = request(
+        f"{server}/api/caption", body=b"{}", headers={"Content-Type": "application/json"}
+    )
     assert status == 400 and answer["error"].startswith("no image")
 
 
@@ -153,9 +175,11 @@ def test_an_upload_without_a_declared_length_is_cut_at_the_limit(server):
     """A chunked body has no Content-Length to refuse up front: reading stops at the limit."""
     host, port = server.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=30) as conn:
-        conn.sendall(b"POST /api/caption HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: "
-                     b"chunked\r\nContent-Type: multipart/form-data; boundary=b\r\n"
-                     b"\r\n")  # fmt: skip
+        conn.sendall(
+            b"POST /api/caption HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: "
+            b"chunked\r\nContent-Type: multipart/form-data; boundary=b\r\n"
+            b"\r\n"
+        )
         part = b'--b\r\nContent-Disposition: form-data; name="image"; filename="a.png"\r\n\r\n'
         conn.sendall(b"%x\r\n" % len(part) + part + b"\r\n")
         chunk = b"\0" * 65536

@@ -13,11 +13,23 @@ from tests.conftest import load_tool
 
 
 def _row(max_batch: int, clients: int, rate: float) -> dict:
-    return {"clients": clients, "max_batch": max_batch, "requests": 128, "refused": 0,
-            "requests_per_s": rate, "p50_ms": 80.4, "p95_ms": 90.6, "p99_ms": 99.0,
-            "mean_ms": 81.0, "command": "python -m benchmarks.serve_load --checkpoint C",
-            "commit": "abcdef123", "beam_size": 3, "images": 293, "cores": 2,
-            "cpu": "cpu"}  # fmt: skip
+    return {
+        "clients": clients,
+        "max_batch": max_batch,
+        "requests": 128,
+        "refused": 0,
+        "requests_per_s": rate,
+        "p50_ms": 80.4,
+        "p95_ms": 90.6,
+        "p99_ms": 99.0,
+        "mean_ms": 81.0,
+        "command": "python -m benchmarks.serve_load --checkpoint C",
+        "commit": "abcdef123",
+        "beam_size": 3,
+        "images": 293,
+        "cores": 2,
+        "cpu": "cpu",
+    }
 
 
 def test_the_summary_compares_batches_with_one_at_a_time():
@@ -53,8 +65,13 @@ def test_rows_of_two_models_share_the_file_and_the_table(tmp_path: Path):
 
     def named(name: str, max_batch: int, clients: int, rate: float) -> dict:
         row = _row(max_batch, clients, rate)
-        row.update(name=name, model_encode_ms_batch1=23.0, model_encode_ms_batch16=22.6,
-                   model_caption_ms_batch1=41.0, model_caption_ms_batch16=30.2)  # fmt: skip
+        row.update(
+            name=name,
+            model_encode_ms_batch1=23.0,
+            model_encode_ms_batch16=22.6,
+            model_caption_ms_batch1=41.0,
+            model_caption_ms_batch16=30.2,
+        )
         return row
 
     out = tmp_path / "rows.json"
@@ -104,8 +121,12 @@ def test_rows_of_other_settings_are_replaced_only_when_asked(tmp_path: Path):
 def test_ceilings_add_the_upload_and_the_answer_to_the_model():
     from benchmarks.serve_load import ceilings
 
-    cost = {"prepare_ms": 1.5, "answer_ms": 1.0, "model_encode_ms_best": 2.5,
-            "model_caption_ms_batch16": 7.5}  # fmt: skip
+    cost = {
+        "prepare_ms": 1.5,
+        "answer_ms": 1.0,
+        "model_encode_ms_best": 2.5,
+        "model_caption_ms_batch16": 7.5,
+    }
     assert ceilings(cost, 16, 40.0) == {"batching_ceiling": 5.0, "model_ceiling": 2.5}
     cost["model_caption_ms_best"] = 2.5  # a larger batch was cheaper per image
     assert ceilings(cost, 16, 40.0)["model_ceiling"] == 5.0
@@ -123,11 +144,15 @@ def test_model_cost_times_every_part_and_the_ceilings_follow(tiny_checkpoint, ti
     files = sorted((tiny_shapes / "images").rglob("*.png"))[:6]
     cost = model_cost(model, files, largest=2, beam_size=2, repeats=2)
     assert set(cost) == {
-        "prepare_ms", "answer_ms", "model_encode_ms_best", "model_caption_ms_best",
+        "prepare_ms",
+        "answer_ms",
+        "model_encode_ms_best",
+        "model_caption_ms_best",
         *(f"model_encode_ms_batch{b}" for b in (1, 2, 4, 8)),
         *(f"model_caption_ms_batch{b}" for b in (1, 2, 4, 8)),
-    }  # fmt: skip
+    }
     assert all(value >= 0 for value in cost.values())
-    assert cost["model_caption_ms_best"] == min(cost[f"model_caption_ms_batch{b}"]
-                                                for b in (2, 4, 8))  # fmt: skip
+    assert cost["model_caption_ms_best"] == min(
+        cost[f"model_caption_ms_batch{b}"] for b in (2, 4, 8)
+    )
     assert set(ceilings(cost, 2, rate=10.0)) == {"batching_ceiling", "model_ceiling"}

@@ -92,8 +92,10 @@ def connect(url: str) -> socket.socket:
 
 
 def request_head(content_type: str, length: int, path: str = "/api/caption") -> bytes:
-    return (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: {content_type}\r\n"
-            f"Content-Length: {length}\r\n\r\n").encode()  # fmt: skip
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: {content_type}\r\n"
+        f"Content-Length: {length}\r\n\r\n"
+    ).encode()
 
 
 def closed_by_server(conn: socket.socket, seconds: float, trickle: bytes = b"") -> float | None:
@@ -239,9 +241,11 @@ def test_a_large_progressive_jpeg_is_refused_in_one_line(model):
     with BackgroundServer(model, settings) as url:
         status, _, answer = post(url, jpeg(1200, 1000, progressive=True), "p.jpg")
         assert status == 400
-        assert answer == {"error": "p.jpg: a progressive JPEG is decoded whole, and this one is "
-                          "1200 x 1000 = 1,200,000 pixels, more than the 1,000,000 the demo "
-                          "decodes that way; resize it or save it as a baseline JPEG"}  # fmt: skip
+        assert answer == {
+            "error": "p.jpg: a progressive JPEG is decoded whole, and this one is "
+            "1200 x 1000 = 1,200,000 pixels, more than the 1,000,000 the demo "
+            "decodes that way; resize it or save it as a baseline JPEG"
+        }
         assert post(url, jpeg(1200, 1000, progressive=False), "b.jpg")[0] == 200
         assert post(url, jpeg(800, 600, progressive=True), "small.jpg")[0] == 200
 
@@ -285,8 +289,7 @@ def test_which_jpegs_are_decoded_through_whole_image_buffers():
 def test_a_beam_size_that_is_no_whole_number_in_range_is_a_400(server, images, beam):
     with errors_logged() as errors:
         status, _, answer = post(server, read(images[0]), beam_size=beam)
-        assert (status, answer) == (400, {"error": "beam_size must be a whole number from 1 "
-                                                   "to 8"})  # fmt: skip
+        assert (status, answer) == (400, {"error": "beam_size must be a whole number from 1 to 8"})
         assert post(server, read(images[0]), beam_size=" 2 ")[0] == 200
     assert errors == []
 
@@ -309,11 +312,14 @@ MALFORMED = {
 def test_a_malformed_form_is_a_4xx_in_one_line(server, images, kind):
     url = server
     with errors_logged() as errors:
-        for content_type in ("multipart/form-data; boundary=b",
-                             "multipart/form-data; boundary=" + "b" * 300,
-                             "multipart/form-data"):  # fmt: skip
-            status, _, body = send(url, "POST", "/api/caption", MALFORMED[kind],
-                                   {"Content-Type": content_type})  # fmt: skip
+        for content_type in (
+            "multipart/form-data; boundary=b",
+            "multipart/form-data; boundary=" + "b" * 300,
+            "multipart/form-data",
+        ):
+            status, _, body = send(
+                url, "POST", "/api/caption", MALFORMED[kind], {"Content-Type": content_type}
+            )
             assert 400 <= status < 500, body
             assert re.fullmatch(rb'\{"error":"[^\n]+"\}', body)
         assert post(url, read(images[0]))[0] == 200
@@ -335,13 +341,21 @@ def test_posts_from_pages_of_other_origins_are_refused(server, images):
     assert caption(Origin=f"http://127.0.0.1:{port}")[0] == 200
     assert caption(Origin=f"http://localhost:{port}", Host=f"localhost:{port}")[0] == 200
     assert caption(**{"Sec-Fetch-Site": "same-origin"})[0] == 200
-    foreign = ["http://evil.example", "null", f"http://127.0.0.1:{port + 1}", "file://",
-               f"http://localhost:{port}", f"http://127.0.0.1:{port}x"]  # fmt: skip
+    foreign = [
+        "http://evil.example",
+        "null",
+        f"http://127.0.0.1:{port + 1}",
+        "file://",
+        f"http://localhost:{port}",
+        f"http://127.0.0.1:{port}x",
+    ]
     for origin in foreign:
         status, headers, answer = caption(Origin=origin)
         assert status == 403 and headers["x-frame-options"] == "DENY", origin
-        assert answer == (b'{"error":"requests from pages of other sites are refused; use the '
-                          b'demo\'s own page, or a client that is no browser"}')  # fmt: skip
+        assert answer == (
+            b'{"error":"requests from pages of other sites are refused; use the '
+            b"demo's own page, or a client that is no browser\"}"
+        )
     assert caption(**{"Sec-Fetch-Site": "cross-site"})[0] == 403
     assert send(server, path="/api/info", headers={"Origin": "http://evil.example"})[0] == 200
 
@@ -377,8 +391,9 @@ def test_a_request_without_a_host_is_a_400_and_a_foreign_one_learns_no_names(ser
         while chunk := conn.recv(65536):
             reply += chunk
     assert reply.startswith(b"HTTP/1.1 400")
-    assert reply.endswith(b'{"error":"the request needs one Host header naming the demo\'s '
-                          b'address"}')  # fmt: skip
+    assert reply.endswith(
+        b'{"error":"the request needs one Host header naming the demo\'s address"}'
+    )
     status, _, body = send(server, headers={"Host": "evil.example"})
     assert status == 421
     assert not any(name.encode() in body for name in ("127.0.0.1", "localhost", "::1"))
@@ -387,8 +402,9 @@ def test_a_request_without_a_host_is_a_400_and_a_foreign_one_learns_no_names(ser
 def test_no_page_may_frame_the_demo_and_the_page_runs_only_its_own_code(server):
     status, headers, page = send(server)
     assert status == 200 and headers["x-frame-options"] == "DENY"
-    policy = dict(part.strip().split(" ", 1) for part in headers["content-security-policy"]
-                  .split(";"))  # fmt: skip
+    policy = dict(
+        part.strip().split(" ", 1) for part in headers["content-security-policy"].split(";")
+    )
     assert policy["frame-ancestors"] == "'none'" and policy["default-src"] == "'none'"
     for tag, source in ((b"script", "script-src"), (b"style", "style-src")):
         inline = re.search(rb"<%s>(.*?)</%s>" % (tag, tag), page, re.DOTALL).group(1)
@@ -432,8 +448,11 @@ def test_limits_from_the_checkpoint_are_bounded():
     bounded = demo_image_limits(fake_model(limits=huge))
     assert bounded == ImageLimits(MAX_IMAGE_PIXELS, 1 << 20)
     assert demo_image_limits(fake_model(limits=ImageLimits(1000, 10))) == ImageLimits(1000, 10)
-    with pytest.raises(CaptioningError, match=r"^the checkpoint's model.image_size=4,096 is more "
-                       r"than the web demo serves \(1,024\); caption with"):  # fmt: skip
+    with pytest.raises(
+        CaptioningError,
+        match=r"^the checkpoint's model.image_size=4,096 is more "
+        r"than the web demo serves \(1,024\); caption with",
+    ):
         demo_image_limits(fake_model(image_size=4096))
     with pytest.raises(CaptioningError, match=r"decode.max_length=100,000 is more than"):
         demo_image_limits(fake_model(max_length=100_000))
@@ -441,16 +460,28 @@ def test_limits_from_the_checkpoint_are_bounded():
 
 @pytest.mark.parametrize(
     "option, value, message",
-    [("--max-upload-mb", "1e303", "--max-upload-mb must be a number above 0 and at most 1024, "
-      "got 1e+303"),
-     ("--timeout", "1e10", "--timeout must be a number above 0 and at most 3600, got 1e+10"),
-     ("--batch-wait-ms", "1e9", "--batch-wait-ms must be a number of 0 or more and at most "
-      "10000, got 1e+09"),
-     ("--max-queue", "100000", "--max-queue must be a number of 0 or more and at most 4096, "
-      "got 100000")],
-)  # fmt: skip
-def test_serve_refuses_values_it_cannot_keep_before_loading_the_model(option, value, message,
-                                                                      capsys):  # fmt: skip
+    [
+        (
+            "--max-upload-mb",
+            "1e303",
+            "--max-upload-mb must be a number above 0 and at most 1024, got 1e+303",
+        ),
+        ("--timeout", "1e10", "--timeout must be a number above 0 and at most 3600, got 1e+10"),
+        (
+            "--batch-wait-ms",
+            "1e9",
+            "--batch-wait-ms must be a number of 0 or more and at most 10000, got 1e+09",
+        ),
+        (
+            "--max-queue",
+            "100000",
+            "--max-queue must be a number of 0 or more and at most 4096, got 100000",
+        ),
+    ],
+)
+def test_serve_refuses_values_it_cannot_keep_before_loading_the_model(
+    option, value, message, capsys
+):
     assert main(["serve", "--checkpoint", "missing.pt", option, value]) == 2
     assert capsys.readouterr().err == f"error: {message}\n"
 
@@ -469,15 +500,19 @@ def test_serve_names_a_checkpoint_it_cannot_serve(tiny_checkpoint, monkeypatch, 
         port = str(probe.getsockname()[1])
     assert main(["serve", "--checkpoint", str(tiny_checkpoint), "--port", port]) == 2
     last = capsys.readouterr().err.splitlines()[-1]  # after the dataset's split sizes
-    assert last.startswith("error: the checkpoint's decode.max_length=5,000 is more than the "
-                           "web demo serves (100); caption with")  # fmt: skip
+    assert last.startswith(
+        "error: the checkpoint's decode.max_length=5,000 is more than the "
+        "web demo serves (100); caption with"
+    )
 
 
 def test_the_serve_extra_floors_keep_out_versions_with_advisories():
     text = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
     serve = text[text.index("serve = [") : text.index("]", text.index("serve = ["))]
-    floors = {name: tuple(map(int, floor.split(".")))
-              for name, floor in re.findall(r'"([a-z0-9-]+)>=([0-9.]+)"', serve)}  # fmt: skip
+    floors = {
+        name: tuple(map(int, floor.split(".")))
+        for name, floor in re.findall(r'"([a-z0-9-]+)>=([0-9.]+)"', serve)
+    }
     assert floors["starlette"] >= (1, 3, 1) and floors["h11"] >= (0, 16)
     assert floors["python-multipart"] >= (0, 0, 31)
 

@@ -47,8 +47,10 @@ def images(tiny_shapes):
 
 def multipart(data: bytes, name: str = "a.png", **fields: object) -> tuple[bytes, str]:
     boundary = "b0undary"
-    parts = [f'--{boundary}\r\nContent-Disposition: form-data; name="{key}"\r\n\r\n{value}\r\n'
-             .encode() for key, value in fields.items()]  # fmt: skip
+    parts = [
+        f'--{boundary}\r\nContent-Disposition: form-data; name="{key}"\r\n\r\n{value}\r\n'.encode()
+        for key, value in fields.items()
+    ]
     parts.append(
         f'--{boundary}\r\nContent-Disposition: form-data; name="image"; '
         f'filename="{name}"\r\nContent-Type: image/png\r\n\r\n'.encode()
@@ -60,8 +62,14 @@ def multipart(data: bytes, name: str = "a.png", **fields: object) -> tuple[bytes
     ) + f"--{boundary}--\r\n".encode(), f"multipart/form-data; boundary={boundary}"
 
 
-def send(url: str, method: str = "GET", path: str = "/", body: bytes | None = None,
-         headers: dict | None = None, timeout: float = 60) -> tuple[int, Any, bytes]:  # fmt: skip
+def send(
+    url: str,
+    method: str = "GET",
+    path: str = "/",
+    body: bytes | None = None,
+    headers: dict | None = None,
+    timeout: float = 60,
+) -> tuple[int, Any, bytes]:
     """(status, headers, body) of one request on a connection of its own."""
     address = urlsplit(url)
     connection = http.client.HTTPConnection(address.hostname, address.port, timeout=timeout)
@@ -75,8 +83,9 @@ def send(url: str, method: str = "GET", path: str = "/", body: bytes | None = No
 
 def post(url: str, data: bytes, name: str = "a.png", **fields: object) -> tuple[int, Any, dict]:
     body, content_type = multipart(data, name, **fields)
-    status, headers, payload = send(url, "POST", "/api/caption", body,
-                                    {"Content-Type": content_type})  # fmt: skip
+    status, headers, payload = send(
+        url, "POST", "/api/caption", body, {"Content-Type": content_type}
+    )
     return status, headers, json.loads(payload) if payload else {}
 
 
@@ -124,8 +133,9 @@ def test_past_the_queue_a_request_is_refused_at_once(model, images, monkeypatch)
         status, headers, answer = post(url, big)
         assert status == 503 and time.monotonic() - started < 5
         assert headers["Retry-After"] == "1" and headers["x-content-type-options"] == "nosniff"
-        assert answer == {"error": "the server is busy (1 requests in flight, 1 waiting); try "
-                                   "again in a moment"}  # fmt: skip
+        assert answer == {
+            "error": "the server is busy (1 requests in flight, 1 waiting); try again in a moment"
+        }
         gate.opened.set()
         assert first.result()[0] == second.result()[0] == 200
 
@@ -140,8 +150,10 @@ def test_a_request_past_its_deadline_is_a_503_and_its_work_is_dropped(model, ima
         assert 0.5 <= time.monotonic() - started < 5
         for status, headers, answer in answers:
             assert status == 503 and headers["Retry-After"] == "1"
-            assert answer == {"error": "the server could not answer within 0.5 s (--timeout); "
-                                       "try again in a moment"}  # fmt: skip
+            assert answer == {
+                "error": "the server could not answer within 0.5 s (--timeout); "
+                "try again in a moment"
+            }
         gate.opened.set()  # the first batch ends; the second request's was never started
         stats = server.app.state.batcher.stats
         wait_until(lambda: stats.captioned + stats.dropped == 2)
@@ -159,9 +171,11 @@ def test_a_request_whose_client_has_gone_is_dropped_before_the_model(model, imag
         body, content_type = multipart(read(images[1]))
         host, port = urlsplit(url).hostname, urlsplit(url).port
         with socket.create_connection((host, port), timeout=10) as leaving:
-            leaving.sendall(f"POST /api/caption HTTP/1.1\r\nHost: {host}\r\nContent-Type: "
-                            f"{content_type}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
-                            + body)  # fmt: skip
+            leaving.sendall(
+                f"POST /api/caption HTTP/1.1\r\nHost: {host}\r\nContent-Type: "
+                f"{content_type}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
             wait_until(lambda: server.app.state.batcher.queued == 1)  # decoded, waiting
         wait_until(lambda: server.app.state.admission.running == 1)  # its handler has ended
         gate.opened.set()
@@ -230,9 +244,11 @@ def test_a_foreign_host_is_a_421_and_every_answer_says_nosniff(model, images):
         for host in ("evil.example", f"evil.example:{port}", "127.0.0.1.nip.io", "10.0.0.1"):
             status, headers, body = send(url, headers={"Host": host})
             assert status == 421 and headers["x-content-type-options"] == "nosniff"
-            assert json.loads(body) == {"error": "this demo does not answer to that host name; "
-                                        "start it with --allow-host NAME to answer to "
-                                        "another"}  # fmt: skip
+            assert json.loads(body) == {
+                "error": "this demo does not answer to that host name; "
+                "start it with --allow-host NAME to answer to "
+                "another"
+            }
             assert send(url, "POST", "/api/caption", b"x", {"Host": host})[0] == 421
         for path in ("/api/info", "/api/examples/0", "/api/examples/9", "/nothing"):
             assert send(url, path=path)[1]["x-content-type-options"] == "nosniff"
@@ -287,12 +303,18 @@ def test_examples_come_only_from_the_test_image_folder_and_are_images(model, tmp
 
 def test_serve_refuses_limits_it_cannot_keep_before_loading(capsys):
     for option, value, message in [
-        ("--max-upload-mb", "inf", "--max-upload-mb must be a number above 0 and at most 1024, "
-         "got inf"),
+        (
+            "--max-upload-mb",
+            "inf",
+            "--max-upload-mb must be a number above 0 and at most 1024, got inf",
+        ),
         ("--max-queue", "-1", "--max-queue must be a number of 0 or more and at most 4096, got -1"),
-        ("--batch-wait-ms", "nan", "--batch-wait-ms must be a number of 0 or more and at most "
-         "10000, got nan"),
-    ]:  # fmt: skip
+        (
+            "--batch-wait-ms",
+            "nan",
+            "--batch-wait-ms must be a number of 0 or more and at most 10000, got nan",
+        ),
+    ]:
         assert main(["serve", "--checkpoint", "missing.pt", option, value]) == 2
         assert capsys.readouterr().err == f"error: {message}\n"
 
@@ -319,10 +341,15 @@ def test_a_burst_of_hostile_uploads_is_answered_in_full(model, images, monkeypat
     503 within the deadline, and the server still captions afterwards."""
     monkeypatch.setattr(model, "limits", ImageLimits(max_pixels=1_500_000))
     at_cap = zero_png(1500, 1000)
-    uploads = [at_cap, at_cap[: len(at_cap) // 2], png_declaring(3000, 3000),
-               b"\0" * 300_000, read(images[0]), png_bytes(Image.new("RGB", (60, 40)))]  # fmt: skip
-    settings = ServeSettings(max_in_flight=4, max_queue=8, timeout=5.0,
-                             max_upload_bytes=200_000)  # fmt: skip
+    uploads = [
+        at_cap,
+        at_cap[: len(at_cap) // 2],
+        png_declaring(3000, 3000),
+        b"\0" * 300_000,
+        read(images[0]),
+        png_bytes(Image.new("RGB", (60, 40))),
+    ]
+    settings = ServeSettings(max_in_flight=4, max_queue=8, timeout=5.0, max_upload_bytes=200_000)
     server = BackgroundServer(model, settings)
     with server as url, ThreadPoolExecutor(48) as pool:
         started = time.monotonic()

@@ -31,8 +31,11 @@ def test_300_hostile_clients(tiny_checkpoint, tmp_path):
 
 
 def test_the_report_fails_a_500_a_client_left_waiting_and_a_traceback():
-    fine = [Outcome("small image", 200, False, 0.1), Outcome("half the headers", None, True, 10.1),
-            Outcome("hang up once sent", None, False, 0.0)]  # fmt: skip
+    fine = [
+        Outcome("small image", 200, False, 0.1),
+        Outcome("half the headers", None, True, 10.1),
+        Outcome("hang up once sent", None, False, 0.0),
+    ]
     up = {"info": 200, "caption": 200}
     assert report(fine, 12.0, 2**30, up, True, "INFO: started")["ok"]
     bad = {
@@ -45,8 +48,14 @@ def test_the_report_fails_a_500_a_client_left_waiting_and_a_traceback():
     for check, outcomes in bad.items():
         checks = report(fine + outcomes, 12.0, 2**30, up, True, "")["checks"]
         assert [name for name, ok in checks.items() if not ok] == [check]
-    checks = report(fine, 1.0, 3 * 2**30, {"info": 200, "caption": None}, True,
-                    "Traceback (most recent call last):")["checks"]  # fmt: skip
+    checks = report(
+        fine,
+        1.0,
+        3 * 2**30,
+        {"info": 200, "caption": None},
+        True,
+        "Traceback (most recent call last):",
+    )["checks"]
     assert [name for name, ok in checks.items() if not ok] == [
         "peak RSS under 2 GiB",
         "no traceback in the server's log",

@@ -30,10 +30,16 @@ def shapes(tmp_path_factory):
 
 
 def _probes_at(root, tmp_path, block: str, config=SHAPES_SOFT, seed=STALLING_SEED, steps=STEPS):
-    cfg = load_config(config, [
-        f"data.root={root}", "train.quiet=true", f"train.seed={seed}",
-        f"model.cnn_block={block}", "train.figure_every_epoch=false",
-    ])  # fmt: skip
+    cfg = load_config(
+        config,
+        [
+            f"data.root={root}",
+            "train.quiet=true",
+            f"train.seed={seed}",
+            f"model.cnn_block={block}",
+            "train.figure_every_epoch=false",
+        ],
+    )
     trace = load_tool("colour_trace")
     probe_set = trace.ProbeSet(root, images=150)
     seen = {}

@@ -27,17 +27,27 @@ def test_the_seeds_parser_reads_lists_and_ranges_and_refuses_the_rest() -> None:
 
 
 def _row(seed: int, exact: float, *overrides: str, **fields) -> dict:
-    return {"variant": "v", "seed": seed, "config": "configs/shapes_soft.yaml",
-            "overrides": list(overrides), "precision": "fp32", "epochs": 2,
-            "exact": exact, **fields}  # fmt: skip
+    return {
+        "variant": "v",
+        "seed": seed,
+        "config": "configs/shapes_soft.yaml",
+        "overrides": list(overrides),
+        "precision": "fp32",
+        "epochs": 2,
+        "exact": exact,
+        **fields,
+    }
 
 
 def test_the_merge_refuses_a_row_of_other_settings_unless_asked(tmp_path: Path) -> None:
     path, key = tmp_path / "rows.json", lambda r: (r["variant"], r["seed"])
     write_results(path, [_row(0, 0.5, "model.heads=2"), _row(1, 0.6, "model.heads=2")], key)
     before = path.read_bytes()
-    for other in (_row(0, 0.9, "model.heads=4"), _row(0, 0.9, "model.heads=2", precision="bf16"),
-                  _row(0, 0.9, "model.heads=2", epochs=3)):  # fmt: skip
+    for other in (
+        _row(0, 0.9, "model.heads=4"),
+        _row(0, 0.9, "model.heads=2", precision="bf16"),
+        _row(0, 0.9, "model.heads=2", epochs=3),
+    ):
         with pytest.raises(ResultsError, match=r"made with other .*--replace") as caught:
             write_results(path, [other], key)
         assert "\n" not in str(caught.value)
@@ -55,10 +65,23 @@ def test_the_merge_refuses_a_row_of_other_settings_unless_asked(tmp_path: Path) 
 
 def test_a_command_names_no_machine_path_and_is_in_module_form(tmp_path: Path) -> None:
     out, data = tmp_path / "out", tmp_path / "data"
-    argv = ["--out", str(out), "--data-root", str(data), "--set", f"data.root={data / 'x'}",
-            "--config", str(ROOT / "configs" / "shapes_soft.yaml"), "--results",
-            str(tmp_path / "r.json"), "--adopt", f"2={tmp_path / 'old' / 'run'}",
-            f"--init={provenance.SHARED / 'weights' / 'w.pt'}", "--seeds", "0-2"]  # fmt: skip
+    argv = [
+        "--out",
+        str(out),
+        "--data-root",
+        str(data),
+        "--set",
+        f"data.root={data / 'x'}",
+        "--config",
+        str(ROOT / "configs" / "shapes_soft.yaml"),
+        "--results",
+        str(tmp_path / "r.json"),
+        "--adopt",
+        f"2={tmp_path / 'old' / 'run'}",
+        f"--init={provenance.SHARED / 'weights' / 'w.pt'}",
+        "--seeds",
+        "0-2",
+    ]
     command = provenance.module_command("tools.seed_study", argv, {"OUT": out, "DATA": data})
     assert command == (
         "python -m tools.seed_study --out OUT --data-root DATA --set data.root=DATA/x "
@@ -76,8 +99,10 @@ def test_parallel_jobs_share_the_cores_and_are_not_timed_alone(monkeypatch, tmp_
     assert options.threads_for(1, None) is None and options.threads_for(1, 3) == 3
     with pytest.raises(options.StudyError, match="--threads 2 with --jobs 2 asks 4 threads of 2"):
         options.threads_for(2, 2, cores=2)
-    specs = [runner.RunSpec("soft", "configs/test_tiny.yaml", seed=s, folder=tmp_path / str(s))
-             for s in (0, 1)]  # fmt: skip
+    specs = [
+        runner.RunSpec("soft", "configs/test_tiny.yaml", seed=s, folder=tmp_path / str(s))
+        for s in (0, 1)
+    ]
     planned = runner.plan(specs, options.threads_for(2, None))
     for spec in planned:
         assert spec.load().train.threads == max(1, cores // 2)
@@ -96,8 +121,21 @@ def test_without_results_a_study_writes_into_its_out_folder_only(tiny_shapes, tm
     before = _results_folder()
     sets = [w for s in TINY_SETTINGS for w in ("--set", s)]
     out = tmp_path / "trace"
-    argv = ["--out", str(out), "--variant", "tiny", "--seeds", "0", "--steps", "0,1",
-            "--data-root", str(tiny_shapes), "--threads", "1", *sets]  # fmt: skip
+    argv = [
+        "--out",
+        str(out),
+        "--variant",
+        "tiny",
+        "--seeds",
+        "0",
+        "--steps",
+        "0,1",
+        "--data-root",
+        str(tiny_shapes),
+        "--threads",
+        "1",
+        *sets,
+    ]
     assert tools.colour_trace.main(argv) == 0
     assert _results_folder() == before
     rows = json.loads((out / "rows.json").read_text())

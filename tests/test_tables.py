@@ -106,13 +106,24 @@ def test_two_stage_rows_are_timed_whole_and_left_out_of_the_levers(tmp_path: Pat
     nn = _row("nn", None, 1.25)
     nn["val_CIDEr_by_k"] = {"10": 1.15}
     staged = _row("soft", 0, 1.3)
-    staged.update(variant="budget", val_CIDEr=1.2, train_seconds=400.0, evaluate_seconds=9.0,
-                  config="configs/photos_mobilenet.yaml",
-                  recipe_seconds=520.0, prepare_seconds=4.0, extract_seconds=107.0,
-                  overrides=["data.root=OUT/data", "model.dropout=0.3", "train.seed=0"],
-                  then={"config": "configs/photos_scst.yaml", "overrides": ["train.epochs=4"],
-                        "first_val_CIDEr": 1.1, "first_best_epoch": 12,
-                        "first_seconds": 180.0})  # fmt: skip
+    staged.update(
+        variant="budget",
+        val_CIDEr=1.2,
+        train_seconds=400.0,
+        evaluate_seconds=9.0,
+        config="configs/photos_mobilenet.yaml",
+        recipe_seconds=520.0,
+        prepare_seconds=4.0,
+        extract_seconds=107.0,
+        overrides=["data.root=OUT/data", "model.dropout=0.3", "train.seed=0"],
+        then={
+            "config": "configs/photos_scst.yaml",
+            "overrides": ["train.epochs=4"],
+            "first_val_CIDEr": 1.1,
+            "first_best_epoch": 12,
+            "first_seconds": 180.0,
+        },
+    )
     recipe = {**_row("soft", 0, 1.2), "val_CIDEr": 1.1, "overrides": ["train.seed=0"]}
     (tmp_path / "photos.json").write_text(json.dumps([nn, recipe, staged]))
     timed = tables.render("<!-- table: photo_budget_timed -->\n<!-- end table -->\n", tmp_path)
@@ -185,8 +196,11 @@ def test_no_committed_row_names_a_machine_path():
 def test_a_seed_is_at_target_only_when_every_score_is():
     tables = _tables()
     target = tables.SHAPES_TARGETS["configs/shapes_soft.yaml"]
-    row = {"test_exact": 0.96, "test_exact_by_objects": {"3": 0.92},
-           "pointing": {"color": 0.95, "size": 0.91, "shape": 0.99}}  # fmt: skip
+    row = {
+        "test_exact": 0.96,
+        "test_exact_by_objects": {"3": 0.92},
+        "pointing": {"color": 0.95, "size": 0.91, "shape": 0.99},
+    }
     assert shapes._at_target(row, target)
     assert not shapes._at_target({**row, "test_exact": 0.949}, target)
     assert not shapes._at_target({**row, "test_exact_by_objects": {"3": 0.89}}, target)
@@ -196,8 +210,12 @@ def test_a_seed_is_at_target_only_when_every_score_is():
 
 
 def test_the_photos_table_counts_the_seeds_that_beat_the_nearest_neighbour(tmp_path: Path):
-    rows = [_row("nn", None, 1.25), _row("soft", 0, 1.2), _row("soft", 1, 1.3),
-            _row("soft", 2, 1.26)]  # fmt: skip
+    rows = [
+        _row("nn", None, 1.25),
+        _row("soft", 0, 1.2),
+        _row("soft", 1, 1.3),
+        _row("soft", 2, 1.26),
+    ]
     (tmp_path / "photos.json").write_text(json.dumps(rows))
     out = _tables().render("<!-- table: photos -->\n<!-- end table -->\n", tmp_path)
     assert "| 1.200 (0), 1.300 (1), 1.260 (2) | 2 of 3 |" in out
@@ -220,8 +238,13 @@ def _note(text: str) -> str:
 
 
 def test_the_note_says_precision_device_threads_timing_and_the_dirty_commit() -> None:
-    rows = _photo_rows(precision="bf16", device="NVIDIA H100 80GB HBM3", threads=4,
-                       timed_alone=True, commit="abcdef123+dirty")  # fmt: skip
+    rows = _photo_rows(
+        precision="bf16",
+        device="NVIDIA H100 80GB HBM3",
+        threads=4,
+        timed_alone=True,
+        commit="abcdef123+dirty",
+    )
     rows[0]["commit"] = "1234567890"
     note = _note(tools.tables.photos(rows))
     assert "precision bf16" in note
@@ -248,10 +271,13 @@ def test_an_absolute_path_in_a_command_never_reaches_the_doc(tmp_path: Path) -> 
     for row in rows:
         row["val_CIDEr"], row["val_CIDEr_by_k"] = 1.0, {"10": 1.0}
         row["overrides"] = [f"train.seed={row['seed']}"]
-    rows[2].update(variant="smooth", overrides=["train.label_smoothing=0.1"],
-                   command=f"python -m benchmarks.photos --shared {common.SHARED}/data "
-                           f"--out {machine_folder}/bench --set data.root={machine_folder}/d "
-                           f"--config {common.ROOT}/configs/photos.yaml")  # fmt: skip
+    rows[2].update(
+        variant="smooth",
+        overrides=["train.label_smoothing=0.1"],
+        command=f"python -m benchmarks.photos --shared {common.SHARED}/data "
+        f"--out {machine_folder}/bench --set data.root={machine_folder}/d "
+        f"--config {common.ROOT}/configs/photos.yaml",
+    )
     (tmp_path / "photos.json").write_text(json.dumps(rows))
     out = tools.tables.render("<!-- table: photo_levers -->\n<!-- end table -->\n", tmp_path)
     assert machine_folder not in out and str(common.ROOT) not in out
@@ -288,8 +314,13 @@ def test_check_fails_on_a_doc_edited_by_hand(tmp_path: Path, capsys) -> None:
 
 
 def test_the_module_checks_the_committed_docs() -> None:
-    done = subprocess.run([sys.executable, "-m", "tools.tables", "--check"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "tools.tables", "--check"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -319,8 +350,10 @@ def test_no_module_of_the_renderer_exceeds_400_lines() -> None:
 
 
 def test_placeholders_and_templates_in_a_command_stay_as_they_are() -> None:
-    command = ("python -m tools.grounding_study --checkpoint 'RUNS/soft-seed{seed}/train/best.pt' "
-               "--out OUT/g --data SHARED/data/coco_mini")  # fmt: skip
+    command = (
+        "python -m tools.grounding_study --checkpoint 'RUNS/soft-seed{seed}/train/best.pt' "
+        "--out OUT/g --data SHARED/data/coco_mini"
+    )
     assert common.portable(command) == command
     assert common.portable("x --out /abs/folder/run") == "x --out OUT/run"
 
@@ -340,13 +373,28 @@ def test_flickr8k_targets_say_met_only_when_the_mean_reaches_the_target() -> Non
     from tools.tables.flickr8k_time import flickr8k_targets
 
     def row(model: str, seed: int | None, bleu4: float, cider: float) -> dict:
-        return {"variant": "recipe", "model": model, "seed": seed, "beam_size": 3,
-                "device": "Intel Xeon", "Bleu_4": bleu4, "METEOR": 0.19, "CIDEr": cider,
-                "timed_alone": False, "seconds": {}, "precision": "bf16", "threads": 2,
-                "commit": "abc1234"}  # fmt: skip
+        return {
+            "variant": "recipe",
+            "model": model,
+            "seed": seed,
+            "beam_size": 3,
+            "device": "Intel Xeon",
+            "Bleu_4": bleu4,
+            "METEOR": 0.19,
+            "CIDEr": cider,
+            "timed_alone": False,
+            "seconds": {},
+            "precision": "bf16",
+            "threads": 2,
+            "commit": "abc1234",
+        }
 
-    rows = [row("nn", None, 0.15, 0.43), row("soft", 0, 0.20, 0.50), row("soft", 1, 0.19, 0.46),
-            row("soft", 2, 0.20, 0.49)]  # fmt: skip
+    rows = [
+        row("nn", None, 0.15, 0.43),
+        row("soft", 0, 0.20, 0.50),
+        row("soft", 1, 0.19, 0.46),
+        row("soft", 2, 0.20, 0.49),
+    ]
     table = flickr8k_targets(rows)
     assert "| soft attention by cross-entropy: BLEU-4 ≥ 19.5 | Intel CPU | 3 | 19.67 |" in table
     bleu = next(line for line in table.splitlines() if "BLEU-4 ≥ 19.5" in line)
@@ -359,10 +407,14 @@ def test_flickr8k_targets_say_met_only_when_the_mean_reaches_the_target() -> Non
     assert cider.endswith("| no |")
     # a second host's rows are its own group, never averaged with the first's
     other = {**row("soft", 0, 0.10, 0.40), "device": "AMD EPYC", "precision": "fp32"}
-    lines = [line for line in flickr8k_targets([*rows, other]).splitlines()
-             if line.startswith("| soft attention by cross-entropy: BLEU-4")]  # fmt: skip
-    assert lines[0].startswith("| soft attention by cross-entropy: BLEU-4 ≥ 19.5 | AMD CPU | 1 "
-                               "| 10.00 |")  # fmt: skip
+    lines = [
+        line
+        for line in flickr8k_targets([*rows, other]).splitlines()
+        if line.startswith("| soft attention by cross-entropy: BLEU-4")
+    ]
+    assert lines[0].startswith(
+        "| soft attention by cross-entropy: BLEU-4 ≥ 19.5 | AMD CPU | 1 | 10.00 |"
+    )
     assert "| Intel CPU | 3 | 19.67 |" in lines[1] and len(lines) == 2
 
 
@@ -370,14 +422,27 @@ def test_the_flickr8k_headline_shows_the_models_of_three_seeds_and_the_neighbour
     from tools.tables.flickr8k import flickr8k, flickr8k_headline
 
     def row(model: str, seed: int | None, device: str = "Intel Xeon") -> dict:
-        return {"variant": "recipe", "model": model, "seed": seed, "beam_size": 3,
-                "device": device, "Bleu_4": 0.19, "METEOR": 0.19, "CIDEr": 0.46,
-                "timed_alone": False, "precision": "bf16", "threads": 2,
-                "commit": "abc1234"}  # fmt: skip
+        return {
+            "variant": "recipe",
+            "model": model,
+            "seed": seed,
+            "beam_size": 3,
+            "device": device,
+            "Bleu_4": 0.19,
+            "METEOR": 0.19,
+            "CIDEr": 0.46,
+            "timed_alone": False,
+            "precision": "bf16",
+            "threads": 2,
+            "commit": "abc1234",
+        }
 
-    rows = [{**row("nn", None), "beam_size": None}, *(row("best", s) for s in range(3)),
-            row("best", 0, "AMD EPYC"),
-            row("best_exact", 0, "AMD EPYC")]  # fmt: skip
+    rows = [
+        {**row("nn", None), "beam_size": None},
+        *(row("best", s) for s in range(3)),
+        row("best", 0, "AMD EPYC"),
+        row("best_exact", 0, "AMD EPYC"),
+    ]
     every = [line.split(" | ")[:3] for line in flickr8k(rows).splitlines()[4:-2]]
     headline = [line.split(" | ")[:3] for line in flickr8k_headline(rows).splitlines()[4:-2]]
     assert ["| best", "3", "AMD CPU"] in every and ["| best_exact", "3", "AMD CPU"] in every
@@ -388,15 +453,30 @@ def test_flickr8k_levers_name_what_a_lever_sets_beyond_the_best_recipe() -> None
     from tools.tables.flickr8k import flickr8k_levers
 
     def row(variant: str, overrides: list[str], threads: int = 1) -> dict:
-        return {"variant": variant, "model": "best", "seed": 0, "beam_size": 3,
-                "device": "Intel Xeon", "Bleu_4": 0.19, "METEOR": 0.19, "CIDEr": 0.46,
-                "best_val": 0.45, "select_metric": "CIDEr", "overrides": overrides,
-                "timed_alone": False, "precision": "bf16", "threads": threads,
-                "commit": "abc1234"}  # fmt: skip
+        return {
+            "variant": variant,
+            "model": "best",
+            "seed": 0,
+            "beam_size": 3,
+            "device": "Intel Xeon",
+            "Bleu_4": 0.19,
+            "METEOR": 0.19,
+            "CIDEr": 0.46,
+            "best_val": 0.45,
+            "select_metric": "CIDEr",
+            "overrides": overrides,
+            "timed_alone": False,
+            "precision": "bf16",
+            "threads": threads,
+            "commit": "abc1234",
+        }
 
     own = ["model.image_size=224", "train.epochs=20"]  # configs/flickr8k_best.yaml's own
-    rows = [row("recipe", [], 2), row("best_ls", [*own, "train.label_smoothing=0.1"]),
-            row("one_thread", own)]  # fmt: skip
+    rows = [
+        row("recipe", [], 2),
+        row("best_ls", [*own, "train.label_smoothing=0.1"]),
+        row("one_thread", own),
+    ]
     table = flickr8k_levers(rows)
     lines = {line.split(" | ")[0]: line for line in table.splitlines()}
     assert (
@@ -405,16 +485,23 @@ def test_flickr8k_levers_name_what_a_lever_sets_beyond_the_best_recipe() -> None
     assert "`configs/flickr8k_best.yaml` and `train.label_smoothing=0.1` |" in lines["| best_ls"]
     assert "`configs/flickr8k_best.yaml` and trained on 1 thread(s) |" in lines["| one_thread"]
     # second stages name their config and the run they start from
-    stages = [{**row("recipe", []), "model": model, "config": f"configs/flickr8k_{model}.yaml"}
-              for model in ("finetune", "best_finetune")]  # fmt: skip
+    stages = [
+        {**row("recipe", []), "model": model, "config": f"configs/flickr8k_{model}.yaml"}
+        for model in ("finetune", "best_finetune")
+    ]
     lines = {line.split(" | ")[0]: line for line in flickr8k_levers(stages).splitlines()}
     assert "`configs/flickr8k_finetune.yaml`, from the recipe's `best.pt`" in lines["| finetune"]
     assert (
         "`configs/flickr8k_best_finetune.yaml`, from best's `best.pt`" in lines["| best_finetune"]
     )
     # a second stage's own lever: its config and what the lever sets over it
-    lever = {**stages[1], "model": "best_scst", "config": "configs/flickr8k_best_scst.yaml",
-             "variant": "lr2e4", "overrides": ["data.root=OUT/data", "train.lr=2e-4"]}  # fmt: skip
+    lever = {
+        **stages[1],
+        "model": "best_scst",
+        "config": "configs/flickr8k_best_scst.yaml",
+        "variant": "lr2e4",
+        "overrides": ["data.root=OUT/data", "train.lr=2e-4"],
+    }
     hard = {**lever, "model": "hard", "config": "configs/flickr8k_hard.yaml", "variant": "recipe"}
     hard7 = {**hard, "variant": "hard_grid7", "overrides": ["model.image_size=224"]}
     table = flickr8k_levers([lever, hard, hard7])
@@ -428,15 +515,28 @@ def test_flickr8k_step_cost_compares_settings_with_the_soft_model_on_as_many_thr
     from tools.tables.flickr8k_time import flickr8k_step_cost
 
     def row(config: str, step: float, threads: int, extra: tuple = ()) -> dict:
-        return {"kind": "profile", "config": f"configs/flickr8k_{config}.yaml",
-                "overrides": ["data.root=OUT/data", f"train.threads={threads}", *extra],
-                "threads": threads, "step_seconds": step, "steps_per_epoch": 188,
-                "precision": "bf16", "device": "Intel Xeon", "timed_alone": True,
-                "commit": "abc1234"}  # fmt: skip
+        return {
+            "kind": "profile",
+            "config": f"configs/flickr8k_{config}.yaml",
+            "overrides": ["data.root=OUT/data", f"train.threads={threads}", *extra],
+            "threads": threads,
+            "step_seconds": step,
+            "steps_per_epoch": 188,
+            "precision": "bf16",
+            "device": "Intel Xeon",
+            "timed_alone": True,
+            "commit": "abc1234",
+        }
 
     wide = ("model.hidden_dim=1024",)
-    rows = [row("mobilenet", 0.4, 1), row("hard_exact", 12.0, 1), row("best", 0.2, 2),
-            row("best", 0.1, 2), row("best", 0.15, 2), row("best", 0.3, 2, wide)]  # fmt: skip
+    rows = [
+        row("mobilenet", 0.4, 1),
+        row("hard_exact", 12.0, 1),
+        row("best", 0.2, 2),
+        row("best", 0.1, 2),
+        row("best", 0.15, 2),
+        row("best", 0.3, 2, wide),
+    ]
     # a row that names only the device type is labelled by its machine's CPU
     rows[-1] |= {"device": "cpu", "machine": {"cpu": "Intel(R) Xeon(R) Processor"}}
     lines = flickr8k_step_cost(rows).splitlines()
@@ -458,11 +558,25 @@ def test_flickr8k_time_leaves_a_stage_not_recorded_and_its_total_blank() -> None
     from tools.tables.flickr8k_time import flickr8k_time
 
     def row(seed: int, prepare: float | None) -> dict:
-        seconds = {"prepare": prepare, "extract": 72.0, "train": 651.0, "evaluate": 12.0,
-                   "recipe": 748.0 if prepare else 737.0}  # fmt: skip
-        return {"variant": "recipe", "model": "best", "seed": seed, "beam_size": 3,
-                "device": "Intel Xeon", "threads": 2, "timed_alone": seed == 0,
-                "seconds": seconds, "precision": "bf16", "commit": "abc1234"}  # fmt: skip
+        seconds = {
+            "prepare": prepare,
+            "extract": 72.0,
+            "train": 651.0,
+            "evaluate": 12.0,
+            "recipe": 748.0 if prepare else 737.0,
+        }
+        return {
+            "variant": "recipe",
+            "model": "best",
+            "seed": seed,
+            "beam_size": 3,
+            "device": "Intel Xeon",
+            "threads": 2,
+            "timed_alone": seed == 0,
+            "seconds": seconds,
+            "precision": "bf16",
+            "commit": "abc1234",
+        }
 
     lines = flickr8k_time([row(0, 11.0), row(1, None)]).splitlines()
     assert "| best | 0 | Intel Xeon | bf16 | 2 | yes | 11 | 72 | 651 | 12 | 748 |" in lines
@@ -474,15 +588,31 @@ def test_flickr8k_attention_shows_hard_levers_and_leaves_out_self_critical_runs(
 
     def row(model: str, variant: str = "recipe") -> dict:
         trace = {"nll_per_token": 2.5, "penalty": 0.0 if "scst" in model else 28.5}
-        return {"variant": variant, "model": model, "seed": 0, "beam_size": 3,
-                "device": "Intel Xeon", "training": {"first_epoch": trace, "last_epoch": trace},
-                "precision": "bf16", "threads": 1, "timed_alone": False,
-                "commit": "abc1234"}  # fmt: skip
+        return {
+            "variant": variant,
+            "model": model,
+            "seed": 0,
+            "beam_size": 3,
+            "device": "Intel Xeon",
+            "training": {"first_epoch": trace, "last_epoch": trace},
+            "precision": "bf16",
+            "threads": 1,
+            "timed_alone": False,
+            "commit": "abc1234",
+        }
 
-    rows = [row("best"), row("best_scst"), row("scst"), row("hard", "hard_grid7"),
-            row("soft", "dsw0")]  # fmt: skip
-    names = [line.split(" | ")[0] for line in flickr8k_attention(rows).splitlines()[2:]
-             if line.startswith("| ")]  # fmt: skip
+    rows = [
+        row("best"),
+        row("best_scst"),
+        row("scst"),
+        row("hard", "hard_grid7"),
+        row("soft", "dsw0"),
+    ]
+    names = [
+        line.split(" | ")[0]
+        for line in flickr8k_attention(rows).splitlines()[2:]
+        if line.startswith("| ")
+    ]
     assert names == ["| best", "| hard (hard_grid7)"]
 
 
@@ -490,13 +620,29 @@ def test_flickr8k_targets_hold_every_attending_model_to_the_cider_target() -> No
     from tools.tables.flickr8k_time import flickr8k_targets
 
     def row(model: str, seed: int | None, cider: float) -> dict:
-        return {"variant": "recipe", "model": model, "seed": seed, "beam_size": 3,
-                "device": "Intel Xeon", "CIDEr": cider, "Bleu_4": 0.19, "METEOR": 0.19,
-                "timed_alone": False, "seconds": {}, "precision": "bf16", "threads": 1,
-                "commit": "abc1234"}  # fmt: skip
+        return {
+            "variant": "recipe",
+            "model": model,
+            "seed": seed,
+            "beam_size": 3,
+            "device": "Intel Xeon",
+            "CIDEr": cider,
+            "Bleu_4": 0.19,
+            "METEOR": 0.19,
+            "timed_alone": False,
+            "seconds": {},
+            "precision": "bf16",
+            "threads": 1,
+            "commit": "abc1234",
+        }
 
-    rows = [row("nn", None, 0.43), row("none", 0, 0.44), row("none", 1, 0.44),
-            row("best_finetune", 0, 0.47), row("best_finetune", 1, 0.471)]  # fmt: skip
+    rows = [
+        row("nn", None, 0.43),
+        row("none", 0, 0.44),
+        row("none", 1, 0.44),
+        row("best_finetune", 0, 0.47),
+        row("best_finetune", 1, 0.471),
+    ]
     lines = [line for line in flickr8k_targets(rows).splitlines() if "CIDEr-D above" in line]
     assert len(lines) == 1 and lines[0].startswith("| best_finetune: CIDEr-D above nn and none")
     assert lines[0].endswith("| yes |")
@@ -507,8 +653,9 @@ def test_the_grounding_verdict_needs_two_seeds_for_a_spread() -> None:
 
     def row(model: float) -> dict:
         maps = {"model": (model, 0.30), "centre": (0.50, 0.25), "saliency": (0.40, 0.20)}
-        return {"grounding": {"overall": {k: {"pointing": p, "mass": m}
-                                          for k, (p, m) in maps.items()}}}  # fmt: skip
+        return {
+            "grounding": {"overall": {k: {"pointing": p, "mass": m} for k, (p, m) in maps.items()}}
+        }
 
     one = _grounding_verdict("hard", [row(0.60)])
     assert "one seed, so no spread to beat them by" in one and "0.000" not in one
@@ -520,11 +667,21 @@ def test_flickr8k_dev_decode_sets_each_seeds_choice_beside_three_beams_on_the_sa
     from tools.tables.flickr8k_decoding import flickr8k_dev_decode
 
     def row(seed: int, variant: str, bleu: float, beam: int | None, chosen=None) -> dict:
-        return {"variant": variant, "model": "best", "seed": seed, "beam_size": beam,
-                "Bleu_4": bleu, "METEOR": 0.19, "CIDEr": 0.46, "device": "AMD EPYC",
-                "precision": "fp32", "threads": 2, "timed_alone": False, "commit": "abc1234",
-                **({"decode": {"beam_size": chosen[0], "length_penalty": chosen[1]}}
-                   if chosen else {})}  # fmt: skip
+        return {
+            "variant": variant,
+            "model": "best",
+            "seed": seed,
+            "beam_size": beam,
+            "Bleu_4": bleu,
+            "METEOR": 0.19,
+            "CIDEr": 0.46,
+            "device": "AMD EPYC",
+            "precision": "fp32",
+            "threads": 2,
+            "timed_alone": False,
+            "commit": "abc1234",
+            **({"decode": {"beam_size": chosen[0], "length_penalty": chosen[1]}} if chosen else {}),
+        }
 
     rows = [
         row(0, "recipe", 0.187, 3),
@@ -533,22 +690,37 @@ def test_flickr8k_dev_decode_sets_each_seeds_choice_beside_three_beams_on_the_sa
         row(0, "dev_decode", 0.192, None, (5, 0.0)),
         row(1, "dev_decode", 0.196, None, (7, 0.5)),
         row(2, "dev_decode", 0.30, None, (5, 0.0)),
-    ]  # fmt: skip  (seed 2: no 3-beam row)
+    ]  # seed 2: no 3-beam row
     lines = flickr8k_dev_decode(rows).splitlines()
-    assert lines[2] == ("| best | AMD CPU | 2 | 5 / 0 (0), 7 / 0.5 (1) | 19.40 | 18.85 | 19.00 "
-                        "| 19.00 | 46.00 | 46.00 | 19.20 (0), 19.60 (1) |")  # fmt: skip
+    assert lines[2] == (
+        "| best | AMD CPU | 2 | 5 / 0 (0), 7 / 0.5 (1) | 19.40 | 18.85 | 19.00 "
+        "| 19.00 | 46.00 | 46.00 | 19.20 (0), 19.60 (1) |"
+    )
     assert len(lines) == 5  # the head, one line, a blank and the note
 
 
 def test_the_roofline_table_gives_each_tasks_share_of_both_peaks():
     from tools.tables.speed import roofline
 
-    row = {"task": "greedy", "precision": "fp32", "images": 32, "threads": 2, "gflop": 30.2,
-           "seconds": 0.5, "gflops_per_s": 60.4, "peak_square_gflops_per_s": 120.8,
-           "peak_model_gflops_per_s": 80.0, "share_of_square_peak": 0.5,
-           "share_of_model_peak": 0.755, "command": "python -m benchmarks.roofline",
-           "commit": "abc1234", "cpu": "Xeon", "cores": 2, "device": "Xeon",
-           "timed_alone": True}  # fmt: skip
+    row = {
+        "task": "greedy",
+        "precision": "fp32",
+        "images": 32,
+        "threads": 2,
+        "gflop": 30.2,
+        "seconds": 0.5,
+        "gflops_per_s": 60.4,
+        "peak_square_gflops_per_s": 120.8,
+        "peak_model_gflops_per_s": 80.0,
+        "share_of_square_peak": 0.5,
+        "share_of_model_peak": 0.755,
+        "command": "python -m benchmarks.roofline",
+        "commit": "abc1234",
+        "cpu": "Xeon",
+        "cores": 2,
+        "device": "Xeon",
+        "timed_alone": True,
+    }
     table = roofline([row])
     assert "| greedy | fp32 | 30.2 | 0.500 | 60 | 121 / 80 | 50% | 76% |" in table
     assert "1 rows of `results/roofline.json`" in table

@@ -10,22 +10,39 @@ from tests.conftest import load_tool
 
 def test_runs_parse_and_bad_ones_are_named() -> None:
     assert ttq.parse_runs("soft:0, hard:12,quickstart") == [
-        ("soft", 0), ("hard", 12), ("quickstart", None)]  # fmt: skip
+        ("soft", 0),
+        ("hard", 12),
+        ("quickstart", None),
+    ]
     for bad in ("soft", "hard:x", "quickstart:1", "beam:0", ","):
         with pytest.raises(ValueError, match="--runs"):
             ttq.parse_runs(bad)
 
 
 def _row(recipe: str, seconds: float, exact: float, three: float, pointing: float) -> dict:
-    metrics = {"exact_match": exact, "exact_match_by_objects": {"1": 1.0, "3": three},
-               "grounding_by_word_type": {"pointing_game/color": pointing,
-                                          "pointing_game/size": 0.99,
-                                          "pointing_game/category": 0.98}}  # fmt: skip
-    row = {"kind": "quality", "name": f"{recipe} seed 0", "recipe": recipe, "seed": 0,
-           "seconds": seconds, **ttq.scores(metrics), "target": ttq.TARGETS[recipe],
-           "run_command": "captioning train", "commit": "0123456789", "timed_alone": True,
-           "command": "python benchmarks/time_to_quality.py --out runs/ttq",
-           "machine": {"cores": 2, "cpu": "CPU", "torch": "2"}}  # fmt: skip
+    metrics = {
+        "exact_match": exact,
+        "exact_match_by_objects": {"1": 1.0, "3": three},
+        "grounding_by_word_type": {
+            "pointing_game/color": pointing,
+            "pointing_game/size": 0.99,
+            "pointing_game/category": 0.98,
+        },
+    }
+    row = {
+        "kind": "quality",
+        "name": f"{recipe} seed 0",
+        "recipe": recipe,
+        "seed": 0,
+        "seconds": seconds,
+        **ttq.scores(metrics),
+        "target": ttq.TARGETS[recipe],
+        "run_command": "captioning train",
+        "commit": "0123456789",
+        "timed_alone": True,
+        "command": "python benchmarks/time_to_quality.py --out runs/ttq",
+        "machine": {"cores": 2, "cpu": "CPU", "torch": "2"},
+    }
     row["met"] = ttq.met(recipe, row)
     return row
 
@@ -40,8 +57,11 @@ def test_a_run_meets_its_targets_only_when_every_one_holds() -> None:
 
 
 def test_the_table_shows_seconds_scores_and_verdicts() -> None:
-    rows = [_row("soft", 150.4, 0.984, 0.976, 0.996), _row("hard", 400, 0.986, 0.9, 0.99),
-            {"kind": "floor"}]  # fmt: skip
+    rows = [
+        _row("soft", 150.4, 0.984, 0.976, 0.996),
+        _row("hard", 400, 0.986, 0.9, 0.99),
+        {"kind": "floor"},
+    ]
     table = load_tool("tables").speed_quality(rows)
     soft, hard = (line for line in table.splitlines() if "seed 0" in line)
     assert "**150**" in soft and "0.984" in soft and "0.996 / 0.990 / 0.980" in soft

@@ -90,8 +90,12 @@ def test_the_json_names_every_field_and_shows_maps_on_the_grid():
         "centres": None,
         "glance": json_numbers(trace.glance, 1),
     }
-    assert list(trace.to_json((2, 2), optional_only=True)) == ["cells", "heads", "centres",
-                                                               "glance"]  # fmt: skip
+    assert list(trace.to_json((2, 2), optional_only=True)) == [
+        "cells",
+        "heads",
+        "centres",
+        "glance",
+    ]
     assert GlanceTrace.public_names() == ("attention", "cells", "heads", "centres", "glance")
     assert trace.shown("attention", (2, 2)).shape == (2, 2, 2)
     assert trace.shown("attention", None).shape == (2, 4) and trace.shown("heads", None) is None
@@ -124,8 +128,17 @@ def test_a_new_field_reaches_the_json_with_no_edit_in_between(
         assert {"glance", "cells", "heads", "centres"} <= set(dir(result))
 
     figures = tmp_path / "figures"
-    argv = ["caption", *images, "--checkpoint", str(tiny_checkpoint), "--json",
-            "--beam-size", str(beam_size), "--attention-dir", str(figures)]  # fmt: skip
+    argv = [
+        "caption",
+        *images,
+        "--checkpoint",
+        str(tiny_checkpoint),
+        "--json",
+        "--beam-size",
+        str(beam_size),
+        "--attention-dir",
+        str(figures),
+    ]
     assert main(argv) == 0
     records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [r["glance"] for r in records] == [r.to_dict()["glance"] for r in results]
@@ -134,6 +147,8 @@ def test_a_new_field_reaches_the_json_with_no_edit_in_between(
     with BackgroundServer(model, ServeSettings(max_upload_bytes=LIMIT)) as url:
         status, answer = serve_caption(url, images[0], beam_size=beam_size)
     assert status == 200
-    assert answer["glance"] == json.loads(json.dumps(model.caption(images[0], beam_size=beam_size)
-                                                     .to_dict()))["glance"]  # fmt: skip
+    assert (
+        answer["glance"]
+        == json.loads(json.dumps(model.caption(images[0], beam_size=beam_size).to_dict()))["glance"]
+    )
     assert answer["glance"] == _glances(answer)

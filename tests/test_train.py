@@ -88,20 +88,20 @@ RESUMED = {
         "model.attention=hard",
         "train.hard_estimator=vimco",
         "train.semi_sampling=sample",
-    ],  # fmt: skip
+    ],
     "hard-gumbel": ["model.attention=hard", "train.hard_estimator=gumbel"],
     "hard-exact": [
         "model.attention=hard",
         "train.hard_estimator=exact",
         "model.context_to_lstm=false",
-    ],  # fmt: skip
+    ],
     "scst-greedy": ["train.objective=scst", "train.scst_samples=2"],
     "hard-scst-loo": [
         "model.attention=hard",
         "train.objective=scst",
         "train.scst_baseline=loo",
         "train.scst_samples=3",
-    ],  # fmt: skip
+    ],
 }
 
 
@@ -134,8 +134,11 @@ def test_resume_is_exact(shapes, tmp_path, variant):
 def test_resume_refuses_a_different_model(shapes, tmp_path):
     fit(tiny(shapes, "train.epochs=1"), out_dir=tmp_path / "run")
     with pytest.raises(CheckpointError, match="model.hidden_dim"):
-        fit(tiny(shapes, "model.hidden_dim=48"), out_dir=tmp_path / "run",
-            resume=str(tmp_path / "run" / "last.pt"))  # fmt: skip
+        fit(
+            tiny(shapes, "model.hidden_dim=48"),
+            out_dir=tmp_path / "run",
+            resume=str(tmp_path / "run" / "last.pt"),
+        )
 
 
 @pytest.fixture(scope="module")
@@ -147,14 +150,20 @@ def one_epoch(shapes, tmp_path_factory):
 
 def test_resume_applies_safe_changes_and_refuses_the_others_by_name(shapes, one_epoch, tmp_path):
     with pytest.raises(CheckpointError) as caught:
-        fit(tiny(shapes, "train.lr=0.01", "train.seed=4"), out_dir=tmp_path / "a",
-            resume=str(one_epoch))  # fmt: skip
+        fit(
+            tiny(shapes, "train.lr=0.01", "train.seed=4"),
+            out_dir=tmp_path / "a",
+            resume=str(one_epoch),
+        )
     assert str(caught.value) == (
         f"{one_epoch}: train.lr is 0.003 in the checkpoint and 0.01 here; a resumed run keeps "
         f"it (start a new run to change it); also 1 more"
     )
-    summary = fit(tiny(shapes, "train.epochs=3", "train.log_every=1", "decode.beam_size=2"),
-                  out_dir=tmp_path / "b", resume=str(one_epoch))  # fmt: skip
+    summary = fit(
+        tiny(shapes, "train.epochs=3", "train.log_every=1", "decode.beam_size=2"),
+        out_dir=tmp_path / "b",
+        resume=str(one_epoch),
+    )
     assert summary["epochs"] == 3 and load_checkpoint(tmp_path / "b" / "last.pt")["step"] == 9
 
 
@@ -165,8 +174,9 @@ def test_resume_needs_training_state_and_fitting_weights(shapes, one_epoch, tmp_
         with pytest.raises(CheckpointError, match=rf"holds no training state \({key} missing\)"):
             fit(tiny(shapes), out_dir=tmp_path / key, resume=str(tmp_path / "cut.pt"))
     save_checkpoint({**payload, "vocab": payload["vocab"] + ["zebra"]}, tmp_path / "vocab.pt")
-    with pytest.raises(CheckpointError, match="its weights do not fit the model its config and "
-                                              "vocabulary describe"):  # fmt: skip
+    with pytest.raises(
+        CheckpointError, match="its weights do not fit the model its config and vocabulary describe"
+    ):
         fit(tiny(shapes), out_dir=tmp_path / "vocab", resume=str(tmp_path / "vocab.pt"))
 
 
@@ -210,22 +220,35 @@ def test_hard_attention_starts_from_a_soft_models_weights(shapes, one_epoch, tmp
     initial = load_checkpoint(one_epoch)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(train, "load_weights", spy)
-        fit(tiny(shapes, "model.attention=hard", "train.epochs=1"), out_dir=tmp_path / "hard",
-            init=str(one_epoch))  # fmt: skip
+        fit(
+            tiny(shapes, "model.attention=hard", "train.epochs=1"),
+            out_dir=tmp_path / "hard",
+            init=str(one_epoch),
+        )
     assert loaded.keys() == initial["model"].keys()
     assert all(torch.equal(loaded[k], v) for k, v in initial["model"].items())
     hard = load_checkpoint(tmp_path / "hard" / "last.pt")
     assert hard["config"]["model"]["attention"] == "hard"
-    with pytest.raises(CheckpointError, match="model.attention is 'soft' in the checkpoint and "
-                                              "'none' here"):  # fmt: skip
+    with pytest.raises(
+        CheckpointError, match="model.attention is 'soft' in the checkpoint and 'none' here"
+    ):
         fit(tiny(shapes, "model.attention=none"), out_dir=tmp_path / "none", init=str(one_epoch))
 
 
 def test_init_refuses_another_architecture_and_resume_in_one_line(
     shapes, one_epoch, tmp_path, capsys
 ):
-    argv = ["train", "--config", CONFIG, "--set", f"data.root={shapes}", "--out",
-            str(tmp_path / "run"), "--init", str(one_epoch)]  # fmt: skip
+    argv = [
+        "train",
+        "--config",
+        CONFIG,
+        "--set",
+        f"data.root={shapes}",
+        "--out",
+        str(tmp_path / "run"),
+        "--init",
+        str(one_epoch),
+    ]
     assert main([*argv, "--set", "model.hidden_dim=48"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "model.hidden_dim is 32 in the checkpoint and 48 here" in err[0]
@@ -287,16 +310,36 @@ def test_model_weights_that_would_run_code_are_refused_in_one_line(shapes, tmp_p
     marker = tmp_path / "ran"
     evil = tmp_path / "evil.pt"
     torch.save(_RunsCode(str(marker)), evil)
-    code = main(["train", "--config", CONFIG, "--set", f"data.root={shapes}",
-                 "--set", f"model.weights={evil}", "--out", str(tmp_path / "run")])  # fmt: skip
+    code = main(
+        [
+            "train",
+            "--config",
+            CONFIG,
+            "--set",
+            f"data.root={shapes}",
+            "--set",
+            f"model.weights={evil}",
+            "--out",
+            str(tmp_path / "run"),
+        ]
+    )
     err = capsys.readouterr().err
     errors = [line for line in err.splitlines() if line.startswith("error:")]
     assert code == 2 and len(errors) == 1 and "Traceback" not in err
     assert "refused to load" in errors[0] and str(evil) in errors[0]
     assert not marker.exists()
     torch.save({"nothing": torch.zeros(1)}, evil)
-    argv = ["train", "--config", CONFIG, "--set", f"data.root={shapes}", "--set",
-            f"model.weights={evil}", "--out", str(tmp_path / "run")]  # fmt: skip
+    argv = [
+        "train",
+        "--config",
+        CONFIG,
+        "--set",
+        f"data.root={shapes}",
+        "--set",
+        f"model.weights={evil}",
+        "--out",
+        str(tmp_path / "run"),
+    ]
     assert main(argv) == 2
     assert "does not fit model.cnn_channels" in capsys.readouterr().err
 
@@ -341,8 +384,11 @@ def test_a_run_folder_takes_one_training_at_a_time(shapes, tmp_path, caplog):
     (run / ".last.pt.abc123.tmp").write_bytes(b"half a checkpoint")  # a write killed midway
     held = lock_run_dir(run)
     try:
-        with pytest.raises(CaptioningError, match=rf"run folder {run} is in use by another "
-                                                  rf"training \(pid {os.getpid()}\)"):  # fmt: skip
+        with pytest.raises(
+            CaptioningError,
+            match=rf"run folder {run} is in use by another "
+            rf"training \(pid {os.getpid()}\)",
+        ):
             fit(tiny(shapes, "train.epochs=1"), out_dir=run)
     finally:
         held.close()
@@ -397,8 +443,9 @@ def test_checkpoint_rebuilds_its_own_model(shapes, tmp_path, variant):
     records = load_splits(cfg.data)["val"]
     dataset = CaptionDataset(records, vocab, model.encoder.transform)
     first, _ = decode_dataset(model, dataset, cfg, torch.device("cpu"))
-    again, _ = decode_dataset(load_model(tmp_path / "run" / "best.pt")[0], dataset, cfg,
-                              torch.device("cpu"))  # fmt: skip
+    again, _ = decode_dataset(
+        load_model(tmp_path / "run" / "best.pt")[0], dataset, cfg, torch.device("cpu")
+    )
     assert first == again and len(first) == 6
 
 
@@ -477,8 +524,12 @@ def test_a_skipped_nonfinite_batch_leaves_the_baseline_untouched(shapes, tmp_pat
         return terms
 
     monkeypatch.setattr(HardAttentionObjective, "loss", poisoned)
-    settings = ["model.attention=hard", "train.semi_sampling_p=1", "train.epochs=1",
-                "train.stop_on_nonfinite=false"]  # fmt: skip
+    settings = [
+        "model.attention=hard",
+        "train.semi_sampling_p=1",
+        "train.epochs=1",
+        "train.stop_on_nonfinite=false",
+    ]
     summary = fit(tiny(shapes, *settings), out_dir=tmp_path / "run")
     assert summary["steps"] == 2 and len(rewards) == 3  # three batches, one skipped
     baseline = load_checkpoint(tmp_path / "run" / "last.pt")["objective"]["baseline"]
@@ -486,8 +537,20 @@ def test_a_skipped_nonfinite_batch_leaves_the_baseline_untouched(shapes, tmp_pat
 
 
 def test_cli_train_and_one_line_errors(shapes, tmp_path, capsys):
-    code = main(["train", "--config", CONFIG, "--set", f"data.root={shapes}", "--set",
-                 "train.epochs=1", "--out", str(tmp_path / "cli"), "--quiet"])  # fmt: skip
+    code = main(
+        [
+            "train",
+            "--config",
+            CONFIG,
+            "--set",
+            f"data.root={shapes}",
+            "--set",
+            "train.epochs=1",
+            "--out",
+            str(tmp_path / "cli"),
+            "--quiet",
+        ]
+    )
     assert code == 0 and (tmp_path / "cli" / "best.pt").is_file()
     code = main(["train", "--config", CONFIG, "--set", "train.epoch=1"])
     err = capsys.readouterr().err.strip().splitlines()
@@ -500,8 +563,9 @@ def test_cli_train_and_one_line_errors(shapes, tmp_path, capsys):
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_mixed_precision_trains_on_cpu(shapes, tmp_path, precision):
-    summary = fit(tiny(shapes, f"train.precision={precision}", "train.epochs=1"),
-                  out_dir=tmp_path / precision)  # fmt: skip
+    summary = fit(
+        tiny(shapes, f"train.precision={precision}", "train.epochs=1"), out_dir=tmp_path / precision
+    )
     assert summary["steps"] == 3 and (tmp_path / precision / "best.pt").is_file()
     payload = load_checkpoint(tmp_path / precision / "last.pt")
     assert all(torch.isfinite(v).all() for v in payload["model"].values() if v.is_floating_point())
@@ -518,8 +582,9 @@ def test_check_data_cli_reports_bad_images_by_path(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "1 of 10 images cannot be read" in out and str(broken) in out
     # training refuses by default, and says how to go on
-    code = main(["train", "--config", CONFIG, "--set", f"data.root={root}",
-                 "--out", str(tmp_path / "run")])  # fmt: skip
+    code = main(
+        ["train", "--config", CONFIG, "--set", f"data.root={root}", "--out", str(tmp_path / "run")]
+    )
     assert code == 2 and "data.on_bad_image=skip" in capsys.readouterr().err
 
 

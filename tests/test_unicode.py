@@ -33,8 +33,11 @@ MAN, DOG = "Một người đàn ông đứng trên đá .", "Một chú chó ch
 
 def _c_locale_env(**extra: str) -> dict[str, str]:
     """The environment of a CI job with no locale: ASCII everywhere, Python's UTF-8 mode off."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("LC_", "PYTHONIO", "PYTHONUTF8", "JAVA_TOOL"))}  # fmt: skip
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("LC_", "PYTHONIO", "PYTHONUTF8", "JAVA_TOOL"))
+    }
     env.update(LANG="C", LC_ALL="C", PYTHONUTF8="0", PYTHONPATH=str(REPO), **extra)
     return env
 
@@ -49,8 +52,10 @@ def _write_split(root: Path, split: str, count: int, first_id: int) -> None:
         Image.new("RGB", (48, 48), colour).save(root / "images" / split / name)
         images.append({"id": image_id, "file_name": name, "width": 48, "height": 48})
         annotations.append({"id": image_id, "image_id": image_id, "caption": MAN if k % 2 else DOG})
-    write_json(root / "annotations" / f"captions_{split}.json",
-               {"images": images, "annotations": annotations})  # fmt: skip
+    write_json(
+        root / "annotations" / f"captions_{split}.json",
+        {"images": images, "annotations": annotations},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +69,10 @@ def vietnamese_run(tmp_path_factory):
     for first_id, (split, count) in zip((1, 101, 201), (("train", 24), ("val", 4), ("test", 4))):
         _write_split(root, split, count, first_id)
     run = tmp_path_factory.mktemp("run_vi")
-    cfg = load_config(REPO / "configs" / "test_tiny.yaml",
-                      [f"data.root={root}", "train.epochs=4", "train.lr=1e-2"])  # fmt: skip
+    cfg = load_config(
+        REPO / "configs" / "test_tiny.yaml",
+        [f"data.root={root}", "train.epochs=4", "train.lr=1e-2"],
+    )
     fit(cfg, out_dir=run)
     model = captioning.load(run / "best.pt", device="cpu")
     image = str(root / "images" / "test" / "test_001.png")
@@ -78,27 +85,44 @@ def vietnamese_run(tmp_path_factory):
 def test_caption_json_is_readable_utf8_under_an_ascii_locale(vietnamese_run):
     # LANG=C with Python's UTF-8 mode off makes stdout ASCII: printing "ộ" would crash.
     _, checkpoint, image, caption = vietnamese_run
-    command = [sys.executable, "-m", "captioning", "caption", image, "--checkpoint",
-               str(checkpoint), "--device", "cpu"]  # fmt: skip
-    done = subprocess.run([*command, "--json"], capture_output=True, env=_c_locale_env(),
-                          timeout=300, check=False)  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "captioning",
+        "caption",
+        image,
+        "--checkpoint",
+        str(checkpoint),
+        "--device",
+        "cpu",
+    ]
+    done = subprocess.run(
+        [*command, "--json"], capture_output=True, env=_c_locale_env(), timeout=300, check=False
+    )
     assert done.returncode == 0, done.stderr.decode(errors="replace")
     assert caption.encode("utf-8") in done.stdout and b"\\u" not in done.stdout
     assert json.loads(done.stdout.decode("utf-8"))["caption"] == caption
-    done = subprocess.run(command, capture_output=True, env=_c_locale_env(), timeout=300,
-                          check=False)  # fmt: skip
+    done = subprocess.run(
+        command, capture_output=True, env=_c_locale_env(), timeout=300, check=False
+    )
     assert done.returncode == 0 and done.stdout.decode("utf-8").strip() == f"{image}: {caption}"
     # An encoding the user forces is kept: the JSON escapes what ASCII lacks, and stays JSON.
-    done = subprocess.run([*command, "--json"], capture_output=True, timeout=300, check=False,
-                          env=_c_locale_env(PYTHONIOENCODING="ascii"))  # fmt: skip
+    done = subprocess.run(
+        [*command, "--json"],
+        capture_output=True,
+        timeout=300,
+        check=False,
+        env=_c_locale_env(PYTHONIOENCODING="ascii"),
+    )
     assert done.returncode == 0 and done.stdout.isascii()
     assert json.loads(done.stdout)["caption"] == caption
 
 
 def test_evaluate_writes_letters_and_only_the_metrics_that_apply(vietnamese_run, tmp_path):
     root, checkpoint, _, _ = vietnamese_run
-    metrics = evaluate_checkpoint(checkpoint, split="test", out_dir=tmp_path, meteor=False,
-                                  progress=False)  # fmt: skip
+    metrics = evaluate_checkpoint(
+        checkpoint, split="test", out_dir=tmp_path, meteor=False, progress=False
+    )
     predictions = (tmp_path / "predictions.json").read_bytes()
     assert b"\\u" not in predictions
     captions = [p["caption"] for p in json.loads(predictions.decode("utf-8"))]
@@ -106,8 +130,14 @@ def test_evaluate_writes_letters_and_only_the_metrics_that_apply(vietnamese_run,
     # No instances: no object counts, no grounding, in the file or the table.
     saved = json.loads((tmp_path / "metrics.json").read_text(encoding="utf-8"))
     assert saved == json.loads(json.dumps(metrics))
-    for key in ("exact_match_by_objects", "pointing_game", "attention_in_box", "grounded_words",
-                "grounding_by_word_type", "centre_pointing_game"):  # fmt: skip
+    for key in (
+        "exact_match_by_objects",
+        "pointing_game",
+        "attention_in_box",
+        "grounded_words",
+        "grounding_by_word_type",
+        "centre_pointing_game",
+    ):
         assert key not in saved, key
     assert all(saved[k] is not None for k in saved if k != "METEOR")
     table = format_table(metrics)
@@ -130,12 +160,13 @@ def test_the_web_demo_answers_in_utf8(vietnamese_run):
         f'--{boundary}\r\nContent-Disposition: form-data; name="image"; '
         f'filename="ảnh.png"\r\nContent-Type: image/png\r\n\r\n'
     ).encode()
-    body += Path(image).read_bytes() + f"\r\n--{boundary}--\r\n".encode()  # fmt: skip
+    body += Path(image).read_bytes() + f"\r\n--{boundary}--\r\n".encode()
     with BackgroundServer(model) as url:
         request = urllib.request.Request(
-            f"{url}/api/caption", data=body,
+            f"{url}/api/caption",
+            data=body,
             headers={"Content-Type": f"multipart/form-data; boundary={boundary}"},
-        )  # fmt: skip
+        )
         with urllib.request.urlopen(request, timeout=120) as response:
             kind, raw = response.headers["Content-Type"], response.read()
     assert kind == "application/json"  # UTF-8 by definition (RFC 8259)
@@ -156,9 +187,14 @@ def test_the_java_tokenizer_reads_vietnamese_under_lang_c():
     # Java 17 takes its default charset from the locale (ASCII under LANG=C); the PTB tokenizer
     # must still read and write UTF-8, or every diacritic would come back as "?".
     captions = [*VIETNAMESE, *(unicodedata.normalize("NFD", c) for c in VIETNAMESE)]
-    done = subprocess.run([sys.executable, "-c", _TOKENIZE_IN_C_LOCALE],
-                          input=json.dumps(captions).encode(), capture_output=True,
-                          env=_c_locale_env(), timeout=300, check=False)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", _TOKENIZE_IN_C_LOCALE],
+        input=json.dumps(captions).encode(),
+        capture_output=True,
+        env=_c_locale_env(),
+        timeout=300,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr.decode(errors="replace")
     java = json.loads(done.stdout)
     assert java == [" ".join(tokenize(c)) for c in captions]
@@ -172,21 +208,32 @@ def test_vietnamese_scores_equal_pycocoevalcap(tmp_path):
     from pycocotools.coco import COCO
 
     references = {
-        1: [VIETNAMESE[0], "Người leo núi đứng trên đỉnh núi tuyết .",
-            "Một người đàn ông leo núi trong sương mù ."],
+        1: [
+            VIETNAMESE[0],
+            "Người leo núi đứng trên đỉnh núi tuyết .",
+            "Một người đàn ông leo núi trong sương mù .",
+        ],
         2: [VIETNAMESE[1], "Một cậu bé giơ hai tay lên trời .", "Cậu bé mặc áo nâu ."],
         3: [VIETNAMESE[4], "Một con chó nhỏ ngủ trên khăn .", "Con chó ngủ trên cỏ ."],
-    }  # fmt: skip
-    predictions = {1: "một người đàn ông đứng trên núi tuyết", 2: "một cậu bé giơ tay lên",
-                   3: "một con chó ngủ trên cỏ"}  # fmt: skip
+    }
+    predictions = {
+        1: "một người đàn ông đứng trên núi tuyết",
+        2: "một cậu bé giơ tay lên",
+        3: "một con chó ngủ trên cỏ",
+    }
     images = [{"id": i, "file_name": f"{i}.jpg"} for i in references]
-    annotations = [{"id": 10 * i + k, "image_id": i, "caption": c}
-                   for i, caps in references.items() for k, c in enumerate(caps)]  # fmt: skip
+    annotations = [
+        {"id": 10 * i + k, "image_id": i, "caption": c}
+        for i, caps in references.items()
+        for k, c in enumerate(caps)
+    ]
     gts = tmp_path / "captions.json"
     gts.write_text(json.dumps({"images": images, "annotations": annotations}), encoding="utf-8")
     res = tmp_path / "results.json"
-    res.write_text(json.dumps([{"image_id": i, "caption": c} for i, c in predictions.items()]),
-                   encoding="utf-8")  # fmt: skip
+    res.write_text(
+        json.dumps([{"image_id": i, "caption": c} for i, c in predictions.items()]),
+        encoding="utf-8",
+    )
 
     class Skipped:  # METEOR is English only, SPICE downloads models
         def __init__(self, name):

@@ -296,19 +296,24 @@ def test_grid_marks_each_words_centre_with_a_cross(tmp_path):
     crosses = [list(ax.lines) for ax in fig.axes]
     assert crosses[0] == []  # the plain image has none
     # imshow puts pixel centres on integers: the image's edges are at -0.5
-    drawn = [(float(line.get_xdata()[0]), float(line.get_ydata()[0]))
-             for lines in crosses[1:] for line in lines]  # fmt: skip
+    drawn = [
+        (float(line.get_xdata()[0]), float(line.get_ydata()[0]))
+        for lines in crosses[1:]
+        for line in lines
+    ]
     assert drawn == [(24.5, 14.5), (-0.5, -0.5), (49.5, 29.5)]
     assert all(lines[0].get_marker() == "x" for lines in crosses[1:])
     assert [ax.get_xlim() for ax in fig.axes[1:]] == [(-0.5, 49.5)] * 3  # not widened
     without = attention_grid(image, _words(3), _alphas(3), GRID)
     assert all(len(ax.lines) == 0 for ax in without.axes)
-    path = attention_grid_figure(image, _words(3), _alphas(3), GRID, tmp_path / "c.png",
-                                 centres=centres.numpy())  # fmt: skip
+    path = attention_grid_figure(
+        image, _words(3), _alphas(3), GRID, tmp_path / "c.png", centres=centres.numpy()
+    )
     with Image.open(path) as png:
         png.load()
-    with Image.open(attention_gif(image, _words(3), _alphas(3), GRID, tmp_path / "c.gif",
-                                  centres=centres)) as gif:  # fmt: skip
+    with Image.open(
+        attention_gif(image, _words(3), _alphas(3), GRID, tmp_path / "c.gif", centres=centres)
+    ) as gif:
         assert gif.n_frames == 3
 
 
@@ -332,21 +337,30 @@ def test_heads_figure_has_a_row_per_head_and_the_mean(tmp_path):
     # the mean row shows the mean of the heads: the same panel as the mean map drawn alone
     mean = heads.mean(axis=1)
     alone = attention_grid(_photo(), _words(4), mean, GRID, smooth=False, scale="word")
-    np.testing.assert_array_equal(fig.axes[12].images[0].get_array(),
-                                  alone.axes[1].images[0].get_array())  # fmt: skip
-    path = heads_figure(_photo(), _words(4), torch.from_numpy(heads).reshape(4, 3, *GRID), GRID,
-                        tmp_path / "h" / "heads.png")  # fmt: skip
+    np.testing.assert_array_equal(
+        fig.axes[12].images[0].get_array(), alone.axes[1].images[0].get_array()
+    )
+    path = heads_figure(
+        _photo(),
+        _words(4),
+        torch.from_numpy(heads).reshape(4, 3, *GRID),
+        GRID,
+        tmp_path / "h" / "heads.png",
+    )
     with Image.open(path) as png:
         png.load()
         assert png.format == "PNG" and png.height > png.width / 2  # 4 rows of 4 panels
 
 
-@pytest.mark.parametrize("heads, words, match", [
-    (_heads(3, 2), 2, r"T = 2 words; got shape \(3, 2, 15\)"),
-    (_heads(3, 2)[:, 0], 3, r"got shape \(3, 15\)"),
-    (_heads(3, 2)[:, :, :14], 3, "14 weights but grid 3x5"),
-    (np.zeros((0, 2, 15)), 0, "at least one word"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "heads, words, match",
+    [
+        (_heads(3, 2), 2, r"T = 2 words; got shape \(3, 2, 15\)"),
+        (_heads(3, 2)[:, 0], 3, r"got shape \(3, 15\)"),
+        (_heads(3, 2)[:, :, :14], 3, "14 weights but grid 3x5"),
+        (np.zeros((0, 2, 15)), 0, "at least one word"),
+    ],
+)
 def test_heads_figure_rejects_bad_heads(heads, words, match):
     with pytest.raises(ValueError, match=match):
         heads_grid(_photo(), _words(words), heads, GRID)
@@ -461,8 +475,10 @@ def test_figures_state_their_scale_and_each_words_peak():
     alphas = _alphas(3)
     fig = attention_grid(_photo(), ["một", "sân", "<end>"], alphas, GRID)
     titles = [ax.get_title() for ax in fig.axes[1:]]
-    assert titles == [f"{word} ({alphas[t].max() * L:.1f}x even)"
-                      for t, word in enumerate(["một", "sân", "<end>"])]  # fmt: skip
+    assert titles == [
+        f"{word} ({alphas[t].max() * L:.1f}x even)"
+        for t, word in enumerate(["một", "sân", "<end>"])
+    ]
     texts = [text.get_text() for text in fig.texts]
     assert "dimmed 0" in texts and "1 bright" in texts
     assert any("one scale for every word" in t and "15 cells" in t for t in texts)
@@ -503,8 +519,9 @@ def test_colour_style_keeps_the_old_overlay():
     np.testing.assert_array_equal(dimmed.axes[2].images[0].get_array(), dim_array(image, heat))
     peak = np.median([upsample_attention(a, GRID, image.size).max() for a in alphas])
     shared = attention_grid(image, _words(2), alphas, GRID)  # one scale for the caption
-    np.testing.assert_array_equal(shared.axes[2].images[0].get_array(),
-                                  dim_array(image, heat, peak=peak))  # fmt: skip
+    np.testing.assert_array_equal(
+        shared.axes[2].images[0].get_array(), dim_array(image, heat, peak=peak)
+    )
     with pytest.raises(ValueError, match="style must be one of 'dim', 'colour'; got 'jet'"):
         attention_grid(image, _words(2), alphas, GRID, style="jet")
 
@@ -512,8 +529,9 @@ def test_colour_style_keeps_the_old_overlay():
 def test_gif_frames_dim_the_photo_away_from_the_word(tmp_path):
     # a 360 x 240 grey photo, each word looking at another corner cell of a 3x5 grid
     image = _grey((360, 240))
-    path = attention_gif(image, ["a", "b"], np.stack([_one_hot(0), _one_hot(14)]), GRID,
-                         tmp_path / "d.gif")  # fmt: skip
+    path = attention_gif(
+        image, ["a", "b"], np.stack([_one_hot(0), _one_hot(14)]), GRID, tmp_path / "d.gif"
+    )
     with Image.open(path) as gif:
         assert gif.n_frames == 2
         frames = []
@@ -572,7 +590,7 @@ def test_page_map_matches_the_figures():
         const grid = smoothGrid({json.dumps(cells.ravel().tolist())}, {GRID[0]}, {GRID[1]});
         console.log(JSON.stringify({{map: Array.from(grid.map), width: grid.width,
                                      layer: Array.from(dimLayer(grid.map))}}));
-    """)  # fmt: skip
+    """)
     run = subprocess.run(["node", "-e", script], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
     answer = json.loads(run.stdout)

@@ -13,11 +13,24 @@ from captioning.errors import DataError
 def test_tokenize_matches_coco_conventions():
     assert tokenize("A Man, riding a horse.") == ["a", "man", "riding", "a", "horse"]
     assert tokenize("two shapes : a red circle , a blue square") == [
-        "two", "shapes", "a", "red", "circle", "a", "blue", "square",
-    ]  # fmt: skip
-    assert tokenize("It's (very) \"big\"!  Okay... done.\nNext") == [
-        "it", "'s", "very", "big", "okay", "done", "next",
-    ]  # fmt: skip
+        "two",
+        "shapes",
+        "a",
+        "red",
+        "circle",
+        "a",
+        "blue",
+        "square",
+    ]
+    assert tokenize('It\'s (very) "big"!  Okay... done.\nNext') == [
+        "it",
+        "'s",
+        "very",
+        "big",
+        "okay",
+        "done",
+        "next",
+    ]
     assert tokenize("a 3.5 inch screen") == ["a", "3.5", "inch", "screen"]
 
 
@@ -62,9 +75,10 @@ def _treebank_tokens(text: str) -> list[str]:
     """The slow path of ``tokenize``, always taken."""
     slow = vocab._SENTENCE_PERIOD.sub(r" \1 ", vocab.normalize(text))
     return [
-        t for t in vocab._treebank.tokenize(slow)
+        t
+        for t in vocab._treebank.tokenize(slow)
         if t not in vocab._PUNCTUATION and not vocab._ONLY_PUNCTUATION.match(t)
-    ]  # fmt: skip
+    ]
 
 
 def test_plain_captions_take_the_fast_path_with_treebank_tokens():
@@ -74,19 +88,81 @@ def test_plain_captions_take_the_fast_path_with_treebank_tokens():
     # spaces and digits, and the letters that Treebank's case-blind contraction patterns
     # match ("gımme" with a dotless i is "gim me").
     rng = random.Random(0)
-    words = ["a", "man", "Dog", "2", "cannot", "gonna", "wanna", "gotta", "lemme", "gimme",
-             "can", "not", "riding", "x1", "a.b", "it's", "don't", "'tis", "(red)", "-", "--",
-             "x,", "\n", ".", ",", ":", "a:", "b,", ",c", "1,000", "3:", "x:y",
-             "Một", "người", "đàn", "ông", "ĐANG", "đứng", "trên", "đá", "sương", "mù",
-             "bi-a", "Coca-Cola", "Ưu", "ở,", "núi:", "\u200b", "\ufeff", "x\u00ad",
-             "u\u031b\u0309a", "\u212a", "İ", "gımme", "x\u0302", "²", "\u0663", "\xa0", "\t",
-             "_", "a_b", "ß", "ǅ", "日本"]  # fmt: skip
+    words = [
+        "a",
+        "man",
+        "Dog",
+        "2",
+        "cannot",
+        "gonna",
+        "wanna",
+        "gotta",
+        "lemme",
+        "gimme",
+        "can",
+        "not",
+        "riding",
+        "x1",
+        "a.b",
+        "it's",
+        "don't",
+        "'tis",
+        "(red)",
+        "-",
+        "--",
+        "x,",
+        "\n",
+        ".",
+        ",",
+        ":",
+        "a:",
+        "b,",
+        ",c",
+        "1,000",
+        "3:",
+        "x:y",
+        "Một",
+        "người",
+        "đàn",
+        "ông",
+        "ĐANG",
+        "đứng",
+        "trên",
+        "đá",
+        "sương",
+        "mù",
+        "bi-a",
+        "Coca-Cola",
+        "Ưu",
+        "ở,",
+        "núi:",
+        "\u200b",
+        "\ufeff",
+        "x\u00ad",
+        "u\u031b\u0309a",
+        "\u212a",
+        "İ",
+        "gımme",
+        "x\u0302",
+        "²",
+        "\u0663",
+        "\xa0",
+        "\t",
+        "_",
+        "a_b",
+        "ß",
+        "ǅ",
+        "日本",
+    ]
     for _ in range(4000):
         text = " ".join(rng.choice(words) for _ in range(rng.randint(0, 8)))
         text += rng.choice(["", ".", ". ", " .", "  ", "?", "\u200b.", "\t"])
         assert vocab.tokenize(text) == _treebank_tokens(text), ascii(text)
-    for plain in ["a man riding a horse.", "three shapes : a red circle , a blue square",
-                  "một người đàn ông , đang đứng trên đá ."]:  # fmt: skip
+    for plain in [
+        "a man riding a horse.",
+        "three shapes : a red circle , a blue square",
+        "một người đàn ông , đang đứng trên đá .",
+    ]:
         assert vocab._PLAIN.fullmatch(plain)  # the fast path is taken
     assert vocab.tokenize("we cannot go.") == ["we", "can", "not", "go"]
     assert vocab.tokenize("GIMME gımme") == ["gim", "me", "gım", "me"]
@@ -107,12 +183,37 @@ VIETNAMESE = [
 
 def test_vietnamese_captions():
     assert tokenize(VIETNAMESE[0]) == [
-        "một", "người", "đàn", "ông", "đang", "đứng", "trên", "đá", "của", "đỉnh", "núi",
-        "tuyết", "bao", "quanh", "là", "sương", "mù",
-    ]  # fmt: skip
+        "một",
+        "người",
+        "đàn",
+        "ông",
+        "đang",
+        "đứng",
+        "trên",
+        "đá",
+        "của",
+        "đỉnh",
+        "núi",
+        "tuyết",
+        "bao",
+        "quanh",
+        "là",
+        "sương",
+        "mù",
+    ]
     assert tokenize(VIETNAMESE[1])[-2:] == ["lên", "trời"]  # the zero-width spaces are gone
-    assert tokenize(VIETNAMESE[2]) == ["một", "cửa", "hàng", "bán", "bóng", "đồ", "chơi", "ô",
-                                       "và", "vậ"]  # fmt: skip
+    assert tokenize(VIETNAMESE[2]) == [
+        "một",
+        "cửa",
+        "hàng",
+        "bán",
+        "bóng",
+        "đồ",
+        "chơi",
+        "ô",
+        "và",
+        "vậ",
+    ]
     assert tokenize(VIETNAMESE[3])[:3] == ["mọi", "người", "ngồi"]  # quotes dropped
     assert "coca-cola" in tokenize(VIETNAMESE[4])
     for caption in VIETNAMESE:
@@ -122,8 +223,12 @@ def test_vietnamese_captions():
         assert tokenize(caption.upper()) == tokenize(caption)
     # The plain ones take the fast path; the quoted one does not need to.
     assert [bool(vocab._PLAIN.fullmatch(vocab.normalize(c))) for c in VIETNAMESE] == [
-        True, True, True, False, False,
-    ]  # fmt: skip
+        True,
+        True,
+        True,
+        False,
+        False,
+    ]
     # Invisible format characters go, other characters stay.
     assert vocab.normalize("\ufeffđá\u00ad\u200bnúi\u2060 ,\u00a0x") == "đánúi , x"
 
