@@ -42,12 +42,11 @@ from typing import Any
 import torch
 
 from captioning.config import load_config
-from captioning.errors import CaptioningError
 from captioning.inference.caption import decode_dataset
 from captioning.metrics.scoring import score_predictions
 from captioning.runtime import resolve_device, resolve_precision
 from captioning.training.train import SINGLE, Setup, set_up, train_step
-from lab.options import fail
+from lab.options import errors_in_one_line
 from lab.provenance import add_replace_option, add_result_options, portable, record
 
 PHASES = (
@@ -264,6 +263,7 @@ def format_markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+@errors_in_one_line
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.profile_epoch", description=__doc__.split("\n\n")[0]
@@ -305,20 +305,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.steps < 1:
         parser.error("--steps must be at least 1")
-    try:
-        result = profile_epoch(
-            args.config,
-            args.set,
-            args.steps,
-            args.ops,
-            args.step_loop,
-            not args.no_channels_last,
-            args.compile,
-            args.warmup,
-            args.backend,
-        )
-    except CaptioningError as exc:
-        return fail(exc)
+    result = profile_epoch(
+        args.config,
+        args.set,
+        args.steps,
+        args.ops,
+        args.step_loop,
+        not args.no_channels_last,
+        args.compile,
+        args.warmup,
+        args.backend,
+    )
     print(format_markdown(result))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -329,20 +326,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         row["config"] = portable(row["config"])
         row["overrides"] = [portable(o) for o in row["overrides"]]
         key = ("kind", "config", "overrides", "step_loop", "channels_last", "compiled")
-        try:
-            record(
-                args.results,
-                [row],
-                lambda r: tuple(str(r.get(k)) for k in key),
-                module="benchmarks.profile_epoch",
-                argv=argv,
-                timed_alone=not args.machine_busy,
-                device=row["device"],
-                settings=("threads", "precision", "batch_size"),
-                replace=args.replace,
-            )
-        except CaptioningError as exc:
-            return fail(exc)
+        record(
+            args.results,
+            [row],
+            lambda r: tuple(str(r.get(k)) for k in key),
+            module="benchmarks.profile_epoch",
+            argv=argv,
+            timed_alone=not args.machine_busy,
+            device=row["device"],
+            settings=("threads", "precision", "batch_size"),
+            replace=args.replace,
+        )
         print(f"merged the row into {args.results}")
     return 0
 

@@ -36,9 +36,8 @@ from benchmarks.workload import coco_size, decoder_step, our_decoding, random_ba
 from captioning.config import replace_section
 from captioning.models.captioner import build_model
 from captioning.runtime import native_bf16
-from lab.options import fail
+from lab.options import errors_in_one_line
 from lab.provenance import add_replace_option, add_result_options, device_name, record
-from lab.results import ResultsError
 
 TASKS = ("train", "beam5", "greedy")
 
@@ -119,6 +118,7 @@ def measure(precision: str, images: int, repeats: int) -> list[dict[str, Any]]:
     return rows
 
 
+@errors_in_one_line
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.roofline", description=__doc__.split("\n\n")[0]
@@ -142,19 +142,16 @@ def main(argv: list[str] | None = None) -> int:
             continue
         rows.extend(measure(precision, args.images, args.repeats))
     if args.results:
-        try:
-            record(
-                args.results,
-                rows,
-                key=lambda row: (row["task"], row["precision"], row.get("cpu")),
-                module="benchmarks.roofline",
-                argv=argv,
-                timed_alone=not args.machine_busy,
-                settings=("images", "threads"),
-                replace=args.replace,
-            )
-        except ResultsError as exc:
-            return fail(exc)
+        record(
+            args.results,
+            rows,
+            key=lambda row: (row["task"], row["precision"], row.get("cpu")),
+            module="benchmarks.roofline",
+            argv=argv,
+            timed_alone=not args.machine_busy,
+            settings=("images", "threads"),
+            replace=args.replace,
+        )
         print(f"merged {len(rows)} rows into {args.results}")
     return 0
 

@@ -49,11 +49,10 @@ import torch
 import captioning
 from benchmarks.timing import median_seconds
 from captioning.data.images import load_image_bytes
-from captioning.errors import CaptioningError
 from captioning.runtime import autocast, in_passing_thread, resolve_precision
 from captioning.serve.app import settings_for
 from captioning.serve.server import BackgroundServer
-from lab.options import fail
+from lab.options import errors_in_one_line
 from lab.provenance import device_name, git_commit, machine, module_command, portable
 from lab.results import write_results
 
@@ -262,6 +261,7 @@ def merge(path: Path, rows: list[dict[str, Any]], replace: bool = False) -> list
     )
 
 
+@errors_in_one_line
 def main(argv: list[str] | None = None) -> int:
     """Run the load test from the command line (None: ``sys.argv[1:]``); 0, 1 when the
     server answers other than 200 or 503, 2 when ``--results`` holds rows of other
@@ -385,10 +385,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     print("model alone, ms per image: " + ", ".join(f"{k} {v}" for k, v in cost.items()))
     if args.results:
-        try:
-            merge(args.results, rows, args.replace)
-        except CaptioningError as exc:
-            return fail(exc)
+        merge(args.results, rows, args.replace)
         print(f"wrote {args.results}")
     return 0
 

@@ -6,7 +6,10 @@ and one-line errors.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
+from collections.abc import Callable
+from typing import Any
 
 from captioning.cli import add_set_option, positive_int
 from captioning.config import parse_override
@@ -103,3 +106,17 @@ def threads_for(jobs: int, threads: int | None, cores: int | None = None) -> int
             f"of {cores} cores; leave out --threads"
         )
     return threads
+
+
+def errors_in_one_line(main: Callable[..., int]) -> Callable[..., int]:
+    """``main`` with a user's error (a :class:`~captioning.errors.CaptioningError`) printed
+    in one line, exit status 2 (:func:`fail`): every study's and benchmark's entry point."""
+
+    @functools.wraps(main)
+    def wrapped(*args: Any, **kwargs: Any) -> int:
+        try:
+            return main(*args, **kwargs)
+        except CaptioningError as exc:
+            return fail(exc)
+
+    return wrapped

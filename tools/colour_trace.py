@@ -28,7 +28,6 @@ from typing import Any
 import torch
 from PIL import Image
 
-from captioning.errors import CaptioningError
 from captioning.models import Captioner
 from captioning.training.run_state import Run
 from captioning.training.train import fit
@@ -36,7 +35,7 @@ from lab.options import (
     StudyError,
     add_runner_options,
     add_seeds_option,
-    fail,
+    errors_in_one_line,
     refuse_plumbing,
     seeds_of,
 )
@@ -188,6 +187,7 @@ def trace_seed(spec: RunSpec, steps: list[int], probe_set: ProbeSet) -> list[dic
     ]
 
 
+@errors_in_one_line
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m tools.colour_trace",
@@ -205,51 +205,48 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
-        try:
-            refuse_plumbing(args.overrides, PLUMBING)
-        except StudyError as exc:
-            raise StudyError(f"{exc} (the trace sets this itself)") from None
-        seeds = seeds_of(args)
-        try:
-            steps = sorted({int(s) for s in args.steps.split(",")})
-        except ValueError:
-            raise StudyError(f"--steps wants steps such as 0,50,100, got {args.steps!r}") from None
-        if not (args.data_root / "annotations" / "instances_val.json").is_file():
-            raise StudyError(
-                f"no shapes data under {args.data_root}; write it with "
-                f"captioning shapes --out {args.data_root}"
-            )
-        if args.jobs != 1:
-            raise StudyError("--jobs: the trace probes its runs one at a time; leave it out")
-        if args.threads is not None:
-            torch.set_num_threads(args.threads)
-        probe_set = ProbeSet(args.data_root)
-        recorder = Recorder.from_args(
-            "tools.colour_trace",
-            argv,
-            args,
-            lambda r: (r["variant"], r["seed"], r["step"]),
-            places={"DATA": args.data_root},
+        refuse_plumbing(args.overrides, PLUMBING)
+    except StudyError as exc:
+        raise StudyError(f"{exc} (the trace sets this itself)") from None
+    seeds = seeds_of(args)
+    try:
+        steps = sorted({int(s) for s in args.steps.split(",")})
+    except ValueError:
+        raise StudyError(f"--steps wants steps such as 0,50,100, got {args.steps!r}") from None
+    if not (args.data_root / "annotations" / "instances_val.json").is_file():
+        raise StudyError(
+            f"no shapes data under {args.data_root}; write it with "
+            f"captioning shapes --out {args.data_root}"
         )
-        plumbing = (
-            f"data.root={args.data_root}",
-            "train.quiet=true",
-            "train.figure_every_epoch=false",
+    if args.jobs != 1:
+        raise StudyError("--jobs: the trace probes its runs one at a time; leave it out")
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    probe_set = ProbeSet(args.data_root)
+    recorder = Recorder.from_args(
+        "tools.colour_trace",
+        argv,
+        args,
+        lambda r: (r["variant"], r["seed"], r["step"]),
+        places={"DATA": args.data_root},
+    )
+    plumbing = (
+        f"data.root={args.data_root}",
+        "train.quiet=true",
+        "train.figure_every_epoch=false",
+    )
+    if args.threads is not None:
+        plumbing += (f"train.threads={args.threads}",)
+    for seed in seeds:
+        spec = RunSpec(
+            args.variant,
+            CONFIG,
+            tuple(args.overrides),
+            seed,
+            args.out / f"{args.variant}-seed{seed}",
+            plumbing=plumbing,
         )
-        if args.threads is not None:
-            plumbing += (f"train.threads={args.threads}",)
-        for seed in seeds:
-            spec = RunSpec(
-                args.variant,
-                CONFIG,
-                tuple(args.overrides),
-                seed,
-                args.out / f"{args.variant}-seed{seed}",
-                plumbing=plumbing,
-            )
-            recorder.write(trace_seed(spec, steps, probe_set))
-    except CaptioningError as exc:
-        return fail(exc)
+        recorder.write(trace_seed(spec, steps, probe_set))
     print(f"wrote {recorder.path}")
     return 0
 

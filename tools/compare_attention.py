@@ -41,10 +41,15 @@ from pathlib import Path
 from typing import Any
 
 from captioning.config import load_config
-from captioning.errors import CaptioningError
 from captioning.inference.caption import load_model
 from lab import ROOT
-from lab.options import add_runner_options, add_seeds_option, fail, seeds_of, threads_for
+from lab.options import (
+    add_runner_options,
+    add_seeds_option,
+    errors_in_one_line,
+    seeds_of,
+    threads_for,
+)
 from lab.runner import Evaluation, Outcome, Recorder, RunSpec, plan, run_fields, run_spec, run_study
 
 logger = logging.getLogger("captioning")
@@ -201,6 +206,7 @@ def numbers(text: str, kind: type, flag: str) -> list:
     return values
 
 
+@errors_in_one_line
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m tools.compare_attention",
@@ -229,34 +235,31 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown member {unknown[0]!r}; --list names them")
     lrs = numbers(args.lrs, float, "--lrs")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    try:
-        seeds = seeds_of(args)
-        threads = threads_for(args.jobs, args.threads)
-        recorder = Recorder.from_args("tools.compare_attention", argv, args, row_key, order=order)
+    seeds = seeds_of(args)
+    threads = threads_for(args.jobs, args.threads)
+    recorder = Recorder.from_args("tools.compare_attention", argv, args, row_key, order=order)
 
-        def run(phase: str, specs: list[RunSpec]) -> list[dict[str, Any]]:
-            rows = []
-            for (row,) in run_study(plan(specs, threads), member_row, jobs=args.jobs):
-                rows.append({**row, "phase": phase})
-                # written after each run, so an interrupted study keeps what it finished
-                recorder.write(rows[-1:])
-            return rows
+    def run(phase: str, specs: list[RunSpec]) -> list[dict[str, Any]]:
+        rows = []
+        for (row,) in run_study(plan(specs, threads), member_row, jobs=args.jobs):
+            rows.append({**row, "phase": phase})
+            # written after each run, so an interrupted study keeps what it finished
+            recorder.write(rows[-1:])
+        return rows
 
-        for member in args.only:
-            sweep = run(
-                "sweep", [member_spec(args.out, member, lr, seeds[0], args.overrides) for lr in lrs]
-            )
-            lr = chosen_lr(sweep, member, seeds[0])
-            if lr is None:
-                logger.warning("%s: no rate trained without diverging; no seeds", member)
-                continue
-            logger.info("%s: lr %g chosen on val", member, lr)
-            run(
-                "seeds",
-                [member_spec(args.out, member, lr, seed, args.overrides) for seed in seeds[1:]],
-            )
-    except CaptioningError as exc:
-        return fail(exc)
+    for member in args.only:
+        sweep = run(
+            "sweep", [member_spec(args.out, member, lr, seeds[0], args.overrides) for lr in lrs]
+        )
+        lr = chosen_lr(sweep, member, seeds[0])
+        if lr is None:
+            logger.warning("%s: no rate trained without diverging; no seeds", member)
+            continue
+        logger.info("%s: lr %g chosen on val", member, lr)
+        run(
+            "seeds",
+            [member_spec(args.out, member, lr, seed, args.overrides) for seed in seeds[1:]],
+        )
     print(f"wrote {recorder.path}")
     return 0
 

@@ -38,7 +38,7 @@ from captioning.checkpoint import load_checkpoint
 from captioning.cli import add_set_option, positive_int
 from captioning.errors import CaptioningError
 from captioning.runtime import resolve_device
-from lab.options import add_seeds_option, fail, seeds_of
+from lab.options import add_seeds_option, errors_in_one_line, seeds_of
 from lab.provenance import device_name, machine, portable
 from lab.runner import Recorder
 
@@ -243,38 +243,34 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+@errors_in_one_line
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
-        seeds = seeds_of(args)
-        if not (args.data / "annotations").is_dir():
-            raise CaptioningError(
-                f"--data {args.data}: no annotations/ folder there; give "
-                "a COCO-format folder (captions, instances, images)"
-            )
-        if args.threads is not None:
-            torch.set_num_threads(args.threads)
-        recorder = Recorder(
-            "tools.grounding_study",
-            argv,
-            args.out,
-            lambda r: (r["model"], r["variant"], r["seed"]),
-            results=args.results,
-            replace=args.replace,
-            timed_alone=not args.machine_busy,
-            places={"SHARED": args.shared, "RUNS": args.runs},
-            settings=settings,
+    seeds = seeds_of(args)
+    if not (args.data / "annotations").is_dir():
+        raise CaptioningError(
+            f"--data {args.data}: no annotations/ folder there; give "
+            "a COCO-format folder (captions, instances, images)"
         )
-        for seed in seeds:
-            row = {**score_seed(args, seed), "study": recorder.stamp["command"]}
-            recorder.write([row])
-            overall = row["grounding"]["overall"]
-            shown = ", ".join(f"{k} {overall[k]['pointing']:.3f}" for k in overall if k != "words")
-            print(
-                f"{args.model} seed {seed}: {overall['words']} words; pointing {shown}", flush=True
-            )
-    except CaptioningError as exc:
-        return fail(exc)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    recorder = Recorder(
+        "tools.grounding_study",
+        argv,
+        args.out,
+        lambda r: (r["model"], r["variant"], r["seed"]),
+        results=args.results,
+        replace=args.replace,
+        timed_alone=not args.machine_busy,
+        places={"SHARED": args.shared, "RUNS": args.runs},
+        settings=settings,
+    )
+    for seed in seeds:
+        row = {**score_seed(args, seed), "study": recorder.stamp["command"]}
+        recorder.write([row])
+        overall = row["grounding"]["overall"]
+        shown = ", ".join(f"{k} {overall[k]['pointing']:.3f}" for k in overall if k != "words")
+        print(f"{args.model} seed {seed}: {overall['words']} words; pointing {shown}", flush=True)
     print(f"wrote {len(seeds)} rows to {recorder.path}")
     return 0
 

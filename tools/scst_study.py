@@ -30,12 +30,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from captioning.errors import CaptioningError
 from lab.options import (
     StudyError,
     add_runner_options,
     add_seeds_option,
-    fail,
+    errors_in_one_line,
     seeds_of,
     threads_for,
 )
@@ -134,6 +133,7 @@ def variant_row(outcome: Outcome) -> dict[str, Any]:
     }
 
 
+@errors_in_one_line
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m tools.scst_study", description=__doc__.splitlines()[0]
@@ -145,41 +145,38 @@ def main(argv: list[str] | None = None) -> int:
     add_seeds_option(parser, "0,1,2")
     add_runner_options(parser)
     args = parser.parse_args(argv)
-    try:
-        seeds, threads = seeds_of(args), threads_for(args.jobs, args.threads)
-        if not (args.data / "annotations").is_dir():
-            raise StudyError(
-                f"--data {args.data}: no shapes data there "
-                f"(make it with: captioning shapes --captions varied --out {args.data})"
-            )
-        recorder = Recorder.from_args(
-            "tools.scst_study",
-            argv,
-            args,
-            lambda r: (r["variant"], r["seed"]),
-            places={"DATA": args.data},
+    seeds, threads = seeds_of(args), threads_for(args.jobs, args.threads)
+    if not (args.data / "annotations").is_dir():
+        raise StudyError(
+            f"--data {args.data}: no shapes data there "
+            f"(make it with: captioning shapes --captions varied --out {args.data})"
         )
-        rows = []
-        # the cross-entropy models first: each fine-tune starts from its seed's
-        for variants in (["xe"], list(FINE_TUNES)):
-            specs = [
-                variant_spec(args.out, args.data, v, seed, args.overrides)
-                for seed in seeds
-                for v in variants
-            ]
-            for (row,) in run_study(plan(specs, threads), variant_row, jobs=args.jobs):
-                stamp = recorder.stamp  # the machine as the table reads it
-                row["machine"] = {
-                    "cpu": stamp["cpu"],
-                    "cores": stamp["cores"],
-                    "threads": row["threads"],
-                    "torch": stamp["torch"],
-                }
-                rows.append(row)
-                recorder.write([row])
-                print(f"{row['variant']} seed {row['seed']}: test CIDEr-D {row['CIDEr']:.3f}")
-    except CaptioningError as exc:
-        return fail(exc)
+    recorder = Recorder.from_args(
+        "tools.scst_study",
+        argv,
+        args,
+        lambda r: (r["variant"], r["seed"]),
+        places={"DATA": args.data},
+    )
+    rows = []
+    # the cross-entropy models first: each fine-tune starts from its seed's
+    for variants in (["xe"], list(FINE_TUNES)):
+        specs = [
+            variant_spec(args.out, args.data, v, seed, args.overrides)
+            for seed in seeds
+            for v in variants
+        ]
+        for (row,) in run_study(plan(specs, threads), variant_row, jobs=args.jobs):
+            stamp = recorder.stamp  # the machine as the table reads it
+            row["machine"] = {
+                "cpu": stamp["cpu"],
+                "cores": stamp["cores"],
+                "threads": row["threads"],
+                "torch": stamp["torch"],
+            }
+            rows.append(row)
+            recorder.write([row])
+            print(f"{row['variant']} seed {row['seed']}: test CIDEr-D {row['CIDEr']:.3f}")
     print(f"wrote {len(rows)} rows to {recorder.path}")
     return 0
 

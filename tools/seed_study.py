@@ -40,13 +40,12 @@ import torch
 
 from captioning.checkpoint import load_checkpoint
 from captioning.config import Config, config_to_dict, load_config, parse_override
-from captioning.errors import CaptioningError
 from lab import ROOT
 from lab.options import (
     StudyError,
     add_runner_options,
     add_seeds_option,
-    fail,
+    errors_in_one_line,
     parse_seeds,
     refuse_plumbing,
     seeds_of,
@@ -271,6 +270,7 @@ def order(earlier: list[dict[str, Any]], merged: list[dict[str, Any]]) -> list[d
     return sorted(merged, key=lambda r: (first.index(r["variant"]), r["seed"]))
 
 
+@errors_in_one_line
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m tools.seed_study",
@@ -302,65 +302,62 @@ def main(argv: list[str] | None = None) -> int:
     if not args.variant.replace("_", "").replace("-", "").isalnum():
         parser.error(f"--variant wants letters, digits, - and _, got {args.variant!r}")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    try:
-        if not (ROOT / args.config).is_file():
-            raise StudyError(f"config {args.config} not found; name a file under {ROOT}")
-        refuse_plumbing(args.overrides, PLUMBING)
-        seeds = seeds_of(args)
-        adopted = parse_adopt(args.adopt, seeds)
-        data_root = args.data_root or Path(load_config(ROOT / args.config).data.root)
-        if not (data_root / "annotations" / "instances_val.json").is_file():
-            raise StudyError(
-                f"no shapes data under {data_root}; write it with captioning "
-                f"shapes --out {data_root}, or give --data-root"
-            )
-        threads = threads_for(args.jobs, args.threads)
-        if threads is not None:
-            torch.set_num_threads(threads)
-        recorder = Recorder.from_args(
-            "tools.seed_study",
-            argv,
-            args,
-            lambda r: (r["variant"], r["seed"]),
-            places={"DATA": data_root},
-            order=order,
+    if not (ROOT / args.config).is_file():
+        raise StudyError(f"config {args.config} not found; name a file under {ROOT}")
+    refuse_plumbing(args.overrides, PLUMBING)
+    seeds = seeds_of(args)
+    adopted = parse_adopt(args.adopt, seeds)
+    data_root = args.data_root or Path(load_config(ROOT / args.config).data.root)
+    if not (data_root / "annotations" / "instances_val.json").is_file():
+        raise StudyError(
+            f"no shapes data under {data_root}; write it with captioning "
+            f"shapes --out {data_root}, or give --data-root"
         )
-        here = recorder.stamp["commit"]
-        folders = {s: adopted.get(s, args.out / f"{args.variant}-seed{s}") for s in seeds}
-        specs = plan(
-            [
-                seed_spec(
-                    args.config,
-                    args.variant,
-                    s,
-                    args.overrides,
-                    folders[s],
-                    s in adopted,
-                    data_root,
-                )
-                for s in seeds
-            ],
-            threads,
-        )
-        for (row,) in run_study(specs, seed_row, jobs=args.jobs, run=run_seed):
-            folder = folders[row["seed"]]
-            if row.pop("trained_now"):
-                made = {"commit": here, "command": recorder.stamp["command"]}
-                (folder / RECORD).write_text(json.dumps(made) + "\n", encoding="utf-8")
-            # written after each seed, so an interrupted study keeps what it finished
-            merged = recorder.write(
-                [{**row, **provenance(folder, args.trained_at), "evaluated_at": here}]
-            )
-            logger.info(
-                "%s seed %d: test exact %.3f, colour probe %.3f%s",
+    threads = threads_for(args.jobs, args.threads)
+    if threads is not None:
+        torch.set_num_threads(threads)
+    recorder = Recorder.from_args(
+        "tools.seed_study",
+        argv,
+        args,
+        lambda r: (r["variant"], r["seed"]),
+        places={"DATA": data_root},
+        order=order,
+    )
+    here = recorder.stamp["commit"]
+    folders = {s: adopted.get(s, args.out / f"{args.variant}-seed{s}") for s in seeds}
+    specs = plan(
+        [
+            seed_spec(
+                args.config,
                 args.variant,
-                row["seed"],
-                row["test_exact"],
-                row["colour_probe"],
-                " (stalled)" if row["stalled"] else "",
+                s,
+                args.overrides,
+                folders[s],
+                s in adopted,
+                data_root,
             )
-    except CaptioningError as exc:
-        return fail(exc)
+            for s in seeds
+        ],
+        threads,
+    )
+    for (row,) in run_study(specs, seed_row, jobs=args.jobs, run=run_seed):
+        folder = folders[row["seed"]]
+        if row.pop("trained_now"):
+            made = {"commit": here, "command": recorder.stamp["command"]}
+            (folder / RECORD).write_text(json.dumps(made) + "\n", encoding="utf-8")
+        # written after each seed, so an interrupted study keeps what it finished
+        merged = recorder.write(
+            [{**row, **provenance(folder, args.trained_at), "evaluated_at": here}]
+        )
+        logger.info(
+            "%s seed %d: test exact %.3f, colour probe %.3f%s",
+            args.variant,
+            row["seed"],
+            row["test_exact"],
+            row["colour_probe"],
+            " (stalled)" if row["stalled"] else "",
+        )
     print(f"wrote {recorder.path}: {len(merged)} rows")
     return 0
 
