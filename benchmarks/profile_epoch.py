@@ -44,6 +44,7 @@ import torch
 from captioning.config import load_config
 from captioning.inference.caption import decode_dataset
 from captioning.metrics.scoring import score_predictions
+from captioning.objectives import Batch
 from captioning.runtime import resolve_device, resolve_precision
 from captioning.training.train import SINGLE, Setup, set_up, train_step
 from lab.options import errors_in_one_line
@@ -160,7 +161,7 @@ def profile_epoch(
         with torch.no_grad():
             losses = [
                 setup.run.objective.loss(
-                    module, images, grid, batch["tokens"].to(device), 0
+                    module, Batch(batch["tokens"].to(device), images, grid)
                 ).total.item()
                 for module in (eager, setup.module)
             ]

@@ -13,6 +13,7 @@ import tools.compare_estimators as compare
 import tools.estimator_variance as variance
 from captioning.config import load_config
 from captioning.models import build_model
+from captioning.objectives import Batch
 from captioning.objectives.hard_attention import ESTIMATORS
 from lab.results import write_results
 from tests.conftest import ROOT
@@ -131,7 +132,8 @@ def test_reinforce_is_measured_with_its_moving_average_baseline():
         cells = model.grid_shape[0] * model.grid_shape[1]
         objective = variance._objective(cfg, "reinforce", {}, 1, cells)
         with torch.no_grad():
-            terms = objective.loss(model, batch["images"], None, batch["tokens"], 1_000_000 + step)
+            inputs = Batch(batch["tokens"], batch["images"], step=1_000_000 + step)
+            terms = objective.loss(model, inputs)
         means.append(float(terms.reward))
     expected = means[0]
     for mean in means[1:]:

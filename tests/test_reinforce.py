@@ -20,6 +20,7 @@ from captioning.config import Config
 from captioning.distributed import SINGLE, World
 from captioning.models.attention import EXPECTATION, HardAttention, HardContext, make_score
 from captioning.models.decoder import Decoder
+from captioning.objectives import Batch
 from captioning.objectives.hard_attention import HardAttentionObjective, MovingAverageBaseline
 
 CELLS, FEATURES, STEPS = 3, 4, 3
@@ -130,9 +131,8 @@ def estimates(make_objective, decoder, features, captions, batches=60, setup=Non
         obj = make_objective()
         if setup is not None:
             setup(obj)
-        terms = obj.loss(
-            module, None, features.expand(captions, -1, -1), TOKENS.expand(captions, -1), step
-        )
+        batch = Batch(TOKENS.expand(captions, -1), grid=features.expand(captions, -1, -1))
+        terms = obj.loss(module, replace(batch, step=step))
         out.append(flat_grad(terms.total, params))
     return torch.stack(out)  # (batches, P)
 
@@ -226,7 +226,7 @@ def test_exact_marginal_matches_enumeration():
     params = params_of(decoder)
     exact = flat_grad(-marginal, params)
     terms = objective("exact", context_to_lstm=False).loss(
-        OnGrid(decoder), None, features, TOKENS, step=0
+        OnGrid(decoder), Batch(TOKENS, grid=features)
     )
     assert float(terms.total) == pytest.approx(-float(marginal.detach()), abs=1e-6)
     assert terms.reinforce is None and terms.reward is None  # nothing was sampled
@@ -269,7 +269,7 @@ def test_reinforce_loss_is_the_papers():
     )
     obj.baseline.value, obj.baseline.initialized = -3.0, True
     grid, tokens = features.expand(8, -1, -1), TOKENS.expand(8, -1)
-    terms = obj.loss(OnGrid(decoder), None, grid, tokens, step=0)
+    terms = obj.loss(OnGrid(decoder), Batch(tokens, grid=grid))
     plan = obj.plan(0, 8, STEPS)
     out = decoder(grid, tokens[:, :-1], plan.hard)
     nll = -torch.log_softmax(out.logits, 2).gather(2, tokens[:, 1:, None]).squeeze(2).sum(1)
@@ -286,15 +286,15 @@ def test_baseline_changes_only_on_commit_with_the_mean_reward():
     obj = objective("reinforce")
     module = OnGrid(decoder)
     grid, tokens = features.expand(6, -1, -1), TOKENS.expand(6, -1)
-    first = obj.loss(module, None, grid, tokens, step=0)
+    first = obj.loss(module, Batch(tokens, grid=grid))
     assert not obj.baseline.initialized  # nothing changes before the step is known finite
     obj.commit()
     assert obj.baseline.value == pytest.approx(float(first.reward), rel=1e-6)
-    obj.loss(module, None, grid, tokens, step=1)
+    obj.loss(module, Batch(tokens, grid=grid, step=1))
     obj.discard()  # a skipped step leaves no trace
     obj.commit()
     assert obj.baseline.value == pytest.approx(float(first.reward), rel=1e-6)
-    second = obj.loss(module, None, grid, tokens, step=2)
+    second = obj.loss(module, Batch(tokens, grid=grid, step=2))
     obj.commit()
     expected = 0.9 * float(first.reward) + 0.1 * float(second.reward)
     assert obj.baseline.value == pytest.approx(expected, rel=1e-6)
@@ -424,7 +424,7 @@ def test_padding_contributes_no_reward_or_penalty(estimator):
 
             module.decoder.forward = forward
         try:
-            terms = obj.loss(module, None, grid, tokens, step=0)
+            terms = obj.loss(module, Batch(tokens, grid=grid))
         finally:
             module.decoder.__dict__.pop("forward", None)
         obj.commit()

@@ -15,6 +15,7 @@ from captioning.metrics import tokenize_for_eval
 from captioning.models import build_model
 from captioning.models.attention import HardContext
 from captioning.models.trace import AttentionTrace
+from captioning.objectives import Batch
 from captioning.objectives.self_critical import (
     CaptionReward,
     SelfCriticalObjective,
@@ -114,7 +115,8 @@ def test_a_step_raises_the_better_sample_and_lowers_the_worse(reward, baseline, 
     before = objective.sample_log_probs(model, images, None, samples)[0].sum(dim=1).detach()
     model.train()
     optimiser = torch.optim.SGD(model.parameters(), lr=0.05)
-    terms = objective.loss(model, images, None, torch.zeros(1, 2, dtype=torch.long), 0, indices)
+    tokens = torch.zeros(1, 2, dtype=torch.long)
+    terms = objective.loss(model, Batch(tokens, images, indices=indices))
     terms.total.backward()
     optimiser.step()
     model.eval()
@@ -138,9 +140,8 @@ def test_the_greedy_baseline_is_decoded_without_gradients_in_eval_mode(reward, m
     monkeypatch.setattr(scst, "greedy_decode", spy)
     images = torch.rand(2, 3, 48, 48)
     model.train()
-    terms = objective.loss(
-        model, images, None, torch.zeros(2, 2, dtype=torch.long), 0, torch.tensor([0, 1])
-    )
+    tokens = torch.zeros(2, 2, dtype=torch.long)
+    terms = objective.loss(model, Batch(tokens, images, indices=torch.tensor([0, 1])))
     assert seen == [(False, False)]
     assert model.training  # restored after the loss
     assert terms.total.requires_grad

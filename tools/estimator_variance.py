@@ -57,6 +57,7 @@ from captioning.errors import CaptioningError
 from captioning.inference.caption import load_model
 from captioning.models import Captioner
 from captioning.models.attention import HardContext
+from captioning.objectives import Batch
 from captioning.objectives.hard_attention import HardAttentionObjective
 from lab.options import fail
 from lab.provenance import cpu_model, portable
@@ -145,7 +146,7 @@ def training_baseline(
     objective = _objective(cfg, "reinforce", {}, 1, cells)
     with torch.no_grad():
         for step, batch in enumerate(batches):
-            objective.loss(model, batch["images"], None, batch["tokens"], 1_000_000 + step)
+            objective.loss(model, Batch(batch["tokens"], batch["images"], step=1_000_000 + step))
             objective.commit()
     return objective.baseline.value, f"the moving average over {len(batches)} training batches"
 
@@ -158,7 +159,7 @@ def measure(
     cells = model.grid_shape[0] * model.grid_shape[1]
     exact_objective = _objective(cfg, "exact", {}, samples, cells)
     model.zero_grad(set_to_none=True)
-    exact_objective.loss(model, images, None, tokens, 0).total.backward()
+    exact_objective.loss(model, Batch(tokens, images)).total.backward()
     exact = _flat_grad(model)
     start = time.perf_counter()
     paper = paper_gradient(model, images, tokens)
@@ -179,7 +180,7 @@ def measure(
         for repeat in range(1 if estimator == "exact" else repeats):
             model.zero_grad(set_to_none=True)
             start = time.perf_counter()
-            objective.loss(model, images, None, tokens, repeat).total.backward()
+            objective.loss(model, Batch(tokens, images, step=repeat)).total.backward()
             seconds.append(time.perf_counter() - start)
             estimates.append(_flat_grad(model))
         stack = torch.stack(estimates)  # (repeats, P)

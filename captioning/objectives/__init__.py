@@ -12,6 +12,7 @@ from __future__ import annotations
 from captioning.config import unknown_choice
 from captioning.objectives.base import (
     OBJECTIVES,
+    Batch,
     LossTerms,
     Objective,
     ObjectiveContext,
@@ -23,6 +24,7 @@ from captioning.objectives.self_critical import SelfCriticalObjective
 
 __all__ = [
     "OBJECTIVES",
+    "Batch",
     "CrossEntropyObjective",
     "HardAttentionObjective",
     "LossTerms",

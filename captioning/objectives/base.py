@@ -49,6 +49,26 @@ class LossTerms:
         return {k: float(v.detach()) for k, v in values.items() if v is not None}
 
 
+@dataclass(frozen=True)
+class Batch:
+    """One training batch on its device.
+
+    Attributes:
+        tokens: (B, T) the reference captions, ``<start>`` first, padded.
+        images: (B, 3, S, S) the images, or None when ``grid`` carries their cached grids.
+        grid: (B, L, D) the encoder's cached grids, or None.
+        step: the optimiser's steps so far (an objective's schedules and random streams).
+        indices: (B,) the images' places in the training split (for an objective that looks
+            up their references), or None.
+    """
+
+    tokens: torch.Tensor
+    images: torch.Tensor | None = None
+    grid: torch.Tensor | None = None
+    step: int = 0
+    indices: torch.Tensor | None = None
+
+
 @runtime_checkable
 class Objective(Protocol):
     """What training asks of an objective, whichever it is (cross-entropy, hard attention's
@@ -57,18 +77,9 @@ class Objective(Protocol):
     skipped, the scalars it logs, and the state a checkpoint keeps (a baseline, a running
     mean)."""
 
-    def loss(
-        self,
-        module: nn.Module,
-        images: torch.Tensor | None,
-        grid: torch.Tensor | None,
-        tokens: torch.Tensor,
-        step: int,
-        indices: torch.Tensor | None = None,
-    ) -> LossTerms:
-        """The loss of one batch (``module``: the captioner or its DDP wrapper, fed
-        ``images`` or cached ``grid`` and the reference ``tokens``; ``indices``: the images'
-        places in the dataset, for an objective that looks up their references)."""
+    def loss(self, module: nn.Module, batch: Batch) -> LossTerms:
+        """The loss of one batch (``module``: the captioner or its DDP wrapper, fed the
+        batch's images or cached grids and its reference tokens)."""
         ...
 
     def commit(self) -> None: ...

@@ -17,7 +17,7 @@ from torch import nn
 
 from captioning.data.vocab import Vocabulary
 from captioning.models.decoder import DecoderOutput
-from captioning.objectives.base import LossTerms
+from captioning.objectives.base import Batch, LossTerms
 from captioning.runtime import autocast
 
 
@@ -146,22 +146,13 @@ class CrossEntropyObjective:
         self.device = device
         self.precision = precision
 
-    def loss(
-        self,
-        module: nn.Module,
-        images: torch.Tensor | None,
-        grid: torch.Tensor | None,
-        tokens: torch.Tensor,
-        step: int,
-        indices: torch.Tensor | None = None,
-    ) -> LossTerms:
-        """The loss of one batch (``module``: the captioner or its DDP wrapper); the
-        images' dataset ``indices`` are not needed here."""
+    def loss(self, module: nn.Module, batch: Batch) -> LossTerms:
+        """The loss of one batch (``module``: the captioner or its DDP wrapper)."""
         with autocast(self.device, self.precision):
-            output = module(images, tokens, grid=grid)
+            output = module(batch.images, batch.tokens, grid=batch.grid)
         return caption_loss(
             output,
-            tokens[:, 1:],
+            batch.tokens[:, 1:],
             Vocabulary.pad_id,
             self.penalty_weight,
             label_smoothing=self.label_smoothing,

@@ -43,7 +43,7 @@ from captioning.data.vocab import Vocabulary
 from captioning.distributed import SINGLE, World, sum_over_ranks
 from captioning.models.attention import HardContext
 from captioning.models.decoder import DecoderOutput
-from captioning.objectives.base import LossTerms
+from captioning.objectives.base import Batch, LossTerms
 from captioning.objectives.cross_entropy import (
     attention_entropy,
     caption_terms,
@@ -189,21 +189,15 @@ class HardAttentionObjective:
         )
         return _Plan(hard, repeat)
 
-    def loss(
-        self,
-        module: nn.Module,
-        images: torch.Tensor | None,
-        grid: torch.Tensor | None,
-        tokens: torch.Tensor,
-        step: int,
-        indices: torch.Tensor | None = None,
-    ) -> LossTerms:
+    def loss(self, module: nn.Module, batch: Batch) -> LossTerms:
         """The loss of one batch (``module``: the captioner or its DDP wrapper). The
-        statistics that update the objective's state wait for :meth:`commit`; the images'
-        dataset ``indices`` are not needed here."""
-        plan = self.plan(step, tokens.shape[0], tokens.shape[1] - 1)
+        statistics that update the objective's state wait for :meth:`commit`."""
+        tokens = batch.tokens
+        plan = self.plan(batch.step, tokens.shape[0], tokens.shape[1] - 1)
         with autocast(self.device, self.precision):
-            output = module(images, tokens, grid=grid, hard=plan.hard, repeat=plan.repeat)
+            output = module(
+                batch.images, tokens, grid=batch.grid, hard=plan.hard, repeat=plan.repeat
+            )
         targets = tokens[:, 1:].repeat_interleave(plan.repeat, dim=0)  # (R, T)
         mask = (targets != Vocabulary.pad_id).float()
         if plan.hard.mode == "marginal":

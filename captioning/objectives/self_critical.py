@@ -41,7 +41,7 @@ from captioning.metrics.captions import tokenize_for_eval
 from captioning.metrics.cider import CiderD
 from captioning.models.attention import EXPECTATION, HardContext
 from captioning.models.captioner import Captioner
-from captioning.objectives.base import LossTerms, ObjectiveContext, register_objective
+from captioning.objectives.base import Batch, LossTerms, ObjectiveContext, register_objective
 from captioning.runtime import autocast
 
 
@@ -143,18 +143,11 @@ class SelfCriticalObjective:
         self.max_length = cfg.train.scst_max_length or cfg.decode.max_length
         self._last: dict[str, float] = {}
 
-    def loss(
-        self,
-        module: nn.Module,
-        images: torch.Tensor | None,
-        grid: torch.Tensor | None,
-        tokens: torch.Tensor,
-        step: int,
-        indices: torch.Tensor | None = None,
-    ) -> LossTerms:
+    def loss(self, module: nn.Module, batch: Batch) -> LossTerms:
         """The loss of one batch (``module``: the captioner or its DDP wrapper); the
-        reference ``tokens`` are not used, the images' ``indices`` (B,) name their
+        reference tokens are not used, the images' ``indices`` (B,) name their
         references."""
+        images, grid, indices = batch.images, batch.grid, batch.indices
         if indices is None:
             raise ValueError("self-critical training needs the images' dataset indices")
         model: Captioner = getattr(module, "module", module)

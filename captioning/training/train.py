@@ -52,7 +52,7 @@ from captioning.inference.caption import CaptionResult, decode_dataset, draw_att
 from captioning.inference.decoding import Decoded
 from captioning.metrics import score_predictions
 from captioning.models import Captioner, build_model
-from captioning.objectives import LossTerms
+from captioning.objectives import Batch, LossTerms
 from captioning.progress import progress_bar
 from captioning.runtime import resolve_precision, seed_everything
 from captioning.signals import signals_deferred, sigterm_raises
@@ -92,7 +92,7 @@ def train_step(
     grid = batch["grid"].to(device, non_blocking=True) if "grid" in batch else None
     tokens = batch["tokens"].to(device, non_blocking=True)  # (B, T)
     terms = run.objective.loss(
-        module, images, grid, tokens, run.progress.step, indices=batch.get("indices")
+        module, Batch(tokens, images, grid, run.progress.step, batch.get("indices"))
     )
     run.optimizer.zero_grad(set_to_none=True)
     if any_rank(run.world, not bool(torch.isfinite(terms.total)), device):
