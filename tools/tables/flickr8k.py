@@ -14,6 +14,7 @@ from tools.tables.common import (
     ROOT,
     Rows,
     commits,
+    header,
     machines,
     mean,
     precisions,
@@ -188,11 +189,10 @@ def flickr8k_levers(rows: Rows) -> str:
     """The Flickr8k soft model against the same model with one setting changed (rows of a
     ``--variant``), and hard attention and the second stages against theirs, beam 3, the
     seeds' mean in percent."""
-    lines = [
-        "| variant | settings | trained on | seeds | BLEU-4 | METEOR | CIDEr-D | best "
-        "validation score (selected on) | CIDEr-D of each seed |",
-        "|" + " --- |" * 9,
-    ]
+    lines = header(
+        "variant | settings | trained on | seeds | BLEU-4 | METEOR | CIDEr-D | best "
+        "validation score (selected on) | CIDEr-D of each seed"
+    )
     groups: dict[tuple, Rows] = {}
     for row in rows:
         trained = not row["variant"].startswith("cut")  # cut captions are only scored
@@ -246,12 +246,10 @@ def flickr8k_attention(rows: Rows) -> str:
     """What the training loss reported of the attention maps at the first and last epoch of
     each Flickr8k run that recorded it (beam-3 rows of the recipe, and of hard attention's
     levers): the doubly stochastic penalty and hard attention's entropy, both per caption."""
-    lines = [
-        "| model | seed | trained on | penalty: first epoch | last epoch "
-        "| entropy (nats): first epoch | last epoch | nll per word: first epoch "
-        "| last epoch |",
-        "|" + " --- |" * 9,
-    ]
+    lines = header(
+        "model | seed | trained on | penalty: first epoch | last epoch | entropy (nats): "
+        "first epoch | last epoch | nll per word: first epoch | last epoch"
+    )
     # self-critical training's loss has no penalty term (its trace reads 0): left out
     kept = [
         r

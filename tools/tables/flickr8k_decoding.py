@@ -5,7 +5,7 @@ what BLEU without the brevity penalty rewards."""
 
 from __future__ import annotations
 
-from tools.tables.common import Rows, mean, source_note
+from tools.tables.common import Rows, header, mean, source_note
 from tools.tables.flickr8k import FLICKR8K_MODELS, RECIPE, _device, _last_gpu
 
 DEV_DECODE = "dev_decode"  # benchmarks/flickr8k_decoding.py's variant
@@ -15,12 +15,11 @@ def flickr8k_dev_decode(rows: Rows) -> str:
     """Decoding chosen on the dev split (rows of ``benchmarks/flickr8k_decoding.py``) against
     the recipe's 3 beams on the same runs: the setting each seed's dev split chose, and the
     test scores' means in percent."""
-    lines = [
-        "| model | trained on | seeds | chosen on the dev split: beams / length penalty "
-        "(seed) | BLEU-4 | at 3 beams | METEOR | at 3 beams | CIDEr-D | at 3 beams "
-        "| BLEU-4 of each seed |",
-        "|" + " --- |" * 11,
-    ]
+    lines = header(
+        "model | trained on | seeds | chosen on the dev split: beams / length penalty "
+        "(seed) | BLEU-4 | at 3 beams | METEOR | at 3 beams | CIDEr-D | at 3 beams | "
+        "BLEU-4 of each seed"
+    )
     recipe = {
         (r["model"], r["seed"], _device(r)): r
         for r in rows
@@ -60,11 +59,10 @@ def flickr8k_dev_decode(rows: Rows) -> str:
 def flickr8k_brevity(rows: Rows) -> str:
     """What BLEU without the brevity penalty rewards: the soft model's beam-3 test captions
     as decoded and cut to their first N words (variants ``cutN``), scored both ways."""
-    lines = [
-        "| captions | runs | words per caption | length ratio | brevity penalty | BLEU-1 "
-        "| BLEU-1 without BP | BLEU-4 | BLEU-4 without BP | METEOR | CIDEr-D |",
-        "|" + " --- |" * 11,
-    ]
+    lines = header(
+        "captions | runs | words per caption | length ratio | brevity penalty | BLEU-1 | "
+        "BLEU-1 without BP | BLEU-4 | BLEU-4 without BP | METEOR | CIDEr-D"
+    )
     groups: dict[str, Rows] = {}
     for row in rows:
         cut = row["variant"].startswith("cut")

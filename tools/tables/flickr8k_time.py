@@ -8,6 +8,7 @@ import statistics
 from tools.tables.common import (
     PLUMBING,
     Rows,
+    header,
     mean,
     source_note,
 )
@@ -26,11 +27,10 @@ from tools.tables.flickr8k import (
 def flickr8k_time(rows: Rows) -> str:
     """The Flickr8k recipe's seconds per stage, per run, with the device and whether the run
     had the machine to itself."""
-    lines = [
-        "| model | seed | trained on | precision | threads | timed alone | prepare s "
-        "| extract s | train s | evaluate s | whole recipe s |",
-        "|" + " --- |" * 11,
-    ]
+    lines = header(
+        "model | seed | trained on | precision | threads | timed alone | prepare s | "
+        "extract s | train s | evaluate s | whole recipe s"
+    )
     order = {m: n for n, m in enumerate(FLICKR8K_MODELS)}
     rows = sorted(
         rows,
@@ -110,7 +110,7 @@ def flickr8k_targets(rows: Rows) -> str:
     """The Flickr8k targets against the rows: each score's mean over the seeds of each
     device (beam 3, standard BLEU), every seed's value, and whether the mean reaches it;
     then CIDEr-D against the baselines by more than the seed spread, and the recipe's time."""
-    lines = ["| target | trained on | seeds | mean | each seed | met |", "|" + " --- |" * 6]
+    lines = header("target | trained on | seeds | mean | each seed | met")
     recipe = [r for r in rows if r["variant"] == RECIPE and r["beam_size"] in (None, 3)]
     groups: dict[tuple, Rows] = {}
     for row in recipe:
@@ -181,11 +181,10 @@ def flickr8k_step_cost(rows: Rows) -> str:
     def median(group: Rows) -> float:
         return statistics.median(r["step_seconds"] for r in group)
 
-    lines = [
-        "| config | settings over it | host | threads | repeats | step (s), median "
-        "| each repeat (s) | to the soft model's step | one epoch at that rate |",
-        "|" + " --- |" * 9,
-    ]
+    lines = header(
+        "config | settings over it | host | threads | repeats | step (s), median | each "
+        "repeat (s) | to the soft model's step | one epoch at that rate"
+    )
     for (config, extra, threads, host), group in sorted(
         groups.items(), key=lambda g: (g[0][3], g[0][2], median(g[1]))
     ):

@@ -7,7 +7,7 @@ import math
 import statistics
 from typing import Any
 
-from tools.tables.common import Rows, portable, provenance, score, source_note
+from tools.tables.common import Rows, header, portable, provenance, score, source_note
 
 GROUNDING_MAPS = ("model", "centre", "saliency", "even")
 
@@ -174,11 +174,10 @@ def grounding_levers(rows: Rows) -> str:
     captions' CIDEr-D on the COCO photos."""
     soft = [r for r in rows if r["model"] == "soft"]
     recipe = next((r["settings"] for r in soft if r["variant"] == "recipe"), {})
-    lines = [
-        "| variant | changed | seeds | pointing model | minus centre | minus saliency | "
-        "mass model | minus saliency | median peak (even map) | mean entropy | CIDEr-D |",
-        "|" + " --- |" * 11,
-    ]
+    lines = header(
+        "variant | changed | seeds | pointing model | minus centre | minus saliency | "
+        "mass model | minus saliency | median peak (even map) | mean entropy | CIDEr-D"
+    )
     for (_, variant), group in _grounding_groups(soft).items():
         overall = [r["grounding"]["overall"] for r in group]
 
@@ -224,12 +223,11 @@ def grounding_looks(rows: Rows) -> str:
     a ratio to an even map's on the same grid, the pointing game against the centre prior
     and the model's saliency map, and the mass in the boxes against the centre prior's."""
     picked = [r for r in rows if r["variant"] in LOOKS]
-    lines = [
-        "| model | seed | grid | peak, all words (x even) | entropy, all words (% of even) "
+    lines = header(
+        "model | seed | grid | peak, all words (x even) | entropy, all words (% of even) "
         "| peak, grounded (x even) | entropy, grounded (% of even) | pointing model / "
-        "centre / saliency | mass / centre's | CIDEr-D |",
-        "|" + " --- |" * 10,
-    ]
+        "centre / saliency | mass / centre's | CIDEr-D"
+    )
     verdicts = []
     order = {v: i for i, v in enumerate(LOOKS)}
     groups = _grounding_groups(picked)
@@ -278,11 +276,10 @@ def looks_screen(rows: Rows) -> str:
     """The stride-16 grid's screen (``results/looks_screen.json``): each variant's best
     validation CIDEr-D seed by seed, and the greedy test scores of the seeds whose test
     split was decoded."""
-    lines = [
-        "| variant | settings over `configs/flickr8k_best.yaml` | validation CIDEr-D of "
-        "each seed | mean | greedy test BLEU-4 / METEOR / CIDEr-D (seeds decoded) |",
-        "|" + " --- |" * 5,
-    ]
+    lines = header(
+        "variant | settings over `configs/flickr8k_best.yaml` | validation CIDEr-D of "
+        "each seed | mean | greedy test BLEU-4 / METEOR / CIDEr-D (seeds decoded)"
+    )
     groups: dict[str, Rows] = {}
     for row in rows:
         groups.setdefault(row["variant"], []).append(row)

@@ -3,7 +3,7 @@ so that any committed result can be re-run from one line."""
 
 from __future__ import annotations
 
-from tools.tables.common import Rows
+from tools.tables.common import Rows, header
 
 SHOWN = 4  # distinct commands listed per file
 
@@ -11,10 +11,7 @@ SHOWN = 4  # distinct commands listed per file
 def results_index(files: Rows) -> str:
     """One line per ``results/*.json`` (``files``: ``{"file": NAME, "rows": [...]}``): the
     rows, the commits, and the distinct commands that wrote them, most used first."""
-    lines = [
-        "| results file | rows | commands that made them (most rows first) |",
-        "|" + " --- |" * 3,
-    ]
+    lines = header("results file | rows | commands that made them (most rows first)")
     for entry in files:
         counts: dict[str, int] = {}
         for row in entry["rows"]:

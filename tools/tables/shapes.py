@@ -169,12 +169,10 @@ def shapes_targets(rows: Rows) -> str:
     seeds: how many stalled, how many reached the config's target, the lowest score of each
     kind and the median training seconds; seeds from :data:`HELD_OUT_FROM` on, which chose
     nothing, on a line of their own."""
-    lines = [
-        "| config | blocks | seeds | stalled | at target | target | lowest exact "
-        "| lowest 3 objects | lowest pointing: colour / size / shape "
-        "| median train s (threads) |",
-        "|" + " --- |" * 10,
-    ]
+    lines = header(
+        "config | blocks | seeds | stalled | at target | target | lowest exact | lowest 3"
+        " objects | lowest pointing: colour / size / shape | median train s (threads)"
+    )
     shown = []
     for config, target in SHAPES_TARGETS.items():
         blocks = [
