@@ -374,7 +374,8 @@ def test_no_file_is_written_through_a_link_left_in_a_commands_folder(tmp_path, c
     the file it points at keeps its bytes."""
     from captioning.config import Config, save_config
     from captioning.data.vocab import Vocabulary
-    from captioning.figures.heatmaps import attention_gif, attention_grid_figure
+    from captioning.figures.gif import attention_gif
+    from captioning.figures.heatmaps import attention_grid_figure
     from captioning.files import open_unlinked
 
     precious = tmp_path / "notes.txt"

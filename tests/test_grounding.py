@@ -360,17 +360,17 @@ def test_evaluate_refuses_a_bad_category_words_file_in_one_line(tiny_checkpoint,
 def test_caption_outlines_the_boxes_from_an_instances_file(
     tiny_checkpoint, tiny_shapes, tmp_path, monkeypatch, capsys
 ):
-    import captioning.figures.heatmaps
+    import captioning.figures.trace
     from captioning.data.coco import read_instance_images
 
     drawn = {}
-    real = captioning.figures.heatmaps.trace_figure
+    real = captioning.figures.trace.trace_figure
 
     def spy(image, words, trace, grid, path, *args, boxes=None, **kwargs):
         drawn["words"], drawn["boxes"] = words, boxes
         return real(image, words, trace, grid, path, *args, boxes=boxes, **kwargs)
 
-    monkeypatch.setattr(captioning.figures.heatmaps, "trace_figure", spy)
+    monkeypatch.setattr(captioning.figures.trace, "trace_figure", spy)
     instances = tiny_shapes / "annotations" / "instances_test.json"
     image = sorted((tiny_shapes / "images" / "test").glob("*.png"))[0]
     out = tmp_path / "figures"

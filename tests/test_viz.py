@@ -16,16 +16,13 @@ import pytest
 import torch
 from PIL import Image, ImageDraw
 
-from captioning.figures.heatmaps import (
-    DIM_FLOOR,
-    DIM_GLOW,
-    attention_gif,
-    attention_grid,
-    attention_grid_figure,
+from captioning.figures.common import DIM_FLOOR, DIM_GLOW
+from captioning.figures.gif import attention_gif
+from captioning.figures.heads import heads_figure, heads_grid
+from captioning.figures.heatmaps import attention_grid, attention_grid_figure
+from captioning.figures.maps import (
     centre_position,
     dim_array,
-    heads_figure,
-    heads_grid,
     overlay_array,
     smooth_grid,
     upsample_attention,
@@ -612,11 +609,9 @@ def test_no_pyplot_import(tmp_path):
         import sys
         import numpy as np
         from PIL import Image
-        from captioning.figures.heatmaps import (
-            attention_gif,
-            attention_grid_figure,
-            upsample_attention,
-        )
+        from captioning.figures.gif import attention_gif
+        from captioning.figures.heatmaps import attention_grid_figure
+        from captioning.figures.maps import upsample_attention
 
         image = Image.new("RGB", (40, 30))
         alphas = np.full((2, 6), 1 / 6)

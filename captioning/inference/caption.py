@@ -183,7 +183,7 @@ class Caption:
         objects it names as shares (x, y, width, height) of the image, outlined: see
         :func:`captioning.metrics.pointing.word_boxes`). Nothing is shown on screen or
         written: a notebook displays it, and ``.savefig(path)`` writes it."""
-        from captioning.figures.heatmaps import trace_grid
+        from captioning.figures.trace import trace_grid
 
         _notebooks_show_figures()
         return trace_grid(
@@ -199,7 +199,7 @@ class Caption:
 
     def save(self, path: str | Path, smooth: bool = True, boxes: Boxes | None = None) -> Path:
         """Write :meth:`plot` as a PNG at ``path`` (parent folders are created)."""
-        from captioning.figures.heatmaps import trace_figure
+        from captioning.figures.trace import trace_figure
 
         return trace_figure(
             self._picture(),
@@ -214,7 +214,7 @@ class Caption:
 
     def save_gif(self, path: str | Path, smooth: bool = True) -> Path:
         """Write an animated GIF at ``path``: one frame per word, its heatmap over the image."""
-        from captioning.figures.heatmaps import trace_gif
+        from captioning.figures.trace import trace_gif
 
         return trace_gif(self._picture(), self.words, self.trace, self._grid(), path, smooth)
 
@@ -223,7 +223,7 @@ class Caption:
 
         Raises:
             ConfigError: the model has a single attention head."""
-        from captioning.figures.heatmaps import trace_heads_grid
+        from captioning.figures.trace import trace_heads_grid
 
         _notebooks_show_figures()
         return trace_heads_grid(
@@ -232,7 +232,7 @@ class Caption:
 
     def save_heads(self, path: str | Path, smooth: bool = True) -> Path:
         """Write :meth:`plot_heads` as a PNG at ``path`` (parent folders are created)."""
-        from captioning.figures.heatmaps import trace_heads_figure
+        from captioning.figures.trace import trace_heads_figure
 
         return trace_heads_figure(
             self._picture(), self.words, self.trace, self._grid(), path, smooth, self.caption
