@@ -208,7 +208,18 @@ def grounding_levers(rows: Rows) -> str:
 
 # The models of the "attention that looks" study (docs/grounding.md): the shipped 7 x 7
 # recipe and the levers measured against it, in the order the study tried them.
-LOOKS = ("best", "s16", "mid_ent", "os16", "os16_ent", "best_exact", "os16_ent_hard")
+LOOKS = (
+    "best",
+    "s16",
+    "mid_ent",
+    "os16",
+    "os16_ent",
+    "os16_ent_dsw0",
+    "os16_learned_dsw0",
+    "os16_glimpse",
+    "best_exact",
+    "os16_ent_hard",
+)
 
 
 def _even(row: dict[str, Any]) -> tuple[float, float]:
