@@ -30,7 +30,6 @@ an upload into the model's input) on one core's worth of work per image.
 
 from __future__ import annotations
 
-import argparse
 import http.client
 import json
 import statistics
@@ -52,7 +51,7 @@ from captioning.data.images import load_image_bytes
 from captioning.runtime import autocast, in_passing_thread, resolve_precision
 from captioning.serve.app import settings_for
 from captioning.serve.server import BackgroundServer
-from lab.options import errors_in_one_line
+from lab.options import errors_in_one_line, parser_for
 from lab.provenance import device_name, git_commit, machine, module_command, portable
 from lab.results import write_results
 
@@ -266,11 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the load test from the command line (None: ``sys.argv[1:]``); 0, 1 when the
     server answers other than 200 or 503, 2 when ``--results`` holds rows of other
     settings."""
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.serve_load",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = parser_for("benchmarks.serve_load", __doc__)
     parser.add_argument("--checkpoint", required=True)
     parser.add_argument("--images", required=True, type=Path, help="a folder of images to send")
     parser.add_argument("--clients", default="1,8,32,128", help="comma-separated client counts")

@@ -21,7 +21,6 @@ command, the commit, the machine and whether it was timed alone); exit 1 when a 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import socket
@@ -50,7 +49,7 @@ from benchmarks.hostile_clients import (
 )
 from captioning.errors import CaptioningError
 from lab import ROOT
-from lab.options import fail
+from lab.options import fail, parser_for
 from lab.provenance import device_name, git_commit, machine, module_command
 from lab.results import write_results
 
@@ -244,11 +243,7 @@ def served_as(checkpoint: Path) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     """Run the stress test from the command line (None: ``sys.argv[1:]``); 0 when every
     check passes, else 1."""
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.serve_stress",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = parser_for("benchmarks.serve_stress", __doc__)
     parser.add_argument(
         "--checkpoint",
         type=Path,

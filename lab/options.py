@@ -120,3 +120,13 @@ def errors_in_one_line(main: Callable[..., int]) -> Callable[..., int]:
             return fail(exc)
 
     return wrapped
+
+
+def parser_for(module: str, doc: str | None) -> argparse.ArgumentParser:
+    """The command line of ``python -m module``: its help opens with the first paragraph of
+    the module's docstring ``doc``, kept as written."""
+    return argparse.ArgumentParser(
+        prog=f"python -m {module}",
+        description=(doc or "").split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )

@@ -17,7 +17,6 @@ from results/colour_trace.json.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import sys
@@ -36,6 +35,7 @@ from lab.options import (
     add_runner_options,
     add_seeds_option,
     errors_in_one_line,
+    parser_for,
     refuse_plumbing,
     seeds_of,
 )
@@ -189,11 +189,7 @@ def trace_seed(spec: RunSpec, steps: list[int], probe_set: ProbeSet) -> list[dic
 
 @errors_in_one_line
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m tools.colour_trace",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = parser_for("tools.colour_trace", __doc__)
     parser.add_argument("--out", type=Path, required=True, help="where the run folders go")
     parser.add_argument("--variant", required=True, help="the rows' name for these settings")
     add_seeds_option(parser, "0,3")

@@ -34,7 +34,6 @@ docs/attention.md are rendered from results/attention_family.json.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
 from pathlib import Path
@@ -47,6 +46,7 @@ from lab.options import (
     add_runner_options,
     add_seeds_option,
     errors_in_one_line,
+    parser_for,
     seeds_of,
     threads_for,
 )
@@ -208,11 +208,7 @@ def numbers(text: str, kind: type, flag: str) -> list:
 
 @errors_in_one_line
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m tools.compare_attention",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = parser_for("tools.compare_attention", __doc__)
     parser.add_argument("--out", default="runs/attention", type=Path, help="the run folders")
     parser.add_argument(
         "--only",

@@ -39,7 +39,7 @@ from captioning.cli import add_set_option, positive_int
 from captioning.errors import CaptioningError
 from captioning.runtime import resolve_device
 from lab.options import add_seeds_option, errors_in_one_line, seeds_of
-from lab.provenance import device_name, machine, portable
+from lab.provenance import add_replace_option, add_result_options, device_name, machine, portable
 from lab.runner import Recorder
 
 # The checkpoint settings a grounding study varies (the levers of docs/grounding.md).
@@ -225,21 +225,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     add_set_option(parser, "a config override of every evaluation (data, decode, runtime)")
     parser.add_argument("--threads", type=positive_int, help="torch's threads")
-    parser.add_argument(
-        "--machine-busy",
-        action="store_true",
-        help="other work runs beside this one: the rows are not timed alone",
-    )
-    parser.add_argument(
-        "--results",
-        type=Path,
-        help="also merge the rows into this results file (results/grounding.json)",
-    )
-    parser.add_argument(
-        "--replace",
-        action="store_true",
-        help="let a row replace one of the same key made under other settings",
-    )
+    add_result_options(parser, "the rows")
+    add_replace_option(parser)
     return parser.parse_args(argv)
 
 

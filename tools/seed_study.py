@@ -28,7 +28,6 @@ is rendered from results/shapes_seeds.json.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import shlex
@@ -47,6 +46,7 @@ from lab.options import (
     add_seeds_option,
     errors_in_one_line,
     parse_seeds,
+    parser_for,
     refuse_plumbing,
     seeds_of,
     threads_for,
@@ -272,11 +272,7 @@ def order(earlier: list[dict[str, Any]], merged: list[dict[str, Any]]) -> list[d
 
 @errors_in_one_line
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m tools.seed_study",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = parser_for("tools.seed_study", __doc__)
     parser.add_argument("--out", type=Path, required=True, help="where the run folders go")
     parser.add_argument("--variant", required=True, help="the rows' name for these settings")
     add_seeds_option(parser, "0-9")
