@@ -11,7 +11,7 @@ timed callables), :mod:`benchmarks.timing` (one measurement), :mod:`benchmarks.b
 What is timed, as medians over ``--repeats`` runs after ``--warmup`` runs:
 
 - ``decoder_step``: one training step on cached backbone grids, a random (B, L, D) tensor:
-  :func:`captioning.training.train.train_step` itself, the step training takes (forward under
+  :func:`captioning.training.step.train_step` itself, the step training takes (forward under
   autocast of the measured precision, loss, backward, gradient clipping, Adam, schedule);
 - ``full_step``: the same step on images (images → encoder → decoder). The size's
   ``fine_tune`` says whether the encoder trains (shapes: ``all``) or runs frozen under

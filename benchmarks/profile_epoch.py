@@ -3,8 +3,8 @@
     python -m benchmarks.profile_epoch --config configs/shapes_soft.yaml [--set KEY=VALUE ...]
         [--steps 20] [--ops] [--out runs/profile/shapes_soft.json]
 
-It builds the run exactly as ``captioning train`` does (:func:`captioning.training.train.set_up`)
-and times ``--steps`` calls of :func:`captioning.training.train.train_step` after two warm-up steps,
+It builds the run exactly as ``captioning train`` does (:func:`captioning.training.setup.set_up`)
+and times ``--steps`` calls of :func:`captioning.training.step.train_step` after two warm-up steps,
 split with hooks into: waiting for the batch (the data loader), the encoder's forward, the rest of
 the forward and the loss (positions, grid layers, decoder), the decoder's backward (until the
 gradient reaches the encoder's output), the encoder's backward, and what follows (clipping, Adam,
@@ -46,7 +46,9 @@ from captioning.inference.caption import decode_dataset
 from captioning.metrics.scoring import score_predictions
 from captioning.objectives import Batch
 from captioning.runtime import resolve_device, resolve_precision
-from captioning.training.train import SINGLE, Setup, set_up, train_step
+from captioning.training.setup import Setup, set_up
+from captioning.training.step import train_step
+from captioning.training.train import SINGLE
 from lab.options import errors_in_one_line
 from lab.provenance import add_replace_option, add_result_options, portable, record
 

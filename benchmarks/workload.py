@@ -28,7 +28,8 @@ from captioning.inference.caption import caption_batch
 from captioning.inference.decoding import Decoded
 from captioning.models import Captioner
 from captioning.runtime import autocast
-from captioning.training.train import Run, train_step
+from captioning.training.step import train_step
+from captioning.training.train import Run
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

@@ -37,7 +37,8 @@ from captioning.config import Config, config_to_dict, load_config
 from captioning.evaluate import evaluate_checkpoint
 from captioning.files import write_atomically
 from captioning.runtime import resolve_device, resolve_precision
-from captioning.training.train import TrainingError, fit
+from captioning.training.step import TrainingError
+from captioning.training.train import fit
 from lab.options import (
     StudyError,
 )

@@ -22,7 +22,7 @@ from captioning.inference import caption as inference
 from captioning.inference.decoding import beam_search, greedy_decode
 from captioning.models import build_model
 from captioning.objectives.cross_entropy import caption_loss
-from captioning.training import train
+from captioning.training import step as training_step
 from lab.results import ResultsError
 from tests.conftest import load_tool
 
@@ -289,7 +289,7 @@ def test_check_reference_reports_a_wrong_reference(monkeypatch):
 
 
 def test_timed_steps_and_decoding_are_the_packages_own(tmp_path, monkeypatch):
-    assert workload.train_step is train.train_step
+    assert workload.train_step is training_step.train_step
     assert workload.caption_batch is inference.caption_batch
     steps, decodes, compiled = [], [], []
 
@@ -303,7 +303,7 @@ def test_timed_steps_and_decoding_are_the_packages_own(tmp_path, monkeypatch):
                 "training": run.model.training,
             }
         )
-        return train.train_step(run, module, batch, device)
+        return training_step.train_step(run, module, batch, device)
 
     def counting_caption_batch(model, settings, precision, images=None, grid=None):
         decodes.append((settings, precision, images is None and grid is not None, model.training))

@@ -11,7 +11,8 @@ import pytest
 
 import lab.runner as runner
 import tools.compare_attention
-from captioning.training.train import TrainingError, fit
+from captioning.training.step import TrainingError
+from captioning.training.train import fit
 from tests.conftest import ROOT, TINY_SETTINGS
 
 TINY = [*TINY_SETTINGS, "train.quiet=true"]

@@ -21,8 +21,9 @@ from captioning.cli import main
 from captioning.config import load_config
 from captioning.data.shapes import generate_shapes
 from captioning.errors import CaptioningError
-from captioning.training import train as train_module
-from captioning.training.train import TrainingError, fit
+from captioning.training import step as step_module
+from captioning.training.step import TrainingError
+from captioning.training.train import fit
 
 REPO = Path(__file__).parents[1]
 CONFIG = str(REPO / "configs" / "test_tiny.yaml")
@@ -63,7 +64,7 @@ CHILD = """
 import sys, time
 from pathlib import Path
 from captioning import checkpoint
-from captioning.training import train
+from captioning.training import step as steps
 from captioning.cli import main
 
 where, stop_at, marks = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
@@ -75,7 +76,7 @@ def wait_for_the_signal():
         time.sleep(0.01)
     time.sleep(0.2)  # the handler runs at the next bytecode; a deferred one is pending
 
-real_step, real_save = train.train_step, checkpoint.torch.save
+real_step, real_save = steps.train_step, checkpoint.torch.save
 
 def step(run, *args, **kwargs):
     result = real_step(run, *args, **kwargs)
@@ -88,7 +89,7 @@ def save(*args, **kwargs):
         wait_for_the_signal()
     real_save(*args, **kwargs)
 
-train.train_step, checkpoint.torch.save = step, save
+steps.train_step, checkpoint.torch.save = step, save
 sys.exit(main(sys.argv[4:]))
 """
 
@@ -162,7 +163,7 @@ def test_sigterm_during_a_checkpoint_write_finishes_the_write_then_stops(shapes,
 def poison_after(monkeypatch, step: int) -> None:
     """The weights turn NaN after optimiser step ``step``, with a finite loss (as when a
     step overflows without the loss showing it)."""
-    real_step = train_module.train_step
+    real_step = step_module.train_step
 
     def poisoned(run, *args, **kwargs):
         result = real_step(run, *args, **kwargs)
@@ -171,7 +172,7 @@ def poison_after(monkeypatch, step: int) -> None:
                 next(run.model.decoder.parameters()).fill_(float("nan"))
         return result
 
-    monkeypatch.setattr(train_module, "train_step", poisoned)
+    monkeypatch.setattr(step_module, "train_step", poisoned)
 
 
 def test_nonfinite_weights_are_never_saved_even_when_training_goes_on(

@@ -96,12 +96,12 @@ def test_a_command_stops_on_ctrl_c_even_where_it_inherited_it_ignored():
 CHILD = """
 import os, signal, sys
 from captioning import config
-from captioning.training import train
+from captioning.training import step as steps
 from captioning.cli import main
 
 name, where = sys.argv[1], sys.argv[2]
 signal.signal(signal.SIGINT, signal.SIG_IGN)
-real_step, real_load = train.train_step, config.load_config
+real_step, real_load = steps.train_step, config.load_config
 
 def step(*args, **kwargs):
     if where == "step":
@@ -113,7 +113,7 @@ def load(*args, **kwargs):
         os.kill(os.getpid(), getattr(signal, name))
     return real_load(*args, **kwargs)
 
-train.train_step, config.load_config = step, load
+steps.train_step, config.load_config = step, load
 sys.exit(main(sys.argv[3:]))
 """
 

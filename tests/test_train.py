@@ -13,7 +13,8 @@ from captioning.data.shapes import generate_shapes
 from captioning.errors import CaptioningError, CheckpointError
 from captioning.inference.caption import decode_dataset, load_model
 from captioning.training import train as train_module
-from captioning.training.train import TrainingError, fit
+from captioning.training.step import TrainingError
+from captioning.training.train import fit
 
 CONFIG = os.path.join(os.path.dirname(__file__), "..", "configs", "test_tiny.yaml")
 
@@ -181,16 +182,16 @@ def test_resume_needs_training_state_and_fitting_weights(shapes, one_epoch, tmp_
 
 
 def test_init_starts_a_new_run_from_the_weights(shapes, one_epoch, tmp_path, monkeypatch):
-    from captioning.training import train
+    from captioning.training import setup
 
     loaded = {}
-    real = train.load_weights
+    real = setup.load_weights
 
     def spy(model, payload, path):
         real(model, payload, path)
         loaded.update({k: v.clone() for k, v in model.state_dict().items()})
 
-    monkeypatch.setattr(train, "load_weights", spy)
+    monkeypatch.setattr(setup, "load_weights", spy)
     scst = ["train.objective=scst", "train.scst_samples=2", "train.epochs=1"]
     summary = fit(tiny(shapes, *scst), out_dir=tmp_path / "scst", init=str(one_epoch))
     initial = load_checkpoint(one_epoch)
@@ -208,10 +209,10 @@ def test_init_starts_a_new_run_from_the_weights(shapes, one_epoch, tmp_path, mon
 def test_hard_attention_starts_from_a_soft_models_weights(shapes, one_epoch, tmp_path):
     """Soft and hard attention score the cells with the same weights, so --init may swap one
     for the other; an attention with other weights (none) is refused by name."""
-    from captioning.training import train
+    from captioning.training import setup
 
     loaded = {}
-    real = train.load_weights
+    real = setup.load_weights
 
     def spy(model, payload, path):
         real(model, payload, path)
@@ -219,7 +220,7 @@ def test_hard_attention_starts_from_a_soft_models_weights(shapes, one_epoch, tmp
 
     initial = load_checkpoint(one_epoch)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(train, "load_weights", spy)
+        patch.setattr(setup, "load_weights", spy)
         fit(
             tiny(shapes, "model.attention=hard", "train.epochs=1"),
             out_dir=tmp_path / "hard",
