@@ -17,8 +17,8 @@ from captioning.models.attention import (
     MultiHeadAttention,
     SoftAttention,
     build_attention,
-    make_score,
 )
+from captioning.models.scores import make_score
 from captioning.objectives.cross_entropy import caption_loss, doubly_stochastic_penalty
 
 TINY = [

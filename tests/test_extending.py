@@ -11,7 +11,7 @@ import torch
 import captioning
 from captioning import objectives
 from captioning.config import load_config
-from captioning.models import attention, encoder
+from captioning.models import attention, encoder, scores
 from captioning.training.train import fit
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,10 +26,10 @@ def code_blocks(section: str) -> list[str]:
 
 @pytest.fixture
 def registered_scores():
-    before = dict(attention.SCORES)
+    before = dict(scores.SCORES)
     yield
-    attention.SCORES.clear()
-    attention.SCORES.update(before)
+    scores.SCORES.clear()
+    scores.SCORES.update(before)
 
 
 def test_a_score_registered_from_a_file_of_its_own_trains(
@@ -38,7 +38,7 @@ def test_a_score_registered_from_a_file_of_its_own_trains(
     define, train = code_blocks("A score function")
     namespace: dict = {}
     exec(compile(define, "extending.md", "exec"), namespace)
-    assert "distance" in attention.SCORES
+    assert "distance" in scores.SCORES
     monkeypatch.chdir(ROOT)
     run = {"shapes": tiny_shapes, "out": tmp_path / "run"}
     exec(compile(train, "extending.md", "exec"), run)
@@ -55,9 +55,9 @@ def test_a_score_registered_from_a_file_of_its_own_trains(
 
 def test_a_score_name_taken_twice_or_unknown_is_refused(registered_scores):
     with pytest.raises(ValueError, match="'dot' is already registered"):
-        attention.register_score("dot", lambda sizes: None)
+        scores.register_score("dot", lambda sizes: None)
     with pytest.raises(captioning.errors.ConfigError, match="model.score must be one of"):
-        attention.make_score("no_such_score", 4, 4, 4)
+        scores.make_score("no_such_score", 4, 4, 4)
 
 
 @pytest.fixture

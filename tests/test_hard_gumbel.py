@@ -4,7 +4,8 @@ relaxation's gradient backward (Jang et al. 2017)."""
 import pytest
 import torch
 
-from captioning.models.attention import HardAttention, HardContext, make_score
+from captioning.models.attention import HardAttention, HardContext
+from captioning.models.scores import make_score
 
 
 def setting(temperature: float):

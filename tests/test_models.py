@@ -8,17 +8,17 @@ from captioning.config import ModelConfig, load_config
 from captioning.errors import ConfigError
 from captioning.models import attention as attention_module
 from captioning.models import build_model
+from captioning.models import scores as scores_module
 from captioning.models.attention import (
-    SCORES,
     AttentionSizes,
     HardAttention,
     HardContext,
     NoAttention,
     SoftAttention,
-    make_score,
 )
 from captioning.models.decoder import Decoder
 from captioning.models.encoder import build_encoder, sinusoidal_positions
+from captioning.models.scores import SCORES, make_score
 from captioning.objectives.cross_entropy import caption_loss
 
 TINY = [
@@ -120,7 +120,7 @@ def test_additive_score_in_blocks_and_in_compiled_form_match_the_plain_one(monke
     with torch.no_grad():
         plain = score(keys, query)  # one block: 7 * 3 * 9 * 5 values fit the budget
         assert blocks == [7]
-        monkeypatch.setattr(attention_module, "SCORE_BLOCK_ELEMENTS", 2 * 3 * 9 * 5)
+        monkeypatch.setattr(scores_module, "SCORE_BLOCK_ELEMENTS", 2 * 3 * 9 * 5)
         blocked = score(keys, query)  # blocks of 2 images, the last one of 1
         assert blocks == [7, 2, 2, 2, 1]
         monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)

@@ -18,8 +18,9 @@ from torch import nn
 
 from captioning.config import Config
 from captioning.distributed import SINGLE, World
-from captioning.models.attention import EXPECTATION, HardAttention, HardContext, make_score
+from captioning.models.attention import EXPECTATION, HardAttention, HardContext
 from captioning.models.decoder import Decoder
+from captioning.models.scores import make_score
 from captioning.objectives import Batch
 from captioning.objectives.hard_attention import HardAttentionObjective, MovingAverageBaseline
 

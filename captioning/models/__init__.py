@@ -8,13 +8,12 @@ from captioning.models.attention import (
     NoAttention,
     SoftAttention,
     build_attention,
-    make_score,
     register_attention,
-    register_score,
 )
 from captioning.models.captioner import Captioner, build_model
 from captioning.models.decoder import Decoder, DecoderOutput, DecoderState
 from captioning.models.encoder import Encoder, build_encoder, register_encoder
+from captioning.models.scores import make_score, register_score
 from captioning.models.trace import AttentionTrace
 
 __all__ = [

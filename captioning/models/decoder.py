@@ -40,8 +40,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from captioning.models.attention import EXPECTATION, AttentionOutput, HardContext, groups
+from captioning.models.attention import EXPECTATION, AttentionOutput, HardContext
 from captioning.models.encoder import split_summary
+from captioning.models.scores import groups
 from captioning.models.trace import AttentionTrace
 
 # Cells per chunk of the exact marginal are chosen so that a chunk's (rows, steps, cells,
