@@ -17,6 +17,24 @@ from captioning.training.train import fit
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.fixture(autouse=True)
+def registries():
+    """Every registry as it was before the test: a name a test registers goes with it."""
+    kept = [
+        (registry, dict(registry))
+        for registry in (
+            scores.SCORES,
+            attention.ATTENTIONS,
+            encoder.ENCODERS,
+            objectives.OBJECTIVES,
+        )
+    ]
+    yield
+    for registry, entries in kept:
+        registry.clear()
+        registry.update(entries)
+
+
 def code_blocks(section: str) -> list[str]:
     """The Python blocks of one ``## section`` of docs/extending.md, in order."""
     text = (ROOT / "docs" / "extending.md").read_text()
@@ -24,17 +42,7 @@ def code_blocks(section: str) -> list[str]:
     return re.findall(r"```python\n(.*?)```", body, re.S)
 
 
-@pytest.fixture
-def registered_scores():
-    before = dict(scores.SCORES)
-    yield
-    scores.SCORES.clear()
-    scores.SCORES.update(before)
-
-
-def test_a_score_registered_from_a_file_of_its_own_trains(
-    registered_scores, tiny_shapes, tmp_path, monkeypatch
-):
+def test_a_score_registered_from_a_file_of_its_own_trains(tiny_shapes, tmp_path, monkeypatch):
     define, train = code_blocks("A score function")
     namespace: dict = {}
     exec(compile(define, "extending.md", "exec"), namespace)
@@ -53,24 +61,14 @@ def test_a_score_registered_from_a_file_of_its_own_trains(
     assert caption.words and caption.alphas.shape[0] == len(caption.words)
 
 
-def test_a_score_name_taken_twice_or_unknown_is_refused(registered_scores):
+def test_a_score_name_taken_twice_or_unknown_is_refused():
     with pytest.raises(ValueError, match="'dot' is already registered"):
         scores.register_score("dot", lambda sizes: None)
     with pytest.raises(captioning.errors.ConfigError, match="model.score must be one of"):
         scores.make_score("no_such_score", 4, 4, 4)
 
 
-@pytest.fixture
-def registered_objectives():
-    before = dict(objectives.OBJECTIVES)
-    yield
-    objectives.OBJECTIVES.clear()
-    objectives.OBJECTIVES.update(before)
-
-
-def test_an_objective_registered_from_a_file_of_its_own_trains(
-    registered_objectives, tiny_shapes, tmp_path, monkeypatch
-):
+def test_an_objective_registered_from_a_file_of_its_own_trains(tiny_shapes, tmp_path, monkeypatch):
     define, train = code_blocks("An objective")
     namespace: dict = {}
     exec(compile(define, "extending.md", "exec"), namespace)
@@ -94,9 +92,7 @@ def test_an_objective_registered_from_a_file_of_its_own_trains(
     assert caption.words
 
 
-def test_an_objective_name_taken_twice_or_unknown_is_refused(
-    registered_objectives, tiny_shapes, tmp_path
-):
+def test_an_objective_name_taken_twice_or_unknown_is_refused(tiny_shapes, tmp_path):
     with pytest.raises(ValueError, match="'xe' is already registered"):
         objectives.register_objective("xe", lambda context: None)
     cfg = load_config(
@@ -109,15 +105,6 @@ def test_an_objective_name_taken_twice_or_unknown_is_refused(
         fit(cfg, out_dir=tmp_path / "run")
 
 
-@pytest.fixture
-def registered_models():
-    before = dict(attention.ATTENTIONS), dict(encoder.ENCODERS)
-    yield
-    for registry, kept in zip((attention.ATTENTIONS, encoder.ENCODERS), before):
-        registry.clear()
-        registry.update(kept)
-
-
 def trained(section, shapes, out, monkeypatch):
     """Run a section's two blocks (define, then train) and return the last checkpoint."""
     define, train = code_blocks(section)
@@ -127,9 +114,7 @@ def trained(section, shapes, out, monkeypatch):
     return torch.load(out / "last.pt", weights_only=True)
 
 
-def test_an_attention_registered_from_a_file_of_its_own_trains(
-    registered_models, tiny_shapes, tmp_path, monkeypatch
-):
+def test_an_attention_registered_from_a_file_of_its_own_trains(tiny_shapes, tmp_path, monkeypatch):
     checkpoint = trained("An attention", tiny_shapes, tmp_path / "run", monkeypatch)
     assert checkpoint["config"]["model"]["attention"] == "top4"
     history = checkpoint["history"]
@@ -143,9 +128,7 @@ def test_an_attention_registered_from_a_file_of_its_own_trains(
     torch.testing.assert_close(alpha.sum(dim=1), torch.ones(len(alpha)))
 
 
-def test_an_encoder_registered_from_a_file_of_its_own_trains(
-    registered_models, tiny_shapes, tmp_path, monkeypatch
-):
+def test_an_encoder_registered_from_a_file_of_its_own_trains(tiny_shapes, tmp_path, monkeypatch):
     checkpoint = trained("An encoder", tiny_shapes, tmp_path / "run", monkeypatch)
     assert checkpoint["config"]["model"]["encoder"] == "patches"
     assert "encoder.stages.0.0.weight" in checkpoint["model"]
@@ -157,7 +140,7 @@ def test_an_encoder_registered_from_a_file_of_its_own_trains(
     assert caption.words
 
 
-def test_an_attention_or_encoder_name_taken_twice_is_refused(registered_models):
+def test_an_attention_or_encoder_name_taken_twice_is_refused():
     with pytest.raises(ValueError, match="'soft' is already registered"):
         attention.register_attention("soft", lambda cfg, sizes: None)
     with pytest.raises(ValueError, match="'small_cnn' is already registered"):
