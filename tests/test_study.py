@@ -148,3 +148,27 @@ def test_without_results_a_study_writes_into_its_out_folder_only(tiny_shapes, tm
     # the precision resolved for this machine (auto: bf16 where the CPU computes it natively)
     assert row["precision"] in ("fp32", "bf16") and row["threads"] == 1 and row["device"]
     assert row["timed_alone"] is True and row["commit"] and row["cores"] >= 1
+
+
+def test_a_users_error_in_a_lab_main_is_one_line_and_exit_2(capsys) -> None:
+    @options.errors_in_one_line
+    def main(argv=None) -> int:
+        if argv == ["bad"]:
+            raise ResultsError("results/x.json: a row of other settings; pass --replace")
+        if argv == ["bug"]:
+            raise ValueError("a bug, not a user's error")
+        return 0
+
+    assert main([]) == 0
+    assert main(["bad"]) == 2
+    assert capsys.readouterr().err == (
+        "error: results/x.json: a row of other settings; pass --replace\n"
+    )
+    with pytest.raises(ValueError, match="a bug"):  # only a user's error is caught
+        main(["bug"])
+
+
+def test_a_lab_command_line_opens_with_its_modules_first_paragraph() -> None:
+    parser = options.parser_for("tools.x", "Rows of x.\n\n    python -m tools.x --out OUT\n")
+    assert parser.prog == "python -m tools.x"
+    assert parser.description == "Rows of x."
