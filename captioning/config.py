@@ -95,6 +95,13 @@ class ModelConfig:
     # MobileNetV2 and ResNets, the paper's grid size) of the same late, semantic features.
     # null keeps the backbone's own stride.
     output_stride: int | None = None
+    # Local cells: cut the photo into tiles x tiles cells and run the backbone on each
+    # cell's window alone (a square of tile_size px centred on the cell; past the photo's
+    # edge, the mean colour), its output averaged into the cell's vector. A backbone's own
+    # grid has cells that have each seen most of the photo; these see their own part only,
+    # as region features do. null: the backbone's own grid. tile_size null: twice a cell.
+    tiles: int | None = None
+    tile_size: int | None = None
     positional: Literal["none", "learned", "sinusoidal"] = "none"
     cnn_channels: list[int] = field(default_factory=lambda: [32, 64, 128, 128])
     # the small CNN's blocks: preact (an identity shortcut), residual (a learnt projection
@@ -448,6 +455,7 @@ def _validate(cfg: Config) -> None:
             f"train.device must be auto, cpu, cuda, cuda:N or mps, got {quote(cfg.train.device)}"
         )
     _validate_summary(cfg.model)
+    _validate_tiles(cfg.model)
     if cfg.model.values == "projected" and cfg.model.attention == "none":
         raise ConfigError(
             "model.values=projected averages values by attention weights; "
@@ -493,6 +501,26 @@ def _validate_summary(model: ModelConfig) -> None:
         )
 
 
+def _validate_tiles(model: ModelConfig) -> None:
+    """The tiled grid's settings that cannot work together."""
+    if model.tiles is None:
+        if model.tile_size is not None:
+            raise ConfigError("model.tile_size is the window of model.tiles: set model.tiles too")
+        return
+    if model.grid_size is not None:
+        raise ConfigError(
+            "model.tiles makes the grid (tiles x tiles cells); model.grid_size would pool it "
+            "again: set model.grid_size=null"
+        )
+    cell = -(-model.image_size // model.tiles)
+    if model.tile_size is not None and model.tile_size < cell:
+        raise ConfigError(
+            f"model.tile_size={model.tile_size} is smaller than a cell ({model.image_size} px "
+            f"/ {model.tiles} tiles = {cell} px): the windows would leave parts of the photo "
+            f"unseen; set at least {cell}"
+        )
+
+
 def unknown_choice(key: str, value: Any, known: typing.Iterable[str], register: str) -> ConfigError:
     """The error for a name that no registry holds (an attention, score, objective or
     encoder): the names it knows, the nearest of them, and the function that adds one."""
@@ -528,6 +556,8 @@ _RANGES: dict[str, tuple[float | None, float | None, str]] = {
     "model.grid_layers": (0, None, ""),
     "model.drop_stages": (0, None, ""),
     "model.output_stride": (1, None, ""),
+    "model.tiles": (1, None, ""),
+    "model.tile_size": (1, None, ""),
     "model.grid_heads": (1, None, ""),
     "train.epochs": (1, None, ""),
     "train.batch_size": (1, None, ""),

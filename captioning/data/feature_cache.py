@@ -54,6 +54,8 @@ def encoder_fingerprint(encoder: Encoder) -> str:
     shape = (encoder.image_size, encoder.grid_shape, encoder.out_channels)
     if encoder.summary_rows:  # the caches of encoders without a summary keep their names
         shape = (*shape, encoder.summary_dim)
+    if encoder.tiles:
+        shape = (*shape, "tiles", encoder.tiles, encoder.tile_size)
     digest.update(repr(shape).encode())
     for name, tensor in sorted(encoder.state_dict().items()):
         if name == "positions":  # added after the cache, and may train

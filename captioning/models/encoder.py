@@ -302,6 +302,10 @@ class Encoder(nn.Module):
         summary_stages: the backbone's later stages, run on the last stage's output and
             averaged over their cells into one vector per image (what the image shows, beside
             the grid that says where); None: no summary. They never train.
+        tiles: cut the image into ``tiles x tiles`` cells and run the stages on each cell's
+            window alone, averaging each window's output into its cell's vector (local
+            cells, see :meth:`windows`); None: the backbone's own grid.
+        tile_size: the side of a window in pixels (default: twice a cell).
 
     With a summary, :meth:`backbone` returns the S summary channels packed after the L grid
     cells as ``summary_rows`` = ceil(S / D) extra rows of D channels (zero-padded), so that
@@ -321,8 +325,12 @@ class Encoder(nn.Module):
         fine_tune: str = "none",
         channels_last: bool = True,
         summary_stages: list[nn.Module] | None = None,
+        tiles: int | None = None,
+        tile_size: int | None = None,
     ) -> None:
         super().__init__()
+        self.tiles = tiles
+        self.tile_size = tile_size or 2 * -(-image_size // tiles) if tiles else None
         self.stages = nn.ModuleList(stages)
         self.summary_stages = nn.ModuleList(summary_stages) if summary_stages else None
         self.channels_last = channels_last
@@ -331,8 +339,10 @@ class Encoder(nn.Module):
         self.register_buffer("mean", torch.tensor(mean).view(1, 3, 1, 1) * 255.0)
         self.register_buffer("std", torch.tensor(std).view(1, 3, 1, 1) * 255.0)
         self.pool = nn.AdaptiveAvgPool2d(grid_size) if grid_size else nn.Identity()
+        if tiles:
+            self.pool = nn.AdaptiveAvgPool2d(1)
         with torch.no_grad():
-            probe = torch.zeros(1, 3, image_size, image_size)
+            probe = torch.zeros(1, 3, self.tile_size or image_size, self.tile_size or image_size)
             try:
                 for stage in self.stages:
                     stage.eval()
@@ -355,7 +365,7 @@ class Encoder(nn.Module):
             self.stages.to(memory_format=torch.channels_last)
             if self.summary_stages is not None:
                 self.summary_stages.to(memory_format=torch.channels_last)
-        self.grid_shape = (int(probe.shape[2]), int(probe.shape[3]))
+        self.grid_shape = (tiles, tiles) if tiles else (int(probe.shape[2]), int(probe.shape[3]))
         num_cells = self.grid_shape[0] * self.grid_shape[1]
         if positional == "learned":
             self.positions = nn.Parameter(torch.randn(num_cells, out_channels) * 0.02)
@@ -448,9 +458,31 @@ class Encoder(nn.Module):
             return torch.cat([cells + self.positions.to(grid.dtype), summary], dim=1)
         return grid + self.positions.to(grid.dtype)
 
+    def windows(self, x: torch.Tensor) -> torch.Tensor:
+        """Normalised images (B, 3, S, S) → each cell's window (B * T * T, 3, W, W), row by
+        row: cell (r, c) covers rows r S / T to (r + 1) S / T of the image (the grid's own
+        geometry, which the figures and the grounding use), and its window is the square of
+        ``tile_size`` W px centred on the cell, zero (the mean colour) past the image's
+        edge."""
+        size, tiles, window = x.shape[-1], self.tiles, self.tile_size
+        starts = [round((k + 0.5) * size / tiles - window / 2) for k in range(tiles)]
+        margin = max(0, -starts[0], starts[-1] + window - size)
+        padded = F.pad(x, (margin, margin, margin, margin))
+        crops = [
+            padded[
+                :, :, top + margin : top + margin + window, left + margin : left + margin + window
+            ]
+            for top in starts
+            for left in starts
+        ]
+        return torch.stack(crops, dim=1).flatten(0, 1)
+
     def backbone(self, images: torch.Tensor) -> torch.Tensor:
         """``images`` (B, 3, S, S) → the backbone's pooled grid (B, L, D), no positions."""
         x = (images.float() - self.mean) / self.std
+        batch = x.shape[0]
+        if self.tiles:
+            x = self.windows(x)
         if self.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
         frozen = self.frozen_stages
@@ -461,12 +493,15 @@ class Encoder(nn.Module):
         for stage in list(self.stages)[frozen:]:
             x = stage(x)
         grid = self.pool(x).flatten(2).transpose(1, 2)  # (B, L, D)
+        if self.tiles:  # (B * L, 1, D): one vector per window
+            grid = grid.reshape(batch, self.num_cells, -1)
         if self.summary_stages is None:
             return grid.contiguous()
         with torch.no_grad() if frozen == len(self.stages) else contextlib.nullcontext():
             for stage in self.summary_stages:
                 x = stage(x)
-        summary = x.float().mean(dim=(2, 3)).to(grid.dtype)  # (B, S)
+        # (B, S): over the cells, and over the windows of a tiled grid
+        summary = x.float().mean(dim=(2, 3)).view(batch, -1, x.shape[1]).mean(1).to(grid.dtype)
         padding = self.summary_rows * grid.shape[2] - self.summary_dim
         rows = F.pad(summary, (0, padding)).view(grid.shape[0], self.summary_rows, -1)
         return torch.cat([grid, rows], dim=1)  # (B, L + summary_rows, D)
@@ -659,4 +694,6 @@ def build_encoder(cfg: ModelConfig, runtime: RuntimeConfig | None = None) -> Enc
         cfg.fine_tune,
         runtime.channels_last,
         summary,
+        cfg.tiles,
+        cfg.tile_size,
     )
