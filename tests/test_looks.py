@@ -181,3 +181,71 @@ def test_hard_attentions_exact_marginal_carries_the_summary():
             stepped.append(out.logits.gather(1, tokens[:, t + 1 : t + 2]).squeeze(1))
             state = out.state
     torch.testing.assert_close(torch.stack(stepped, dim=1), forced, atol=1e-5, rtol=1e-5)
+
+
+def _tiled(**settings):
+    cfg = ModelConfig(encoder="small_cnn", cnn_channels=[8, 16], image_size=48, **settings)
+    torch.manual_seed(0)
+    return build_encoder(cfg).eval()
+
+
+def test_a_tiled_grids_cells_see_their_own_windows_only():
+    """model.tiles: each cell's vector is the backbone run on its window alone (a square of
+    tile_size px centred on the cell, zero past the edge after normalisation) and averaged;
+    pixels change only the cells whose windows hold them."""
+    encoder = _tiled(tiles=3, tile_size=24)  # cells of 16 px, windows of 24 centred on them
+    assert (encoder.grid_shape, encoder.num_cells) == ((3, 3), 9)
+    images = _images(2)[:, :, :48, :48]
+    with torch.no_grad():
+        grid = encoder(images)
+        normalised = torch.nn.functional.pad((images - encoder.mean) / encoder.std, (4,) * 4)
+        for row, top in enumerate((0, 16, 32)):  # the window of cell (row, col) starts 4
+            for col, left in enumerate((0, 16, 32)):  # px before the cell, in the padding
+                x = normalised[:, :, top : top + 24, left : left + 24]
+                for stage in encoder.stages:
+                    x = stage(x)
+                torch.testing.assert_close(grid[:, 3 * row + col], x.mean(dim=(2, 3)))
+        changed = images.clone()
+        changed[:, :, 40:, 12:14] = 0  # in the windows of cells (2, 0) and (2, 1) only
+        moved = (encoder(changed) - grid).abs().amax(dim=(0, 2)) > 1e-5
+    assert moved.view(3, 3).nonzero().tolist() == [[2, 0], [2, 1]]
+    assert _tiled(tiles=3).tile_size == 32  # twice a cell by default
+
+
+def test_a_tiled_grid_has_its_own_cache_and_its_summary_pools_every_window():
+    from captioning.data.feature_cache import encoder_fingerprint
+
+    fingerprints = {
+        encoder_fingerprint(_tiled(**settings))
+        for settings in ({}, {"tiles": 3}, {"tiles": 3, "tile_size": 24}, {"tiles": 2})
+    }
+    assert len(fingerprints) == 4
+    model = _model(drop_stages=1, summary="output", tiles=2, tile_size=48)
+    images = _images()
+    with torch.no_grad():
+        cells, summary = split_summary(
+            model.encoder.backbone(images), model.encoder.summary_rows, 1280
+        )
+        windows = model.encoder.windows((images - model.encoder.mean) / model.encoder.std)
+        for stage in [*model.encoder.stages, *model.encoder.summary_stages]:
+            windows = stage(windows)
+        expected = windows.mean(dim=(2, 3)).view(2, 4, 1280).mean(1)
+        torch.testing.assert_close(summary, expected, atol=1e-4, rtol=1e-4)
+        assert cells.shape == (2, 4, 320)
+        features = model.encode(grid=model.encoder.backbone(images))
+        beams = decode(model.decoder, features, DecodeConfig(beam_size=2, max_length=4))
+    assert beams.trace.alpha.shape[-1] == 4  # the decoder attends over the 2 x 2 windows
+
+
+def test_tiles_that_cannot_work_are_refused(tmp_path):
+    base = tmp_path / "c.yaml"
+    base.write_text("model:\n  encoder: mobilenet_v2\n  weights: null\n")
+    cases = {
+        ("model.tile_size=64",): "set model.tiles too",
+        ("model.tiles=4", "model.grid_size=7"): "set model.grid_size=null",
+        ("model.tiles=4", "model.tile_size=40"): "smaller than a cell .224 px / 4 tiles = 56",
+        ("model.tiles=0",): "model.tiles",
+    }
+    for overrides, message in cases.items():
+        with pytest.raises(ConfigError, match=message):
+            load_config(base, list(overrides))
