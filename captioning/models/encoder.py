@@ -304,7 +304,8 @@ class Encoder(nn.Module):
             the grid that says where); None: no summary. They never train.
         tiles: cut the image into ``tiles x tiles`` cells and run the stages on each cell's
             window alone, averaging each window's output into its cell's vector (local
-            cells, see :meth:`windows`); None: the backbone's own grid.
+            cells, see :meth:`windows`); a summary is then the whole image's, run through
+            every stage and the summary stages. None: the backbone's own grid.
         tile_size: the side of a window in pixels (default: twice a cell).
 
     With a summary, :meth:`backbone` returns the S summary channels packed after the L grid
@@ -479,10 +480,25 @@ class Encoder(nn.Module):
 
     def backbone(self, images: torch.Tensor) -> torch.Tensor:
         """``images`` (B, 3, S, S) → the backbone's pooled grid (B, L, D), no positions."""
-        x = (images.float() - self.mean) / self.std
-        batch = x.shape[0]
-        if self.tiles:
-            x = self.windows(x)
+        photo = (images.float() - self.mean) / self.std
+        x = self._stages(self.windows(photo) if self.tiles else photo)
+        grid = self.pool(x).flatten(2).transpose(1, 2)  # (B, L, D)
+        if self.tiles:  # (B * L, 1, D): one vector per window
+            grid = grid.reshape(photo.shape[0], self.num_cells, -1)
+        if self.summary_stages is None:
+            return grid.contiguous()
+        if self.tiles:  # what the whole photo shows, not the windows' mean
+            x = self._stages(photo)
+        with torch.no_grad() if self.frozen else contextlib.nullcontext():
+            for stage in self.summary_stages:
+                x = stage(x)
+        summary = x.float().mean(dim=(2, 3)).to(grid.dtype)  # (B, S)
+        padding = self.summary_rows * grid.shape[2] - self.summary_dim
+        rows = F.pad(summary, (0, padding)).view(grid.shape[0], self.summary_rows, -1)
+        return torch.cat([grid, rows], dim=1)  # (B, L + summary_rows, D)
+
+    def _stages(self, x: torch.Tensor) -> torch.Tensor:
+        """Normalised images → the last stage's output, the frozen stages without a graph."""
         if self.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
         frozen = self.frozen_stages
@@ -492,19 +508,7 @@ class Encoder(nn.Module):
                     x = stage(x)
         for stage in list(self.stages)[frozen:]:
             x = stage(x)
-        grid = self.pool(x).flatten(2).transpose(1, 2)  # (B, L, D)
-        if self.tiles:  # (B * L, 1, D): one vector per window
-            grid = grid.reshape(batch, self.num_cells, -1)
-        if self.summary_stages is None:
-            return grid.contiguous()
-        with torch.no_grad() if frozen == len(self.stages) else contextlib.nullcontext():
-            for stage in self.summary_stages:
-                x = stage(x)
-        # (B, S): over the cells, and over the windows of a tiled grid
-        summary = x.float().mean(dim=(2, 3)).view(batch, -1, x.shape[1]).mean(1).to(grid.dtype)
-        padding = self.summary_rows * grid.shape[2] - self.summary_dim
-        rows = F.pad(summary, (0, padding)).view(grid.shape[0], self.summary_rows, -1)
-        return torch.cat([grid, rows], dim=1)  # (B, L + summary_rows, D)
+        return x
 
 
 def split_summary(
