@@ -58,6 +58,8 @@ LEVERS = (
     "train.doubly_stochastic_weight",
     "train.attention_entropy_weight",
     "model.output_stride",
+    "model.tiles",
+    "model.tile_size",
     "train.objective",
     "train.hard_estimator",
     "train.epochs",

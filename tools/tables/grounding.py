@@ -217,6 +217,8 @@ LOOKS = (
     "os16_ent_dsw0",
     "os16_learned_dsw0",
     "os16_glimpse",
+    "tiles5",
+    "tiles5_ent",
     "best_exact",
     "os16_ent_hard",
 )
