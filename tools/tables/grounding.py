@@ -219,6 +219,8 @@ LOOKS = (
     "os16_glimpse",
     "tiles5",
     "tiles5_ent",
+    "tiles5_ent_dsw0",
+    "tiles5_glimpse",
     "best_exact",
     "os16_ent_hard",
 )
