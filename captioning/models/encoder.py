@@ -331,7 +331,7 @@ class Encoder(nn.Module):
     ) -> None:
         super().__init__()
         self.tiles = tiles
-        self.tile_size = tile_size or 2 * -(-image_size // tiles) if tiles else None
+        self.tile_size = (tile_size or 2 * -(-image_size // tiles)) if tiles else None
         self.stages = nn.ModuleList(stages)
         self.summary_stages = nn.ModuleList(summary_stages) if summary_stages else None
         self.channels_last = channels_last
@@ -339,9 +339,9 @@ class Encoder(nn.Module):
         self.image_size = image_size
         self.register_buffer("mean", torch.tensor(mean).view(1, 3, 1, 1) * 255.0)
         self.register_buffer("std", torch.tensor(std).view(1, 3, 1, 1) * 255.0)
-        self.pool = nn.AdaptiveAvgPool2d(grid_size) if grid_size else nn.Identity()
-        if tiles:
-            self.pool = nn.AdaptiveAvgPool2d(1)
+        # a tiled grid pools each window to one cell
+        pooled = 1 if tiles else grid_size
+        self.pool = nn.AdaptiveAvgPool2d(pooled) if pooled else nn.Identity()
         with torch.no_grad():
             probe = torch.zeros(1, 3, self.tile_size or image_size, self.tile_size or image_size)
             try:
