@@ -223,6 +223,7 @@ LOOKS = (
     "tiles5_glimpse",
     "best_exact",
     "os16_ent_hard",
+    "tiles5_ent_hard",
 )
 
 
