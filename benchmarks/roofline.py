@@ -15,6 +15,15 @@
    of ``python -m benchmarks.bench --sizes coco`` (14 x 14 x 2,048 grid, LSTM 512, 10,000
    words, 32 images).
 3. **The share**: the task's FLOPs over its median seconds, as a share of each peak.
+4. **The memory roof** (decoding): the host's read bandwidth (the median rate of summing
+   512 MB) and the bytes a decoding must read at every word whatever its code: each weight
+   matrix the step multiplies by, the grid (for the context) and its keys (for the score),
+   all larger than a core's cache. A task cannot run faster than the larger of its FLOPs at
+   the decoder's peak and its bytes at that bandwidth: its share of the roofline is that
+   bound over its time.
+5. **Packing** (decoding): the same decoding with the weights packed once per batch (the
+   default on x86 CPUs, :mod:`captioning.models.packing`) and with torch's own layers,
+   timed in alternating rounds.
 
 Each row names the task, precision, threads and host (``--results FILE`` merges them into a
 results file; ``python -m tools.tables`` renders ``results/roofline.json`` into
@@ -24,6 +33,7 @@ docs/speed.md). Time it on an otherwise idle machine (``--machine-busy`` says it
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -34,6 +44,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from benchmarks.timing import median_seconds
 from benchmarks.workload import coco_size, decoder_step, our_decoding, random_batch, set_up
 from captioning.config import replace_section
+from captioning.models import packing
 from captioning.models.captioner import build_model
 from captioning.runtime import native_bf16
 from lab.options import errors_in_one_line
@@ -65,8 +76,15 @@ def peaks(precision: str, images: int, repeats: int) -> dict[str, float]:
     return {"square": matmul_rate(2048, 2048, 2048, precision, repeats), "model": model}
 
 
-def task_of(name: str, precision: str, images: int) -> Callable[[], Any]:
-    """The task ``name`` at COCO size over ``images`` images, in ``precision``."""
+def bandwidth(repeats: int) -> float:
+    """GB/s of reading 512 MB of fp32 values once (their sum)."""
+    values = torch.ones(1 << 27)
+    return values.numel() * 4 / median_seconds(values.sum, repeats) / 1e9
+
+
+def task_of(name: str, precision: str, images: int) -> tuple[Callable[[], Any], float | None]:
+    """The task ``name`` at COCO size over ``images`` images, in ``precision``, and for a
+    decoding the GB it must read (:func:`step_bytes` at every word, None for training)."""
     size = coco_size()
     size.batch_size = images
     cfg = replace_section(size.config, "train", precision=precision)
@@ -74,26 +92,65 @@ def task_of(name: str, precision: str, images: int) -> Callable[[], Any]:
     model = build_model(cfg.model, size.vocab_size)
     setup = set_up(size, model, random_batch(size, model, 0), torch.device("cpu"))
     if name == "train":
-        return decoder_step(setup, cfg, reference=False, compiled=False)
-    return our_decoding(setup, name, precision, compiled=False)
+        return decoder_step(setup, cfg, reference=False, compiled=False), None
+    words = size.config.decode.max_length
+    with torch.no_grad():
+        features = model.encode(grid=setup.batch["grid"])
+    per_word = step_bytes(model.decoder, features, precision)
+    return our_decoding(setup, name, precision, compiled=False), words * per_word / 1e9
+
+
+def step_bytes(decoder: torch.nn.Module, features: torch.Tensor, precision: str) -> int:
+    """The bytes a decoding step reads from memory at the least: every weight matrix it
+    multiplies by (found by running one greedy step with hooks on the layers), and the grid
+    and its keys, one copy per image, in ``precision``'s element size."""
+    size = 2 if precision == "bf16" else 4
+    used: dict[int, int] = {}
+
+    def hook(module: torch.nn.Module, *_: Any) -> None:
+        for param in module.parameters(recurse=False):
+            if param.dim() == 2:
+                used[id(param)] = param.numel() * size
+
+    with torch.no_grad():
+        keys = decoder.prepare(features)
+        state = decoder.init_state(features)
+        tokens = torch.full((features.shape[0],), 1)
+        handles = [
+            m.register_forward_hook(hook)
+            for m in decoder.modules()
+            if isinstance(m, torch.nn.Linear | torch.nn.LSTMCell)
+        ]
+        try:
+            decoder.step(tokens, state, features, keys)
+        finally:
+            for handle in handles:
+                handle.remove()
+    return sum(used.values()) + (features.numel() + keys.numel()) * size
 
 
 def flops(fn: Callable[[], Any]) -> int:
-    """The matrix FLOPs of one call of ``fn``."""
-    with FlopCounterMode(display=False) as counter:
-        fn()
+    """The matrix FLOPs of one call of ``fn``, counted with torch's own layers (the counter
+    does not know the packed product)."""
+    packing.ENABLED = False
+    try:
+        with FlopCounterMode(display=False) as counter:
+            fn()
+    finally:
+        packing.ENABLED = True
     return counter.get_total_flops()
 
 
 def measure(precision: str, images: int, repeats: int) -> list[dict[str, Any]]:
     """One row per task in ``precision``."""
-    peak = peaks(precision, images, repeats)
+    peak, read = peaks(precision, images, repeats), bandwidth(repeats)
     rows = []
     for name in TASKS:
-        fn = task_of(name, precision, images)
+        fn, gbytes = task_of(name, precision, images)
         work = flops(fn) / 1e9
-        seconds = median_seconds(fn, repeats, warmup=1)
+        seconds, unpacked = timed(fn, repeats, compare=gbytes is not None)
         rate = work / seconds
+        roof = None if gbytes is None else max(work / peak["model"], gbytes / read)
         rows.append(
             {
                 "task": name,
@@ -108,14 +165,39 @@ def measure(precision: str, images: int, repeats: int) -> list[dict[str, Any]]:
                 "peak_model_gflops_per_s": round(peak["model"], 1),
                 "share_of_square_peak": round(rate / peak["square"], 3),
                 "share_of_model_peak": round(rate / peak["model"], 3),
+                "bandwidth_gb_per_s": round(read, 1),
+                "gbytes": None if gbytes is None else round(gbytes, 2),
+                "roofline_seconds": None if roof is None else round(roof, 4),
+                "share_of_roofline": None if roof is None else round(roof / seconds, 3),
+                "seconds_unpacked": None if unpacked is None else round(unpacked, 4),
             }
         )
         print(
             f"{name:7s} {precision}: {work:.1f} GFLOP in {seconds:.3f} s = {rate:.0f} GFLOP/s; "
             f"{rate / peak['square']:.0%} of the square product's {peak['square']:.0f}, "
             f"{rate / peak['model']:.0%} of the decoder's own products' {peak['model']:.0f}"
+            + ("" if roof is None else f"; {gbytes:.2f} GB read at {read:.1f} GB/s, ")
+            + ("" if roof is None else f"{roof / seconds:.0%} of the roofline's bound")
+            + ("" if unpacked is None else f"; torch's own layers {unpacked:.3f} s")
         )
     return rows
+
+
+def timed(fn: Callable[[], Any], repeats: int, compare: bool) -> tuple[float, float | None]:
+    """The median seconds of ``fn`` as decoding runs (weights packed where the CPU can), and
+    with ``compare`` those with torch's own layers, the two timed in alternating rounds."""
+    if not compare or not packing.packing_available():
+        return median_seconds(fn, repeats, warmup=1), None
+    fn()
+    times: dict[bool, list[float]] = {True: [], False: []}
+    for _ in range(repeats):
+        for enabled in (True, False):
+            packing.ENABLED = enabled
+            try:
+                times[enabled].append(median_seconds(fn, 1, warmup=0))
+            finally:
+                packing.ENABLED = True
+    return statistics.median(times[True]), statistics.median(times[False])
 
 
 @errors_in_one_line

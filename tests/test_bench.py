@@ -774,3 +774,27 @@ def test_the_roofline_writes_a_row_per_task(tmp_path):
     assert [row["task"] for row in rows] == list(roofline.TASKS)
     for row in rows:
         assert row["gflop"] > 0 and 0 < row["share_of_square_peak"] < 2, row
+
+
+def test_the_roofline_counts_the_bytes_a_decoding_step_must_read():
+    """Every weight matrix a step multiplies by, counted once, and the grid and its keys;
+    not the embedding table (a step reads a row of it), the initial state's layers or the
+    key projection (run once per caption)."""
+    from benchmarks import roofline
+
+    torch.manual_seed(0)
+    model = build_model(load_config("configs/test_tiny.yaml").model, 30).eval()
+    with torch.no_grad():
+        size = model.encoder.image_size
+        features = model.encode(torch.randn(1, 3, size, size))
+        keys = model.decoder.prepare(features)
+    skipped = ("embedding.", "init_h.", "init_c.", "attention.score.key_proj.")
+    weights = [
+        p.numel()
+        for name, p in model.decoder.named_parameters()
+        if p.dim() == 2 and not name.startswith(skipped)
+    ]
+    assert len(weights) >= 6  # query, score, gate, the cell's two, the deep output's three
+    expected = 4 * (sum(weights) + features.numel() + keys.numel())
+    assert roofline.step_bytes(model.decoder, features, "fp32") == expected
+    assert roofline.step_bytes(model.decoder, features, "bf16") == expected // 2

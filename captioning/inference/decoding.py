@@ -15,6 +15,7 @@ from captioning.config import DecodeConfig
 from captioning.data.vocab import Vocabulary
 from captioning.models.attention import HardContext
 from captioning.models.decoder import Decoder
+from captioning.models.packing import packed_weights
 from captioning.models.trace import AttentionTrace, TraceLayout
 
 
@@ -68,6 +69,7 @@ def _mask_logits(
 
 
 @torch.no_grad()
+@packed_weights()
 def _step_by_step(
     decoder: Decoder,
     features: torch.Tensor,
@@ -377,6 +379,7 @@ class _Candidates:
 
 
 @torch.no_grad()
+@packed_weights()
 def beam_search(
     decoder: Decoder,
     features: torch.Tensor,

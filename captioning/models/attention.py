@@ -28,6 +28,7 @@ from torch import nn
 
 from captioning.config import ModelConfig, unknown_choice
 from captioning.errors import ConfigError
+from captioning.models.packing import Linear
 from captioning.models.scores import groups, make_score
 from captioning.models.trace import AttentionTrace
 
@@ -274,7 +275,7 @@ class LocalAttention(SoftAttention):
     ) -> None:
         super().__init__(score)
         self.centre = nn.Sequential(
-            nn.Linear(query_dim, attention_dim), nn.Tanh(), nn.Linear(attention_dim, 2)
+            Linear(query_dim, attention_dim), nn.Tanh(), Linear(attention_dim, 2)
         )
         rows, cols = grid_shape
         grid = torch.stack(

@@ -42,6 +42,7 @@ from torch.utils.checkpoint import checkpoint
 
 from captioning.models.attention import EXPECTATION, AttentionOutput, HardContext
 from captioning.models.encoder import split_summary
+from captioning.models.packing import Linear, LSTMCell
 from captioning.models.scores import groups
 from captioning.models.trace import AttentionTrace
 
@@ -165,33 +166,33 @@ class Decoder(nn.Module):
             self.initial_c = nn.Parameter(torch.zeros(hidden_dim))
         else:
             init_dim = summary_dim if summary in ("init", "both") else feature_dim
-            self.init_h = nn.Linear(init_dim, hidden_dim)
-            self.init_c = nn.Linear(init_dim, hidden_dim)
+            self.init_h = Linear(init_dim, hidden_dim)
+            self.init_c = Linear(init_dim, hidden_dim)
         self.init_from_summary = summary in ("init", "both")
         self.init_activation = torch.tanh if init_state == "tanh" else nn.Identity()
-        self.value_proj = nn.Linear(feature_dim, value_dim) if value_dim else None
+        self.value_proj = Linear(feature_dim, value_dim) if value_dim else None
         context_dim = value_dim or feature_dim
         gate_sizes = {"scalar": 1, "vector": context_dim, "none": 0}
         if gate not in gate_sizes:
             raise ValueError(f"gate must be scalar, vector or none, got {gate!r}")
-        self.gate = nn.Linear(hidden_dim, gate_sizes[gate]) if gate != "none" else None
+        self.gate = Linear(hidden_dim, gate_sizes[gate]) if gate != "none" else None
         if not (context_to_lstm or deep_output):
             raise ValueError("context_to_lstm=False needs deep_output=True to use the context")
         self.context_to_lstm = context_to_lstm
-        self.lstm = nn.LSTMCell(embed_dim + (context_dim if context_to_lstm else 0), hidden_dim)
+        self.lstm = LSTMCell(embed_dim + (context_dim if context_to_lstm else 0), hidden_dim)
         self.dropout = nn.Dropout(dropout)
         self.deep_output = deep_output
         if deep_output:
-            self.hidden_to_out = nn.Linear(hidden_dim, embed_dim)
-            self.context_to_out = nn.Linear(context_dim, embed_dim)
-            self.out = nn.Linear(embed_dim, vocab_size)
+            self.hidden_to_out = Linear(hidden_dim, embed_dim)
+            self.context_to_out = Linear(context_dim, embed_dim)
+            self.out = Linear(embed_dim, vocab_size)
         else:
-            self.out = nn.Linear(hidden_dim, vocab_size)
+            self.out = Linear(hidden_dim, vocab_size)
         self.summary_to_out = None
         if summary in ("output", "both"):
             if not deep_output:
                 raise ValueError("summary=output needs deep_output=True")
-            self.summary_to_out = nn.Linear(summary_dim, embed_dim, bias=False)
+            self.summary_to_out = Linear(summary_dim, embed_dim, bias=False)
 
     # ------------------------------------------------------------------ pieces
 

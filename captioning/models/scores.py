@@ -21,6 +21,7 @@ from torch import nn
 
 from captioning.config import unknown_choice
 from captioning.errors import ConfigError
+from captioning.models.packing import Linear
 
 
 def groups(keys: torch.Tensor, rows: int) -> int:
@@ -52,9 +53,9 @@ class AdditiveScore(nn.Module):
         self, feature_dim: int, query_dim: int, attention_dim: int, activation: str = "tanh"
     ) -> None:
         super().__init__()
-        self.key_proj = nn.Linear(feature_dim, attention_dim)
-        self.query_proj = nn.Linear(query_dim, attention_dim, bias=False)
-        self.out = nn.Linear(attention_dim, 1)
+        self.key_proj = Linear(feature_dim, attention_dim)
+        self.query_proj = Linear(query_dim, attention_dim, bias=False)
+        self.out = Linear(attention_dim, 1)
         self.activation = torch.tanh if activation == "tanh" else F.relu
         self.activation_ = torch.Tensor.tanh_ if activation == "tanh" else torch.Tensor.relu_
 
@@ -113,8 +114,8 @@ class DotScore(nn.Module):
         cosine: bool = False,
     ) -> None:
         super().__init__()
-        self.key_proj = nn.Linear(feature_dim, attention_dim)
-        self.query_proj = nn.Linear(query_dim, attention_dim)
+        self.key_proj = Linear(feature_dim, attention_dim)
+        self.query_proj = Linear(query_dim, attention_dim)
         self.scale = 1.0 / math.sqrt(attention_dim) if scaled else 1.0
         self.cosine = cosine
         # Cosines lie in [-1, 1]: without a temperature the softmax stays nearly uniform.
@@ -140,7 +141,7 @@ class GeneralScore(nn.Module):
 
     def __init__(self, feature_dim: int, query_dim: int, attention_dim: int) -> None:
         super().__init__()
-        self.query_proj = nn.Linear(query_dim, feature_dim, bias=False)
+        self.query_proj = Linear(query_dim, feature_dim, bias=False)
 
     def project_keys(self, features: torch.Tensor) -> torch.Tensor:
         return features  # (B, L, D)
@@ -167,7 +168,7 @@ class LocationScore(nn.Module):
         super().__init__()
         if not cells:
             raise ConfigError("model.score=location needs the number of grid cells")
-        self.proj = nn.Linear(query_dim, cells)
+        self.proj = Linear(query_dim, cells)
 
     def project_keys(self, features: torch.Tensor) -> torch.Tensor:
         return features[:, :, :0]  # (B, L, 0): nothing about the content is used

@@ -268,14 +268,16 @@ ROOFLINE_TASKS = {
 
 
 def roofline(rows: Rows) -> str:
-    """Each task's matrix FLOPs, time and rate, and its share of the host's two peaks
-    (``benchmarks/roofline.py``), by precision."""
+    """Each task's matrix FLOPs, time and rate, its share of the host's two peaks
+    (``benchmarks/roofline.py``), by precision; for decoding, the bytes it must read, its
+    share of the roofline's bound and its time with torch's own (unpacked) layers."""
     if not rows:
         return "No rows of `results/roofline.json` yet: the command above writes them.\n"
     lines = [
         "| task | precision | GFLOP | seconds | GFLOP/s | peak: 2,048-cube / the decoder's "
-        "products (GFLOP/s) | share of the cube's peak | share of the decoder's products' |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "products (GFLOP/s) | share of the cube's peak | share of the decoder's products' "
+        "| GB read (at GB/s) | roofline's bound | share of the roofline | torch's own layers |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     order = list(ROOFLINE_TASKS)
     for row in sorted(rows, key=lambda r: (r["precision"], order.index(r["task"]))):
@@ -283,7 +285,9 @@ def roofline(rows: Rows) -> str:
             f"| {ROOFLINE_TASKS[row['task']]} | {row['precision']} | {row['gflop']:.1f} | "
             f"{row['seconds']:.3f} | {row['gflops_per_s']:.0f} | "
             f"{row['peak_square_gflops_per_s']:.0f} / {row['peak_model_gflops_per_s']:.0f} | "
-            f"{row['share_of_square_peak']:.0%} | {row['share_of_model_peak']:.0%} |"
+            f"{row['share_of_square_peak']:.0%} | {row['share_of_model_peak']:.0%} | "
+            + " | ".join(_memory_roof(row))
+            + " |"
         )
     images = sorted({r["images"] for r in rows})
     note = (
@@ -291,3 +295,17 @@ def roofline(rows: Rows) -> str:
         f"{commands(rows)}. COCO size, {', '.join(map(str, images))} images, 20 words."
     )
     return "\n".join([*lines, "", note]) + "\n"
+
+
+def _memory_roof(row: dict[str, Any]) -> list[str]:
+    """The memory-roof cells of a roofline row: "–" where the row has none (training, rows
+    measured before the memory roof)."""
+    if row.get("gbytes") is None:
+        return ["–"] * 4
+    unpacked = row.get("seconds_unpacked")
+    return [
+        f"{row['gbytes']:.2f} ({row['bandwidth_gb_per_s']:.0f})",
+        f"{row['roofline_seconds']:.3f} s",
+        f"{row['share_of_roofline']:.0%}",
+        "–" if unpacked is None else f"{unpacked:.3f} s ({unpacked / row['seconds']:.2f}x)",
+    ]
