@@ -1,5 +1,7 @@
 """Encoder, attention and decoder: shapes, flags and gradients on tiny models."""
 
+import copy
+
 import pytest
 import torch
 from torch import nn
@@ -800,3 +802,33 @@ def test_folded_batch_norms_give_the_same_grid(name):
         after = encoder(images)
     assert after.abs().max() > 0.1
     torch.testing.assert_close(after, before, rtol=1e-4, atol=1e-4)
+
+
+def test_the_fused_optimiser_makes_adams_updates():
+    """On the CPU the run's Adam is torch's fused one; five steps of it (two learning rates,
+    weight decay) give the weights that torch's plain Adam gives."""
+    from captioning.config import TrainConfig
+    from captioning.training.optim import build_optimizer
+
+    images, tokens = batch()
+    cfg = TrainConfig(lr=1e-2, encoder_lr=1e-3, weight_decay=1e-4)
+    torch.manual_seed(0)
+    fused_model = tiny_model()
+    plain_model, start = copy.deepcopy(fused_model), copy.deepcopy(fused_model)
+    fused, plain = build_optimizer(fused_model, cfg), build_optimizer(plain_model, cfg)
+    assert all(group["fused"] for group in fused.param_groups)
+    for group in plain.param_groups:
+        group["fused"] = None  # torch's default: one operation at a time
+    for model, optimizer in ((fused_model, fused), (plain_model, plain)):
+        model.train()
+        for step in range(5):
+            torch.manual_seed(step)  # the same dropout masks in both
+            optimizer.zero_grad()
+            loss = caption_loss(model(images, tokens), tokens[:, 1:], 0, penalty_weight=0.0)
+            loss.total.backward()
+            optimizer.step()
+    for (name, a), b, c in zip(
+        fused_model.named_parameters(), plain_model.parameters(), start.parameters()
+    ):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
+        assert not a.requires_grad or not torch.equal(a, c), name

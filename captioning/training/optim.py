@@ -13,14 +13,19 @@ from captioning.models import Captioner
 
 def build_optimizer(model: Captioner, cfg: TrainConfig) -> torch.optim.Optimizer:
     """Adam with separate learning rates for the encoder's trainable part (``encoder_lr``)
-    and everything after it (``lr``: the decoder, and the grid self-attention)."""
+    and everything after it (``lr``: the decoder, and the grid self-attention).
+
+    Torch's fused Adam where the weights lie on the CPU or a CUDA device: one pass over each
+    weight for the whole update instead of one per operation of the update (a fifth of the
+    time of a COCO-size decoder's update on a 2-core CPU, docs/speed.md)."""
     encoder_params = [p for p in model.encoder.parameters() if p.requires_grad]
     in_encoder = {id(p) for p in model.encoder.parameters()}
     rest = [p for p in model.parameters() if id(p) not in in_encoder]
     groups = [{"params": rest, "lr": cfg.lr, "name": "decoder"}]
     if encoder_params:
         groups.append({"params": encoder_params, "lr": cfg.encoder_lr, "name": "encoder"})
-    return torch.optim.Adam(groups, weight_decay=cfg.weight_decay)
+    fused = all(p.device.type in ("cpu", "cuda") for p in model.parameters())
+    return torch.optim.Adam(groups, weight_decay=cfg.weight_decay, fused=fused or None)
 
 
 class LRSchedule:
