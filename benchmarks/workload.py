@@ -101,6 +101,32 @@ def coco_size() -> BenchSize:
     )
 
 
+def flickr8k_size(side: int = 224) -> BenchSize:
+    """The Flickr8k recipe's shapes (configs/flickr8k_best.yaml: MobileNetV2, attention and
+    embedding of 256, LSTM 512, its 3,489 words) with the paper's wiring, which the reference
+    computes: a 7 x 7 x 1,280 grid at 224 px, 14 x 14 at ``side`` 448 (the stride-16 grid's
+    cells); random weights, 20-token captions, 32 images."""
+    config = config_from_dict(
+        {
+            "model": {
+                "encoder": "mobilenet_v2",
+                "weights": None,
+                "image_size": side,
+                "fine_tune": "none",
+                "attention_dim": 256,
+                "embed_dim": 256,
+                "hidden_dim": 512,
+            },
+            "train": {"batch_size": 32},
+            "decode": {"max_length": 20},
+        }
+    )
+    name = "flickr8k" if side == 224 else f"flickr8k_{side // 32}x{side // 32}"
+    return BenchSize(
+        name, config, vocab_size=3489, caption_length=20, batch_size=32, check_images=8
+    )
+
+
 def tiny_size() -> BenchSize:
     """A seconds-long size for tests and smoke runs (4x4x16 grid, 20 words)."""
     config = config_from_dict(
@@ -124,6 +150,8 @@ def tiny_size() -> BenchSize:
 SIZES: dict[str, Callable[[], BenchSize]] = {
     "shapes": shapes_size,
     "coco": coco_size,
+    "flickr8k": flickr8k_size,
+    "flickr8k_14x14": partial(flickr8k_size, 448),
     "tiny": tiny_size,
 }
 
