@@ -142,45 +142,62 @@ def flops(fn: Callable[[], Any]) -> int:
 
 
 def measure(precision: str, images: int, repeats: int) -> list[dict[str, Any]]:
-    """One row per task in ``precision``."""
-    peak, read = peaks(precision, images, repeats), bandwidth(repeats)
-    rows = []
+    """One row per task in ``precision``. The peaks and the bandwidth are measured before
+    and after the tasks and the higher kept: a host whose speed drifts is held to the best it
+    showed in the run."""
+    before = peaks(precision, images, repeats), bandwidth(repeats)
+    timings = []
     for name in TASKS:
         fn, gbytes = task_of(name, precision, images)
         work = flops(fn) / 1e9
-        seconds, unpacked = timed(fn, repeats, compare=gbytes is not None)
-        rate = work / seconds
-        roof = None if gbytes is None else max(work / peak["model"], gbytes / read)
-        rows.append(
-            {
-                "task": name,
-                "precision": precision,
-                "images": images,
-                "threads": torch.get_num_threads(),
-                "device": device_name("cpu"),
-                "gflop": round(work, 2),
-                "seconds": round(seconds, 4),
-                "gflops_per_s": round(rate, 1),
-                "peak_square_gflops_per_s": round(peak["square"], 1),
-                "peak_model_gflops_per_s": round(peak["model"], 1),
-                "share_of_square_peak": round(rate / peak["square"], 3),
-                "share_of_model_peak": round(rate / peak["model"], 3),
-                "bandwidth_gb_per_s": round(read, 1),
-                "gbytes": None if gbytes is None else round(gbytes, 2),
-                "roofline_seconds": None if roof is None else round(roof, 4),
-                "share_of_roofline": None if roof is None else round(roof / seconds, 3),
-                "seconds_unpacked": None if unpacked is None else round(unpacked, 4),
-            }
-        )
-        print(
-            f"{name:7s} {precision}: {work:.1f} GFLOP in {seconds:.3f} s = {rate:.0f} GFLOP/s; "
-            f"{rate / peak['square']:.0%} of the square product's {peak['square']:.0f}, "
-            f"{rate / peak['model']:.0%} of the decoder's own products' {peak['model']:.0f}"
-            + ("" if roof is None else f"; {gbytes:.2f} GB read at {read:.1f} GB/s, ")
-            + ("" if roof is None else f"{roof / seconds:.0%} of the roofline's bound")
-            + ("" if unpacked is None else f"; torch's own layers {unpacked:.3f} s")
-        )
-    return rows
+        timings.append((name, work, gbytes, *timed(fn, repeats, compare=gbytes is not None)))
+    after = peaks(precision, images, repeats), bandwidth(repeats)
+    peak = {key: max(before[0][key], after[0][key]) for key in before[0]}
+    read = max(before[1], after[1])
+    return [_row(*timing, precision, images, peak, read) for timing in timings]
+
+
+def _row(
+    name: str,
+    work: float,
+    gbytes: float | None,
+    seconds: float,
+    unpacked: float | None,
+    precision: str,
+    images: int,
+    peak: dict[str, float],
+    read: float,
+) -> dict[str, Any]:
+    """A task's row, printed as it is made."""
+    rate = work / seconds
+    roof = None if gbytes is None else max(work / peak["model"], gbytes / read)
+    print(
+        f"{name:7s} {precision}: {work:.1f} GFLOP in {seconds:.3f} s = {rate:.0f} GFLOP/s; "
+        f"{rate / peak['square']:.0%} of the square product's {peak['square']:.0f}, "
+        f"{rate / peak['model']:.0%} of the decoder's own products' {peak['model']:.0f}"
+        + ("" if roof is None else f"; {gbytes:.2f} GB read at {read:.1f} GB/s, ")
+        + ("" if roof is None else f"{roof / seconds:.0%} of the roofline's bound")
+        + ("" if unpacked is None else f"; torch's own layers {unpacked:.3f} s")
+    )
+    return {
+        "task": name,
+        "precision": precision,
+        "images": images,
+        "threads": torch.get_num_threads(),
+        "device": device_name("cpu"),
+        "gflop": round(work, 2),
+        "seconds": round(seconds, 4),
+        "gflops_per_s": round(rate, 1),
+        "peak_square_gflops_per_s": round(peak["square"], 1),
+        "peak_model_gflops_per_s": round(peak["model"], 1),
+        "share_of_square_peak": round(rate / peak["square"], 3),
+        "share_of_model_peak": round(rate / peak["model"], 3),
+        "bandwidth_gb_per_s": round(read, 1),
+        "gbytes": None if gbytes is None else round(gbytes, 2),
+        "roofline_seconds": None if roof is None else round(roof, 4),
+        "share_of_roofline": None if roof is None else round(roof / seconds, 3),
+        "seconds_unpacked": None if unpacked is None else round(unpacked, 4),
+    }
 
 
 def timed(fn: Callable[[], Any], repeats: int, compare: bool) -> tuple[float, float | None]:
