@@ -458,7 +458,10 @@ def test_quick_run_writes_every_measurement(tmp_path, monkeypatch, capsys):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--sizes", "tiny,huge"], "--sizes must name some of shapes, coco, tiny"),
+        (
+            ["--sizes", "tiny,huge"],
+            "--sizes must name some of shapes, coco, flickr8k, flickr8k_14x14, tiny",
+        ),
         (["--sizes", ","], "--sizes must name some of"),
         (["--precisions", "fp16"], "--precisions must name fp32 and/or bf16"),
         (["--repeats", "0"], "--repeats must be at least 1"),
@@ -516,7 +519,7 @@ def test_the_benchmarks_run_as_modules_from_the_repository_root():
     bench_run = run("benchmarks.bench", "--sizes", "nope")
     assert bench_run.returncode == 2
     assert bench_run.stderr.strip().splitlines() == [
-        "error: --sizes must name some of shapes, coco, tiny; got ['nope']"
+        "error: --sizes must name some of shapes, coco, flickr8k, flickr8k_14x14, tiny; got ['nope']"
     ]
     for module in ("beam_floor", "profile_epoch", "roofline", "serve_load", "serve_stress"):
         helped = run(f"benchmarks.{module}", "--help")

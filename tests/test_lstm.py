@@ -147,3 +147,57 @@ def test_the_probe_leaves_the_random_streams_alone():
     after_probe = torch.rand(3)
     torch.manual_seed(5)
     torch.testing.assert_close(torch.rand(3), after_probe)
+
+
+# --------------------------------------------------------------------------- deferred gradients
+
+
+def paper_wiring_gradients(monkeypatch, deferred: bool, autocast: bool = False):
+    """The gradients of every weight of a tiny paper-wiring model (the context in the LSTM:
+    teacher forcing steps word by word) after one caption loss, with the cell's weight
+    gradients deferred or with torch's own cell."""
+    from captioning.models import deferred as deferred_module
+    from captioning.objectives.cross_entropy import caption_loss
+
+    from .test_models import batch, tiny_model
+
+    if not deferred:
+        monkeypatch.setattr(decoder_module, "deferred_cell", lambda cell: cell)
+    model = tiny_model("model.context_to_lstm=true", "model.dropout=0.0")
+    assert isinstance(model.decoder.lstm, nn.LSTMCell)
+    images, tokens = batch(size=4, length=7)
+    calls = []
+    original = deferred_module._Share.backward
+    monkeypatch.setattr(
+        deferred_module._Share, "backward", staticmethod(lambda *a: calls.append(1) or original(*a))
+    )
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        loss = caption_loss(model(images, tokens), tokens[:, 1:], 0, penalty_weight=1.0).total
+    loss.backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    return grads, len(calls)
+
+
+def test_the_deferred_cell_gives_the_word_loops_gradients(monkeypatch):
+    deferred, shares = paper_wiring_gradients(monkeypatch, deferred=True)
+    with monkeypatch.context() as patch:
+        plain, plain_shares = paper_wiring_gradients(patch, deferred=False)
+    assert shares == 2 and plain_shares == 0  # the input and hidden weights, once each
+    assert deferred.keys() == plain.keys()
+    assert {"decoder.lstm.weight_ih", "decoder.lstm.bias_hh"} <= deferred.keys()
+    for name, grad in plain.items():
+        torch.testing.assert_close(deferred[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+    assert float(plain["decoder.lstm.weight_ih"].abs().sum()) > 0
+
+
+def test_autocast_and_inference_keep_torchs_cell(monkeypatch):
+    from captioning.models.deferred import deferred_cell
+
+    cell = nn.LSTMCell(4, 3)
+    assert deferred_cell(cell) is not cell
+    with torch.no_grad():
+        assert deferred_cell(cell) is cell
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert deferred_cell(cell) is cell
+    _, shares = paper_wiring_gradients(monkeypatch, deferred=True, autocast=True)
+    assert shares == 0

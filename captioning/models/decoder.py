@@ -41,6 +41,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from captioning.models.attention import EXPECTATION, AttentionOutput, HardContext
+from captioning.models.deferred import Cell, deferred_cell
 from captioning.models.encoder import split_summary
 from captioning.models.packing import Linear, LSTMCell
 from captioning.models.scores import groups
@@ -258,13 +259,15 @@ class Decoder(nn.Module):
         features: torch.Tensor,
         keys: torch.Tensor,
         hard: HardContext,
+        cell: Cell | None = None,
     ) -> tuple[DecoderState, AttentionOutput, torch.Tensor, torch.Tensor]:
-        """Attend, gate and run the LSTM cell: returns state, attention, gated context, beta."""
+        """Attend, gate and run the LSTM cell (``cell``, or the model's own): returns state,
+        attention, gated context, beta."""
         values, keys = self.values_and_keys(features, keys)
         attended = self.attention(values, keys, state.h, hard)
         context, beta_mean = self._gate(state.h, attended.context)  # (B, D), (B,)
         inputs = torch.cat([embedded, context], dim=1) if self.context_to_lstm else embedded
-        h, c = self.lstm(inputs, (state.h, state.c))
+        h, c = (cell or self.lstm)(inputs, (state.h, state.c))
         return DecoderState(h, c), attended, context, beta_mean
 
     def lead(self, embedded: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
@@ -455,9 +458,10 @@ class Decoder(nn.Module):
         :attr:`parallel` is off."""
         hiddens, contexts, traces, betas = [], [], [], []
         log_probs, sampled = [], []
+        cell = deferred_cell(self.lstm)  # one product per weight gradient, not one per word
         for t in range(embedded.shape[1]):
             state, attended, context, beta = self._advance(
-                embedded[:, t], state, features, keys, hard.at(t)
+                embedded[:, t], state, features, keys, hard.at(t), cell
             )
             hiddens.append(state.h)
             contexts.append(context)

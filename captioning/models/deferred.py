@@ -1,0 +1,116 @@
+"""The LSTM cell of a training word loop, with its weights' gradients taken once per caption.
+
+In the paper's wiring each word's LSTM input holds the context attended with the state
+before it, so teacher forcing steps through the words one at a time. Autograd then computes
+the gradient of the cell's weights at every word, a product of 32 rows (one per caption)
+added into a 2,048 x 2,560 gradient, and adds the nineteen of them together. The gradient is
+the same sum as one product over all the words' rows, which runs at a far higher share of
+the CPU's peak and writes the gradient once: :func:`deferred_cell` wraps the cell so that
+each word's backward pass keeps its inputs and its gradient, and the weights' gradients are
+computed from all of them after the last word's. The gradients are those of the word-by-word
+cell to fp32 rounding (a test compares them).
+
+It applies to fp32 training (under autocast the cell is torch's own) and to a cell whose
+weights need gradients.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+Cell = Callable[
+    [torch.Tensor, tuple[torch.Tensor, torch.Tensor]], tuple[torch.Tensor, torch.Tensor]
+]
+
+
+class _Pieces:
+    """Each word's rows of one weight's gradient: its inputs (R, K) and output grads (R, N)."""
+
+    def __init__(self) -> None:
+        self.inputs: list[torch.Tensor] = []
+        self.grads: list[torch.Tensor] = []
+
+
+class _Share(torch.autograd.Function):
+    """``weight``, ``bias`` → the same tensors, for every word to use; backward: their
+    gradients in one product over every word's pieces (after every word's backward, which
+    consumes these outputs)."""
+
+    @staticmethod
+    def forward(
+        ctx: torch.autograd.function.FunctionCtx,
+        weight: torch.Tensor,
+        bias: torch.Tensor,
+        pieces: _Pieces,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        ctx.pieces = pieces
+        ctx.set_materialize_grads(False)
+        return weight.view_as(weight), bias.view_as(bias)
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx, *_: torch.Tensor | None) -> tuple:
+        pieces = ctx.pieces
+        if not pieces.grads:
+            return None, None, None
+        grads, inputs = torch.cat(pieces.grads), torch.cat(pieces.inputs)  # (W*R, N), (W*R, K)
+        pieces.grads.clear()
+        pieces.inputs.clear()
+        return grads.t() @ inputs, grads.sum(dim=0), None
+
+
+class _Use(torch.autograd.Function):
+    """One word's ``F.linear(inputs, weight, bias)`` whose backward passes the inputs'
+    gradient on and leaves the weight's to :class:`_Share`."""
+
+    @staticmethod
+    def forward(
+        ctx: torch.autograd.function.FunctionCtx,
+        inputs: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor,
+        pieces: _Pieces,
+    ) -> torch.Tensor:
+        ctx.save_for_backward(inputs, weight)
+        ctx.pieces = pieces
+        return F.linear(inputs, weight, bias)
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor) -> tuple:
+        inputs, weight = ctx.saved_tensors
+        ctx.pieces.inputs.append(inputs)
+        ctx.pieces.grads.append(grad)
+        return (grad @ weight if ctx.needs_input_grad[0] else None), None, None, None
+
+
+def deferred_cell(cell: nn.LSTMCell) -> Cell:
+    """``cell`` for one caption batch's word loop: called as the cell is, with its weights'
+    gradients deferred (see the module docstring) when that applies, else the cell itself.
+    Make one per forward pass."""
+    weights = (cell.weight_ih, cell.bias_ih, cell.weight_hh, cell.bias_hh)
+    applies = (
+        torch.is_grad_enabled()
+        and all(w is not None and w.requires_grad for w in weights)
+        and not torch.is_autocast_enabled(cell.weight_ih.device.type)
+    )
+    if not applies:
+        return cell
+    pieces_ih, pieces_hh = _Pieces(), _Pieces()
+    weight_ih, bias_ih = _Share.apply(cell.weight_ih, cell.bias_ih, pieces_ih)
+    weight_hh, bias_hh = _Share.apply(cell.weight_hh, cell.bias_hh, pieces_hh)
+
+    def step(
+        inputs: torch.Tensor, hx: tuple[torch.Tensor, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        h, c = hx
+        gates = _Use.apply(h, weight_hh, bias_hh, pieces_hh) + _Use.apply(
+            inputs, weight_ih, bias_ih, pieces_ih
+        )
+        i, f, g, o = gates.unsafe_chunk(4, 1)
+        c = f.sigmoid() * c + i.sigmoid() * g.tanh()
+        return o.sigmoid() * c.tanh(), c
+
+    return step
