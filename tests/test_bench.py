@@ -519,7 +519,8 @@ def test_the_benchmarks_run_as_modules_from_the_repository_root():
     bench_run = run("benchmarks.bench", "--sizes", "nope")
     assert bench_run.returncode == 2
     assert bench_run.stderr.strip().splitlines() == [
-        "error: --sizes must name some of shapes, coco, flickr8k, flickr8k_14x14, tiny; got ['nope']"
+        "error: --sizes must name some of shapes, coco, flickr8k, flickr8k_14x14, tiny; "
+        "got ['nope']"
     ]
     for module in ("beam_floor", "profile_epoch", "roofline", "serve_load", "serve_stress"):
         helped = run(f"benchmarks.{module}", "--help")
