@@ -105,3 +105,23 @@ def test_the_layers_are_torchs_outside_packing():
     torch.testing.assert_close(layer(inputs), F.linear(inputs, layer.weight, layer.bias))
     with packed_weights(enabled=False):
         assert packing.active() is None
+
+
+def test_the_probe_answers_inside_autocast():
+    """A process whose first decoding runs under bf16 autocast (a bf16 run's validation)
+    probes the packed kernel there: the probe computes in fp32 all the same."""
+    packing.packing_available.cache_clear()
+    try:
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            available = packing.packing_available()
+        packing.packing_available.cache_clear()
+        assert available == packing.packing_available()
+        torch.manual_seed(0)
+        model = tiny_model().eval()
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            features = model.encoder(batch(size=9)[0])
+            packing.packing_available.cache_clear()
+            decoded = greedy_decode(model.decoder, features, max_length=5)
+        assert decoded.tokens.shape[0] == 9
+    finally:
+        packing.packing_available.cache_clear()

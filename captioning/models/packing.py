@@ -139,9 +139,10 @@ def packing_available() -> bool:
         torch.randn(*shape, generator=generator) for shape in ((MIN_ROWS, 24), (40, 24), (40,))
     )
     try:
-        with torch.no_grad():
+        with torch.no_grad(), torch.autocast("cpu", enabled=False):
             packed = mkl._mkl_reorder_linear_weight(weight, MIN_ROWS)
             out = mkl._mkl_linear(inputs, packed, weight, bias, MIN_ROWS)
+            expected = F.linear(inputs, weight, bias)
     except (AttributeError, RuntimeError, TypeError):
         return False
-    return out.shape == (MIN_ROWS, 40) and torch.allclose(out, F.linear(inputs, weight, bias))
+    return out.shape == expected.shape and torch.allclose(out, expected)

@@ -221,6 +221,7 @@ LOOKS = (
     "tiles5_ent",
     "tiles5_ent_dsw0",
     "tiles5_glimpse",
+    "tiles5_sum_ent",
     "best_exact",
     "os16_ent_hard",
     "tiles5_ent_hard",
