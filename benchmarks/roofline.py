@@ -21,9 +21,10 @@
    all larger than a core's cache. A task cannot run faster than the larger of its FLOPs at
    the decoder's peak and its bytes at that bandwidth: its share of the roofline is that
    bound over its time.
-5. **Packing** (decoding): the same decoding with the weights packed once per batch (the
-   default on x86 CPUs, :mod:`captioning.models.packing`) and with torch's own layers,
-   timed in alternating rounds.
+5. **Torch's own layers**: each task is also timed with torch's own layers, in alternating
+   rounds: decoding without the weights packed once per batch
+   (:mod:`captioning.models.packing`), training with the LSTM cell's weight gradients taken
+   word by word (:mod:`captioning.models.deferred`).
 
 Each row names the task, precision, threads and host (``--results FILE`` merges them into a
 results file; ``python -m tools.tables`` renders ``results/roofline.json`` into
@@ -44,7 +45,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from benchmarks.timing import median_seconds
 from benchmarks.workload import coco_size, decoder_step, our_decoding, random_batch, set_up
 from captioning.config import replace_section
-from captioning.models import packing
+from captioning.models import deferred, packing
 from captioning.models.captioner import build_model
 from captioning.runtime import native_bf16
 from lab.options import errors_in_one_line
@@ -150,7 +151,7 @@ def measure(precision: str, images: int, repeats: int) -> list[dict[str, Any]]:
     for name in TASKS:
         fn, gbytes = task_of(name, precision, images)
         work = flops(fn) / 1e9
-        timings.append((name, work, gbytes, *timed(fn, repeats, compare=gbytes is not None)))
+        timings.append((name, work, gbytes, *timed(fn, repeats)))
     after = peaks(precision, images, repeats), bandwidth(repeats)
     peak = {key: max(before[0][key], after[0][key]) for key in before[0]}
     read = max(before[1], after[1])
@@ -162,7 +163,7 @@ def _row(
     work: float,
     gbytes: float | None,
     seconds: float,
-    unpacked: float | None,
+    unpacked: float,
     precision: str,
     images: int,
     peak: dict[str, float],
@@ -177,7 +178,7 @@ def _row(
         f"{rate / peak['model']:.0%} of the decoder's own products' {peak['model']:.0f}"
         + ("" if roof is None else f"; {gbytes:.2f} GB read at {read:.1f} GB/s, ")
         + ("" if roof is None else f"{roof / seconds:.0%} of the roofline's bound")
-        + ("" if unpacked is None else f"; torch's own layers {unpacked:.3f} s")
+        + f"; torch's own layers {unpacked:.3f} s"
     )
     return {
         "task": name,
@@ -196,24 +197,22 @@ def _row(
         "gbytes": None if gbytes is None else round(gbytes, 2),
         "roofline_seconds": None if roof is None else round(roof, 4),
         "share_of_roofline": None if roof is None else round(roof / seconds, 3),
-        "seconds_unpacked": None if unpacked is None else round(unpacked, 4),
+        "seconds_unpacked": round(unpacked, 4),
     }
 
 
-def timed(fn: Callable[[], Any], repeats: int, compare: bool) -> tuple[float, float | None]:
-    """The median seconds of ``fn`` as decoding runs (weights packed where the CPU can), and
-    with ``compare`` those with torch's own layers, the two timed in alternating rounds."""
-    if not compare or not packing.packing_available():
-        return median_seconds(fn, repeats, warmup=1), None
+def timed(fn: Callable[[], Any], repeats: int) -> tuple[float, float]:
+    """The median seconds of ``fn`` as it runs by default and with torch's own layers (no
+    packed weights, no deferred weight gradients), the two timed in alternating rounds."""
     fn()
     times: dict[bool, list[float]] = {True: [], False: []}
     for _ in range(repeats):
         for enabled in (True, False):
-            packing.ENABLED = enabled
+            packing.ENABLED = deferred.ENABLED = enabled
             try:
                 times[enabled].append(median_seconds(fn, 1, warmup=0))
             finally:
-                packing.ENABLED = True
+                packing.ENABLED = deferred.ENABLED = True
     return statistics.median(times[True]), statistics.median(times[False])
 
 

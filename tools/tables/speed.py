@@ -298,14 +298,15 @@ def roofline(rows: Rows) -> str:
 
 
 def _memory_roof(row: dict[str, Any]) -> list[str]:
-    """The memory-roof cells of a roofline row: "–" where the row has none (training, rows
-    measured before the memory roof)."""
-    if row.get("gbytes") is None:
-        return ["–"] * 4
+    """The memory-roof cells of a roofline row ("–" where the row has none: training) and
+    its time with torch's own layers."""
     unpacked = row.get("seconds_unpacked")
+    own = "–" if unpacked is None else f"{unpacked:.3f} s ({unpacked / row['seconds']:.2f}x)"
+    if row.get("gbytes") is None:
+        return ["–"] * 3 + [own]
     return [
         f"{row['gbytes']:.2f} ({row['bandwidth_gb_per_s']:.0f})",
         f"{row['roofline_seconds']:.3f} s",
         f"{row['share_of_roofline']:.0%}",
-        "–" if unpacked is None else f"{unpacked:.3f} s ({unpacked / row['seconds']:.2f}x)",
+        own,
     ]
