@@ -90,7 +90,8 @@ def _seconds(value: float | None) -> str:
 
 def speed_bench(rows: Rows) -> str:
     """Ours against the reference (``benchmarks/bench.py``): per size, device, precision and
-    task the median seconds of the reference, of ours and of ours compiled, and the ratios."""
+    task the median seconds of the reference, of ours and of ours compiled, and the ratios
+    of times measured in the same run."""
     rows = _kind(rows, "bench")
     groups: dict[tuple, dict[tuple, dict[str, Any]]] = {}
     for r in rows:
@@ -110,11 +111,15 @@ def speed_bench(rows: Rows) -> str:
         ]
     )
     for (size, device, precision, task), group in groups.items():
-        reference = (group.get(("reference", False)) or {}).get("median_s")
+        reference_row = group.get(("reference", False)) or {}
+        reference = reference_row.get("median_s")
         cells = [size, device, precision, task.replace("_", " "), _seconds(reference)]
         for compiled in (False, True):
-            ours = (group.get(("ours", compiled)) or {}).get("median_s")
-            ratio = f"{reference / ours:.1f}×" if reference and ours else "–"
+            ours_row = group.get(("ours", compiled)) or {}
+            ours = ours_row.get("median_s")
+            # a ratio only between times of one run (rows of one commit)
+            same_run = ours_row.get("commit") == reference_row.get("commit")
+            ratio = f"{reference / ours:.1f}×" if reference and ours and same_run else "–"
             cells += [_seconds(ours), ratio]
         lines.append(line(cells))
     passed = all(r["checks_passed"] for r in rows)
