@@ -225,6 +225,7 @@ LOOKS = (
     "best_exact",
     "os16_ent_hard",
     "tiles5_ent_hard",
+    "tiles5_ent_hard_e0",
 )
 
 
