@@ -72,24 +72,20 @@ def shapes_size() -> BenchSize:
     return BenchSize("shapes", config, vocab_size=35, caption_length=16, batch_size=64)
 
 
+def _frozen_size(encoder: str, side: int, attention_embed: int) -> Config:
+    """A random-init frozen ``encoder`` at ``side`` px, attention and embedding of
+    ``attention_embed``, LSTM 512, batches of 32, captions of at most 20 words."""
+    model = {"encoder": encoder, "weights": None, "image_size": side, "fine_tune": "none"}
+    model |= {"attention_dim": attention_embed, "embed_dim": attention_embed, "hidden_dim": 512}
+    return config_from_dict(
+        {"model": model, "train": {"batch_size": 32}, "decode": {"max_length": 20}}
+    )
+
+
 def coco_size() -> BenchSize:
     """COCO scale: a random-init ResNet-101 at 448 px (14x14x2048 grid, frozen), embedding,
     attention and LSTM of 512, 10 000 words, 20-token captions, 32 images."""
-    config = config_from_dict(
-        {
-            "model": {
-                "encoder": "resnet101",
-                "weights": None,
-                "image_size": 448,
-                "fine_tune": "none",
-                "attention_dim": 512,
-                "embed_dim": 512,
-                "hidden_dim": 512,
-            },
-            "train": {"batch_size": 32},
-            "decode": {"max_length": 20},
-        }
-    )
+    config = _frozen_size("resnet101", 448, attention_embed=512)
     return BenchSize(
         "coco",
         config,
@@ -106,21 +102,7 @@ def flickr8k_size(side: int = 224) -> BenchSize:
     embedding of 256, LSTM 512, its 3,489 words) with the paper's wiring, which the reference
     computes: a 7 x 7 x 1,280 grid at 224 px, 14 x 14 at ``side`` 448 (the stride-16 grid's
     cells); random weights, 20-token captions, 32 images."""
-    config = config_from_dict(
-        {
-            "model": {
-                "encoder": "mobilenet_v2",
-                "weights": None,
-                "image_size": side,
-                "fine_tune": "none",
-                "attention_dim": 256,
-                "embed_dim": 256,
-                "hidden_dim": 512,
-            },
-            "train": {"batch_size": 32},
-            "decode": {"max_length": 20},
-        }
-    )
+    config = _frozen_size("mobilenet_v2", side, attention_embed=256)
     name = "flickr8k" if side == 224 else f"flickr8k_{side // 32}x{side // 32}"
     return BenchSize(
         name, config, vocab_size=3489, caption_length=20, batch_size=32, check_images=8

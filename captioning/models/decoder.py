@@ -43,7 +43,7 @@ from torch.utils.checkpoint import checkpoint
 from captioning.models.attention import EXPECTATION, AttentionOutput, HardContext
 from captioning.models.deferred import Cell, deferred_cell
 from captioning.models.encoder import split_summary
-from captioning.models.packing import Linear, LSTMCell
+from captioning.models.packing import Linear, LSTMCell, cell_update
 from captioning.models.scores import groups
 from captioning.models.trace import AttentionTrace
 
@@ -559,10 +559,7 @@ def lstm_by_step(
     projected = F.linear(inputs, weight_ih, bias_ih)  # (B, T, 4H)
     h, c, hiddens = h0, c0, []
     for t in range(inputs.shape[1]):
-        gates = projected[:, t] + F.linear(h, weight_hh, bias_hh)  # (B, 4H)
-        i, f, g, o = gates.chunk(4, dim=1)  # (B, H) each
-        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
-        h = torch.sigmoid(o) * torch.tanh(c)
+        h, c = cell_update(projected[:, t] + F.linear(h, weight_hh, bias_hh), c)  # (B, H)
         hiddens.append(h)
     return torch.stack(hiddens, dim=1)  # (B, T, H)
 

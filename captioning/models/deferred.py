@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from captioning.models.packing import cell_update
+
 # False: every word loop uses torch's own cell (the benchmarks time both).
 ENABLED = True
 
@@ -113,8 +115,6 @@ def deferred_cell(cell: nn.LSTMCell) -> Cell:
         gates = _Use.apply(h, weight_hh, bias_hh, pieces_hh) + _Use.apply(
             inputs, weight_ih, bias_ih, pieces_ih
         )
-        i, f, g, o = gates.unsafe_chunk(4, 1)
-        c = f.sigmoid() * c + i.sigmoid() * g.tanh()
-        return o.sigmoid() * c.tanh(), c
+        return cell_update(gates, c)
 
     return step

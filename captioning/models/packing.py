@@ -110,7 +110,7 @@ class Linear(nn.Linear):
 
 class LSTMCell(nn.LSTMCell):
     """:class:`torch.nn.LSTMCell` whose two products use packed weights inside
-    :func:`packed_weights`; the gate equations are then torch's CPU cell's, in its order."""
+    :func:`packed_weights`; the gate equations are then :func:`cell_update`."""
 
     def forward(
         self, inputs: torch.Tensor, hx: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -122,9 +122,15 @@ class LSTMCell(nn.LSTMCell):
         gates = packs.linear(h, self.weight_hh, self.bias_hh) + packs.linear(
             inputs, self.weight_ih, self.bias_ih
         )
-        i, f, g, o = gates.unsafe_chunk(4, 1)
-        c = f.sigmoid() * c + i.sigmoid() * g.tanh()
-        return o.sigmoid() * c.tanh(), c
+        return cell_update(gates, c)
+
+
+def cell_update(gates: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """An LSTM cell's new (h, c) from its gates (R, 4H) (torch's order i, f, g, o) and its
+    cell state (R, H): torch's CPU cell's equations, in its order."""
+    i, f, g, o = gates.unsafe_chunk(4, 1)
+    c = f.sigmoid() * c + i.sigmoid() * g.tanh()
+    return o.sigmoid() * c.tanh(), c
 
 
 @functools.cache
