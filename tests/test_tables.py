@@ -725,3 +725,66 @@ def test_the_roofline_table_gives_each_tasks_share_of_both_peaks():
     assert "| greedy | fp32 | 30.2 | 0.500 | 60 | 121 / 80 | 50% | 76% |" in table
     assert "1 rows of `results/roofline.json`" in table
     assert roofline([]).startswith("No rows")
+
+
+def test_the_roofline_table_gives_the_memory_roof_and_torchs_own_layers():
+    from tools.tables.speed import roofline
+
+    base = {
+        "precision": "fp32",
+        "images": 32,
+        "threads": 2,
+        "gflop": 30.0,
+        "seconds": 0.3,
+        "gflops_per_s": 100.0,
+        "peak_square_gflops_per_s": 300.0,
+        "peak_model_gflops_per_s": 250.0,
+        "share_of_square_peak": 0.333,
+        "share_of_model_peak": 0.4,
+        "bandwidth_gb_per_s": 20.0,
+        "seconds_unpacked": 0.36,
+        "command": "python -m benchmarks.roofline",
+        "commit": "abc1234",
+        "cpu": "Xeon",
+        "cores": 2,
+        "device": "Xeon",
+        "timed_alone": True,
+    }
+    greedy = {
+        **base,
+        "task": "greedy",
+        "gbytes": 2.4,
+        "roofline_seconds": 0.12,
+        "share_of_roofline": 0.4,
+    }
+    train = {**base, "task": "train", "gbytes": None, "roofline_seconds": None}
+    table = roofline([greedy, train])
+    assert "| 2.40 (20) | 0.120 s | 40% | 0.360 s (1.20x) |" in table
+    assert "| – | – | – | 0.360 s (1.20x) |" in table  # training: no memory roof
+
+
+def test_the_speed_table_takes_a_ratio_only_within_one_run():
+    from tools.tables.speed import speed_bench
+
+    def row(impl, seconds, commit, compiled=False):
+        return {
+            "kind": "bench",
+            "size": "coco",
+            "device": "cpu",
+            "precision": "fp32",
+            "task": "greedy",
+            "impl": impl,
+            "compiled": compiled,
+            "median_s": seconds,
+            "commit": commit,
+            "checks_passed": True,
+            "command": "python -m benchmarks.bench",
+            "cpu": "Xeon",
+            "cores": 2,
+            "threads": 2,
+            "timed_alone": True,
+        }
+
+    rows = [row("reference", 3.0, "aaa"), row("ours", 0.3, "aaa"), row("ours", 0.2, "bbb", True)]
+    table = speed_bench(rows)
+    assert "| coco | cpu | fp32 | greedy | 3 s | 0.3 s | 10.0× | 0.2 s | – |" in table
