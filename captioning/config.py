@@ -141,6 +141,9 @@ class ModelConfig:
     # of the image before its first glimpse)
     init_state: Literal["tanh", "linear", "learned"] = "tanh"
     dropout: float = 0.5
+    # a linear layer from each word's attended context (before the gate) to the vocabulary,
+    # trained by train.context_word_weight: the word must be readable from where it looked
+    context_words: bool = False
 
 
 @dataclass
@@ -168,6 +171,10 @@ class TrainConfig:
     # w of the soft attention maps' entropy (nats, summed over a caption's words) added to the
     # cross-entropy: above 0 each word pays for spreading its map (docs/grounding.md)
     attention_entropy_weight: float = 0.0
+    # w of the cross-entropy of each word predicted from its attended context alone (by
+    # model.context_words' layer), summed over a caption's words: above 0 a word's map is
+    # paid for falling where its word can be read (docs/grounding.md)
+    context_word_weight: float = 0.0
     # cross-entropy objective only: the share of each target's probability spread evenly
     # over the vocabulary (Szegedy et al. 2016); 0 trains on the plain likelihood
     label_smoothing: float = 0.0
@@ -456,6 +463,7 @@ def _validate(cfg: Config) -> None:
         )
     _validate_summary(cfg.model)
     _validate_tiles(cfg.model)
+    _validate_context_words(cfg)
     if cfg.model.values == "projected" and cfg.model.attention == "none":
         raise ConfigError(
             "model.values=projected averages values by attention weights; "
@@ -475,6 +483,27 @@ def _validate(cfg: Config) -> None:
     if set(cfg.data.splits) - {"train", "val", "test"}:
         extra = sorted(set(cfg.data.splits) - {"train", "val", "test"})
         raise ConfigError(f"data.splits keys must be train, val, test; got {extra}")
+
+
+def _validate_context_words(cfg: Config) -> None:
+    """The context-word term's settings that cannot work together."""
+    model, weight = cfg.model, cfg.train.context_word_weight
+    if model.context_words and model.attention in ("hard", "none"):
+        raise ConfigError(
+            f"model.context_words reads each word from its attended context, which "
+            f"model.attention={model.attention} does not average by a map it can train: "
+            f"use soft or local attention, or set model.context_words=false"
+        )
+    if weight > 0 and not model.context_words:
+        raise ConfigError(
+            f"train.context_word_weight={weight} needs the layer that reads the word from "
+            f"its context: set model.context_words=true (or the weight to 0)"
+        )
+    if weight > 0 and cfg.train.objective != "xe":
+        raise ConfigError(
+            "train.context_word_weight adds to the cross-entropy objective; set it to 0 "
+            "for train.objective=scst"
+        )
 
 
 def _validate_summary(model: ModelConfig) -> None:
@@ -574,6 +603,7 @@ _RANGES: dict[str, tuple[float | None, float | None, str]] = {
     "train.val_max_images": (1, None, ""),
     "train.doubly_stochastic_weight": (0, None, ""),
     "train.attention_entropy_weight": (0, None, ""),
+    "train.context_word_weight": (0, None, ""),
     "train.label_smoothing": (0, 1, "max"),
     "train.reinforce_weight": (0, None, ""),
     "train.entropy_weight": (0, None, ""),

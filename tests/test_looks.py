@@ -249,3 +249,28 @@ def test_tiles_that_cannot_work_are_refused(tmp_path):
     for overrides, message in cases.items():
         with pytest.raises(ConfigError, match=message):
             load_config(base, list(overrides))
+
+
+def test_the_context_word_term_reads_each_word_from_its_attended_context():
+    model = _model(drop_stages=5, context_words=True)
+    tokens = torch.tensor([[1, 5, 6, 7, 2, 0], [1, 8, 9, 2, 0, 0]])
+    grid = model.encoder.backbone(_images())
+    with torch.no_grad():
+        output = model(None, tokens, grid=grid)
+        model.decoder.parallel = False  # the step loop reads the same contexts
+        by_step = model(None, tokens, grid=grid)
+    torch.testing.assert_close(output.context_logits, by_step.context_logits)
+    # each word's logits come from its map's average of the cells, before the gate
+    cells, _ = model.decoder.split(model.encode(grid=grid))
+    contexts = torch.einsum("btl,bld->btd", output.alphas, cells)
+    torch.testing.assert_close(output.context_logits, model.decoder.context_words(contexts))
+    targets = tokens[:, 1:]
+    plain = caption_loss(output, targets, 0)
+    paying = caption_loss(output, targets, 0, context_weight=0.5)
+    mask = (targets != 0).float()
+    nll = torch.nn.functional.cross_entropy(
+        output.context_logits.flatten(0, 1), targets.flatten(), reduction="none"
+    ).view_as(targets)
+    torch.testing.assert_close(paying.total - plain.total, 0.5 * (nll * mask).sum(1).mean())
+    assert float(plain.context_nll) == pytest.approx(float((nll * mask).sum() / mask.sum()))
+    assert _model(drop_stages=5).decoder.context_words is None

@@ -114,6 +114,7 @@ def build_model(
         summary_dim=encoder.summary_dim,
         summary_rows=encoder.summary_rows,
         summary=cfg.summary,
+        context_words=cfg.context_words,
     )
     grid = None
     if cfg.grid_layers:

@@ -78,6 +78,8 @@ class DecoderOutput:
         betas: (B, T) mean gate value per step (1 when there is no gate).
         target_log_probs: (B, T) log p(y_t | y_<t, a), marginalised over the cells
             (HardContext mode ``marginal``), else None.
+        context_logits: (B, T, V) each word read from its attended context alone (before
+            the gate) by the decoder's ``context_words`` layer, else None.
     """
 
     logits: torch.Tensor | None
@@ -86,6 +88,7 @@ class DecoderOutput:
     sampled: torch.Tensor | None = None
     betas: torch.Tensor | None = None
     target_log_probs: torch.Tensor | None = None
+    context_logits: torch.Tensor | None = None
 
     @property
     def alphas(self) -> torch.Tensor:
@@ -128,6 +131,9 @@ class Decoder(nn.Module):
             (0: none), in ``summary_rows`` rows of D channels.
         summary: where the summary goes: ``init`` (the initial state), ``output`` (the
             deep output), ``both``, or ``none``.
+        context_words: a linear layer from each word's attended context (before the gate)
+            to the vocabulary, whose cross-entropy pays a map for falling where its word
+            can be read (:func:`captioning.objectives.cross_entropy.caption_loss`).
     """
 
     def __init__(
@@ -147,6 +153,7 @@ class Decoder(nn.Module):
         summary_dim: int = 0,
         summary_rows: int = 0,
         summary: str = "none",
+        context_words: bool = False,
     ) -> None:
         super().__init__()
         self.parallel = parallel
@@ -194,6 +201,7 @@ class Decoder(nn.Module):
             if not deep_output:
                 raise ValueError("summary=output needs deep_output=True")
             self.summary_to_out = Linear(summary_dim, embed_dim, bias=False)
+        self.context_words = Linear(context_dim, vocab_size) if context_words else None
 
     # ------------------------------------------------------------------ pieces
 
@@ -289,6 +297,13 @@ class Decoder(nn.Module):
             return self.out(hidden)
         deep = torch.tanh(embedded + self.hidden_to_out(hidden) + self.context_to_out(context))
         return self.out(self.dropout(deep))
+
+    def read_words(self, contexts: torch.Tensor) -> torch.Tensor | None:
+        """Each word's logits from its attended context alone: (..., D) → (..., V), or None
+        without the ``context_words`` layer."""
+        if self.context_words is None:
+            return None
+        return self.context_words(self.dropout(contexts))
 
     # ------------------------------------------------------------------ exact marginal
 
@@ -456,7 +471,7 @@ class Decoder(nn.Module):
         """One step at a time, as decoding runs: the paper's wiring needs it (each h_t depends
         on the context before it); without the context in the LSTM it runs only when
         :attr:`parallel` is off."""
-        hiddens, contexts, traces, betas = [], [], [], []
+        hiddens, contexts, traces, betas, attended_contexts = [], [], [], [], []
         log_probs, sampled = [], []
         cell = deferred_cell(self.lstm)  # one product per weight gradient, not one per word
         for t in range(embedded.shape[1]):
@@ -465,6 +480,7 @@ class Decoder(nn.Module):
             )
             hiddens.append(state.h)
             contexts.append(context)
+            attended_contexts.append(attended.context)
             traces.append(attended.trace)
             betas.append(beta)
             if attended.log_prob is not None:
@@ -480,6 +496,7 @@ class Decoder(nn.Module):
             log_probs=torch.stack(log_probs, dim=1) if hard_rows else None,  # (B, T)
             sampled=torch.stack(sampled, dim=1) if hard_rows else None,  # (B, T)
             betas=torch.stack(betas, dim=1),  # (B, T)
+            context_logits=self.read_words(torch.stack(attended_contexts, dim=1)),
         )
 
     def _run_lstm(self, embedded: torch.Tensor, state: DecoderState) -> torch.Tensor:
@@ -517,6 +534,7 @@ class Decoder(nn.Module):
             log_probs=per_step(attended.log_prob),
             sampled=per_step(attended.sampled),
             betas=beta.view(batch, steps),
+            context_logits=self.read_words(attended.context.view(batch, steps, -1)),
         )
         lead = self.lead(embedded, features)  # (B, T, E)
         if hard.mode != "marginal":

@@ -51,6 +51,7 @@ def maximum_likelihood(context: ObjectiveContext) -> Objective:
         cfg.train.precision,
         label_smoothing=cfg.train.label_smoothing,
         entropy_weight=cfg.train.attention_entropy_weight,
+        context_weight=cfg.train.context_word_weight,
     )
 
 

@@ -36,6 +36,7 @@ class LossTerms:
     reinforce: torch.Tensor | None = None  # the score-function surrogate, mean per caption
     entropy: torch.Tensor | None = None  # attention entropy of the sampled (or summed) steps
     reward: torch.Tensor | None = None  # mean log p(y | a, s) of the captions that sampled
+    context_nll: torch.Tensor | None = None  # per token, each word read from its context
 
     def scalars(self) -> dict[str, float]:
         """The terms to log, by name."""
@@ -45,6 +46,7 @@ class LossTerms:
             "penalty": self.penalty,
             "reward": self.reward,
             "entropy": self.entropy,
+            "context_nll_per_token": self.context_nll,
         }
         return {k: float(v.detach()) for k, v in values.items() if v is not None}
 

@@ -67,11 +67,13 @@ def caption_loss(
     penalty_weight: float = 1.0,
     label_smoothing: float = 0.0,
     entropy_weight: float = 0.0,
+    context_weight: float = 0.0,
 ) -> LossTerms:
     """Soft (or no) attention: NLL + lambda * the doubly stochastic penalty (+ w * the
-    entropy of each word's map, summed over the words), per caption, averaged over
-    captions. A hard model's sampled output gives its likelihood given the
-    samples here; its estimator terms come from :mod:`captioning.objectives.hard_attention`.
+    entropy of each word's map, summed over the words, + u * the NLL of each word read from
+    its attended context alone), per caption, averaged over captions. A hard model's
+    sampled output gives its likelihood given the samples here; its estimator terms come
+    from :mod:`captioning.objectives.hard_attention`.
 
     Args:
         output: the decoder's teacher-forced output for ``targets``.
@@ -81,6 +83,8 @@ def caption_loss(
             plain one.
         entropy_weight: w of the maps' entropy (nats, summed over the words); 0 leaves it
             out of the loss (it is logged all the same).
+        context_weight: u of the context-word NLL (``output.context_logits``, which the
+            decoder's ``context_words`` layer gives); logged whenever they are there.
     """
     mask = (targets != pad_id).float()  # (B, T)
     trained = None
@@ -94,6 +98,13 @@ def caption_loss(
     if entropy_weight > 0:
         terms.total = terms.total + entropy_weight * entropy.mean()
     terms.entropy = entropy.mean().detach()  # nats a caption, as hard attention logs it
+    if output.context_logits is not None:
+        context_nll = token_nll(output.context_logits, targets, mask)  # (B, T)
+        if context_weight > 0:
+            terms.total = terms.total + context_weight * context_nll.sum(dim=1).mean()
+        terms.context_nll = (context_nll.sum() / max(terms.tokens, 1)).detach()
+    elif context_weight > 0:
+        raise ValueError("context_weight needs the decoder's context_words layer")
     return terms
 
 
@@ -129,6 +140,7 @@ class CrossEntropyObjective:
         penalty_weight: lambda of the doubly stochastic penalty.
         label_smoothing: the share of each target's probability spread over the vocabulary.
         entropy_weight: w of the attention maps' entropy (see :func:`caption_loss`).
+        context_weight: u of the context-word NLL (see :func:`caption_loss`).
         device, precision: where and in which precision the forward pass runs.
     """
 
@@ -139,8 +151,10 @@ class CrossEntropyObjective:
         precision: str,
         label_smoothing: float = 0.0,
         entropy_weight: float = 0.0,
+        context_weight: float = 0.0,
     ) -> None:
         self.penalty_weight = penalty_weight
+        self.context_weight = context_weight
         self.label_smoothing = label_smoothing
         self.entropy_weight = entropy_weight
         self.device = device
@@ -157,6 +171,7 @@ class CrossEntropyObjective:
             self.penalty_weight,
             label_smoothing=self.label_smoothing,
             entropy_weight=self.entropy_weight,
+            context_weight=self.context_weight,
         )
 
     def commit(self) -> None:
