@@ -222,6 +222,7 @@ LOOKS = (
     "tiles5_ent_dsw0",
     "tiles5_glimpse",
     "tiles5_sum_ent",
+    "ctx1",
     "best_exact",
     "os16_ent_hard",
     "tiles5_ent_hard",
