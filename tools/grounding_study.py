@@ -57,6 +57,8 @@ LEVERS = (
     "model.context_to_lstm",
     "train.doubly_stochastic_weight",
     "train.attention_entropy_weight",
+    "model.context_words",
+    "train.context_word_weight",
     "model.output_stride",
     "model.tiles",
     "model.tile_size",
