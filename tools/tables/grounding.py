@@ -185,7 +185,7 @@ def grounding_levers(rows: Rows) -> str:
             return statistics.mean(o[map_][key] for o in over)
 
         changed = [
-            f"`{k}={v}`"
+            f"`{k}={str(v).lower() if isinstance(v, bool) else v}`"
             for k, v in group[0]["settings"].items()
             if k != "train.seed" and recipe.get(k) != v
         ]
