@@ -223,6 +223,7 @@ LOOKS = (
     "tiles5_glimpse",
     "tiles5_sum_ent",
     "ctx1",
+    "ctx1_dsw0",
     "best_exact",
     "os16_ent_hard",
     "tiles5_ent_hard",
