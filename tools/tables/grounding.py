@@ -224,6 +224,7 @@ LOOKS = (
     "tiles5_sum_ent",
     "ctx1",
     "ctx1_dsw0",
+    "tiles5_sum_ctx",
     "best_exact",
     "os16_ent_hard",
     "tiles5_ent_hard",
