@@ -11,6 +11,11 @@ At step t, with the previous word y_{t-1} and state (h_{t-1}, c_{t-1}):
 h_0, c_0 = tanh(W_h mean_i a_i), tanh(W_c mean_i a_i) (``init_state: tanh``, the authors'
 code), without the tanh (``linear``), or one learned pair for every image (``learned``).
 
+With ``context_words``, a linear layer also reads each word from its attended context alone,
+softmax(W_w z_t) with z_t before the gate; training's context-word term adds its
+cross-entropy to the caption's, so a word's map is paid for falling where its word can be
+read. Decoding never uses it.
+
 A two-level encoder adds a summary s of the image (the backbone's whole depth pooled; see
 :class:`captioning.models.encoder.Encoder`) after the grid's cells: the attention sees only
 the cells, s replaces the mean cell in the initial state (``summary: init``) and/or enters
