@@ -699,28 +699,35 @@ def test_flickr8k_dev_decode_sets_each_seeds_choice_beside_three_beams_on_the_sa
     assert len(lines) == 5  # the head, one line, a blank and the note
 
 
-def test_the_roofline_table_gives_each_tasks_share_of_both_peaks():
-    from tools.tables.speed import roofline
-
-    row = {
-        "task": "greedy",
+def _roofline_row(**values) -> dict:
+    """A roofline row of one fp32 task on a 2-core Xeon, with ``values`` over it."""
+    return {
         "precision": "fp32",
         "images": 32,
         "threads": 2,
-        "gflop": 30.2,
-        "seconds": 0.5,
-        "gflops_per_s": 60.4,
-        "peak_square_gflops_per_s": 120.8,
-        "peak_model_gflops_per_s": 80.0,
-        "share_of_square_peak": 0.5,
-        "share_of_model_peak": 0.755,
         "command": "python -m benchmarks.roofline",
         "commit": "abc1234",
         "cpu": "Xeon",
         "cores": 2,
         "device": "Xeon",
         "timed_alone": True,
+        **values,
     }
+
+
+def test_the_roofline_table_gives_each_tasks_share_of_both_peaks():
+    from tools.tables.speed import roofline
+
+    row = _roofline_row(
+        task="greedy",
+        gflop=30.2,
+        seconds=0.5,
+        gflops_per_s=60.4,
+        peak_square_gflops_per_s=120.8,
+        peak_model_gflops_per_s=80.0,
+        share_of_square_peak=0.5,
+        share_of_model_peak=0.755,
+    )
     table = roofline([row])
     assert "| greedy | fp32 | 30.2 | 0.500 | 60 | 121 / 80 | 50% | 76% |" in table
     assert "1 rows of `results/roofline.json`" in table
@@ -730,26 +737,17 @@ def test_the_roofline_table_gives_each_tasks_share_of_both_peaks():
 def test_the_roofline_table_gives_the_memory_roof_and_torchs_own_layers():
     from tools.tables.speed import roofline
 
-    base = {
-        "precision": "fp32",
-        "images": 32,
-        "threads": 2,
-        "gflop": 30.0,
-        "seconds": 0.3,
-        "gflops_per_s": 100.0,
-        "peak_square_gflops_per_s": 300.0,
-        "peak_model_gflops_per_s": 250.0,
-        "share_of_square_peak": 0.333,
-        "share_of_model_peak": 0.4,
-        "bandwidth_gb_per_s": 20.0,
-        "seconds_unpacked": 0.36,
-        "command": "python -m benchmarks.roofline",
-        "commit": "abc1234",
-        "cpu": "Xeon",
-        "cores": 2,
-        "device": "Xeon",
-        "timed_alone": True,
-    }
+    base = _roofline_row(
+        gflop=30.0,
+        seconds=0.3,
+        gflops_per_s=100.0,
+        peak_square_gflops_per_s=300.0,
+        peak_model_gflops_per_s=250.0,
+        share_of_square_peak=0.333,
+        share_of_model_peak=0.4,
+        bandwidth_gb_per_s=20.0,
+        seconds_unpacked=0.36,
+    )
     greedy = {
         **base,
         "task": "greedy",
