@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from captioning.errors import Terminated
@@ -75,12 +75,42 @@ def sigterm_raises() -> Iterator[None]:
 def stops_on_signals() -> Iterator[None]:
     """A command's whole run: Ctrl-C raises ``KeyboardInterrupt`` (even where the process
     inherited it ignored, as a script's ``command &`` does) and SIGTERM raises
-    ``Terminated``, from the first line of the command to its last. Main thread only."""
+    ``Terminated``, from the first line of the command to its last. Both are held back
+    while the handlers are swapped in and out, and unblocked for the run even where the
+    process inherited them blocked; the inherited mask is back after it. Main thread only
+    (a mask is a thread's)."""
     if not _in_main_thread():
         yield
         return
-    with _handlers({signal.SIGINT: signal.default_int_handler, signal.SIGTERM: _terminate}):
+    with (
+        _held(),
+        _handlers({signal.SIGINT: signal.default_int_handler, signal.SIGTERM: _terminate}),
+    ):
+        _mask(signal.SIG_UNBLOCK)
+        try:
+            yield
+        finally:
+            _mask(signal.SIG_BLOCK)
+
+
+@contextlib.contextmanager
+def _held() -> Iterator[None]:
+    """SIGINT and SIGTERM blocked (left pending, not lost) from the block's start, and the
+    previous mask back at its end; a signal that was pending then goes to the handler
+    in place at that moment."""
+    previous = _mask(signal.SIG_BLOCK)
+    try:
         yield
+    finally:
+        if previous is not None:
+            _mask(signal.SIG_SETMASK, previous)
+
+
+def _mask(how: int, signals: Iterable[int] = DEFERRED_SIGNALS) -> set[int] | None:
+    """``signal.pthread_sigmask`` where the platform has one (not Windows): the mask before."""
+    if not hasattr(signal, "pthread_sigmask"):
+        return None
+    return signal.pthread_sigmask(how, signals)
 
 
 @contextlib.contextmanager

@@ -58,12 +58,16 @@ def fork_run(
     """Run the CLI on ``argv`` in a forked child (its own process group) and signal the
     group ``after`` seconds in (``background``: started as a non-interactive shell starts
     ``command &``, with Ctrl-C ignored); (exit code, seconds it ran, the wall-clock time the signal
-    went or None if the child had ended)."""
+    went or None if the child had ended). The child starts with both signals blocked, and
+    the command unblocks them under its handlers (captioning.signals.stops_on_signals)."""
     started = time.monotonic()
     pid = os.fork()
     if pid == 0:  # the child: the CLI, as `captioning ...` runs it
         code = 1
         try:
+            # held until the command's handlers are in place: what lands before its first
+            # line is the interpreter's start, not the command's
+            signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGINT, signal.SIGTERM))
             os.setpgid(0, 0)
             if background:
                 signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -92,8 +96,8 @@ def fork_run(
             try:
                 os.killpg(pid, signum)
                 sent = time.time()
-            except ProcessLookupError:  # it ended a moment ago: nothing was sent
-                break
+            except ProcessLookupError:  # its group is not made yet, or it ended: look again
+                time.sleep(0.001)
         else:
             time.sleep(max(0.0, min(0.002, after - (time.monotonic() - started))))
     if status is None:

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -88,6 +89,21 @@ def test_a_command_stops_on_ctrl_c_even_where_it_inherited_it_ignored():
         assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN  # and it is put back
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def test_a_command_stops_on_sigterm_even_where_it_inherited_it_blocked():
+    held = {signal.SIGINT, signal.SIGTERM}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        # pending on this thread (the others, pytest's, do not block it) before the first line
+        signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
+        with pytest.raises(Terminated), stops_on_signals():
+            pass  # it lands as the command unblocks it
+        assert held <= signal.pthread_sigmask(signal.SIG_BLOCK, ())  # the mask is back
+    finally:
+        handler = signal.signal(signal.SIGTERM, signal.SIG_IGN)  # drops one still pending
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        signal.signal(signal.SIGTERM, handler)
 
 
 # A training started the way a script starts `captioning train ... &`: Ctrl-C ignored. It is
