@@ -143,6 +143,7 @@ class ModelConfig:
     dropout: float = 0.5
     # a linear layer from each word's attended context (before the gate) to the vocabulary,
     # trained by train.context_word_weight: the word must be readable from where it looked
+    # (captions never read it: a model without it, a hard stage say, may --init from one with it)
     context_words: bool = False
 
 

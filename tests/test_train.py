@@ -236,6 +236,39 @@ def test_hard_attention_starts_from_a_soft_models_weights(shapes, one_epoch, tmp
         fit(tiny(shapes, "model.attention=none"), out_dir=tmp_path / "none", init=str(one_epoch))
 
 
+def test_a_hard_stage_starts_from_a_context_word_model_without_its_layer(shapes, tmp_path):
+    """The context-word layer adds only a training term: a hard model (which has none) takes
+    every other weight of a soft model trained with it; a model with the layer does not
+    start from one without it."""
+    from captioning.training import setup
+
+    loaded = {}
+    real = setup.load_weights
+
+    def spy(model, payload, path):
+        real(model, payload, path)
+        loaded.update({k: v.clone() for k, v in model.state_dict().items()})
+
+    words = ["model.context_words=true", "train.context_word_weight=1", "train.epochs=1"]
+    fit(tiny(shapes, *words), out_dir=tmp_path / "soft")
+    soft = load_checkpoint(tmp_path / "soft" / "last.pt")["model"]
+    layer = {k for k in soft if k.startswith("decoder.context_words.")}
+    assert layer == {"decoder.context_words.weight", "decoder.context_words.bias"}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(setup, "load_weights", spy)
+        fit(
+            tiny(shapes, "model.attention=hard", "train.epochs=1"),
+            out_dir=tmp_path / "hard",
+            init=str(tmp_path / "soft" / "last.pt"),
+        )
+    assert loaded.keys() == soft.keys() - layer
+    assert all(torch.equal(loaded[k], soft[k]) for k in loaded)
+    with pytest.raises(
+        CheckpointError, match="model.context_words is False in the checkpoint and True here"
+    ):
+        fit(tiny(shapes, *words), out_dir=tmp_path / "b", init=str(tmp_path / "hard" / "last.pt"))
+
+
 def test_init_refuses_another_architecture_and_resume_in_one_line(
     shapes, one_epoch, tmp_path, capsys
 ):

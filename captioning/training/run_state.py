@@ -194,6 +194,9 @@ FREE_ON_INIT = frozenset({"model.dropout", "model.fine_tune", "model.weights"})
 # with the same weights and differ only in how the context is formed from the map, so a hard
 # model may start from a soft model's weights (and back).
 SAME_WEIGHTS_ATTENTION = frozenset({"soft", "hard"})
+# The context-word layer only adds a term to the training loss; captions never read it. A
+# model without it (a hard stage, say) may start from one with it, and the layer is left out.
+CONTEXT_WORDS_PREFIX = "decoder.context_words."
 
 
 # Model keys that build only the small CNN: with another encoder they shape nothing, so a
@@ -221,6 +224,7 @@ def load_init(cfg: Config, path: str) -> dict[str, Any]:
         and f"model.{k}" not in FREE_ON_INIT
         and k not in unused
         and not (k == "attention" and swapped)
+        and not (k == "context_words" and saved[k] and not ours[k])
     ]
     if changed:
         key = changed[0]
@@ -229,6 +233,11 @@ def load_init(cfg: Config, path: str) -> dict[str, Any]:
             f"{quote(ours[key])} here; --init needs the same architecture (set "
             f"model.{key}={quote(saved[key])})"
         )
+    if saved.get("context_words") and not ours["context_words"]:
+        weights = payload["model"]
+        payload["model"] = {
+            k: v for k, v in weights.items() if not k.startswith(CONTEXT_WORDS_PREFIX)
+        }
     return payload
 
 
