@@ -225,6 +225,7 @@ LOOKS = (
     "ctx1",
     "ctx1_dsw0",
     "tiles5_sum_ctx",
+    "mid_ctx",
     "best_exact",
     "os16_ent_hard",
     "tiles5_ent_hard",
