@@ -228,6 +228,7 @@ LOOKS = (
     "mid_ctx",
     "best_exact",
     "os16_ent_hard",
+    "ctx1_hard",
     "tiles5_ent_hard",
     "tiles5_ent_hard_e0",
 )
