@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from captioning.signals import DEFERRED_SIGNALS
+
 EXPECTED = {"SIGINT": (130, "interrupted"), "SIGTERM": (143, "terminated")}
 CONFIG = "configs/test_tiny.yaml"
 
@@ -67,7 +69,7 @@ def fork_run(
         try:
             # held until the command's handlers are in place: what lands before its first
             # line is the interpreter's start, not the command's
-            signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGINT, signal.SIGTERM))
+            signal.pthread_sigmask(signal.SIG_BLOCK, DEFERRED_SIGNALS)
             os.setpgid(0, 0)
             if background:
                 signal.signal(signal.SIGINT, signal.SIG_IGN)

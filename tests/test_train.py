@@ -181,7 +181,9 @@ def test_resume_needs_training_state_and_fitting_weights(shapes, one_epoch, tmp_
         fit(tiny(shapes), out_dir=tmp_path / "vocab", resume=str(tmp_path / "vocab.pt"))
 
 
-def test_init_starts_a_new_run_from_the_weights(shapes, one_epoch, tmp_path, monkeypatch):
+@pytest.fixture
+def init_weights(monkeypatch) -> dict:
+    """The model's weights just after ``--init`` loaded a checkpoint into it (filled then)."""
     from captioning.training import setup
 
     loaded = {}
@@ -192,6 +194,11 @@ def test_init_starts_a_new_run_from_the_weights(shapes, one_epoch, tmp_path, mon
         loaded.update({k: v.clone() for k, v in model.state_dict().items()})
 
     monkeypatch.setattr(setup, "load_weights", spy)
+    return loaded
+
+
+def test_init_starts_a_new_run_from_the_weights(shapes, one_epoch, tmp_path, init_weights):
+    loaded = init_weights
     scst = ["train.objective=scst", "train.scst_samples=2", "train.epochs=1"]
     summary = fit(tiny(shapes, *scst), out_dir=tmp_path / "scst", init=str(one_epoch))
     initial = load_checkpoint(one_epoch)
@@ -206,26 +213,18 @@ def test_init_starts_a_new_run_from_the_weights(shapes, one_epoch, tmp_path, mon
     assert any(not torch.equal(v, initial["model"][k]) for k, v in payload["model"].items())
 
 
-def test_hard_attention_starts_from_a_soft_models_weights(shapes, one_epoch, tmp_path):
+def test_hard_attention_starts_from_a_soft_models_weights(
+    shapes, one_epoch, tmp_path, init_weights
+):
     """Soft and hard attention score the cells with the same weights, so --init may swap one
     for the other; an attention with other weights (none) is refused by name."""
-    from captioning.training import setup
-
-    loaded = {}
-    real = setup.load_weights
-
-    def spy(model, payload, path):
-        real(model, payload, path)
-        loaded.update({k: v.clone() for k, v in model.state_dict().items()})
-
     initial = load_checkpoint(one_epoch)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(setup, "load_weights", spy)
-        fit(
-            tiny(shapes, "model.attention=hard", "train.epochs=1"),
-            out_dir=tmp_path / "hard",
-            init=str(one_epoch),
-        )
+    fit(
+        tiny(shapes, "model.attention=hard", "train.epochs=1"),
+        out_dir=tmp_path / "hard",
+        init=str(one_epoch),
+    )
+    loaded = init_weights
     assert loaded.keys() == initial["model"].keys()
     assert all(torch.equal(loaded[k], v) for k, v in initial["model"].items())
     hard = load_checkpoint(tmp_path / "hard" / "last.pt")
@@ -236,31 +235,23 @@ def test_hard_attention_starts_from_a_soft_models_weights(shapes, one_epoch, tmp
         fit(tiny(shapes, "model.attention=none"), out_dir=tmp_path / "none", init=str(one_epoch))
 
 
-def test_a_hard_stage_starts_from_a_context_word_model_without_its_layer(shapes, tmp_path):
+def test_a_hard_stage_starts_from_a_context_word_model_without_its_layer(
+    shapes, tmp_path, init_weights
+):
     """The context-word layer adds only a training term: a hard model (which has none) takes
     every other weight of a soft model trained with it; a model with the layer does not
     start from one without it."""
-    from captioning.training import setup
-
-    loaded = {}
-    real = setup.load_weights
-
-    def spy(model, payload, path):
-        real(model, payload, path)
-        loaded.update({k: v.clone() for k, v in model.state_dict().items()})
-
     words = ["model.context_words=true", "train.context_word_weight=1", "train.epochs=1"]
     fit(tiny(shapes, *words), out_dir=tmp_path / "soft")
     soft = load_checkpoint(tmp_path / "soft" / "last.pt")["model"]
     layer = {k for k in soft if k.startswith("decoder.context_words.")}
     assert layer == {"decoder.context_words.weight", "decoder.context_words.bias"}
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(setup, "load_weights", spy)
-        fit(
-            tiny(shapes, "model.attention=hard", "train.epochs=1"),
-            out_dir=tmp_path / "hard",
-            init=str(tmp_path / "soft" / "last.pt"),
-        )
+    fit(
+        tiny(shapes, "model.attention=hard", "train.epochs=1"),
+        out_dir=tmp_path / "hard",
+        init=str(tmp_path / "soft" / "last.pt"),
+    )
+    loaded = init_weights
     assert loaded.keys() == soft.keys() - layer
     assert all(torch.equal(loaded[k], soft[k]) for k in loaded)
     with pytest.raises(

@@ -217,6 +217,7 @@ def load_init(cfg: Config, path: str) -> dict[str, Any]:
     ours = config_to_dict(cfg)["model"]
     unused = _builds_nothing(saved) & _builds_nothing(ours)
     swapped = {saved.get("attention"), ours["attention"]} <= SAME_WEIGHTS_ATTENTION
+    drops_words = bool(saved.get("context_words")) and not ours["context_words"]
     changed = [
         k
         for k in saved
@@ -224,7 +225,7 @@ def load_init(cfg: Config, path: str) -> dict[str, Any]:
         and f"model.{k}" not in FREE_ON_INIT
         and k not in unused
         and not (k == "attention" and swapped)
-        and not (k == "context_words" and saved[k] and not ours[k])
+        and not (k == "context_words" and drops_words)
     ]
     if changed:
         key = changed[0]
@@ -233,7 +234,7 @@ def load_init(cfg: Config, path: str) -> dict[str, Any]:
             f"{quote(ours[key])} here; --init needs the same architecture (set "
             f"model.{key}={quote(saved[key])})"
         )
-    if saved.get("context_words") and not ours["context_words"]:
+    if drops_words:
         weights = payload["model"]
         payload["model"] = {
             k: v for k, v in weights.items() if not k.startswith(CONTEXT_WORDS_PREFIX)
