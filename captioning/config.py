@@ -89,6 +89,11 @@ class ModelConfig:
     # initial state (init), to the deep output beside the attended context (output), or both;
     # the grid the decoder attends over stays the earlier stage's (docs/grounding.md).
     summary: Literal["none", "init", "output", "both"] = "none"
+    # Hypercolumns (Hariharan et al. 2015): each cell of the grid drop_stages leaves also
+    # carries the stages it leaves out, run on the grid and their output upsampled
+    # bilinearly to it, joined to the cell's channels: a fine grid that says where and what
+    # (MobileNetV2, drop_stages 5: 14 x 14 cells of 96 + 1,280 channels at 224 px).
+    hypercolumn: bool = False
     # Halve the backbone's output stride (32 → 16, DeepLab's "atrous" trick): the last
     # downsampling convolution keeps its input's resolution and the convolutions after it
     # are dilated by 2, so the same weights give a grid twice as fine (14 x 14 at 224 px for
@@ -524,6 +529,11 @@ def _validate_summary(model: ModelConfig) -> None:
         raise ConfigError(
             "model.summary pools a pretrained backbone's later stages; the small CNN has "
             "none to spare (set model.summary=none)"
+        )
+    if model.hypercolumn and (model.tiles or not model.drop_stages):
+        raise ConfigError(
+            "model.hypercolumn joins the stages model.drop_stages leaves out to the backbone's "
+            "own grid: set model.drop_stages to 1 or more, and model.tiles to null"
         )
     if model.summary != "none" and model.grid_layers:
         raise ConfigError(

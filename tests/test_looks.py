@@ -244,6 +244,48 @@ def test_a_tiled_grid_has_its_own_cache_and_its_summary_is_the_whole_photos():
     assert beams.trace.alpha.shape[-1] == 4  # the decoder attends over the 2 x 2 windows
 
 
+def test_a_hypercolumn_cell_joins_the_later_stages_upsampled_to_its_place():
+    model = _model(drop_stages=5, hypercolumn=True, summary="output")
+    encoder = model.encoder
+    # stride 16 at 64 px: 4 x 4 cells of 96 + 1,280 channels; the summary fits in one row
+    assert encoder.grid_shape == (4, 4) and encoder.out_channels == 96 + 1280
+    assert (encoder.summary_dim, encoder.summary_rows) == (1280, 1)
+    images = _images()
+    with torch.no_grad():
+        cells, summary = split_summary(encoder.backbone(images), 1, 1280)
+        x = (images - encoder.mean) / encoder.std
+        for stage in encoder.stages:
+            x = stage(x)
+        top = x
+        for stage in encoder.summary_stages:
+            top = stage(top)
+    assert top.shape[-2:] == (2, 2)  # the later stages' grid, half as fine
+    mid, late = cells.split([96, 1280], dim=2)
+    torch.testing.assert_close(mid, x.flatten(2).transpose(1, 2))
+    # bilinear, half-pixel centres: a corner cell is its corner's late feature, an inner
+    # cell 3/4 of the nearest and 1/4 of the next
+    late = late.transpose(1, 2).reshape(2, 1280, 4, 4)
+    torch.testing.assert_close(late[..., 0, 0], top[..., 0, 0])
+    torch.testing.assert_close(late[..., 0, 1], 0.75 * top[..., 0, 0] + 0.25 * top[..., 0, 1])
+    torch.testing.assert_close(summary, top.mean(dim=(2, 3)))
+    features = model.encode(grid=encoder.backbone(images))
+    with torch.no_grad():
+        beams = decode(model.decoder, features, DecodeConfig(beam_size=2, max_length=4))
+    assert beams.trace.alpha.shape[-1] == 16
+
+
+def test_hypercolumns_have_their_own_cache_and_need_stages_left_out(tmp_path):
+    from captioning.data.feature_cache import encoder_fingerprint
+
+    plain, joined = (_model(drop_stages=5, hypercolumn=h).encoder for h in (False, True))
+    assert encoder_fingerprint(plain) != encoder_fingerprint(joined)
+    base = tmp_path / "c.yaml"
+    base.write_text("model:\n  encoder: mobilenet_v2\n  weights: null\n")
+    for other in ("model.drop_stages=0", "model.tiles=4"):
+        with pytest.raises(ConfigError, match="model.hypercolumn joins the stages"):
+            load_config(base, ["model.hypercolumn=true", "model.drop_stages=5", other])
+
+
 def test_tiles_that_cannot_work_are_refused(tmp_path):
     base = tmp_path / "c.yaml"
     base.write_text("model:\n  encoder: mobilenet_v2\n  weights: null\n")

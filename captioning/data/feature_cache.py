@@ -56,6 +56,8 @@ def encoder_fingerprint(encoder: Encoder) -> str:
         shape = (*shape, encoder.summary_dim)
     if encoder.tiles:
         shape = (*shape, "tiles", encoder.tiles, encoder.tile_size)
+    if encoder.hypercolumn:
+        shape = (*shape, "hypercolumn")
     digest.update(repr(shape).encode())
     for name, tensor in sorted(encoder.state_dict().items()):
         if name == "positions":  # added after the cache, and may train

@@ -299,14 +299,20 @@ class Encoder(nn.Module):
         channels_last: run the convolutions on channels-last (NHWC) tensors, which oneDNN on
             the CPU and cuDNN with tensor cores both prefer (the small CNN's step: about 15%
             less time on the CPU, see docs/speed.md); the grid is the same either way.
-        summary_stages: the backbone's later stages, run on the last stage's output and
-            averaged over their cells into one vector per image (what the image shows, beside
-            the grid that says where); None: no summary. They never train.
+        summary_stages: the backbone's later stages, run on the last stage's output: for a
+            summary, averaged over their cells into one vector per image (what the image
+            shows, beside the grid that says where), and for hypercolumns, upsampled to the
+            grid. None: neither. They never train.
         tiles: cut the image into ``tiles x tiles`` cells and run the stages on each cell's
             window alone, averaging each window's output into its cell's vector (local
             cells, see :meth:`windows`); a summary is then the whole image's, run through
             every stage and the summary stages. None: the backbone's own grid.
         tile_size: the side of a window in pixels (default: twice a cell).
+        summary: pack the later stages' pooled output after the cells (needs
+            ``summary_stages``).
+        hypercolumn: join to each cell's channels the later stages' output at its place,
+            upsampled bilinearly to the grid (Hariharan et al. 2015): D is then the last
+            stage's channels plus the later stages' (needs ``summary_stages``).
 
     With a summary, :meth:`backbone` returns the S summary channels packed after the L grid
     cells as ``summary_rows`` = ceil(S / D) extra rows of D channels (zero-padded), so that
@@ -328,14 +334,18 @@ class Encoder(nn.Module):
         summary_stages: list[nn.Module] | None = None,
         tiles: int | None = None,
         tile_size: int | None = None,
+        summary: bool = True,
+        hypercolumn: bool = False,
     ) -> None:
         super().__init__()
+        if hypercolumn and (not summary_stages or tiles):
+            raise ValueError("hypercolumns need the later stages and the backbone's own grid")
+        self.hypercolumn = hypercolumn
         self.tiles = tiles
         self.tile_size = (tile_size or 2 * -(-image_size // tiles)) if tiles else None
         self.stages = nn.ModuleList(stages)
         self.summary_stages = nn.ModuleList(summary_stages) if summary_stages else None
         self.channels_last = channels_last
-        self.out_channels = out_channels
         self.image_size = image_size
         self.register_buffer("mean", torch.tensor(mean).view(1, 3, 1, 1) * 255.0)
         self.register_buffer("std", torch.tensor(std).view(1, 3, 1, 1) * 255.0)
@@ -348,17 +358,20 @@ class Encoder(nn.Module):
                 for stage in self.stages:
                     stage.eval()
                     probe = stage(probe)
-                summary = probe
+                later = probe
                 for stage in self.summary_stages or []:
                     stage.eval()
-                    summary = stage(summary)
+                    later = stage(later)
+                if hypercolumn:
+                    out_channels += int(later.shape[1])
                 probe = self.pool(probe)
             except RuntimeError as exc:  # a stage's output would be smaller than 1 x 1
                 raise ConfigError(
                     f"model.image_size={image_size} is too small for this encoder (a stage's "
                     f"output would be empty); use a larger image size"
                 ) from exc
-        self.summary_dim = int(summary.shape[1]) if self.summary_stages is not None else 0
+        self.out_channels = out_channels
+        self.summary_dim = int(later.shape[1]) if summary and self.summary_stages else 0
         self.summary_rows = -(-self.summary_dim // out_channels)  # ceil(S / D)
         if self.summary_stages is not None:
             self.summary_stages.requires_grad_(False)
@@ -482,20 +495,33 @@ class Encoder(nn.Module):
         """``images`` (B, 3, S, S) → the backbone's pooled grid (B, L, D), no positions."""
         photo = (images.float() - self.mean) / self.std
         x = self._stages(self.windows(photo) if self.tiles else photo)
+        later = self._later(x if not self.tiles else None)
+        if self.hypercolumn:  # the later stages' output at each cell's place
+            up = F.interpolate(
+                later.float(), size=x.shape[-2:], mode="bilinear", align_corners=False
+            )
+            x = torch.cat([x, up.to(x.dtype)], dim=1)
         grid = self.pool(x).flatten(2).transpose(1, 2)  # (B, L, D)
         if self.tiles:  # (B * L, 1, D): one vector per window
             grid = grid.reshape(photo.shape[0], self.num_cells, -1)
-        if self.summary_stages is None:
+        if not self.summary_dim:
             return grid.contiguous()
         if self.tiles:  # what the whole photo shows, not the windows' mean
-            x = self._stages(photo)
-        with torch.no_grad() if self.frozen else contextlib.nullcontext():
-            for stage in self.summary_stages:
-                x = stage(x)
-        summary = x.float().mean(dim=(2, 3)).to(grid.dtype)  # (B, S)
+            later = self._later(self._stages(photo))
+        summary = later.float().mean(dim=(2, 3)).to(grid.dtype)  # (B, S)
         padding = self.summary_rows * grid.shape[2] - self.summary_dim
         rows = F.pad(summary, (0, padding)).view(grid.shape[0], self.summary_rows, -1)
         return torch.cat([grid, rows], dim=1)  # (B, L + summary_rows, D)
+
+    def _later(self, x: torch.Tensor | None) -> torch.Tensor | None:
+        """The last stage's output → the later stages' (never trained), or None without
+        them or without ``x``."""
+        if self.summary_stages is None or x is None:
+            return None
+        with torch.no_grad() if self.frozen else contextlib.nullcontext():
+            for stage in self.summary_stages:
+                x = stage(x)
+        return x
 
     def _stages(self, x: torch.Tensor) -> torch.Tensor:
         """Normalised images → the last stage's output, the frozen stages without a graph."""
@@ -684,9 +710,14 @@ def build_encoder(cfg: ModelConfig, runtime: RuntimeConfig | None = None) -> Enc
         for stage in backbone.stages:
             stage.eval()
             probe = stage(probe)
-    summary = None
-    if cfg.summary != "none":
-        summary = backbone.later or [nn.Identity()]
+    later = None
+    if cfg.hypercolumn and not backbone.later:
+        raise ConfigError(
+            f"model.hypercolumn joins the stages model.drop_stages leaves out to the grid; "
+            f"{cfg.encoder} has none left out: set model.drop_stages to 1 or more"
+        )
+    if cfg.summary != "none" or cfg.hypercolumn:
+        later = backbone.later or [nn.Identity()]
     return Encoder(
         backbone.stages,
         int(probe.shape[1]),
@@ -697,7 +728,9 @@ def build_encoder(cfg: ModelConfig, runtime: RuntimeConfig | None = None) -> Enc
         cfg.positional,
         cfg.fine_tune,
         runtime.channels_last,
-        summary,
+        later,
         cfg.tiles,
         cfg.tile_size,
+        summary=cfg.summary != "none",
+        hypercolumn=cfg.hypercolumn,
     )
