@@ -226,6 +226,7 @@ LOOKS = (
     "ctx1_dsw0",
     "tiles5_sum_ctx",
     "mid_ctx",
+    "hyper_ctx",
     "best_exact",
     "os16_ent_hard",
     "ctx1_hard",
