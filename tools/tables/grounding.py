@@ -230,6 +230,8 @@ LOOKS = (
     "best_exact",
     "os16_ent_hard",
     "ctx1_hard",
+    "hyper_ctx_hard",
+    "hyper_ctx_hard_p1",
     "tiles5_ent_hard",
     "tiles5_ent_hard_e0",
 )
