@@ -117,6 +117,7 @@ def test_additive_score_in_blocks_and_in_compiled_form_match_the_plain_one(monke
     query = torch.randn(7 * 3, 6)
     blocks = []
     plain_scores, in_place = score._scores, score.activation_
+    assert in_place is torch.Tensor.sigmoid_  # the blocks' tanh is 2 sigmoid(2x) - 1
     score._scores = lambda k, q: blocks.append(k.shape[0]) or plain_scores(k, q)
     score.activation_ = lambda hidden: blocks.append(hidden.shape[0]) or in_place(hidden)
     with torch.no_grad():
