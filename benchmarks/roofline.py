@@ -45,7 +45,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from benchmarks.timing import median_seconds
 from benchmarks.workload import coco_size, decoder_step, our_decoding, random_batch, set_up
 from captioning.config import replace_section
-from captioning.models import deferred, packing
+from captioning.models import deferred, packing, scores
 from captioning.models.captioner import build_model
 from captioning.runtime import native_bf16
 from lab.options import errors_in_one_line
@@ -151,7 +151,7 @@ def measure(precision: str, images: int, repeats: int) -> list[dict[str, Any]]:
     for name in TASKS:
         fn, gbytes = task_of(name, precision, images)
         work = flops(fn) / 1e9
-        timings.append((name, work, gbytes, *timed(fn, repeats)))
+        timings.append((name, work, gbytes, *timed(fn, repeats, tanh=name != "train")))
     after = peaks(precision, images, repeats), bandwidth(repeats)
     peak = {key: max(before[0][key], after[0][key]) for key in before[0]}
     read = max(before[1], after[1])
@@ -164,6 +164,7 @@ def _row(
     gbytes: float | None,
     seconds: float,
     unpacked: float,
+    tanh: float | None,
     precision: str,
     images: int,
     peak: dict[str, float],
@@ -179,6 +180,7 @@ def _row(
         + ("" if roof is None else f"; {gbytes:.2f} GB read at {read:.1f} GB/s, ")
         + ("" if roof is None else f"{roof / seconds:.0%} of the roofline's bound")
         + f"; torch's own layers {unpacked:.3f} s"
+        + ("" if tanh is None else f"; the score's tanh {tanh:.3f} s")
     )
     return {
         "task": name,
@@ -198,22 +200,28 @@ def _row(
         "roofline_seconds": None if roof is None else round(roof, 4),
         "share_of_roofline": None if roof is None else round(roof / seconds, 3),
         "seconds_unpacked": round(unpacked, 4),
+        "seconds_tanh": None if tanh is None else round(tanh, 4),
     }
 
 
-def timed(fn: Callable[[], Any], repeats: int) -> tuple[float, float]:
-    """The median seconds of ``fn`` as it runs by default and with torch's own layers (no
-    packed weights, no deferred weight gradients), the two timed in alternating rounds."""
+def timed(fn: Callable[[], Any], repeats: int, tanh: bool) -> tuple[float, float, float | None]:
+    """The median seconds of ``fn`` as it runs by default, with torch's own layers (no
+    packed weights, no deferred weight gradients) and, with ``tanh``, with the additive
+    score's tanh instead of its sigmoid form (``scores.SIGMOID_TANH``), timed in alternating
+    rounds."""
     fn()
-    times: dict[bool, list[float]] = {True: [], False: []}
+    arms = ("default", "unpacked", "tanh") if tanh else ("default", "unpacked")
+    times: dict[str, list[float]] = {arm: [] for arm in arms}
     for _ in range(repeats):
-        for enabled in (True, False):
-            packing.ENABLED = deferred.ENABLED = enabled
+        for arm in arms:
+            packing.ENABLED = deferred.ENABLED = arm != "unpacked"
+            scores.SIGMOID_TANH = arm != "tanh"
             try:
-                times[enabled].append(median_seconds(fn, 1, warmup=0))
+                times[arm].append(median_seconds(fn, 1, warmup=0))
             finally:
-                packing.ENABLED = deferred.ENABLED = True
-    return statistics.median(times[True]), statistics.median(times[False])
+                packing.ENABLED = deferred.ENABLED = scores.SIGMOID_TANH = True
+    medians = {arm: statistics.median(values) for arm, values in times.items()}
+    return medians["default"], medians["unpacked"], medians.get("tanh")
 
 
 @errors_in_one_line
@@ -243,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         record(
             args.results,
             rows,
-            key=lambda row: (row["task"], row["precision"], row.get("cpu")),
+            key=lambda row: (row["task"], row["precision"], row.get("device")),
             module="benchmarks.roofline",
             argv=argv,
             timed_alone=not args.machine_busy,

@@ -116,10 +116,10 @@ def test_additive_score_in_blocks_and_in_compiled_form_match_the_plain_one(monke
     keys = score.project_keys(torch.randn(7, 9, 8))
     query = torch.randn(7 * 3, 6)
     blocks = []
-    plain_scores, in_place = score._scores, score.activation_
-    assert in_place is torch.Tensor.sigmoid_  # the blocks' tanh is 2 sigmoid(2x) - 1
+    plain_scores, in_place = score._scores, score.sigmoid_
+    assert scores_module.SIGMOID_TANH  # fp32 blocks' tanh is 2 sigmoid(2x) - 1
     score._scores = lambda k, q: blocks.append(k.shape[0]) or plain_scores(k, q)
-    score.activation_ = lambda hidden: blocks.append(hidden.shape[0]) or in_place(hidden)
+    score.sigmoid_ = lambda hidden: blocks.append(hidden.shape[0]) or in_place(hidden)
     with torch.no_grad():
         plain = score(keys, query)  # one block: 7 * 3 * 9 * 5 values fit the budget
         assert blocks == [7]
@@ -137,6 +137,13 @@ def test_additive_score_in_blocks_and_in_compiled_form_match_the_plain_one(monke
     torch.testing.assert_close(plain, expected)
     torch.testing.assert_close(blocked, expected)
     torch.testing.assert_close(fused, expected)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: False)
+    tanh_ = score.activation_
+    score.activation_ = lambda hidden: blocks.append(-hidden.shape[0]) or tanh_(hidden)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        half = score(keys.bfloat16(), query)  # bf16 blocks keep tanh: the sigmoid's
+    assert blocks[-4:] == [-2, -2, -2, -1]  # rounding near 0 would be coarser
+    torch.testing.assert_close(half.float(), expected, atol=0.05, rtol=0.05)
 
 
 def test_make_score_accepts_a_module_and_rejects_unknown_names():

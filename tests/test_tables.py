@@ -747,6 +747,7 @@ def test_the_roofline_table_gives_the_memory_roof_and_torchs_own_layers():
         share_of_model_peak=0.4,
         bandwidth_gb_per_s=20.0,
         seconds_unpacked=0.36,
+        seconds_tanh=0.33,
     )
     greedy = {
         **base,
@@ -757,7 +758,7 @@ def test_the_roofline_table_gives_the_memory_roof_and_torchs_own_layers():
     }
     train = {**base, "task": "train", "gbytes": None, "roofline_seconds": None}
     table = roofline([greedy, train])
-    assert "| 2.40 (20) | 0.120 s | 40% | 0.360 s (1.20x) |" in table
+    assert "| 2.40 (20) | 0.120 s | 40% | 0.360 s (1.20x) | 0.330 s (1.10x) | Xeon |" in table
     assert "| – | – | – | 0.360 s (1.20x) |" in table  # training: no memory roof
 
 

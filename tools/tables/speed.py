@@ -275,24 +275,27 @@ ROOFLINE_TASKS = {
 def roofline(rows: Rows) -> str:
     """Each task's matrix FLOPs, time and rate, its share of the host's two peaks
     (``benchmarks/roofline.py``), by precision; for decoding, the bytes it must read, its
-    share of the roofline's bound and its time with torch's own (unpacked) layers."""
+    share of the roofline's bound, its time with torch's own (unpacked) layers and with the
+    additive score's tanh instead of its sigmoid form; the host last."""
     if not rows:
         return "No rows of `results/roofline.json` yet: the command above writes them.\n"
     lines = [
         "| task | precision | GFLOP | seconds | GFLOP/s | peak: 2,048-cube / the decoder's "
         "products (GFLOP/s) | share of the cube's peak | share of the decoder's products' "
-        "| GB read (at GB/s) | roofline's bound | share of the roofline | torch's own layers |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| GB read (at GB/s) | roofline's bound | share of the roofline | torch's own layers "
+        "| the score's tanh | host |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     order = list(ROOFLINE_TASKS)
-    for row in sorted(rows, key=lambda r: (r["precision"], order.index(r["task"]))):
+    key = lambda r: (str(r.get("device")), r["precision"], order.index(r["task"]))  # noqa: E731
+    for row in sorted(rows, key=key):
         lines.append(
             f"| {ROOFLINE_TASKS[row['task']]} | {row['precision']} | {row['gflop']:.1f} | "
             f"{row['seconds']:.3f} | {row['gflops_per_s']:.0f} | "
             f"{row['peak_square_gflops_per_s']:.0f} / {row['peak_model_gflops_per_s']:.0f} | "
             f"{row['share_of_square_peak']:.0%} | {row['share_of_model_peak']:.0%} | "
             + " | ".join(_memory_roof(row))
-            + " |"
+            + f" | {_seconds_against(row, 'seconds_tanh')} | {row.get('device', '–')} |"
         )
     images = sorted({r["images"] for r in rows})
     note = (
@@ -302,11 +305,16 @@ def roofline(rows: Rows) -> str:
     return "\n".join([*lines, "", note]) + "\n"
 
 
+def _seconds_against(row: dict[str, Any], field: str) -> str:
+    """A row's other timing ``field`` and its ratio to the row's own seconds, or "–"."""
+    other = row.get(field)
+    return "–" if other is None else f"{other:.3f} s ({other / row['seconds']:.2f}x)"
+
+
 def _memory_roof(row: dict[str, Any]) -> list[str]:
     """The memory-roof cells of a roofline row ("–" where the row has none: training) and
     its time with torch's own layers."""
-    unpacked = row.get("seconds_unpacked")
-    own = "–" if unpacked is None else f"{unpacked:.3f} s ({unpacked / row['seconds']:.2f}x)"
+    own = _seconds_against(row, "seconds_unpacked")
     if row.get("gbytes") is None:
         return ["–"] * 3 + [own]
     return [
