@@ -495,7 +495,7 @@ class Encoder(nn.Module):
         """``images`` (B, 3, S, S) → the backbone's pooled grid (B, L, D), no positions."""
         photo = (images.float() - self.mean) / self.std
         x = self._stages(self.windows(photo) if self.tiles else photo)
-        later = self._later(x if not self.tiles else None)
+        later = None if self.tiles else self._later(x)  # a tiled summary is the whole photo's
         if self.hypercolumn:  # the later stages' output at each cell's place
             up = F.interpolate(
                 later.float(), size=x.shape[-2:], mode="bilinear", align_corners=False
@@ -513,10 +513,10 @@ class Encoder(nn.Module):
         rows = F.pad(summary, (0, padding)).view(grid.shape[0], self.summary_rows, -1)
         return torch.cat([grid, rows], dim=1)  # (B, L + summary_rows, D)
 
-    def _later(self, x: torch.Tensor | None) -> torch.Tensor | None:
+    def _later(self, x: torch.Tensor) -> torch.Tensor | None:
         """The last stage's output → the later stages' (never trained), or None without
-        them or without ``x``."""
-        if self.summary_stages is None or x is None:
+        them."""
+        if self.summary_stages is None:
             return None
         with torch.no_grad() if self.frozen else contextlib.nullcontext():
             for stage in self.summary_stages:
