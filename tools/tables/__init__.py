@@ -43,6 +43,7 @@ from tools.tables.flickr8k import (
 )
 from tools.tables.flickr8k_decoding import flickr8k_brevity, flickr8k_dev_decode
 from tools.tables.flickr8k_time import flickr8k_step_cost, flickr8k_targets, flickr8k_time
+from tools.tables.grid_probe import grid_probe
 from tools.tables.grounding import (
     grounding,
     grounding_categories,
@@ -132,6 +133,7 @@ TABLES: dict[str, Callable[[Rows], str]] = {
     "grounding_levers": grounding_levers,
     "grounding_looks": grounding_looks,
     "looks_screen": looks_screen,
+    "grid_probe": grid_probe,
     "results_index": results_index,
 }
 # tables whose rows are in another table's file
