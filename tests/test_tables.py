@@ -787,3 +787,42 @@ def test_the_speed_table_takes_a_ratio_only_within_one_run():
     rows = [row("reference", 3.0, "aaa"), row("ours", 0.3, "aaa"), row("ours", 0.2, "bbb", True)]
     table = speed_bench(rows)
     assert "| coco | cpu | fp32 | greedy | 3 s | 0.3 s | 10.0× | 0.2 s | – |" in table
+
+
+def test_the_grid_probe_verdict_holds_every_seed_to_the_spread() -> None:
+    from tools.tables.grid_probe import grid_probe
+
+    def row(grid: str, seed: int, probe: float, mass: float) -> dict:
+        maps = {"probe": (probe, mass), "centre": (0.5, 0.3), "saliency": (0.45, 0.3)}
+        maps["even"] = (0.3, 0.2)
+        overall = {k: {"pointing": p, "mass": m} for k, (p, m) in maps.items()}
+        overall["probe"] |= {"median_peak": 0.1, "mean_entropy": 3.0}
+        return {
+            "grid": grid,
+            "seed": seed,
+            "overrides": [],
+            "grid_shape": [7, 7],
+            "channels": 1280,
+            "dev_map": 0.25,
+            "grounding": {"overall": {"words": 90, **overall}},
+            "precision": "fp32",
+            "commit": "abc1234",
+        }
+
+    # 0.60, 0.62, 0.64 beat the centre's 0.5 by more than their spread of 0.02
+    found = [row("os16", s, 0.60 + 0.02 * s, 0.42) for s in range(3)]
+    # 0.51 beats it by less than the spread of 0.06
+    level = [row("top7", s, p, 0.36) for s, p in enumerate((0.51, 0.62, 0.57))]
+    table = grid_probe(level + found)
+    assert table.index("| top7 |") < table.index("| os16 |")
+    assert (
+        "| os16 | – | 7x7 x 1,280 | 0 | 0.250 | 90 | 0.600 / 0.500 / 0.450 / 0.300 | 1.40 |"
+        in table
+    )
+    assert (
+        "**os16**, 3 seeds: pointing minus the better of the centre prior and the saliency map "
+        "+0.100, +0.120, +0.140 (the probe's spread 0.020); mass 1.40, 1.40, 1.40 times the "
+        "centre prior's: meets pointing above both by more than the spread, mass ≥ 1.25x "
+        "centre's on every seed." in table
+    )
+    assert "**top7**, 3 seeds" in table and "meets neither on every seed." in table
