@@ -1,8 +1,8 @@
 """How much *where* a frozen encoder's grid holds: a localisation probe trained on the words
 of Flickr8k's captions, scored against COCO's boxes like the captioner's word maps.
 
-    python -m tools.grid_probe --shared SHARED --grids top7 os16 mid14 hyper14 --seeds 0-2 \\
-        --out runs/grid_probe --results results/grid_probe.json
+    python -m tools.grid_probe --shared SHARED --grids top7 tiles5 os16 mid14 hyper14 \\
+        --seeds 0-2 --out runs/grid_probe --results results/grid_probe.json
 
 A captioner's word map can point at the named object only as well as the grid it attends
 over lets any map do. This study asks the grid directly, with the strongest signal the
