@@ -227,6 +227,7 @@ LOOKS = (
     "tiles5_sum_ctx",
     "mid_ctx",
     "hyper_ctx",
+    "os16_ctx",
     "best_exact",
     "os16_ent_hard",
     "ctx1_hard",
