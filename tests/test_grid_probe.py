@@ -83,3 +83,10 @@ def test_grounding_scores_a_named_boxed_category_against_the_baselines():
     assert overall["centre"]["pointing"] == 0.0
     assert overall["probe"]["mass"] > overall["saliency"]["mass"] > overall["even"]["mass"]
     assert overall["even"]["mass"] == pytest.approx(0.25 / 16)  # a quarter of one cell
+
+
+def test_a_missing_shared_folder_is_one_line_and_exit_status_2(tmp_path, capsys):
+    assert probe_tool.main(["--shared", str(tmp_path), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--shared must name the shared folder" in err
+    assert not (tmp_path / "out").exists()

@@ -45,6 +45,7 @@ import torch
 from PIL import Image
 
 from benchmarks.recipe_stages import convert_backbone
+from captioning.cli import positive_int
 from captioning.config import load_config
 from captioning.data.coco import read_coco
 from captioning.data.records import ImageRecord
@@ -315,7 +316,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add_seeds_option(parser, "0,1,2", " of the probe")
     parser.add_argument("--out", type=Path, required=True, help="the study's folder")
     parser.add_argument(
-        "--threads", type=int, default=None, help="torch's threads (default: torch's own)"
+        "--threads", type=positive_int, default=None, help="torch's threads (default: torch's own)"
     )
     add_result_options(parser, "the rows")
     add_replace_option(parser)
