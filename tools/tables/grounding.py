@@ -233,6 +233,7 @@ LOOKS = (
     "ctx1_hard",
     "hyper_ctx_hard",
     "hyper_ctx_hard_p1",
+    "os16_ctx_hard",
     "tiles5_ent_hard",
     "tiles5_ent_hard_e0",
 )
