@@ -842,4 +842,3 @@ def test_the_fused_optimiser_makes_adams_updates():
     ):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
         assert not a.requires_grad or not torch.equal(a, c), name
-
