@@ -42,12 +42,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from PIL import Image
 
 from benchmarks.recipe_stages import convert_backbone
 from captioning.cli import positive_int
 from captioning.config import load_config
 from captioning.data.coco import read_coco
+from captioning.data.images import load_image
 from captioning.data.records import ImageRecord
 from captioning.errors import CaptioningError
 from captioning.metrics.pointing import Grid, Group, baseline_maps, box_coverage, category_boxes
@@ -104,11 +104,12 @@ def flickr8k_captions(text: Path, split: str) -> dict[str, list[str]]:
 
 
 def encode(encoder: torch.nn.Module, paths: list[Path], batch: int = 32) -> torch.Tensor:
-    """The grids (N, L, D) float16 of the photos at ``paths``."""
+    """The grids (N, L, D) float16 of the photos at ``paths``, read upright as every
+    captioning path reads them (:func:`captioning.data.images.load_image`)."""
     grids = []
     with torch.no_grad():
         for start in range(0, len(paths), batch):
-            pictures = [Image.open(p).convert("RGB") for p in paths[start : start + batch]]
+            pictures = [load_image(p) for p in paths[start : start + batch]]
             images = torch.stack([encoder.transform(p) for p in pictures])  # (B, 3, S, S)
             grids.append(encoder(images).to(torch.float16))  # (B, L, D)
     return torch.cat(grids)
