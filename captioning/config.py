@@ -150,6 +150,12 @@ class ModelConfig:
     # trained by train.context_word_weight: the word must be readable from where it looked
     # (captions never read it: a model without it, a hard stage say, may --init from one with it)
     context_words: bool = False
+    # a word localiser trained beside the decoder on the captions' words alone (each word's
+    # per-cell score, log-sum-exp pooled into whether the word is in the caption): its maps
+    # say where each word is, and train.word_map_weight draws the attention toward them
+    # (captioning/models/word_maps.py; captions never use it)
+    word_maps: bool = False
+    word_map_rank: int = 256  # the localiser's shared projection of the cells
 
 
 @dataclass
@@ -181,6 +187,10 @@ class TrainConfig:
     # model.context_words' layer), summed over a caption's words: above 0 a word's map is
     # paid for falling where its word can be read (docs/grounding.md)
     context_word_weight: float = 0.0
+    # w of KL(m_y || alpha_t), from the localiser's map of each word (model.word_maps) to
+    # the word's attention map, summed over a caption's words: above 0 each word's map is
+    # drawn toward the cells where its word is found (docs/grounding.md)
+    word_map_weight: float = 0.0
     # cross-entropy objective only: the share of each target's probability spread evenly
     # over the vocabulary (Szegedy et al. 2016); 0 trains on the plain likelihood
     label_smoothing: float = 0.0
@@ -510,6 +520,23 @@ def _validate_context_words(cfg: Config) -> None:
             "train.context_word_weight adds to the cross-entropy objective; set it to 0 "
             "for train.objective=scst"
         )
+    weight = cfg.train.word_map_weight
+    if model.word_maps and model.attention in ("hard", "none"):
+        raise ConfigError(
+            f"model.word_maps trains a localiser toward whose maps the attention is drawn, "
+            f"and model.attention={model.attention} has no map to draw: use soft or local "
+            f"attention, or set model.word_maps=false"
+        )
+    if weight > 0 and not model.word_maps:
+        raise ConfigError(
+            f"train.word_map_weight={weight} needs the word localiser whose maps it draws "
+            f"toward: set model.word_maps=true (or the weight to 0)"
+        )
+    if model.word_maps and cfg.train.objective != "xe":
+        raise ConfigError(
+            "model.word_maps trains beside the cross-entropy objective; set it to false "
+            "for train.objective=scst"
+        )
 
 
 def _validate_summary(model: ModelConfig) -> None:
@@ -615,6 +642,8 @@ _RANGES: dict[str, tuple[float | None, float | None, str]] = {
     "train.doubly_stochastic_weight": (0, None, ""),
     "train.attention_entropy_weight": (0, None, ""),
     "train.context_word_weight": (0, None, ""),
+    "train.word_map_weight": (0, None, ""),
+    "model.word_map_rank": (1, None, ""),
     "train.label_smoothing": (0, 1, "max"),
     "train.reinforce_weight": (0, None, ""),
     "train.entropy_weight": (0, None, ""),

@@ -59,6 +59,8 @@ LEVERS = (
     "train.attention_entropy_weight",
     "model.context_words",
     "train.context_word_weight",
+    "model.word_maps",
+    "train.word_map_weight",
     "model.output_stride",
     "model.tiles",
     "model.tile_size",

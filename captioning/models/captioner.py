@@ -17,6 +17,8 @@ from captioning.models.attention import (
 )
 from captioning.models.decoder import Decoder, DecoderOutput
 from captioning.models.encoder import Encoder, build_encoder
+from captioning.models.scores import groups
+from captioning.models.word_maps import WordLocaliser
 
 
 class Captioner(nn.Module):
@@ -26,15 +28,22 @@ class Captioner(nn.Module):
         encoder: images (B, 3, S, S) → grid features (B, L, D).
         decoder: the attention LSTM over those features.
         grid: self-attention over the encoder's cells before the decoder (None: none).
+        word_maps: a word localiser trained beside the decoder, whose maps teacher forcing
+            reports with each caption (None: none; decoding never uses it).
     """
 
     def __init__(
-        self, encoder: Encoder, decoder: Decoder, grid: GridSelfAttention | None = None
+        self,
+        encoder: Encoder,
+        decoder: Decoder,
+        grid: GridSelfAttention | None = None,
+        word_maps: WordLocaliser | None = None,
     ) -> None:
         super().__init__()
         self.encoder = encoder
         self.grid = grid
         self.decoder = decoder
+        self.word_maps = word_maps
 
     @property
     def hard_attention(self) -> bool:
@@ -83,7 +92,12 @@ class Captioner(nn.Module):
         if repeat > 1 and tokens.shape[0] != features.shape[0] * repeat:
             tokens = tokens.repeat_interleave(repeat, dim=0)  # (B*repeat, T)
         targets = tokens[:, 1:] if hard.mode == "marginal" else None
-        return self.decoder(features, tokens[:, :-1], hard, targets)
+        output = self.decoder(features, tokens[:, :-1], hard, targets)
+        if self.word_maps is not None:
+            cells, _ = self.decoder.split(features)
+            cells = cells.repeat_interleave(groups(cells, tokens.shape[0]), dim=0)
+            output.word_maps = self.word_maps(cells, tokens[:, 1:])
+        return output
 
 
 def build_model(
@@ -119,7 +133,10 @@ def build_model(
     grid = None
     if cfg.grid_layers:
         grid = GridSelfAttention(encoder.out_channels, cfg.grid_layers, cfg.grid_heads)
-    return Captioner(encoder, decoder, grid)
+    word_maps = None
+    if cfg.word_maps:
+        word_maps = WordLocaliser(encoder.out_channels, vocab_size, cfg.word_map_rank)
+    return Captioner(encoder, decoder, grid, word_maps)
 
 
 class GridSelfAttention(nn.Module):

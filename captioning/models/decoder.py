@@ -51,6 +51,7 @@ from captioning.models.encoder import split_summary
 from captioning.models.packing import Linear, LSTMCell, cell_update
 from captioning.models.scores import groups
 from captioning.models.trace import AttentionTrace
+from captioning.models.word_maps import WordMaps
 
 # Cells per chunk of the exact marginal are chosen so that a chunk's (rows, steps, cells,
 # vocabulary) log-probabilities hold about this many elements (64 MB in fp32).
@@ -85,6 +86,8 @@ class DecoderOutput:
             (HardContext mode ``marginal``), else None.
         context_logits: (B, T, V) each word read from its attended context alone (before
             the gate) by the decoder's ``context_words`` layer, else None.
+        word_maps: the captioner's word localiser's presence logits and each target's map
+            (:mod:`captioning.models.word_maps`), else None.
     """
 
     logits: torch.Tensor | None
@@ -94,6 +97,7 @@ class DecoderOutput:
     betas: torch.Tensor | None = None
     target_log_probs: torch.Tensor | None = None
     context_logits: torch.Tensor | None = None
+    word_maps: WordMaps | None = None
 
     @property
     def alphas(self) -> torch.Tensor:

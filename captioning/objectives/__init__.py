@@ -52,6 +52,7 @@ def maximum_likelihood(context: ObjectiveContext) -> Objective:
         label_smoothing=cfg.train.label_smoothing,
         entropy_weight=cfg.train.attention_entropy_weight,
         context_weight=cfg.train.context_word_weight,
+        map_weight=cfg.train.word_map_weight,
     )
 
 

@@ -37,6 +37,8 @@ class LossTerms:
     entropy: torch.Tensor | None = None  # attention entropy of the sampled (or summed) steps
     reward: torch.Tensor | None = None  # mean log p(y | a, s) of the captions that sampled
     context_nll: torch.Tensor | None = None  # per token, each word read from its context
+    presence: torch.Tensor | None = None  # the word localiser's binary cross-entropy
+    map_kl: torch.Tensor | None = None  # per word, KL(localiser's map || attention map)
 
     def scalars(self) -> dict[str, float]:
         """The terms to log, by name."""
@@ -47,6 +49,8 @@ class LossTerms:
             "reward": self.reward,
             "entropy": self.entropy,
             "context_nll_per_token": self.context_nll,
+            "word_presence": self.presence,
+            "map_kl_per_word": self.map_kl,
         }
         return {k: float(v.detach()) for k, v in values.items() if v is not None}
 

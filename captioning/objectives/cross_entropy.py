@@ -17,6 +17,7 @@ from torch import nn
 
 from captioning.data.vocab import Vocabulary
 from captioning.models.decoder import DecoderOutput
+from captioning.models.word_maps import map_divergence, presence_loss
 from captioning.objectives.base import Batch, LossTerms
 from captioning.runtime import autocast
 
@@ -68,10 +69,13 @@ def caption_loss(
     label_smoothing: float = 0.0,
     entropy_weight: float = 0.0,
     context_weight: float = 0.0,
+    map_weight: float = 0.0,
 ) -> LossTerms:
     """Soft (or no) attention: NLL + lambda * the doubly stochastic penalty (+ w * the
     entropy of each word's map, summed over the words, + u * the NLL of each word read from
-    its attended context alone), per caption, averaged over captions. A hard model's
+    its attended context alone, + k * KL from the word localiser's map of each word to its
+    attention map, summed over the words), per caption, averaged over captions; with a word
+    localiser, its own presence loss too (which moves only the localiser). A hard model's
     sampled output gives its likelihood given the samples here; its estimator terms come
     from :mod:`captioning.objectives.hard_attention`.
 
@@ -85,6 +89,9 @@ def caption_loss(
             out of the loss (it is logged all the same).
         context_weight: u of the context-word NLL (``output.context_logits``, which the
             decoder's ``context_words`` layer gives); logged whenever they are there.
+        map_weight: k of the map term (``output.word_maps``, which the captioner's word
+            localiser gives); the localiser's loss and the term are logged whenever it is
+            there.
     """
     mask = (targets != pad_id).float()  # (B, T)
     trained = None
@@ -105,6 +112,17 @@ def caption_loss(
         terms.context_nll = (context_nll.sum() / max(terms.tokens, 1)).detach()
     elif context_weight > 0:
         raise ValueError("context_weight needs the decoder's context_words layer")
+    if output.word_maps is not None:
+        presence = presence_loss(output.word_maps)
+        divergence = map_divergence(output.word_maps, output.alphas) * mask  # (B, T)
+        terms.total = terms.total + presence
+        if map_weight > 0:
+            terms.total = terms.total + map_weight * divergence.sum(dim=1).mean()
+        words = output.word_maps.words.float() * mask
+        terms.presence = presence.detach()
+        terms.map_kl = (divergence.sum() / words.sum().clamp_min(1.0)).detach()
+    elif map_weight > 0:
+        raise ValueError("map_weight needs the captioner's word localiser")
     return terms
 
 
@@ -141,6 +159,7 @@ class CrossEntropyObjective:
         label_smoothing: the share of each target's probability spread over the vocabulary.
         entropy_weight: w of the attention maps' entropy (see :func:`caption_loss`).
         context_weight: u of the context-word NLL (see :func:`caption_loss`).
+        map_weight: k of the word-map term (see :func:`caption_loss`).
         device, precision: where and in which precision the forward pass runs.
     """
 
@@ -152,9 +171,11 @@ class CrossEntropyObjective:
         label_smoothing: float = 0.0,
         entropy_weight: float = 0.0,
         context_weight: float = 0.0,
+        map_weight: float = 0.0,
     ) -> None:
         self.penalty_weight = penalty_weight
         self.context_weight = context_weight
+        self.map_weight = map_weight
         self.label_smoothing = label_smoothing
         self.entropy_weight = entropy_weight
         self.device = device
@@ -172,6 +193,7 @@ class CrossEntropyObjective:
             label_smoothing=self.label_smoothing,
             entropy_weight=self.entropy_weight,
             context_weight=self.context_weight,
+            map_weight=self.map_weight,
         )
 
     def commit(self) -> None:

@@ -194,9 +194,10 @@ FREE_ON_INIT = frozenset({"model.dropout", "model.fine_tune", "model.weights"})
 # with the same weights and differ only in how the context is formed from the map, so a hard
 # model may start from a soft model's weights (and back).
 SAME_WEIGHTS_ATTENTION = frozenset({"soft", "hard"})
-# The context-word layer only adds a term to the training loss; captions never read it. A
-# model without it (a hard stage, say) may start from one with it, and the layer is left out.
-CONTEXT_WORDS_PREFIX = "decoder.context_words."
+# Parts that only add a term to the training loss, by the model key that builds them and the
+# prefix of their weights: captions never read them. A model without one (a hard stage, say)
+# may start from one with it, and its weights are left out.
+TRAINING_ONLY = {"context_words": "decoder.context_words.", "word_maps": "word_maps."}
 
 
 # Model keys that build only the small CNN: with another encoder they shape nothing, so a
@@ -217,7 +218,7 @@ def load_init(cfg: Config, path: str) -> dict[str, Any]:
     ours = config_to_dict(cfg)["model"]
     unused = _builds_nothing(saved) & _builds_nothing(ours)
     swapped = {saved.get("attention"), ours["attention"]} <= SAME_WEIGHTS_ATTENTION
-    drops_words = bool(saved.get("context_words")) and not ours["context_words"]
+    dropped = {k for k in TRAINING_ONLY if saved.get(k) and not ours[k]}
     changed = [
         k
         for k in saved
@@ -225,7 +226,8 @@ def load_init(cfg: Config, path: str) -> dict[str, Any]:
         and f"model.{k}" not in FREE_ON_INIT
         and k not in unused
         and not (k == "attention" and swapped)
-        and not (k == "context_words" and drops_words)
+        and k not in dropped
+        and not (k == "word_map_rank" and "word_maps" in dropped)
     ]
     if changed:
         key = changed[0]
@@ -234,11 +236,9 @@ def load_init(cfg: Config, path: str) -> dict[str, Any]:
             f"{quote(ours[key])} here; --init needs the same architecture (set "
             f"model.{key}={quote(saved[key])})"
         )
-    if drops_words:
-        weights = payload["model"]
-        payload["model"] = {
-            k: v for k, v in weights.items() if not k.startswith(CONTEXT_WORDS_PREFIX)
-        }
+    if dropped:
+        prefixes = tuple(TRAINING_ONLY[k] for k in dropped)
+        payload["model"] = {k: v for k, v in payload["model"].items() if not k.startswith(prefixes)}
     return payload
 
 

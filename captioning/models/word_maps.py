@@ -1,0 +1,124 @@
+"""Where each word is on the grid, learnt from captions alone: the word localiser that
+``model.word_maps`` trains beside the decoder, and whose maps ``train.word_map_weight``
+draws each word's attention toward.
+
+A word's score at cell l is linear in the cell, through a low-rank factor shared by the
+vocabulary: s_lw = u_w . (P a_l) + b_w. Whether the word is in the caption is read from the
+log-sum-exp pooling of its scores over the L cells (Pinheiro and Collobert 2015),
+
+    z_w = (1 / r) log (1 / L) sum_l exp(r s_lw),
+
+trained by binary cross-entropy: the words of each caption are its positives, the other
+words of the batch its negatives (in-batch candidates keep the cost at the words the batch
+holds rather than the whole vocabulary). The pooling's weights m_w = softmax_l(r s_lw) are
+the word's map: the cells whose evidence says the word is there. It is the probe of
+``tools/grid_probe.py`` with the captions' words for labels, trained with the captioner.
+
+The localiser's maps are targets only: the map term KL(m_{y_t} || alpha_t) moves the
+attention, never the localiser (its maps are detached), so the two cannot meet at an even
+map. Decoding never uses it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from captioning.data.vocab import Vocabulary
+from captioning.models.packing import Linear
+
+# r of the log-sum-exp pooling and of the maps (the probe's value): 0 would pool by the
+# mean, infinity by the maximum
+SHARPNESS = 5.0
+# the special tokens, which name nothing in the image
+SPECIAL_IDS = (Vocabulary.pad_id, Vocabulary.start_id, Vocabulary.end_id, Vocabulary.unk_id)
+
+
+@dataclass
+class WordMaps:
+    """The localiser's outputs for a batch of captions.
+
+    Attributes:
+        presence: (B, C) the pooled logit of each candidate word in each caption's image.
+        labels: (B, C) 1 where the candidate is one of the caption's words.
+        candidates: (C,) bool, the candidates that are words (not special tokens).
+        log_maps: (B, T, L) log m_{y_t}, the map of each target word, detached.
+        words: (B, T) bool, the targets that have a map (real words, not specials or
+            padding).
+    """
+
+    presence: torch.Tensor
+    labels: torch.Tensor
+    candidates: torch.Tensor
+    log_maps: torch.Tensor
+    words: torch.Tensor
+
+
+class WordLocaliser(nn.Module):
+    """Per-cell word scores of rank ``rank`` over a grid of ``feature_dim`` channels.
+
+    Args:
+        feature_dim: D, the grid's channels.
+        vocab_size: V.
+        rank: the size of the shared projection P (its cost is B * L * D * rank).
+        sharpness: r of the pooling and the maps.
+    """
+
+    def __init__(
+        self, feature_dim: int, vocab_size: int, rank: int = 256, sharpness: float = SHARPNESS
+    ) -> None:
+        super().__init__()
+        self.project = Linear(feature_dim, rank)
+        self.words = nn.Embedding(vocab_size, rank)
+        self.bias = nn.Embedding(vocab_size, 1)
+        nn.init.normal_(self.words.weight, std=rank**-0.5)
+        nn.init.zeros_(self.bias.weight)
+        self.sharpness = sharpness
+
+    def scores(self, cells: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
+        """s_lw for the cells (B, L, D) and word ids (C,) → (B, L, C)."""
+        return self.project(cells) @ self.words(words).t() + self.bias(words).t()
+
+    def maps(self, cells: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
+        """m_w, each word's map over the cells: (B, L, D), (C,) → (B, L, C)."""
+        return torch.softmax(self.sharpness * self.scores(cells, words).float(), dim=1)
+
+    def forward(self, cells: torch.Tensor, targets: torch.Tensor) -> WordMaps:
+        """The presence logits of the batch's words and each target's map: cells (B, L, D)
+        and the captions' next words ``targets`` (B, T, padded)."""
+        candidates, index = torch.unique(targets, return_inverse=True)  # (C,), (B, T)
+        scaled = self.sharpness * self.scores(cells, candidates).float()  # (B, L, C)
+        cells_count = scaled.shape[1]
+        presence = torch.logsumexp(scaled, dim=1) - torch.log(torch.tensor(float(cells_count)))
+        presence = presence / self.sharpness  # (B, C)
+        labels = torch.zeros_like(presence).scatter_(1, index, 1.0)  # (B, C)
+        log_maps = torch.log_softmax(scaled.detach(), dim=1)  # (B, L, C)
+        gathered = log_maps.gather(2, index.unsqueeze(1).expand(-1, cells_count, -1))
+        special = torch.tensor(SPECIAL_IDS, device=targets.device)
+        return WordMaps(
+            presence=presence,
+            labels=labels,
+            candidates=~torch.isin(candidates, special),
+            log_maps=gathered.transpose(1, 2),  # (B, T, L)
+            words=~torch.isin(targets, special),
+        )
+
+
+def presence_loss(maps: WordMaps) -> torch.Tensor:
+    """The localiser's binary cross-entropy, averaged over the captions and their word
+    candidates (specials left out)."""
+    loss = F.binary_cross_entropy_with_logits(maps.presence, maps.labels, reduction="none")
+    keep = maps.candidates.float()  # (C,)
+    return (loss * keep).sum() / (keep.sum() * loss.shape[0]).clamp_min(1.0)
+
+
+def map_divergence(maps: WordMaps, alphas: torch.Tensor) -> torch.Tensor:
+    """KL(m_{y_t} || alpha_t) of each word (B, T), 0 where the target names nothing: the
+    maps ``alphas`` (B, T, L) pay for missing the cells the localiser finds the word in."""
+    target = maps.log_maps.exp()
+    log_alpha = torch.log(alphas.float().clamp_min(1e-12))
+    divergence = (target * (maps.log_maps - log_alpha)).sum(dim=2)  # (B, T)
+    return divergence * maps.words.float()

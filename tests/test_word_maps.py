@@ -1,0 +1,175 @@
+"""The word localiser (model.word_maps) and the map term that draws attention toward it."""
+
+import math
+
+import pytest
+import torch
+
+from captioning.config import ModelConfig, load_config
+from captioning.errors import ConfigError
+from captioning.models.attention import AttentionSizes, build_attention
+from captioning.models.decoder import Decoder
+from captioning.models.word_maps import WordLocaliser, map_divergence, presence_loss
+from captioning.objectives.cross_entropy import caption_loss
+
+CELLS, DIM, WORDS = 9, 16, 12
+
+
+def _sample(generator: torch.Generator, batch: int = 64):
+    """Grids of noise in which each caption's two words (ids 4-11, the smaller first) are
+    written into one cell each (a one-hot of the word): grids (B, L, D), captions
+    ``<start> w1 w2 <end>`` (B, 4) and the two words' cells (B, 2)."""
+    chosen = torch.stack(
+        [torch.randperm(WORDS - 4, generator=generator)[:2] + 4 for _ in range(batch)]
+    )
+    chosen = chosen.sort(dim=1).values
+    where = torch.stack([torch.randperm(CELLS, generator=generator)[:2] for _ in range(batch)])
+    grid = 0.3 * torch.randn(batch, CELLS, DIM, generator=generator)
+    rows = torch.arange(batch)
+    for k in range(2):
+        grid[rows, where[:, k], chosen[:, k]] += 3.0
+    tokens = torch.cat(
+        [torch.ones(batch, 1, dtype=torch.long), chosen, torch.full((batch, 1), 2)], dim=1
+    )
+    return grid, tokens, where
+
+
+def test_the_localiser_pools_by_log_sum_exp_and_maps_each_target():
+    torch.manual_seed(0)
+    localiser = WordLocaliser(DIM, WORDS, rank=8)
+    grid = torch.randn(2, CELLS, DIM)
+    targets = torch.tensor([[5, 7, 2, 0], [7, 9, 9, 2]])
+    maps = localiser(grid, targets)
+    words = torch.tensor([0, 2, 5, 7, 9])  # the batch's tokens, in order
+    scores = localiser.scores(grid, words)  # (B, L, C)
+    r = localiser.sharpness
+    expected = (torch.logsumexp(r * scores, dim=1) - math.log(CELLS)) / r
+    torch.testing.assert_close(maps.presence, expected)
+    # between the mean and the maximum of the word's scores
+    assert (maps.presence <= scores.amax(dim=1) + 1e-6).all()
+    assert (maps.presence >= scores.mean(dim=1) - 1e-6).all()
+    assert maps.labels.tolist() == [[1, 1, 1, 1, 0], [0, 1, 0, 1, 1]]
+    assert maps.candidates.tolist() == [False, False, True, True, True]
+    assert maps.words.tolist() == [[True, True, False, False], [True, True, True, False]]
+    # each target's map is its word's softmax over the cells, and moves no weight
+    own = torch.softmax(r * scores, dim=1)  # (B, L, C)
+    torch.testing.assert_close(maps.log_maps[1, 1].exp(), own[1, :, 4])
+    torch.testing.assert_close(maps.log_maps[0, 0].exp(), own[0, :, 2])
+    assert not maps.log_maps.requires_grad
+    # the presence loss leaves out the specials' columns
+    bce = torch.nn.functional.binary_cross_entropy_with_logits(
+        maps.presence[:, 2:], maps.labels[:, 2:]
+    )
+    torch.testing.assert_close(presence_loss(maps), bce)
+
+
+def test_the_map_term_is_the_kl_from_the_localisers_map():
+    torch.manual_seed(0)
+    localiser = WordLocaliser(DIM, WORDS, rank=8)
+    targets = torch.tensor([[5, 7, 2, 0]])
+    maps = localiser(torch.randn(1, CELLS, DIM), targets)
+    alphas = torch.softmax(torch.randn(1, 4, CELLS), dim=-1)
+    divergence = map_divergence(maps, alphas)
+    m = maps.log_maps.exp()
+    kl = (m * (m.log() - alphas.log())).sum(-1)
+    torch.testing.assert_close(divergence[0, :2], kl[0, :2])
+    assert divergence[0, 2:].tolist() == [0.0, 0.0]  # <end> and padding name nothing
+    assert (divergence >= 0).all()
+    same = map_divergence(maps, maps.log_maps.exp())
+    torch.testing.assert_close(same[0, :2], torch.zeros(2), atol=1e-6, rtol=0)
+
+
+def test_the_localiser_finds_each_word_from_the_captions_alone():
+    """Trained on whether each word is in the caption (never where), its maps peak on the
+    cell that holds the word."""
+    generator = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    localiser = WordLocaliser(DIM, WORDS, rank=8)
+    optimiser = torch.optim.Adam(localiser.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(200):
+        grid, tokens, _ = _sample(generator)
+        loss = presence_loss(localiser(grid, tokens[:, 1:]))
+        optimiser.zero_grad()
+        loss.backward()
+        optimiser.step()
+        losses.append(float(loss.detach()))
+    grid, tokens, where = _sample(generator)
+    with torch.no_grad():
+        maps = localiser(grid, tokens[:, 1:]).log_maps[:, :2]  # (B, 2, L)
+    hits = (maps.argmax(dim=2) == where).float().mean()
+    assert hits > 0.95, hits
+    assert sum(losses[-20:]) < 0.5 * sum(losses[:20])
+
+
+def _weight_on_the_word(map_weight: float) -> float:
+    """A decoder trained 300 steps beside a localiser, with ``map_weight`` on the map term:
+    the mean weight its maps put on the cell that holds their word."""
+    generator = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    cfg = ModelConfig(attention_dim=16, hidden_dim=32, embed_dim=16)
+    attention = build_attention(cfg, AttentionSizes(DIM, 32, CELLS, (3, 3), DIM))
+    decoder = Decoder(WORDS, DIM, attention, 16, 32, dropout=0.0)
+    localiser = WordLocaliser(DIM, WORDS, rank=8)
+    parameters = [*decoder.parameters(), *localiser.parameters()]
+    optimiser = torch.optim.Adam(parameters, lr=1e-2)
+    for _ in range(300):
+        grid, tokens, _ = _sample(generator)
+        output = decoder(grid, tokens[:, :-1])
+        output.word_maps = localiser(grid, tokens[:, 1:])
+        loss = caption_loss(output, tokens[:, 1:], 0, penalty_weight=0.0, map_weight=map_weight)
+        optimiser.zero_grad()
+        loss.total.backward()
+        optimiser.step()
+    grid, tokens, where = _sample(generator)
+    with torch.no_grad():
+        alphas = decoder(grid, tokens[:, :-1]).alphas  # (B, 3, L): word 1, word 2, end
+    return float(alphas[:, :2].gather(2, where.unsqueeze(2)).mean())
+
+
+def test_the_map_term_moves_each_words_attention_onto_its_word():
+    """The initial state sees the mean cell, so the captions can be learnt without looking;
+    drawn toward the localiser's maps, each word's attention goes to the cell that holds it."""
+    drawn, plain = _weight_on_the_word(1.0), _weight_on_the_word(0.0)
+    assert drawn > 0.9 and drawn > plain + 0.1, (drawn, plain)
+
+
+def test_the_localiser_trains_beside_the_captioner_and_only_by_its_own_loss():
+    from tests.test_looks import _images, _model
+
+    model = _model(drop_stages=5, word_maps=True, word_map_rank=8)
+    tokens = torch.tensor([[1, 5, 6, 7, 2, 0], [1, 8, 9, 2, 0, 0]])
+    grid = model.encoder.backbone(_images())
+    output = model(None, tokens, grid=grid)
+    plain = caption_loss(output, tokens[:, 1:], 0)
+    drawn = caption_loss(output, tokens[:, 1:], 0, map_weight=2.0)
+    mask = (tokens[:, 1:] != 0).float()
+    divergence = map_divergence(output.word_maps, output.alphas) * mask
+    torch.testing.assert_close(drawn.total - plain.total, 2.0 * divergence.sum(1).mean())
+    words = (output.word_maps.words.float() * mask).sum()
+    assert float(drawn.map_kl) == pytest.approx(float(divergence.sum() / words))
+    # the map term's gradient reaches the attention, never the localiser
+    term = 2.0 * divergence.sum(1).mean()
+    grads = torch.autograd.grad(
+        term,
+        [model.word_maps.project.weight, *model.decoder.attention.parameters()],
+        allow_unused=True,
+    )
+    assert grads[0] is None
+    assert any(g is not None and g.abs().sum() > 0 for g in grads[1:])
+    # decoding never reads it: the captions' logits are the same without it
+    model.word_maps = None
+    torch.testing.assert_close(model(None, tokens, grid=grid).logits, output.logits)
+
+
+def test_word_map_settings_that_cannot_work_are_refused_in_one_line():
+    base = "configs/test_tiny.yaml"
+    cases = {
+        ("train.word_map_weight=1",): "set model.word_maps=true",
+        ("model.word_maps=true", "model.attention=hard"): "model.attention=hard has no map",
+        ("model.word_maps=true", "model.attention=none"): "model.attention=none has no map",
+        ("model.word_maps=true", "model.word_map_rank=0"): "model.word_map_rank",
+    }
+    for overrides, message in cases.items():
+        with pytest.raises(ConfigError, match=message):
+            load_config(base, list(overrides))
