@@ -228,6 +228,7 @@ LOOKS = (
     "mid_ctx",
     "hyper_ctx",
     "os16_ctx",
+    "os16_maps",
     "best_exact",
     "os16_ent_hard",
     "ctx1_hard",
