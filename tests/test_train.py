@@ -260,6 +260,30 @@ def test_a_hard_stage_starts_from_a_context_word_model_without_its_layer(
         fit(tiny(shapes, *words), out_dir=tmp_path / "b", init=str(tmp_path / "hard" / "last.pt"))
 
 
+def test_a_hard_stage_starts_from_a_word_map_model_without_its_localiser(
+    shapes, tmp_path, init_weights
+):
+    """The word localiser only trains beside the decoder: a hard model (which cannot have
+    one) takes every other weight of a soft model trained with it."""
+    maps = ["model.word_maps=true", "model.word_map_rank=8", "train.word_map_weight=1"]
+    fit(tiny(shapes, *maps, "train.epochs=1"), out_dir=tmp_path / "soft")
+    soft = load_checkpoint(tmp_path / "soft" / "last.pt")["model"]
+    localiser = {k for k in soft if k.startswith("word_maps.")}
+    assert localiser == {
+        "word_maps.project.weight",
+        "word_maps.project.bias",
+        "word_maps.words.weight",
+        "word_maps.bias.weight",
+    }
+    fit(
+        tiny(shapes, "model.attention=hard", "train.epochs=1"),
+        out_dir=tmp_path / "hard",
+        init=str(tmp_path / "soft" / "last.pt"),
+    )
+    assert init_weights.keys() == soft.keys() - localiser
+    assert all(torch.equal(init_weights[k], soft[k]) for k in init_weights)
+
+
 def test_init_refuses_another_architecture_and_resume_in_one_line(
     shapes, one_epoch, tmp_path, capsys
 ):
