@@ -156,6 +156,9 @@ class ModelConfig:
     # (captioning/models/word_maps.py; captions never use it)
     word_maps: bool = False
     word_map_rank: int = 256  # the localiser's shared projection of the cells
+    # the attention's score adds the localiser's scores of the words the decoder expects to
+    # say next (softmax(W_e h) over the vocabulary): it looks where those words are found
+    word_attention: bool = False
 
 
 @dataclass
@@ -526,6 +529,17 @@ def _validate_context_words(cfg: Config) -> None:
             f"model.word_maps trains a localiser toward whose maps the attention is drawn, "
             f"and model.attention={model.attention} has no map to draw: use soft or local "
             f"attention, or set model.word_maps=false"
+        )
+    if model.word_attention and not model.word_maps:
+        raise ConfigError(
+            "model.word_attention looks where the localiser finds the expected words: set "
+            "model.word_maps=true (or model.word_attention=false)"
+        )
+    if model.word_attention and (model.attention != "soft" or model.heads > 1):
+        raise ConfigError(
+            f"model.word_attention adds to one soft attention's score; model.attention="
+            f"{model.attention} with model.heads={model.heads} has another: use "
+            f"model.attention=soft and model.heads=1"
         )
     if weight > 0 and not model.word_maps:
         raise ConfigError(

@@ -13,6 +13,7 @@ from captioning.models.word_maps import WordLocaliser, map_divergence, presence_
 from captioning.objectives.cross_entropy import caption_loss
 
 CELLS, DIM, WORDS = 9, 16, 12
+VOCAB_SIZE = 30  # tests.test_looks._model's vocabulary
 
 
 def _sample(generator: torch.Generator, batch: int = 64):
@@ -173,3 +174,47 @@ def test_word_map_settings_that_cannot_work_are_refused_in_one_line():
     for overrides, message in cases.items():
         with pytest.raises(ConfigError, match=message):
             load_config(base, list(overrides))
+
+
+def test_the_expected_word_score_adds_the_expected_words_localiser_scores():
+    from captioning.models.word_maps import ExpectedWordScore
+    from tests.test_looks import _images, _model
+
+    model = _model(drop_stages=5, word_maps=True, word_map_rank=8, word_attention=True)
+    score = model.decoder.attention.score
+    assert isinstance(score, ExpectedWordScore) and score.localiser is model.word_maps
+    # one name per weight: the localiser is the captioner's, held by the score unregistered
+    names = [k for k in model.state_dict() if ".project." in k and "word" in k]
+    assert names == ["word_maps.project.weight", "word_maps.project.bias"]
+    grid = model.encode(grid=model.encoder.backbone(_images()))
+    cells, _ = model.decoder.split(grid)
+    keys = model.decoder.prepare(grid)
+    query = torch.randn(2 * 3, 24)  # three queries per image, image-major
+    got = score(keys, query)
+    expected = torch.softmax(score.expect(query), dim=-1)  # (6, V)
+    every = model.word_maps.scores(cells, torch.arange(VOCAB_SIZE))  # (2, L, V)
+    every = every.repeat_interleave(3, dim=0)  # (6, L, V)
+    own = score.score(score.score.project_keys(cells), query)
+    prior = (every * expected.unsqueeze(1)).sum(-1)  # the word biases shift every cell alike
+    shift = (got - own - model.word_maps.sharpness * prior).float()
+    torch.testing.assert_close(shift - shift[:, :1], torch.zeros_like(shift), atol=1e-4, rtol=0)
+    # the captions never train the localiser through the score; the map term trains W_e
+    output = model(None, torch.tensor([[1, 5, 6, 2], [1, 8, 2, 0]]), grid=grid)
+    localiser = list(model.word_maps.parameters())
+    grads = torch.autograd.grad(
+        output.logits.logsumexp(-1).sum(), localiser, retain_graph=True, allow_unused=True
+    )
+    assert all(g is None for g in grads)
+    term = map_divergence(output.word_maps, output.alphas).sum()
+    (grad,) = torch.autograd.grad(term, [score.expect.weight])
+    assert grad.abs().sum() > 0
+    # with one word expected, the map is the own map times that word's localiser map
+    with torch.no_grad():
+        score.expect.weight.zero_()
+        score.expect.bias.fill_(-30.0)
+        score.expect.bias[7] = 30.0
+    alpha = torch.softmax(score(keys, query), dim=-1)
+    own_alpha = torch.softmax(own, dim=-1)
+    word_map = model.word_maps.maps(cells, torch.tensor([7]))[..., 0].repeat_interleave(3, 0)
+    product = own_alpha * word_map
+    torch.testing.assert_close(alpha, product / product.sum(-1, keepdim=True), atol=1e-5, rtol=1e-4)

@@ -61,6 +61,7 @@ LEVERS = (
     "train.context_word_weight",
     "model.word_maps",
     "train.word_map_weight",
+    "model.word_attention",
     "model.output_stride",
     "model.tiles",
     "model.tile_size",

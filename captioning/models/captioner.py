@@ -18,7 +18,7 @@ from captioning.models.attention import (
 from captioning.models.decoder import Decoder, DecoderOutput
 from captioning.models.encoder import Encoder, build_encoder
 from captioning.models.scores import groups
-from captioning.models.word_maps import WordLocaliser
+from captioning.models.word_maps import ExpectedWordScore, WordLocaliser
 
 
 class Captioner(nn.Module):
@@ -112,6 +112,13 @@ def build_model(
         encoder.out_channels, cfg.hidden_dim, encoder.num_cells, encoder.grid_shape, context_dim
     )
     attention = build_attention(cfg, sizes)
+    word_maps = None
+    if cfg.word_maps:
+        word_maps = WordLocaliser(encoder.out_channels, vocab_size, cfg.word_map_rank)
+        if cfg.word_attention:
+            attention.score = ExpectedWordScore(
+                attention.score, word_maps, cfg.hidden_dim, vocab_size
+            )
     decoder = Decoder(
         vocab_size=vocab_size,
         feature_dim=encoder.out_channels,
@@ -133,9 +140,6 @@ def build_model(
     grid = None
     if cfg.grid_layers:
         grid = GridSelfAttention(encoder.out_channels, cfg.grid_layers, cfg.grid_heads)
-    word_maps = None
-    if cfg.word_maps:
-        word_maps = WordLocaliser(encoder.out_channels, vocab_size, cfg.word_map_rank)
     return Captioner(encoder, decoder, grid, word_maps)
 
 

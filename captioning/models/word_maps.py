@@ -122,3 +122,54 @@ def map_divergence(maps: WordMaps, alphas: torch.Tensor) -> torch.Tensor:
     log_alpha = torch.log(alphas.float().clamp_min(1e-12))
     divergence = (target * (maps.log_maps - log_alpha)).sum(dim=2)  # (B, T)
     return divergence * maps.words.float()
+
+
+class ExpectedWordScore(nn.Module):
+    """An attention score that looks where the words the decoder expects to say next are
+    found (``model.word_attention``): the attention's own score plus the localiser's scores
+    of those words, weighted by how much the decoder expects each,
+
+        e_tl = score(a_l, h) + r sum_w q(w | h) s_lw,    q = softmax(W_e h),
+
+    so that alpha_t is proportional to exp(score) times prod_w m_w^q(w): with one word
+    expected, the attention's own map times that word's localiser map. The localiser's
+    weights enter detached (only its own loss trains it); W_e learns from the captions and
+    the map term. The localiser is held without registering it a second time (the captioner
+    holds it), so every weight has one name in a checkpoint.
+
+    Args:
+        score: the attention's own score (keys of size A).
+        localiser: the captioner's :class:`WordLocaliser`.
+        query_dim: the decoder state size.
+        vocab_size: V.
+    """
+
+    def __init__(
+        self, score: nn.Module, localiser: WordLocaliser, query_dim: int, vocab_size: int
+    ) -> None:
+        super().__init__()
+        self.score = score
+        self.held = (localiser,)  # a tuple: not a second registration
+        self.expect = Linear(query_dim, vocab_size)
+
+    @property
+    def localiser(self) -> WordLocaliser:
+        return self.held[0]
+
+    def project_keys(self, features: torch.Tensor) -> torch.Tensor:
+        """The own score's keys (B, L, A), then the localiser's projected cells (B, L, R)."""
+        own = self.score.project_keys(features)
+        cells = self.localiser.project(features).detach()
+        return torch.cat([own, cells.to(own.dtype)], dim=-1)
+
+    def forward(self, keys: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
+        """``keys`` (B, L, A + R), ``query`` (B*G, Q) → scores (B*G, L)."""
+        rank = self.localiser.project.out_features
+        own, cells = keys[..., :-rank], keys[..., -rank:]
+        batch, count, _ = cells.shape
+        expected = torch.softmax(self.expect(query).float(), dim=-1)  # (B*G, V)
+        word = expected @ self.localiser.words.weight.detach().float()  # (B*G, R)
+        word = word.view(batch, -1, rank)  # (B, G, R)
+        prior = torch.bmm(word, cells.float().transpose(1, 2))  # (B, G, L)
+        scores = self.score(own, query).float()
+        return scores + self.localiser.sharpness * prior.reshape(scores.shape)
