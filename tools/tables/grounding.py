@@ -229,6 +229,7 @@ LOOKS = (
     "hyper_ctx",
     "os16_ctx",
     "os16_maps",
+    "os16_wordatt",
     "best_exact",
     "os16_ent_hard",
     "ctx1_hard",
