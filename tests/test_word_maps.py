@@ -218,3 +218,11 @@ def test_the_expected_word_score_adds_the_expected_words_localiser_scores():
     word_map = model.word_maps.maps(cells, torch.tensor([7]))[..., 0].repeat_interleave(3, 0)
     product = own_alpha * word_map
     torch.testing.assert_close(alpha, product / product.sum(-1, keepdim=True), atol=1e-5, rtol=1e-4)
+
+
+def test_the_localisers_specials_are_the_vocabularys():
+    from captioning.data.vocab import SPECIALS, Vocabulary
+    from captioning.models.word_maps import SPECIAL_IDS
+
+    vocab = Vocabulary([*SPECIALS, "dog"])
+    assert sorted(SPECIAL_IDS) == sorted(vocab.encode(list(SPECIALS), add_special=False))

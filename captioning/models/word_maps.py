@@ -27,14 +27,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from captioning.data.vocab import Vocabulary
 from captioning.models.packing import Linear
 
 # r of the log-sum-exp pooling and of the maps (the probe's value): 0 would pool by the
 # mean, infinity by the maximum
 SHARPNESS = 5.0
-# the special tokens, which name nothing in the image
-SPECIAL_IDS = (Vocabulary.pad_id, Vocabulary.start_id, Vocabulary.end_id, Vocabulary.unk_id)
+# the special tokens (<pad> <start> <end> <unk>: captioning.data.vocab.Vocabulary's ids 0-3),
+# which name nothing in the image
+SPECIAL_IDS = (0, 1, 2, 3)
 
 
 @dataclass
