@@ -236,6 +236,7 @@ LOOKS = (
     "hyper_ctx_hard",
     "hyper_ctx_hard_p1",
     "os16_ctx_hard",
+    "os16_maps_hard",
     "tiles5_ent_hard",
     "tiles5_ent_hard_e0",
 )
