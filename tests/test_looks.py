@@ -325,6 +325,27 @@ def test_the_context_word_term_reads_each_word_from_its_attended_context():
     assert _model(drop_stages=5).decoder.context_words is None
 
 
+def planted_words(
+    generator: torch.Generator, cells: int, dim: int, words: int, batch: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Grids of noise in which each caption's two words (ids 4 to ``words`` - 1, the smaller
+    first) are written into one cell each (a one-hot of the word): grids (B, L, D), captions
+    ``<start> w1 w2 <end>`` (B, 4) and the two words' cells (B, 2)."""
+    chosen = torch.stack(
+        [torch.randperm(words - 4, generator=generator)[:2] + 4 for _ in range(batch)]
+    )
+    chosen = chosen.sort(dim=1).values
+    where = torch.stack([torch.randperm(cells, generator=generator)[:2] for _ in range(batch)])
+    grid = 0.3 * torch.randn(batch, cells, dim, generator=generator)
+    rows = torch.arange(batch)
+    for k in range(2):
+        grid[rows, where[:, k], chosen[:, k]] += 3.0
+    tokens = torch.cat(
+        [torch.ones(batch, 1, dtype=torch.long), chosen, torch.full((batch, 1), 2)], dim=1
+    )
+    return grid, tokens, where
+
+
 def _words_in_cells(context_weight: float) -> float:
     """Four cells; each of a caption's two words (the smaller id first) is written into one
     cell (a one-hot of the word over noise), the other cells hold noise. A decoder trained
@@ -337,22 +358,7 @@ def _words_in_cells(context_weight: float) -> float:
     cells, dim, words, batch = 4, 16, 12, 64
 
     def sample() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        chosen = (
-            torch.stack(
-                [torch.randperm(words - 4, generator=generator)[:2] + 4 for _ in range(batch)]
-            )
-            .sort(dim=1)
-            .values
-        )
-        where = torch.stack([torch.randperm(cells, generator=generator)[:2] for _ in range(batch)])
-        grid = 0.3 * torch.randn(batch, cells, dim, generator=generator)
-        rows = torch.arange(batch)
-        for k in range(2):
-            grid[rows, where[:, k], chosen[:, k]] += 3.0
-        tokens = torch.cat(
-            [torch.ones(batch, 1, dtype=torch.long), chosen, torch.full((batch, 1), 2)], dim=1
-        )
-        return grid, tokens, where
+        return planted_words(generator, cells, dim, words, batch)
 
     torch.manual_seed(0)
     cfg = ModelConfig(attention_dim=16, hidden_dim=32, embed_dim=16)

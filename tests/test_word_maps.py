@@ -17,22 +17,10 @@ VOCAB_SIZE = 30  # tests.test_looks._model's vocabulary
 
 
 def _sample(generator: torch.Generator, batch: int = 64):
-    """Grids of noise in which each caption's two words (ids 4-11, the smaller first) are
-    written into one cell each (a one-hot of the word): grids (B, L, D), captions
-    ``<start> w1 w2 <end>`` (B, 4) and the two words' cells (B, 2)."""
-    chosen = torch.stack(
-        [torch.randperm(WORDS - 4, generator=generator)[:2] + 4 for _ in range(batch)]
-    )
-    chosen = chosen.sort(dim=1).values
-    where = torch.stack([torch.randperm(CELLS, generator=generator)[:2] for _ in range(batch)])
-    grid = 0.3 * torch.randn(batch, CELLS, DIM, generator=generator)
-    rows = torch.arange(batch)
-    for k in range(2):
-        grid[rows, where[:, k], chosen[:, k]] += 3.0
-    tokens = torch.cat(
-        [torch.ones(batch, 1, dtype=torch.long), chosen, torch.full((batch, 1), 2)], dim=1
-    )
-    return grid, tokens, where
+    """Two words planted in cells of noise (:func:`tests.test_looks.planted_words`)."""
+    from tests.test_looks import planted_words
+
+    return planted_words(generator, CELLS, DIM, WORDS, batch)
 
 
 def test_the_localiser_pools_by_log_sum_exp_and_maps_each_target():
