@@ -90,7 +90,14 @@ def rows_of_job(
 # what the training loss reports of the attention (per caption, summed over its words): the
 # doubly stochastic penalty and, for hard attention, the entropy of the maps it samples from;
 # with a word localiser, its own loss and the KL from its maps to the attention's per word
-TRACED = ("nll_per_token", "penalty", "entropy", "word_presence", "map_kl_per_word")
+TRACED = (
+    "nll_per_token",
+    "penalty",
+    "entropy",
+    "word_presence",
+    "map_kl_per_word",
+    "expected_nll_per_token",
+)
 
 
 def _training_trace(history: list[dict[str, Any]]) -> dict[str, Any]:

@@ -194,6 +194,11 @@ class TrainConfig:
     # the word's attention map, summed over a caption's words: above 0 each word's map is
     # drawn toward the cells where its word is found (docs/grounding.md)
     word_map_weight: float = 0.0
+    # v of the cross-entropy of each next word read from the decoder state that the
+    # attention's query is (by model.word_attention's expected-word layer), summed over a
+    # caption's words: above 0 that layer learns which word comes next, so the attention
+    # looks where the localiser finds it (the state itself is not moved; docs/grounding.md)
+    expected_word_weight: float = 0.0
     # cross-entropy objective only: the share of each target's probability spread evenly
     # over the vocabulary (Szegedy et al. 2016); 0 trains on the plain likelihood
     label_smoothing: float = 0.0
@@ -546,6 +551,12 @@ def _validate_context_words(cfg: Config) -> None:
             f"train.word_map_weight={weight} needs the word localiser whose maps it draws "
             f"toward: set model.word_maps=true (or the weight to 0)"
         )
+    expected = cfg.train.expected_word_weight
+    if expected > 0 and not model.word_attention:
+        raise ConfigError(
+            f"train.expected_word_weight={expected} trains model.word_attention's "
+            f"expected-word layer: set model.word_attention=true (or the weight to 0)"
+        )
     if model.word_maps and cfg.train.objective != "xe":
         raise ConfigError(
             "model.word_maps trains beside the cross-entropy objective; set it to false "
@@ -657,6 +668,7 @@ _RANGES: dict[str, tuple[float | None, float | None, str]] = {
     "train.attention_entropy_weight": (0, None, ""),
     "train.context_word_weight": (0, None, ""),
     "train.word_map_weight": (0, None, ""),
+    "train.expected_word_weight": (0, None, ""),
     "model.word_map_rank": (1, None, ""),
     "train.label_smoothing": (0, 1, "max"),
     "train.reinforce_weight": (0, None, ""),

@@ -9,7 +9,12 @@ from captioning.config import ModelConfig, load_config
 from captioning.errors import ConfigError
 from captioning.models.attention import AttentionSizes, build_attention
 from captioning.models.decoder import Decoder
-from captioning.models.word_maps import WordLocaliser, map_divergence, presence_loss
+from captioning.models.word_maps import (
+    ExpectedWordScore,
+    WordLocaliser,
+    map_divergence,
+    presence_loss,
+)
 from captioning.objectives.cross_entropy import caption_loss
 
 CELLS, DIM, WORDS = 9, 16, 12
@@ -91,22 +96,35 @@ def test_the_localiser_finds_each_word_from_the_captions_alone():
     assert sum(losses[-20:]) < 0.5 * sum(losses[:20])
 
 
-def _weight_on_the_word(map_weight: float) -> float:
-    """A decoder trained 300 steps beside a localiser, with ``map_weight`` on the map term:
-    the mean weight its maps put on the cell that holds their word."""
+def _weight_on_the_word(map_weight: float, expected_weight: float | None = None) -> float:
+    """A decoder trained 300 steps beside a localiser, with ``map_weight`` on the map term
+    (and, when ``expected_weight`` is given, the expected-word score with that weight on
+    its layer's cross-entropy): the mean weight its maps put on the cell that holds their
+    word."""
     generator = torch.Generator().manual_seed(0)
     torch.manual_seed(0)
     cfg = ModelConfig(attention_dim=16, hidden_dim=32, embed_dim=16)
     attention = build_attention(cfg, AttentionSizes(DIM, 32, CELLS, (3, 3), DIM))
-    decoder = Decoder(WORDS, DIM, attention, 16, 32, dropout=0.0)
     localiser = WordLocaliser(DIM, WORDS, rank=8)
+    if expected_weight is not None:
+        attention.score = ExpectedWordScore(attention.score, localiser, 32, WORDS)
+    decoder = Decoder(WORDS, DIM, attention, 16, 32, dropout=0.0)
     parameters = [*decoder.parameters(), *localiser.parameters()]
     optimiser = torch.optim.Adam(parameters, lr=1e-2)
     for _ in range(300):
         grid, tokens, _ = _sample(generator)
         output = decoder(grid, tokens[:, :-1])
         output.word_maps = localiser(grid, tokens[:, 1:])
-        loss = caption_loss(output, tokens[:, 1:], 0, penalty_weight=0.0, map_weight=map_weight)
+        if expected_weight is not None:
+            output.expected_logits = attention.score.expect(output.queries.detach())
+        loss = caption_loss(
+            output,
+            tokens[:, 1:],
+            0,
+            penalty_weight=0.0,
+            map_weight=map_weight,
+            expected_weight=expected_weight or 0.0,
+        )
         optimiser.zero_grad()
         loss.total.backward()
         optimiser.step()
@@ -114,6 +132,13 @@ def _weight_on_the_word(map_weight: float) -> float:
     with torch.no_grad():
         alphas = decoder(grid, tokens[:, :-1]).alphas  # (B, 3, L): word 1, word 2, end
     return float(alphas[:, :2].gather(2, where.unsqueeze(2)).mean())
+
+
+def test_naming_the_coming_word_moves_each_words_attention_onto_its_word():
+    """Without the map term, the expected-word score trained to name the coming word looks
+    where the localiser finds it; trained by the captions alone it does not."""
+    named, unnamed = _weight_on_the_word(0.0, 1.0), _weight_on_the_word(0.0, 0.0)
+    assert named > 0.9 and named > unnamed + 0.1, (named, unnamed)
 
 
 def test_the_map_term_moves_each_words_attention_onto_its_word():
@@ -158,6 +183,8 @@ def test_word_map_settings_that_cannot_work_are_refused_in_one_line():
         ("model.word_maps=true", "model.attention=hard"): "model.attention=hard has no map",
         ("model.word_maps=true", "model.attention=none"): "model.attention=none has no map",
         ("model.word_maps=true", "model.word_map_rank=0"): "model.word_map_rank",
+        ("model.word_maps=true", "train.expected_word_weight=1"): "model.word_attention=true",
+        ("train.expected_word_weight=-1",): "train.expected_word_weight",
     }
     for overrides, message in cases.items():
         with pytest.raises(ConfigError, match=message):
@@ -206,6 +233,55 @@ def test_the_expected_word_score_adds_the_expected_words_localiser_scores():
     word_map = model.word_maps.maps(cells, torch.tensor([7]))[..., 0].repeat_interleave(3, 0)
     product = own_alpha * word_map
     torch.testing.assert_close(alpha, product / product.sum(-1, keepdim=True), atol=1e-5, rtol=1e-4)
+
+
+def test_the_expected_word_layer_reads_the_next_word_from_each_query():
+    from captioning.objectives.cross_entropy import token_nll
+    from tests.test_looks import _images, _model
+
+    model = _model(drop_stages=5, word_maps=True, word_map_rank=8, word_attention=True)
+    score = model.decoder.attention.score
+    tokens = torch.tensor([[1, 5, 6, 7, 2, 0], [1, 8, 9, 2, 0, 0]])
+    grid = model.encode(grid=model.encoder.backbone(_images()))
+    output = model(None, tokens, grid=grid)
+    # the queries are h_0 .. h_{T-1}, and the layer reads each next word from them
+    torch.testing.assert_close(output.queries[:, 0], model.decoder.init_state(grid).h)
+    torch.testing.assert_close(output.expected_logits, score.expect(output.queries))
+    targets = tokens[:, 1:]
+    plain = caption_loss(output, targets, 0)
+    named = caption_loss(output, targets, 0, expected_weight=0.5)
+    mask = (targets != 0).float()
+    nll = token_nll(output.expected_logits, targets, mask)
+    torch.testing.assert_close(named.total - plain.total, 0.5 * nll.sum(1).mean())
+    assert float(named.expected_nll) == pytest.approx(float(nll.detach().sum() / mask.sum()))
+    # it trains the layer only: neither the decoder's state nor the localiser moves
+    term = 0.5 * nll.sum(1).mean()
+    grads = torch.autograd.grad(
+        term,
+        [score.expect.weight, model.decoder.lstm.weight_hh, model.word_maps.project.weight],
+        allow_unused=True,
+    )
+    assert grads[0].abs().sum() > 0 and grads[1] is None and grads[2] is None
+    output.expected_logits = None
+    with pytest.raises(ValueError, match="expected-word score"):
+        caption_loss(output, targets, 0, expected_weight=1.0)
+
+
+def test_each_path_reports_the_queries_the_attention_read():
+    """The step loop and the all-words-at-once pass give the same queries, h_0 .. h_{T-1}."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(attention_dim=16, hidden_dim=32, embed_dim=16)
+    attention = build_attention(cfg, AttentionSizes(DIM, 32, CELLS, (3, 3), DIM))
+    decoder = Decoder(WORDS, DIM, attention, 16, 32, dropout=0.0, context_to_lstm=False)
+    grid, tokens, _ = _sample(torch.Generator().manual_seed(0), batch=4)
+    parallel = decoder(grid, tokens[:, :-1])
+    decoder.parallel = False
+    by_step = decoder(grid, tokens[:, :-1])
+    torch.testing.assert_close(parallel.queries, by_step.queries, atol=1e-5, rtol=1e-5)
+    state = decoder.init_state(grid)
+    for t in range(tokens.shape[1] - 1):
+        torch.testing.assert_close(by_step.queries[:, t], state.h)
+        state = decoder.step(tokens[:, t], state, grid, decoder.prepare(grid)).state
 
 
 def test_the_localisers_specials_are_the_vocabularys():

@@ -62,6 +62,7 @@ LEVERS = (
     "model.word_maps",
     "train.word_map_weight",
     "model.word_attention",
+    "train.expected_word_weight",
     "model.output_stride",
     "model.tiles",
     "model.tile_size",

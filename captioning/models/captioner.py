@@ -97,6 +97,9 @@ class Captioner(nn.Module):
             cells, _ = self.decoder.split(features)
             cells = cells.repeat_interleave(groups(cells, tokens.shape[0]), dim=0)
             output.word_maps = self.word_maps(cells, tokens[:, 1:])
+        score = getattr(self.decoder.attention, "score", None)
+        if isinstance(score, ExpectedWordScore):  # its layer's reading, for its own loss
+            output.expected_logits = score.expect(output.queries.detach())
         return output
 
 

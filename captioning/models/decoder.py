@@ -88,6 +88,9 @@ class DecoderOutput:
             the gate) by the decoder's ``context_words`` layer, else None.
         word_maps: the captioner's word localiser's presence logits and each target's map
             (:mod:`captioning.models.word_maps`), else None.
+        queries: (B, T, H) the state each word's attention was queried with (h_{t-1}).
+        expected_logits: (B, T, V) each next word as the expected-word score
+            (``model.word_attention``) reads it from its query, else None.
     """
 
     logits: torch.Tensor | None
@@ -98,6 +101,8 @@ class DecoderOutput:
     target_log_probs: torch.Tensor | None = None
     context_logits: torch.Tensor | None = None
     word_maps: WordMaps | None = None
+    queries: torch.Tensor | None = None
+    expected_logits: torch.Tensor | None = None
 
     @property
     def alphas(self) -> torch.Tensor:
@@ -482,6 +487,7 @@ class Decoder(nn.Module):
         :attr:`parallel` is off."""
         hiddens, contexts, traces, betas, attended_contexts = [], [], [], [], []
         log_probs, sampled = [], []
+        initial = state.h
         cell = deferred_cell(self.lstm)  # one product per weight gradient, not one per word
         for t in range(embedded.shape[1]):
             state, attended, context, beta = self._advance(
@@ -506,6 +512,7 @@ class Decoder(nn.Module):
             sampled=torch.stack(sampled, dim=1) if hard_rows else None,  # (B, T)
             betas=torch.stack(betas, dim=1),  # (B, T)
             context_logits=self.read_words(torch.stack(attended_contexts, dim=1)),
+            queries=torch.stack([initial, *hiddens[:-1]], dim=1),  # h_0..h_{T-1}
         )
 
     def _run_lstm(self, embedded: torch.Tensor, state: DecoderState) -> torch.Tensor:
@@ -544,6 +551,7 @@ class Decoder(nn.Module):
             sampled=per_step(attended.sampled),
             betas=beta.view(batch, steps),
             context_logits=self.read_words(attended.context.view(batch, steps, -1)),
+            queries=queries.view(batch, steps, -1),
         )
         lead = self.lead(embedded, features)  # (B, T, E)
         if hard.mode != "marginal":

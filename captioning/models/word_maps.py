@@ -134,8 +134,10 @@ class ExpectedWordScore(nn.Module):
     so that alpha_t is proportional to exp(score) times prod_w m_w^q(w): with one word
     expected, the attention's own map times that word's localiser map. The localiser's
     weights enter detached (only its own loss trains it); W_e learns from the captions and
-    the map term. The localiser is held without registering it a second time (the captioner
-    holds it), so every weight has one name in a checkpoint.
+    the map term, and with ``train.expected_word_weight`` from the next word's
+    cross-entropy read from the (detached) query, so that it names the coming word. The
+    localiser is held without registering it a second time (the captioner holds it), so
+    every weight has one name in a checkpoint.
 
     Args:
         score: the attention's own score (keys of size A).

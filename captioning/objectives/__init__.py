@@ -53,6 +53,7 @@ def maximum_likelihood(context: ObjectiveContext) -> Objective:
         entropy_weight=cfg.train.attention_entropy_weight,
         context_weight=cfg.train.context_word_weight,
         map_weight=cfg.train.word_map_weight,
+        expected_weight=cfg.train.expected_word_weight,
     )
 
 

@@ -39,6 +39,7 @@ class LossTerms:
     context_nll: torch.Tensor | None = None  # per token, each word read from its context
     presence: torch.Tensor | None = None  # the word localiser's binary cross-entropy
     map_kl: torch.Tensor | None = None  # per word, KL(localiser's map || attention map)
+    expected_nll: torch.Tensor | None = None  # per token, the next word read from the query
 
     def scalars(self) -> dict[str, float]:
         """The terms to log, by name."""
@@ -51,6 +52,7 @@ class LossTerms:
             "context_nll_per_token": self.context_nll,
             "word_presence": self.presence,
             "map_kl_per_word": self.map_kl,
+            "expected_nll_per_token": self.expected_nll,
         }
         return {k: float(v.detach()) for k, v in values.items() if v is not None}
 

@@ -70,14 +70,16 @@ def caption_loss(
     entropy_weight: float = 0.0,
     context_weight: float = 0.0,
     map_weight: float = 0.0,
+    expected_weight: float = 0.0,
 ) -> LossTerms:
     """Soft (or no) attention: NLL + lambda * the doubly stochastic penalty (+ w * the
     entropy of each word's map, summed over the words, + u * the NLL of each word read from
     its attended context alone, + k * KL from the word localiser's map of each word to its
-    attention map, summed over the words), per caption, averaged over captions; with a word
-    localiser, its own presence loss too (which moves only the localiser). A hard model's
-    sampled output gives its likelihood given the samples here; its estimator terms come
-    from :mod:`captioning.objectives.hard_attention`.
+    attention map, summed over the words, + v * the NLL of each word read from the
+    attention's query by the expected-word score), per caption, averaged over captions;
+    with a word localiser, its own presence loss too (which moves only the localiser). A
+    hard model's sampled output gives its likelihood given the samples here; its estimator
+    terms come from :mod:`captioning.objectives.hard_attention`.
 
     Args:
         output: the decoder's teacher-forced output for ``targets``.
@@ -92,6 +94,8 @@ def caption_loss(
         map_weight: k of the map term (``output.word_maps``, which the captioner's word
             localiser gives); the localiser's loss and the term are logged whenever it is
             there.
+        expected_weight: v of the expected-word NLL (``output.expected_logits``, which
+            ``model.word_attention``'s layer gives); logged whenever they are there.
     """
     mask = (targets != pad_id).float()  # (B, T)
     trained = None
@@ -123,6 +127,13 @@ def caption_loss(
         terms.map_kl = (divergence.sum() / words.sum().clamp_min(1.0)).detach()
     elif map_weight > 0:
         raise ValueError("map_weight needs the captioner's word localiser")
+    if output.expected_logits is not None:
+        expected_nll = token_nll(output.expected_logits, targets, mask)  # (B, T)
+        if expected_weight > 0:
+            terms.total = terms.total + expected_weight * expected_nll.sum(dim=1).mean()
+        terms.expected_nll = (expected_nll.sum() / max(terms.tokens, 1)).detach()
+    elif expected_weight > 0:
+        raise ValueError("expected_weight needs the attention's expected-word score")
     return terms
 
 
@@ -160,6 +171,7 @@ class CrossEntropyObjective:
         entropy_weight: w of the attention maps' entropy (see :func:`caption_loss`).
         context_weight: u of the context-word NLL (see :func:`caption_loss`).
         map_weight: k of the word-map term (see :func:`caption_loss`).
+        expected_weight: v of the expected-word NLL (see :func:`caption_loss`).
         device, precision: where and in which precision the forward pass runs.
     """
 
@@ -172,10 +184,12 @@ class CrossEntropyObjective:
         entropy_weight: float = 0.0,
         context_weight: float = 0.0,
         map_weight: float = 0.0,
+        expected_weight: float = 0.0,
     ) -> None:
         self.penalty_weight = penalty_weight
         self.context_weight = context_weight
         self.map_weight = map_weight
+        self.expected_weight = expected_weight
         self.label_smoothing = label_smoothing
         self.entropy_weight = entropy_weight
         self.device = device
@@ -194,6 +208,7 @@ class CrossEntropyObjective:
             entropy_weight=self.entropy_weight,
             context_weight=self.context_weight,
             map_weight=self.map_weight,
+            expected_weight=self.expected_weight,
         )
 
     def commit(self) -> None:
