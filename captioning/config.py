@@ -158,6 +158,7 @@ class ModelConfig:
     word_map_rank: int = 256  # the localiser's shared projection of the cells
     # the attention's score adds the localiser's scores of the words the decoder expects to
     # say next (softmax(W_e h) over the vocabulary): it looks where those words are found
+    # (soft attention's map, or the distribution hard attention samples its cells from)
     word_attention: bool = False
 
 
@@ -529,22 +530,22 @@ def _validate_context_words(cfg: Config) -> None:
             "for train.objective=scst"
         )
     weight = cfg.train.word_map_weight
-    if model.word_maps and model.attention in ("hard", "none"):
+    if model.word_maps and model.attention == "none":
         raise ConfigError(
-            f"model.word_maps trains a localiser toward whose maps the attention is drawn, "
-            f"and model.attention={model.attention} has no map to draw: use soft or local "
-            f"attention, or set model.word_maps=false"
+            "model.word_maps trains a localiser toward whose maps the attention is drawn, "
+            "and model.attention=none has no map to draw: use soft, local or hard "
+            "attention, or set model.word_maps=false"
         )
     if model.word_attention and not model.word_maps:
         raise ConfigError(
             "model.word_attention looks where the localiser finds the expected words: set "
             "model.word_maps=true (or model.word_attention=false)"
         )
-    if model.word_attention and (model.attention != "soft" or model.heads > 1):
+    if model.word_attention and (model.attention not in ("soft", "hard") or model.heads > 1):
         raise ConfigError(
-            f"model.word_attention adds to one soft attention's score; model.attention="
-            f"{model.attention} with model.heads={model.heads} has another: use "
-            f"model.attention=soft and model.heads=1"
+            f"model.word_attention adds to one soft or hard attention's score; "
+            f"model.attention={model.attention} with model.heads={model.heads} has another: "
+            f"use model.attention=soft or hard and model.heads=1"
         )
     if weight > 0 and not model.word_maps:
         raise ConfigError(

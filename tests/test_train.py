@@ -263,8 +263,8 @@ def test_a_hard_stage_starts_from_a_context_word_model_without_its_layer(
 def test_a_hard_stage_starts_from_a_word_map_model_without_its_localiser(
     shapes, tmp_path, init_weights
 ):
-    """The word localiser only trains beside the decoder: a hard model (which cannot have
-    one) takes every other weight of a soft model trained with it."""
+    """The word localiser only trains beside the decoder: a hard model without one takes
+    every other weight of a soft model trained with it."""
     maps = ["model.word_maps=true", "model.word_map_rank=8", "train.word_map_weight=1"]
     fit(tiny(shapes, *maps, "train.epochs=1"), out_dir=tmp_path / "soft")
     soft = load_checkpoint(tmp_path / "soft" / "last.pt")["model"]
@@ -282,6 +282,33 @@ def test_a_hard_stage_starts_from_a_word_map_model_without_its_localiser(
     )
     assert init_weights.keys() == soft.keys() - localiser
     assert all(torch.equal(init_weights[k], soft[k]) for k in init_weights)
+
+
+def test_a_hard_stage_keeps_the_expected_word_score_and_trains_it_by_its_own_loss(
+    shapes, tmp_path, init_weights
+):
+    """Hard attention with the expected words' maps in its score: it starts from a soft
+    model that has them, every weight kept, and trains the localiser and the expected-word
+    layer by their own losses beside REINFORCE."""
+    words = [
+        "model.word_maps=true",
+        "model.word_map_rank=8",
+        "model.word_attention=true",
+        "train.expected_word_weight=1",
+        "train.epochs=1",
+    ]
+    fit(tiny(shapes, *words), out_dir=tmp_path / "soft")
+    soft = load_checkpoint(tmp_path / "soft" / "last.pt")["model"]
+    assert {"word_maps.words.weight", "decoder.attention.score.expect.weight"} <= soft.keys()
+    hard = fit(
+        tiny(shapes, "model.attention=hard", *words),
+        out_dir=tmp_path / "hard",
+        init=str(tmp_path / "soft" / "last.pt"),
+    )
+    assert init_weights.keys() == soft.keys()
+    epoch = hard["history"][-1]
+    assert epoch["word_presence"] > 0 and epoch["expected_nll_per_token"] > 0
+    assert "reward" in epoch  # REINFORCE's samples ran
 
 
 def test_init_refuses_another_architecture_and_resume_in_one_line(

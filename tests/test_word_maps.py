@@ -180,8 +180,12 @@ def test_word_map_settings_that_cannot_work_are_refused_in_one_line():
     base = "configs/test_tiny.yaml"
     cases = {
         ("train.word_map_weight=1",): "set model.word_maps=true",
-        ("model.word_maps=true", "model.attention=hard"): "model.attention=hard has no map",
         ("model.word_maps=true", "model.attention=none"): "model.attention=none has no map",
+        (
+            "model.word_maps=true",
+            "model.word_attention=true",
+            "model.attention=local",
+        ): "use model.attention=soft or hard",
         ("model.word_maps=true", "model.word_map_rank=0"): "model.word_map_rank",
         ("model.word_maps=true", "train.expected_word_weight=1"): "model.word_attention=true",
         ("train.expected_word_weight=-1",): "train.expected_word_weight",
@@ -290,3 +294,40 @@ def test_the_localisers_specials_are_the_vocabularys():
 
     vocab = Vocabulary([*SPECIALS, "dog"])
     assert sorted(SPECIAL_IDS) == sorted(vocab.encode(list(SPECIALS), add_special=False))
+
+
+def test_hard_attentions_estimators_carry_the_localisers_terms():
+    """A hard model with the expected-word score: REINFORCE's loss plus the localiser's
+    presence loss, k * the map term and v * the expected-word NLL, on the same samples."""
+    from dataclasses import replace
+
+    from captioning.config import Config
+    from captioning.objectives import Batch
+    from captioning.objectives.cross_entropy import token_nll
+    from captioning.objectives.hard_attention import HardAttentionObjective
+    from tests.test_looks import _images, _model
+
+    settings = dict(word_maps=True, word_map_rank=8, word_attention=True, attention="hard")
+    model = _model(drop_stages=5, **settings)
+    tokens = torch.tensor([[1, 5, 6, 7, 2, 0], [1, 8, 9, 2, 0, 0]])
+    batch = Batch(tokens=tokens, grid=model.encoder.backbone(_images()), step=3)
+    cells = model.grid_shape[0] * model.grid_shape[1]
+
+    def terms(**weights):
+        cfg = Config()
+        cfg = replace(cfg, train=replace(cfg.train, semi_sampling_p=1.0, **weights))
+        objective = HardAttentionObjective(cfg, cells, torch.device("cpu"), "fp32")
+        return objective.loss(model, batch)
+
+    plain, weighted = terms(), terms(word_map_weight=0.3, expected_word_weight=0.5)
+    plan = HardAttentionObjective(Config(), cells, torch.device("cpu"), "fp32")
+    plan.cfg = replace(plan.cfg, semi_sampling_p=1.0)
+    output = model(None, tokens, grid=batch.grid, hard=plan.plan(3, 2, 5).hard)
+    assert output.log_probs is not None  # the cells were sampled
+    targets = tokens[:, 1:]
+    mask = (targets != 0).float()
+    kl = (map_divergence(output.word_maps, output.alphas) * mask).sum(1).mean()
+    nll = token_nll(output.expected_logits, targets, mask).sum(1).mean()
+    torch.testing.assert_close(weighted.total - plain.total, 0.3 * kl + 0.5 * nll)
+    assert float(plain.presence) > 0 and float(plain.expected_nll) > 0
+    assert plain.reinforce is not None

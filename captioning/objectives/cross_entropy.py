@@ -116,9 +116,25 @@ def caption_loss(
         terms.context_nll = (context_nll.sum() / max(terms.tokens, 1)).detach()
     elif context_weight > 0:
         raise ValueError("context_weight needs the decoder's context_words layer")
+    return word_terms(terms, output, targets, mask, map_weight, expected_weight)
+
+
+def word_terms(
+    terms: LossTerms,
+    output: DecoderOutput,
+    targets: torch.Tensor,
+    mask: torch.Tensor,
+    map_weight: float = 0.0,
+    expected_weight: float = 0.0,
+) -> LossTerms:
+    """``terms`` with the word localiser's terms added, whichever objective made them (soft
+    attention's cross-entropy or hard attention's estimators): the localiser's own presence
+    loss, k * the map term and v * the expected-word NLL, each summed over a caption's
+    words and averaged over captions; each is logged whenever the model has its part.
+    ``targets`` and ``mask`` (R, T) are the rows ``output`` decoded."""
     if output.word_maps is not None:
         presence = presence_loss(output.word_maps)
-        divergence = map_divergence(output.word_maps, output.alphas) * mask  # (B, T)
+        divergence = map_divergence(output.word_maps, output.alphas) * mask  # (R, T)
         terms.total = terms.total + presence
         if map_weight > 0:
             terms.total = terms.total + map_weight * divergence.sum(dim=1).mean()
@@ -128,10 +144,10 @@ def caption_loss(
     elif map_weight > 0:
         raise ValueError("map_weight needs the captioner's word localiser")
     if output.expected_logits is not None:
-        expected_nll = token_nll(output.expected_logits, targets, mask)  # (B, T)
+        expected_nll = token_nll(output.expected_logits, targets, mask)  # (R, T)
         if expected_weight > 0:
             terms.total = terms.total + expected_weight * expected_nll.sum(dim=1).mean()
-        terms.expected_nll = (expected_nll.sum() / max(terms.tokens, 1)).detach()
+        terms.expected_nll = (expected_nll.sum() / mask.sum().clamp_min(1.0)).detach()
     elif expected_weight > 0:
         raise ValueError("expected_weight needs the attention's expected-word score")
     return terms

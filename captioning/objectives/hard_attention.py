@@ -26,6 +26,12 @@ with their costs):
   never sees the context (``model.context_to_lstm: false``): no samples, no variance. With
   ``train.exact_soft_p`` > 0 that share of the minibatches trains the expected context
   instead, as the paper mixes its sampled minibatches with soft ones.
+
+A hard model with a word localiser (``model.word_maps``, and ``model.word_attention`` whose
+expected words' maps join the sampling distribution's score) adds the localiser's terms to
+every estimator's loss, as the cross-entropy objective does
+(:func:`captioning.objectives.cross_entropy.word_terms`): they are trained by their own
+losses, not by the reward.
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ from captioning.objectives.cross_entropy import (
     caption_terms,
     doubly_stochastic_penalty,
     token_nll,
+    word_terms,
 )
 from captioning.runtime import autocast
 
@@ -210,10 +217,14 @@ class HardAttentionObjective:
             terms = caption_terms(nll, penalty, self.cfg.doubly_stochastic_weight, mask)
             if plan.hard.mode == "marginal":  # the maps the marginal sums over, as sampled
                 terms.entropy = attention_entropy(output.alphas, mask).mean().detach()
-            return terms
-        step_mask = mask * output.sampled.float()
-        sampled = _Sampled(output, mask, nll, penalty, step_mask, step_mask.sum(dim=1) > 0)
-        return _ESTIMATORS[self.estimator](self, sampled, plan.repeat)
+        else:
+            step_mask = mask * output.sampled.float()
+            sampled = _Sampled(output, mask, nll, penalty, step_mask, step_mask.sum(dim=1) > 0)
+            terms = _ESTIMATORS[self.estimator](self, sampled, plan.repeat)
+        cfg = self.cfg
+        return word_terms(
+            terms, output, targets, mask, cfg.word_map_weight, cfg.expected_word_weight
+        )
 
     # ------------------------------------------------------------------ the estimators
 
