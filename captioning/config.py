@@ -141,6 +141,11 @@ class ModelConfig:
     # The paper feeds the context z_t into the LSTM; false keeps it in the output layer only,
     # so the LSTM never stores what it saw and each word must come from its own glimpse.
     context_to_lstm: bool = True
+    # what the attention asks with: ``previous`` (the paper: h_{t-1}, the state before the
+    # previous word is read) or ``current`` (h_t, after the LSTM has read the previous word,
+    # so the query knows the word it follows; model.context_to_lstm: false only, since
+    # with the context in the LSTM h_t needs the glimpse it would choose)
+    query: Literal["previous", "current"] = "previous"
     # h_0, c_0 from the image (tanh or linear of the mean cell, or of the summary when it
     # goes to init) or learned (one trained pair for every image: the decoder knows nothing
     # of the image before its first glimpse)
@@ -504,6 +509,11 @@ def _validate(cfg: Config) -> None:
         raise ConfigError(
             "model.context_to_lstm=false needs model.deep_output=true, "
             "or the context reaches nothing"
+        )
+    if cfg.model.query == "current" and cfg.model.context_to_lstm:
+        raise ConfigError(
+            "model.query=current asks with h_t, which the context fed to the LSTM would need "
+            "before it exists: set model.context_to_lstm=false (or model.query=previous)"
         )
     if set(cfg.data.splits) - {"train", "val", "test"}:
         extra = sorted(set(cfg.data.splits) - {"train", "val", "test"})

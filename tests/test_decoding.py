@@ -121,6 +121,7 @@ def test_beam_size_one_is_greedy(attention):
         (5, ["model.values=projected", "model.value_dim=6"]),
         (3, ["model.heads=2", "model.attention_dim=12"]),
         (3, ["model.attention=local"]),
+        (3, ["model.query=current", "model.context_to_lstm=false"]),
     ],
 )
 def test_batch_gives_the_same_captions_as_one_image_at_a_time(beam_size, variant):

@@ -17,6 +17,7 @@ from captioning.models.attention import (
     HardContext,
     NoAttention,
     SoftAttention,
+    build_attention,
 )
 from captioning.models.decoder import Decoder
 from captioning.models.encoder import build_encoder, sinusoidal_positions
@@ -842,3 +843,54 @@ def test_the_fused_optimiser_makes_adams_updates():
     ):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
         assert not a.requires_grad or not torch.equal(a, c), name
+
+
+def _query_decoder(query: str, parallel: bool = True) -> Decoder:
+    torch.manual_seed(0)
+    attention = build_attention(
+        ModelConfig(attention="soft", score="additive", attention_dim=5),
+        AttentionSizes(6, 8, 7, (1, 7), 6),
+    )
+    return Decoder(
+        11,
+        6,
+        attention,
+        embed_dim=4,
+        hidden_dim=8,
+        context_to_lstm=False,
+        dropout=0.0,
+        parallel=parallel,
+        query=query,
+    )
+
+
+def test_the_current_query_asks_with_the_state_that_has_read_the_previous_word():
+    """query=current attends with h_t (the LSTM has read y_{t-1}); the parallel pass, the
+    step loop and step-by-step decoding agree; a word's map moves with the word before it,
+    which the paper's h_{t-1} has not read."""
+    features, tokens = torch.randn(3, 7, 6), torch.randint(4, 11, (3, 5))
+    together, by_step = _query_decoder("current"), _query_decoder("current", parallel=False)
+    out = together(features, tokens)
+    torch.testing.assert_close(out.logits, by_step(features, tokens).logits, atol=1e-5, rtol=0)
+    state, keys = together.init_state(features), together.prepare(features)
+    for t in range(tokens.shape[1]):
+        step = together.step(tokens[:, t], state, features, keys)
+        state = step.state
+        torch.testing.assert_close(out.queries[:, t], state.h, atol=1e-5, rtol=0)  # h_{t+1}
+        torch.testing.assert_close(out.logits[:, t], step.logits, atol=1e-5, rtol=0)
+        torch.testing.assert_close(out.alphas[:, t], step.attention.alpha, atol=1e-5, rtol=0)
+    changed = tokens.clone()
+    changed[:, 2] = torch.where(tokens[:, 2] == 4, 5, 4)
+    for query, moves in (("current", True), ("previous", False)):
+        decoder = _query_decoder(query)
+        before, after = decoder(features, tokens).alphas, decoder(features, changed).alphas
+        torch.testing.assert_close(before[:, :2], after[:, :2])  # the words before it
+        assert bool((before[:, 2] - after[:, 2]).abs().max() > 1e-4) == moves, query
+        assert bool((before[:, 3] - after[:, 3]).abs().max() > 1e-4)  # both: from then on
+
+
+def test_the_current_query_needs_the_context_out_of_the_lstm():
+    with pytest.raises(ConfigError, match="set model.context_to_lstm=false"):
+        load_config("configs/test_tiny.yaml", ["model.query=current", "model.context_to_lstm=true"])
+    with pytest.raises(ValueError, match="context_to_lstm=False"):
+        Decoder(11, 6, nn.Identity(), query="current", context_to_lstm=True)

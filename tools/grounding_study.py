@@ -55,6 +55,7 @@ LEVERS = (
     "model.heads",
     "model.score",
     "model.context_to_lstm",
+    "model.query",
     "train.doubly_stochastic_weight",
     "train.attention_entropy_weight",
     "model.context_words",

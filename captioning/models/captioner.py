@@ -131,6 +131,7 @@ def build_model(
         gate=cfg.gate,
         deep_output=cfg.deep_output,
         context_to_lstm=cfg.context_to_lstm,
+        query=cfg.query,
         init_state=cfg.init_state,
         dropout=cfg.dropout,
         value_dim=cfg.value_dim if cfg.values == "projected" else None,

@@ -88,7 +88,8 @@ class DecoderOutput:
             the gate) by the decoder's ``context_words`` layer, else None.
         word_maps: the captioner's word localiser's presence logits and each target's map
             (:mod:`captioning.models.word_maps`), else None.
-        queries: (B, T, H) the state each word's attention was queried with (h_{t-1}).
+        queries: (B, T, H) the state each word's attention was queried with (h_{t-1}, or
+            h_t with the decoder's ``query=current``).
         expected_logits: (B, T, V) each next word as the expected-word score
             (``model.word_attention``) reads it from its query, else None.
     """
@@ -145,6 +146,9 @@ class Decoder(nn.Module):
             (0: none), in ``summary_rows`` rows of D channels.
         summary: where the summary goes: ``init`` (the initial state), ``output`` (the
             deep output), ``both``, or ``none``.
+        query: what the attention asks with: ``previous``, h_{t-1} (the paper), or
+            ``current``, h_t, the state after the LSTM has read the previous word (only
+            without the context in the LSTM): the query then knows the word it follows.
         context_words: a linear layer from each word's attended context (before the gate)
             to the vocabulary, whose cross-entropy pays a map for falling where its word
             can be read (:func:`captioning.objectives.cross_entropy.caption_loss`).
@@ -168,8 +172,14 @@ class Decoder(nn.Module):
         summary_rows: int = 0,
         summary: str = "none",
         context_words: bool = False,
+        query: str = "previous",
     ) -> None:
         super().__init__()
+        if query not in ("previous", "current"):
+            raise ValueError(f"query must be previous or current, got {query!r}")
+        if query == "current" and context_to_lstm:
+            raise ValueError("query=current needs context_to_lstm=False")
+        self.query_current = query == "current"
         self.parallel = parallel
         self.vocab_size = vocab_size
         self.hidden_dim = hidden_dim
@@ -286,6 +296,11 @@ class Decoder(nn.Module):
         """Attend, gate and run the LSTM cell (``cell``, or the model's own): returns state,
         attention, gated context, beta."""
         values, keys = self.values_and_keys(features, keys)
+        if self.query_current:  # read the previous word first, then ask with h_t
+            h, c = (cell or self.lstm)(embedded, (state.h, state.c))
+            attended = self.attention(values, keys, h, hard)
+            context, beta_mean = self._gate(h, attended.context)  # (B, D), (B,)
+            return DecoderState(h, c), attended, context, beta_mean
         attended = self.attention(values, keys, state.h, hard)
         context, beta_mean = self._gate(state.h, attended.context)  # (B, D), (B,)
         inputs = torch.cat([embedded, context], dim=1) if self.context_to_lstm else embedded
@@ -431,12 +446,13 @@ class Decoder(nn.Module):
         embedded = self.embedding(tokens)  # (B, E)
         previous = state.h
         state, attended, context, _ = self._advance(embedded, state, features, keys, hard)
+        query = state.h if self.query_current else previous
         lead = self.lead(embedded, features)
         if hard.mode != "marginal":
             return StepOutput(self.output(lead, state.h, context), state, attended)
         values, _ = self.values_and_keys(features, keys)
         rows = values.repeat_interleave(tokens.shape[0] // values.shape[0], dim=0)
-        beta = torch.sigmoid(self.gate(previous)).unsqueeze(1) if self.gate is not None else None
+        beta = torch.sigmoid(self.gate(query)).unsqueeze(1) if self.gate is not None else None
         logits = self._marginal(
             lead.unsqueeze(1), state.h.unsqueeze(1), beta, rows, attended.alpha.unsqueeze(1)
         ).squeeze(1)  # (B, V)
@@ -512,7 +528,7 @@ class Decoder(nn.Module):
             sampled=torch.stack(sampled, dim=1) if hard_rows else None,  # (B, T)
             betas=torch.stack(betas, dim=1),  # (B, T)
             context_logits=self.read_words(torch.stack(attended_contexts, dim=1)),
-            queries=torch.stack([initial, *hiddens[:-1]], dim=1),  # h_0..h_{T-1}
+            queries=torch.stack(hiddens if self.query_current else [initial, *hiddens[:-1]], 1),
         )
 
     def _run_lstm(self, embedded: torch.Tensor, state: DecoderState) -> torch.Tensor:
@@ -530,12 +546,15 @@ class Decoder(nn.Module):
         hard: HardContext,
         targets: torch.Tensor | None,
     ) -> DecoderOutput:
-        """All T words at once: the LSTM never sees the context, so the queries h_0..h_{T-1}
-        are known before any attention runs; they are scored as T query groups per image."""
+        """All T words at once: the LSTM never sees the context, so the queries (h_0..h_{T-1},
+        or h_1..h_T with ``query=current``) are known before any attention runs; they are
+        scored as T query groups per image."""
         batch, steps, _ = embedded.shape
         values, keys = self.values_and_keys(features, keys)
         hiddens = self._run_lstm(embedded, state)  # (B, T, H): h_1..h_T
-        queries = torch.cat([state.h.unsqueeze(1), hiddens[:, :-1]], dim=1)  # h_0..h_{T-1}
+        queries = hiddens  # h_1..h_T (query=current)
+        if not self.query_current:
+            queries = torch.cat([state.h.unsqueeze(1), hiddens[:, :-1]], dim=1)  # h_0..h_{T-1}
         queries = queries.reshape(batch * steps, -1)  # (B*T, H), image-major
         attended = self.attention(values, keys, queries, hard.flat(steps))
         context, beta = self._gate(queries, attended.context)  # (B*T, D), (B*T,)
