@@ -230,6 +230,8 @@ LOOKS = (
     "os16_ctx",
     "os16_maps",
     "os16_wordatt",
+    "os16_expect",
+    "os16_current",
     "best_exact",
     "os16_ent_hard",
     "ctx1_hard",
@@ -237,6 +239,8 @@ LOOKS = (
     "hyper_ctx_hard_p1",
     "os16_ctx_hard",
     "os16_maps_hard",
+    "os16_expect_hard",
+    "os16_current_hard",
     "tiles5_ent_hard",
     "tiles5_ent_hard_e0",
 )
