@@ -200,6 +200,10 @@ class TrainConfig:
     # the word's attention map, summed over a caption's words: above 0 each word's map is
     # drawn toward the cells where its word is found (docs/grounding.md)
     word_map_weight: float = 0.0
+    # the words the localiser (model.word_maps) is told are in each caption's image:
+    # "caption", the caption's own; "image", those of every reference caption of the image
+    # (the grid probe's labels: a word another reference names is not a negative)
+    word_map_labels: Literal["caption", "image"] = "caption"
     # v of the cross-entropy of each next word read from the decoder state that the
     # attention's query is (by model.word_attention's expected-word layer), summed over a
     # caption's words: above 0 that layer learns which word comes next, so the attention
@@ -561,6 +565,11 @@ def _validate_context_words(cfg: Config) -> None:
         raise ConfigError(
             f"train.word_map_weight={weight} needs the word localiser whose maps it draws "
             f"toward: set model.word_maps=true (or the weight to 0)"
+        )
+    if cfg.train.word_map_labels != "caption" and not model.word_maps:
+        raise ConfigError(
+            f"train.word_map_labels={cfg.train.word_map_labels} labels the word localiser's "
+            f"training: set model.word_maps=true (or train.word_map_labels=caption)"
         )
     expected = cfg.train.expected_word_weight
     if expected > 0 and not model.word_attention:

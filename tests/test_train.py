@@ -671,3 +671,17 @@ def test_same_seed_same_weights_other_seed_differs(shapes, tmp_path):
         runs[name] = load_checkpoint(tmp_path / name / "last.pt")["model"]
     assert all(torch.equal(runs["a"][k], runs["b"][k]) for k in runs["a"])
     assert not all(torch.equal(runs["a"][k], runs["c"][k]) for k in runs["a"])
+
+
+def test_a_model_trains_its_localiser_on_each_images_reference_words(shapes, tmp_path):
+    """``train.word_map_labels=image``: the whole training path looks up each batch's
+    images in the training split, and the localiser's presence loss falls."""
+    labels = [
+        "model.word_maps=true",
+        "model.word_map_rank=8",
+        "train.word_map_weight=1",
+        "train.word_map_labels=image",
+        "train.epochs=2",
+    ]
+    history = fit(tiny(shapes, *labels), out_dir=tmp_path / "image")["history"]
+    assert history[-1]["word_presence"] < history[0]["word_presence"]

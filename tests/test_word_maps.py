@@ -189,6 +189,8 @@ def test_word_map_settings_that_cannot_work_are_refused_in_one_line():
         ("model.word_maps=true", "model.word_map_rank=0"): "model.word_map_rank",
         ("model.word_maps=true", "train.expected_word_weight=1"): "model.word_attention=true",
         ("train.expected_word_weight=-1",): "train.expected_word_weight",
+        ("train.word_map_labels=image",): "labels the word localiser's training",
+        ("model.word_maps=true", "train.word_map_labels=images"): "train.word_map_labels",
     }
     for overrides, message in cases.items():
         with pytest.raises(ConfigError, match=message):
@@ -331,3 +333,64 @@ def test_hard_attentions_estimators_carry_the_localisers_terms():
     torch.testing.assert_close(weighted.total - plain.total, 0.3 * kl + 0.5 * nll)
     assert float(plain.presence) > 0 and float(plain.expected_nll) > 0
     assert plain.reinforce is not None
+
+
+def test_image_labels_make_every_references_word_a_positive():
+    """``train.word_map_labels=image``: the words of the image's other references are the
+    localiser's positives too (not negatives), and join the candidates; each target's map
+    is the same as with the caption's own labels."""
+    torch.manual_seed(0)
+    localiser = WordLocaliser(DIM, WORDS, rank=8)
+    grid = torch.randn(2, CELLS, DIM)
+    targets = torch.tensor([[5, 7, 2, 0], [7, 9, 9, 2]])
+    present = torch.tensor([[5, 7, 8, 0], [4, 7, 9, 10]])  # padded with <pad>
+    maps = localiser(grid, targets, present)
+    plain = localiser(grid, targets)
+    words = [0, 2, 4, 5, 7, 8, 9, 10]  # the targets' and the images' tokens, in order
+    assert maps.candidates.tolist() == [w not in (0, 2) for w in words]
+    assert maps.labels[:, 2:].tolist() == [[0, 1, 1, 1, 0, 0], [1, 0, 1, 0, 1, 1]]
+    scores = localiser.scores(grid, torch.tensor(words))
+    r = localiser.sharpness
+    expected = (torch.logsumexp(r * scores, dim=1) - math.log(CELLS)) / r
+    torch.testing.assert_close(maps.presence, expected)
+    torch.testing.assert_close(maps.log_maps, plain.log_maps)
+    assert torch.equal(maps.words, plain.words)
+    bce = torch.nn.functional.binary_cross_entropy_with_logits(
+        maps.presence[:, 2:], maps.labels[:, 2:]
+    )
+    torch.testing.assert_close(presence_loss(maps), bce)
+
+
+def test_the_image_words_are_each_images_references_words_without_specials():
+    from captioning.objectives.cross_entropy import ImageWords
+
+    words = ImageWords([[[1, 5, 7, 2], [1, 7, 9, 3, 2]], [[1, 4, 2]]])
+    looked_up = words(torch.tensor([1, 0, 1]), torch.device("cpu"))
+    assert looked_up.tolist() == [[4, 0, 0], [5, 7, 9], [4, 0, 0]]
+    with pytest.raises(ValueError, match="dataset indices"):
+        words(None, torch.device("cpu"))
+
+
+def test_the_cross_entropy_objective_labels_the_localiser_by_its_images_words():
+    """With image words the objective's presence loss is the localiser's on the image's
+    words (a hard model's estimators likewise), and only the presence loss changes."""
+    from captioning.objectives.base import Batch
+    from captioning.objectives.cross_entropy import CrossEntropyObjective, ImageWords
+    from tests.test_looks import _images, _model
+
+    model = _model(drop_stages=5, word_maps=True, word_map_rank=8)
+    tokens = torch.tensor([[1, 5, 6, 7, 2, 0], [1, 8, 9, 2, 0, 0]])
+    grid = model.encoder.backbone(_images())
+    references = [[[1, 5, 6, 7, 2], [1, 11, 12, 2]], [[1, 8, 9, 2]], [[1, 13, 2]]]
+    batch = Batch(tokens, grid=grid, indices=torch.tensor([0, 2]))
+    cpu = torch.device("cpu")
+    image = CrossEntropyObjective(1.0, cpu, "fp32", image_words=ImageWords(references))
+    own = CrossEntropyObjective(1.0, cpu, "fp32")
+    with torch.no_grad():
+        labelled, plain = image.loss(model, batch), own.loss(model, batch)
+        present = torch.tensor([[5, 6, 7, 11, 12], [13, 0, 0, 0, 0]])
+        cells, _ = model.decoder.split(model.encode(None, grid))
+        expected = presence_loss(model.word_maps(cells, tokens[:, 1:], present))
+    torch.testing.assert_close(labelled.presence, expected)
+    assert float(labelled.presence) != pytest.approx(float(plain.presence))
+    torch.testing.assert_close(labelled.total - labelled.presence, plain.total - plain.presence)

@@ -81,13 +81,15 @@ class Captioner(nn.Module):
         grid: torch.Tensor | None = None,
         hard: HardContext = EXPECTATION,
         repeat: int = 1,
+        present: torch.Tensor | None = None,
     ) -> DecoderOutput:
         """Teacher forcing on a batch: ``tokens`` (B, T) are whole captions
         (``<start> … <end> <pad>…``); the outputs predict ``tokens[:, 1:]``. With a cached
         backbone ``grid`` (B, L, D), ``images`` may be None. ``repeat`` > 1 decodes every
         caption that many times (rows image-major: B*repeat), encoding each image and
         projecting its grid once; ``tokens`` may then also hold B*repeat rows, one caption
-        per decoded row."""
+        per decoded row. ``present`` (B, K), the words known to be in each image, are the
+        word localiser's positives (None: each caption's own words)."""
         features = self.encode(images, grid)  # (B, L, D)
         if repeat > 1 and tokens.shape[0] != features.shape[0] * repeat:
             tokens = tokens.repeat_interleave(repeat, dim=0)  # (B*repeat, T)
@@ -96,7 +98,9 @@ class Captioner(nn.Module):
         if self.word_maps is not None:
             cells, _ = self.decoder.split(features)
             cells = cells.repeat_interleave(groups(cells, tokens.shape[0]), dim=0)
-            output.word_maps = self.word_maps(cells, tokens[:, 1:])
+            if present is not None:
+                present = present.repeat_interleave(tokens.shape[0] // present.shape[0], dim=0)
+            output.word_maps = self.word_maps(cells, tokens[:, 1:], present)
         score = getattr(self.decoder.attention, "score", None)
         if isinstance(score, ExpectedWordScore):  # its layer's reading, for its own loss
             output.expected_logits = score.expect(output.queries.detach())

@@ -10,7 +10,10 @@ log-sum-exp pooling of its scores over the L cells (Pinheiro and Collobert 2015)
 
 trained by binary cross-entropy: the words of each caption are its positives, the other
 words of the batch its negatives (in-batch candidates keep the cost at the words the batch
-holds rather than the whole vocabulary). The pooling's weights m_w = softmax_l(r s_lw) are
+holds rather than the whole vocabulary). With ``train.word_map_labels=image`` the positives
+are the words of every reference caption of the image (``ImageWords`` of
+:mod:`captioning.objectives.cross_entropy`), so that a word one reference names and another
+does not is never a negative. The pooling's weights m_w = softmax_l(r s_lw) are
 the word's map: the cells whose evidence says the word is there. It is the probe of
 ``tools/grid_probe.py`` with the captions' words for labels, trained with the captioner.
 
@@ -86,15 +89,23 @@ class WordLocaliser(nn.Module):
         """m_w, each word's map over the cells: (B, L, D), (C,) → (B, L, C)."""
         return torch.softmax(self.sharpness * self.scores(cells, words).float(), dim=1)
 
-    def forward(self, cells: torch.Tensor, targets: torch.Tensor) -> WordMaps:
+    def forward(
+        self, cells: torch.Tensor, targets: torch.Tensor, present: torch.Tensor | None = None
+    ) -> WordMaps:
         """The presence logits of the batch's words and each target's map: cells (B, L, D)
-        and the captions' next words ``targets`` (B, T, padded)."""
-        candidates, index = torch.unique(targets, return_inverse=True)  # (C,), (B, T)
+        and the captions' next words ``targets`` (B, T, padded). ``present`` (B, K, padded
+        with specials), the words known to be in each image, are the positives and join the
+        candidates; None: each caption's own words."""
+        steps = targets.shape[1]
+        words = targets if present is None else torch.cat([targets, present], dim=1)
+        candidates, index = torch.unique(words, return_inverse=True)  # (C,), (B, T [+ K])
         scaled = self.sharpness * self.scores(cells, candidates).float()  # (B, L, C)
         cells_count = scaled.shape[1]
         presence = torch.logsumexp(scaled, dim=1) - torch.log(torch.tensor(float(cells_count)))
         presence = presence / self.sharpness  # (B, C)
-        labels = torch.zeros_like(presence).scatter_(1, index, 1.0)  # (B, C)
+        positives = index if present is None else index[:, steps:]
+        labels = torch.zeros_like(presence).scatter_(1, positives, 1.0)  # (B, C)
+        index = index[:, :steps]  # (B, T)
         log_maps = torch.log_softmax(scaled.detach(), dim=1)  # (B, L, C)
         gathered = log_maps.gather(2, index.unsqueeze(1).expand(-1, cells_count, -1))
         special = torch.tensor(SPECIAL_IDS, device=targets.device)

@@ -18,7 +18,7 @@ from captioning.objectives.base import (
     ObjectiveContext,
     register_objective,
 )
-from captioning.objectives.cross_entropy import CrossEntropyObjective
+from captioning.objectives.cross_entropy import CrossEntropyObjective, ImageWords
 from captioning.objectives.hard_attention import HardAttentionObjective
 from captioning.objectives.self_critical import SelfCriticalObjective
 
@@ -43,7 +43,7 @@ def maximum_likelihood(context: ObjectiveContext) -> Objective:
     if model.hard_attention:
         cells = model.grid_shape[0] * model.grid_shape[1]
         return HardAttentionObjective(
-            cfg, cells, context.device, cfg.train.precision, context.world
+            cfg, cells, context.device, cfg.train.precision, context.world, image_words(context)
         )
     return CrossEntropyObjective(
         cfg.train.doubly_stochastic_weight,
@@ -54,7 +54,18 @@ def maximum_likelihood(context: ObjectiveContext) -> Objective:
         context_weight=cfg.train.context_word_weight,
         map_weight=cfg.train.word_map_weight,
         expected_weight=cfg.train.expected_word_weight,
+        image_words=image_words(context),
     )
+
+
+def image_words(context: ObjectiveContext) -> ImageWords | None:
+    """The localiser's image-level labels when ``train.word_map_labels=image`` asks for
+    them, from the training split's references."""
+    if context.cfg.train.word_map_labels != "image":
+        return None
+    if context.vocab is None or not context.train_records:
+        raise ValueError("train.word_map_labels=image needs the training split and vocabulary")
+    return ImageWords.from_records(context.train_records, context.vocab)
 
 
 register_objective("xe", maximum_likelihood)

@@ -9,15 +9,17 @@ is per caption too, so lambda means what it means in the paper. Padding never co
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from captioning.data.records import ImageRecord
 from captioning.data.vocab import Vocabulary
 from captioning.models.decoder import DecoderOutput
-from captioning.models.word_maps import map_divergence, presence_loss
+from captioning.models.word_maps import SPECIAL_IDS, map_divergence, presence_loss
 from captioning.objectives.base import Batch, LossTerms
 from captioning.runtime import autocast
 
@@ -153,6 +155,34 @@ def word_terms(
     return terms
 
 
+class ImageWords:
+    """The words of each training image's reference captions, looked up by the images'
+    places in the split (``train.word_map_labels=image``).
+
+    Args:
+        captions: per image, its reference captions as token ids.
+    """
+
+    def __init__(self, captions: Sequence[Sequence[Sequence[int]]]) -> None:
+        sets = [sorted({i for ids in image for i in ids} - set(SPECIAL_IDS)) for image in captions]
+        width = max((len(words) for words in sets), default=0)
+        table = torch.full((len(sets), max(width, 1)), SPECIAL_IDS[0], dtype=torch.long)
+        for row, words in enumerate(sets):
+            table[row, : len(words)] = torch.tensor(words, dtype=torch.long)
+        self.table = table  # (N, K), padded with <pad>
+
+    @classmethod
+    def from_records(cls, records: Sequence[ImageRecord], vocab: Vocabulary) -> ImageWords:
+        """From the split's records, each caption encoded by ``vocab``."""
+        return cls([[vocab.encode(c) for c in record.captions] for record in records])
+
+    def __call__(self, indices: torch.Tensor | None, device: torch.device) -> torch.Tensor:
+        """(B, K) the words of the images at ``indices`` (B,), on ``device``."""
+        if indices is None:
+            raise ValueError("train.word_map_labels=image needs the images' dataset indices")
+        return self.table[indices.cpu()].to(device)
+
+
 def caption_terms(
     nll: torch.Tensor,
     penalty: torch.Tensor,
@@ -188,6 +218,8 @@ class CrossEntropyObjective:
         context_weight: u of the context-word NLL (see :func:`caption_loss`).
         map_weight: k of the word-map term (see :func:`caption_loss`).
         expected_weight: v of the expected-word NLL (see :func:`caption_loss`).
+        image_words: the words of each training image's references, the localiser's
+            positives (``train.word_map_labels=image``); None: each caption's own words.
         device, precision: where and in which precision the forward pass runs.
     """
 
@@ -201,8 +233,10 @@ class CrossEntropyObjective:
         context_weight: float = 0.0,
         map_weight: float = 0.0,
         expected_weight: float = 0.0,
+        image_words: ImageWords | None = None,
     ) -> None:
         self.penalty_weight = penalty_weight
+        self.image_words = image_words
         self.context_weight = context_weight
         self.map_weight = map_weight
         self.expected_weight = expected_weight
@@ -213,8 +247,11 @@ class CrossEntropyObjective:
 
     def loss(self, module: nn.Module, batch: Batch) -> LossTerms:
         """The loss of one batch (``module``: the captioner or its DDP wrapper)."""
+        present = None
+        if self.image_words is not None:
+            present = self.image_words(batch.indices, batch.tokens.device)
         with autocast(self.device, self.precision):
-            output = module(batch.images, batch.tokens, grid=batch.grid)
+            output = module(batch.images, batch.tokens, grid=batch.grid, present=present)
         return caption_loss(
             output,
             batch.tokens[:, 1:],

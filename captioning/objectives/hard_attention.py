@@ -51,6 +51,7 @@ from captioning.models.attention import HardContext
 from captioning.models.decoder import DecoderOutput
 from captioning.objectives.base import Batch, LossTerms
 from captioning.objectives.cross_entropy import (
+    ImageWords,
     attention_entropy,
     caption_terms,
     doubly_stochastic_penalty,
@@ -140,6 +141,8 @@ class HardAttentionObjective:
         world: this process among the training processes; the samples of every row of the
             global batch come from one stream, so N processes x batch B sample what one
             process x batch N*B samples.
+        image_words: the word localiser's image-level positives
+            (``train.word_map_labels=image``); None: each caption's own words.
     """
 
     def __init__(
@@ -149,8 +152,10 @@ class HardAttentionObjective:
         device: torch.device,
         precision: str,
         world: World = SINGLE,
+        image_words: ImageWords | None = None,
     ) -> None:
         self.cfg = cfg.train
+        self.image_words = image_words
         self.estimator = cfg.train.hard_estimator
         self.cells = cells
         self.device = device
@@ -201,9 +206,17 @@ class HardAttentionObjective:
         statistics that update the objective's state wait for :meth:`commit`."""
         tokens = batch.tokens
         plan = self.plan(batch.step, tokens.shape[0], tokens.shape[1] - 1)
+        present = None
+        if self.image_words is not None:
+            present = self.image_words(batch.indices, tokens.device)
         with autocast(self.device, self.precision):
             output = module(
-                batch.images, tokens, grid=batch.grid, hard=plan.hard, repeat=plan.repeat
+                batch.images,
+                tokens,
+                grid=batch.grid,
+                hard=plan.hard,
+                repeat=plan.repeat,
+                present=present,
             )
         targets = tokens[:, 1:].repeat_interleave(plan.repeat, dim=0)  # (R, T)
         mask = (targets != Vocabulary.pad_id).float()
