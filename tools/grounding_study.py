@@ -62,6 +62,7 @@ LEVERS = (
     "train.context_word_weight",
     "model.word_maps",
     "train.word_map_weight",
+    "train.word_map_labels",
     "model.word_attention",
     "train.expected_word_weight",
     "model.output_stride",

@@ -232,6 +232,7 @@ LOOKS = (
     "os16_wordatt",
     "os16_expect",
     "os16_current",
+    "os16_current_images",
     "best_exact",
     "os16_ent_hard",
     "ctx1_hard",
