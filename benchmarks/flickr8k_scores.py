@@ -6,7 +6,9 @@ training loss reported of the attention.
 
 from __future__ import annotations
 
+import functools
 import json
+import math
 import statistics
 from pathlib import Path
 from typing import Any
@@ -64,7 +66,7 @@ def rows_of_job(
                     k: job[k]
                     for k in ("select_metric", "best_val", "best_epoch", "epochs", "steps")
                 },
-                "training": _training_trace(history),
+                "training": {**_training_trace(history), **even_entropy(out, folder)},
                 "seconds": {
                     "prepare": stages.get("prepare"),
                     "extract": stages.get("extract"),
@@ -106,3 +108,34 @@ def _training_trace(history: list[dict[str, Any]]) -> dict[str, Any]:
         which: {k: round(epoch[k], 3) for k in TRACED if epoch.get(k) is not None}
         for which, epoch in (("first_epoch", history[0]), ("last_epoch", history[-1]))
     }
+
+
+@functools.cache
+def _mean_steps(captions: Path, max_length: int) -> float:
+    """The mean number of steps a training caption of ``captions`` gives the decoder: its
+    words, cut to ``max_length`` as the training dataset cuts them, and ``<end>``."""
+    from captioning.data.vocab import tokenize
+
+    coco = json.loads(captions.read_text())
+    return statistics.mean(
+        min(len(tokenize(a["caption"])), max_length) + 1 for a in coco["annotations"]
+    )
+
+
+def even_entropy(out: Path, folder: Path) -> dict[str, Any]:
+    """An even map's entropy per training caption on the run's grid, ln L over each step of a
+    training caption of ``OUT/data`` (one caption per image an epoch, drawn at random, so
+    the mean over all of them): the yardstick of the traced ``entropy``. Empty for a run
+    without attention maps or without its checkpoint."""
+    checkpoint = folder / "train" / "best.pt"
+    if not checkpoint.is_file():
+        return {}
+    from captioning.api import load
+
+    model = load(checkpoint, "cpu")
+    if model.config.model.attention == "none":
+        return {}
+    rows, cols = model.grid_shape
+    captions = out / "data" / "annotations" / "captions_train.json"
+    steps = _mean_steps(captions, model.config.data.max_caption_length)
+    return {"even_entropy": round(steps * math.log(rows * cols), 3)}

@@ -336,3 +336,30 @@ def test_the_committed_rows_name_no_machine_path():
         text = json.dumps({k: row[k] for k in ("command", "overrides", "config")})
         assert "/" + "tmp" not in text and "/home" not in text and "/work" not in text, text
         assert row["commit"] and row["device"] and row["precision"] and row["threads"]
+
+
+def test_a_row_says_an_even_maps_entropy_per_training_caption(tiny_hard_checkpoint, tmp_path):
+    """The yardstick of the traced entropy: ln L for each step of a mean training caption
+    (its words cut as training cuts them, and <end>), on the checkpoint's grid."""
+    import math
+    import shutil
+
+    from benchmarks.flickr8k_scores import even_entropy
+    from captioning.api import load
+
+    model = load(tiny_hard_checkpoint, "cpu")
+    limit = model.config.data.max_caption_length
+    folder = tmp_path / "runs" / "best_hard-seed0"
+    (folder / "train").mkdir(parents=True)
+    shutil.copy(tiny_hard_checkpoint, folder / "train" / "best.pt")
+    long = " ".join(["dog"] * (limit + 7))
+    annotations = [{"image_id": 1, "id": 1, "caption": "A dog runs ."}, {"caption": long}]
+    captions = tmp_path / "data" / "annotations" / "captions_train.json"
+    captions.parent.mkdir(parents=True)
+    captions.write_text(json.dumps({"annotations": annotations}))
+    rows, cols = model.grid_shape
+    steps = ((3 + 1) + (limit + 1)) / 2  # "a dog runs" and <end>; the cut caption and <end>
+    assert even_entropy(tmp_path, folder) == {
+        "even_entropy": pytest.approx(steps * math.log(rows * cols), abs=1e-3)
+    }
+    assert even_entropy(tmp_path, tmp_path / "no-run") == {}

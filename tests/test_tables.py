@@ -601,19 +601,26 @@ def test_flickr8k_attention_shows_hard_levers_and_leaves_out_self_critical_runs(
             "commit": "abc1234",
         }
 
+    looks = row("best_hard", "os16_hard")
+    looks["training"] = {
+        "first_epoch": {"penalty": 174.0, "entropy": 52.0},
+        "last_epoch": {"penalty": 174.0, "entropy": 49.0},
+        "even_entropy": 61.25,
+    }
     rows = [
         row("best"),
         row("best_scst"),
         row("scst"),
         row("hard", "hard_grid7"),
         row("soft", "dsw0"),
+        looks,
     ]
-    names = [
-        line.split(" | ")[0]
-        for line in flickr8k_attention(rows).splitlines()[2:]
-        if line.startswith("| ")
-    ]
-    assert names == ["| best", "| hard (hard_grid7)"]
+    lines = [line for line in flickr8k_attention(rows).splitlines()[2:] if line.startswith("| ")]
+    names = [line.split(" | ")[0] for line in lines]
+    assert names == ["| best", "| best_hard (os16_hard)", "| hard (hard_grid7)"]
+    # the last epoch's entropy as a share of an even map's, where the row records one
+    assert lines[1].split(" | ")[5:8] == ["52.00", "49.00", "80.0"]
+    assert lines[2].split(" | ")[7] == "–"
 
 
 def test_flickr8k_targets_hold_every_attending_model_to_the_cider_target() -> None:

@@ -245,10 +245,12 @@ def flickr8k_levers(rows: Rows) -> str:
 def flickr8k_attention(rows: Rows) -> str:
     """What the training loss reported of the attention maps at the first and last epoch of
     each Flickr8k run that recorded it (beam-3 rows of the recipe, and of hard attention's
-    levers): the doubly stochastic penalty and hard attention's entropy, both per caption."""
+    levers): the doubly stochastic penalty and hard attention's entropy, both per caption,
+    the last epoch's entropy also as a share of an even map's (rows that record it)."""
     lines = header(
         "model | seed | trained on | penalty: first epoch | last epoch | entropy (nats): "
-        "first epoch | last epoch | nll per word: first epoch | last epoch"
+        "first epoch | last epoch | last epoch (% of even) | nll per word: first epoch | "
+        "last epoch"
     )
     # self-critical training's loss has no penalty term (its trace reads 0): left out
     kept = [
@@ -256,7 +258,7 @@ def flickr8k_attention(rows: Rows) -> str:
         for r in rows
         if r.get("training")
         and r["beam_size"] == 3
-        and (r["variant"] == RECIPE or r["model"] == "hard")
+        and (r["variant"] == RECIPE or r["model"] in ("hard", "best_hard"))
         and r["model"] not in ("scst", "best_scst")
     ]
 
@@ -268,5 +270,9 @@ def flickr8k_attention(rows: Rows) -> str:
         cells = [name(row), str(row["seed"]), _device(row)]
         for key in ("penalty", "entropy", "nll_per_token"):
             cells += [f"{e[key]:.2f}" if key in e else "–" for e in (first, last)]
+            if key == "entropy":
+                even = row["training"].get("even_entropy")
+                share = even and "entropy" in last and 100 * last["entropy"] / even
+                cells.append(f"{share:.1f}" if share else "–")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join([*lines, "", source_note(kept, "flickr8k")]) + "\n"

@@ -242,6 +242,7 @@ LOOKS = (
     "os16_maps_hard",
     "os16_expect_hard",
     "os16_current_hard",
+    "os16_current_images_hard",
     "tiles5_ent_hard",
     "tiles5_ent_hard_e0",
 )
