@@ -247,11 +247,12 @@ class CrossEntropyObjective:
 
     def loss(self, module: nn.Module, batch: Batch) -> LossTerms:
         """The loss of one batch (``module``: the captioner or its DDP wrapper)."""
-        present = None
+        # the localiser's image-level positives, passed only when used
+        labels: dict[str, torch.Tensor] = {}
         if self.image_words is not None:
-            present = self.image_words(batch.indices, batch.tokens.device)
+            labels["present"] = self.image_words(batch.indices, batch.tokens.device)
         with autocast(self.device, self.precision):
-            output = module(batch.images, batch.tokens, grid=batch.grid, present=present)
+            output = module(batch.images, batch.tokens, grid=batch.grid, **labels)
         return caption_loss(
             output,
             batch.tokens[:, 1:],

@@ -206,9 +206,10 @@ class HardAttentionObjective:
         statistics that update the objective's state wait for :meth:`commit`."""
         tokens = batch.tokens
         plan = self.plan(batch.step, tokens.shape[0], tokens.shape[1] - 1)
-        present = None
+        # the localiser's image-level positives, passed only when used
+        labels: dict[str, torch.Tensor] = {}
         if self.image_words is not None:
-            present = self.image_words(batch.indices, tokens.device)
+            labels["present"] = self.image_words(batch.indices, tokens.device)
         with autocast(self.device, self.precision):
             output = module(
                 batch.images,
@@ -216,7 +217,7 @@ class HardAttentionObjective:
                 grid=batch.grid,
                 hard=plan.hard,
                 repeat=plan.repeat,
-                present=present,
+                **labels,
             )
         targets = tokens[:, 1:].repeat_interleave(plan.repeat, dim=0)  # (R, T)
         mask = (targets != Vocabulary.pad_id).float()
