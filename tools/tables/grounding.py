@@ -233,6 +233,7 @@ LOOKS = (
     "os16_expect",
     "os16_current",
     "os16_current_images",
+    "os16_current_dsw0",
     "best_exact",
     "os16_ent_hard",
     "ctx1_hard",
