@@ -244,6 +244,7 @@ LOOKS = (
     "os16_expect_hard",
     "os16_current_hard",
     "os16_current_images_hard",
+    "os16_current_dsw0_hard",
     "tiles5_ent_hard",
     "tiles5_ent_hard_e0",
 )
