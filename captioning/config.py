@@ -161,6 +161,10 @@ class ModelConfig:
     # (captioning/models/word_maps.py; captions never use it)
     word_maps: bool = False
     word_map_rank: int = 256  # the localiser's shared projection of the cells
+    # r of the localiser's log-sum-exp pooling and of its maps softmax(r s): near 0 it pools
+    # by the mean (every cell answers for the word), large r by the maximum (the single most
+    # telling cell does)
+    word_map_sharpness: float = 5.0
     # the attention's score adds the localiser's scores of the words the decoder expects to
     # say next (softmax(W_e h) over the vocabulary): it looks where those words are found
     # (soft attention's map, or the distribution hard attention samples its cells from)
@@ -571,6 +575,12 @@ def _validate_context_words(cfg: Config) -> None:
             f"train.word_map_labels={cfg.train.word_map_labels} labels the word localiser's "
             f"training: set model.word_maps=true (or train.word_map_labels=caption)"
         )
+    sharpness = model.word_map_sharpness
+    if sharpness != ModelConfig.word_map_sharpness and not model.word_maps:
+        raise ConfigError(
+            f"model.word_map_sharpness={sharpness} is the word localiser's pooling: set "
+            f"model.word_maps=true (or leave the sharpness at {ModelConfig.word_map_sharpness})"
+        )
     expected = cfg.train.expected_word_weight
     if expected > 0 and not model.word_attention:
         raise ConfigError(
@@ -690,6 +700,7 @@ _RANGES: dict[str, tuple[float | None, float | None, str]] = {
     "train.word_map_weight": (0, None, ""),
     "train.expected_word_weight": (0, None, ""),
     "model.word_map_rank": (1, None, ""),
+    "model.word_map_sharpness": (0, None, "min"),
     "train.label_smoothing": (0, 1, "max"),
     "train.reinforce_weight": (0, None, ""),
     "train.entropy_weight": (0, None, ""),

@@ -191,10 +191,33 @@ def test_word_map_settings_that_cannot_work_are_refused_in_one_line():
         ("train.expected_word_weight=-1",): "train.expected_word_weight",
         ("train.word_map_labels=image",): "labels the word localiser's training",
         ("model.word_maps=true", "train.word_map_labels=images"): "train.word_map_labels",
+        ("model.word_map_sharpness=20",): "is the word localiser's pooling",
+        ("model.word_maps=true", "model.word_map_sharpness=0"): "model.word_map_sharpness",
     }
     for overrides, message in cases.items():
         with pytest.raises(ConfigError, match=message):
             load_config(base, list(overrides))
+
+
+def test_the_sharpness_setting_moves_the_pooling_from_the_mean_to_the_maximum():
+    from tests.test_looks import _model
+
+    model = _model(drop_stages=5, word_maps=True, word_map_rank=8, word_map_sharpness=40.0)
+    assert model.word_maps.sharpness == 40.0
+    torch.manual_seed(0)
+    grid = torch.randn(2, CELLS, DIM)
+    targets = torch.tensor([[5, 7, 2], [7, 9, 2]])
+    weights, pooled = WordLocaliser(DIM, WORDS, rank=8).state_dict(), {}
+    for r in (1e-3, 5.0, 1e3):
+        localiser = WordLocaliser(DIM, WORDS, rank=8, sharpness=r)
+        localiser.load_state_dict(weights)
+        scores = localiser.scores(grid, torch.tensor([2, 5, 7, 9]))  # (B, L, C)
+        pooled[r] = localiser(grid, targets).presence
+    torch.testing.assert_close(pooled[1e-3], scores.mean(dim=1), atol=1e-3, rtol=0)
+    # the maximum, less the (log L) / r that an even map's pooling pays
+    maximum = scores.amax(dim=1) - math.log(CELLS) / 1e3
+    torch.testing.assert_close(pooled[1e3], maximum, atol=1e-3, rtol=0)
+    assert (pooled[1e-3] < pooled[5.0]).all() and (pooled[5.0] < pooled[1e3]).all()
 
 
 def test_the_expected_word_score_adds_the_expected_words_localiser_scores():

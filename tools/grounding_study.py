@@ -63,6 +63,7 @@ LEVERS = (
     "model.word_maps",
     "train.word_map_weight",
     "train.word_map_labels",
+    "model.word_map_sharpness",
     "model.word_attention",
     "train.expected_word_weight",
     "model.output_stride",

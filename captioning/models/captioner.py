@@ -121,7 +121,9 @@ def build_model(
     attention = build_attention(cfg, sizes)
     word_maps = None
     if cfg.word_maps:
-        word_maps = WordLocaliser(encoder.out_channels, vocab_size, cfg.word_map_rank)
+        word_maps = WordLocaliser(
+            encoder.out_channels, vocab_size, cfg.word_map_rank, cfg.word_map_sharpness
+        )
         if cfg.word_attention:
             attention.score = ExpectedWordScore(
                 attention.score, word_maps, cfg.hidden_dim, vocab_size
