@@ -17,10 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils.data import DataLoader
 
 from captioning.api import CaptionModel, load
 from captioning.config import Config, config_from_dict, config_to_dict, parse_override, quote
-from captioning.data import CaptionDataset, load_splits
+from captioning.data import CaptionDataset, collate, load_splits
 from captioning.data.images import ImageLimits
 from captioning.data.records import ImageRecord
 from captioning.data.shapes import SHAPES
@@ -31,6 +32,7 @@ from captioning.inference.caption import decode_dataset
 from captioning.metrics import AttentionMaps, score_predictions
 from captioning.metrics.pointing import category_grounding
 from captioning.metrics.words import load_category_words, shipped_category_words
+from captioning.runtime import autocast
 
 logger = logging.getLogger("captioning")
 
@@ -114,7 +116,7 @@ def evaluate_checkpoint(
         records = _records(cfg, split, max_images)
         predictions, details = _decode(loaded, cfg, records, split, progress)
         metrics = _score(loaded, cfg, records, predictions, details, meteor, spice)
-        grounding = _grounding(loaded, records, details, words)
+        grounding = _grounding(loaded, cfg, records, details, words)
         if out_dir is not None:
             write_results(Path(out_dir), metrics, predictions, grounding)
     return metrics if grounding is None else {**metrics, "grounding": grounding}
@@ -211,9 +213,14 @@ def _score(
 
 
 def _grounding(
-    loaded: CaptionModel, records: list[ImageRecord], details: Any, words: dict[str, str]
+    loaded: CaptionModel,
+    cfg: Config,
+    records: list[ImageRecord],
+    details: Any,
+    words: dict[str, str],
 ) -> dict[str, Any] | None:
-    """The grounding against category boxes, or None when no scored image has objects."""
+    """The grounding against category boxes, or None when no scored image has objects; a
+    model with a word localiser also has the localiser's maps of its words scored."""
     scored = [r for r in records if r.objects and r.image_id in details]
     if not scored:
         return None
@@ -223,7 +230,41 @@ def _grounding(
         logger.info(
             "the category words name categories no scored image has: %s", ", ".join(sorted(unknown))
         )
-    return category_grounding(scored, details, loaded.vocab, loaded.model.grid_shape, words)
+    extra = _localiser_maps(loaded, cfg, scored, details) if scored else None
+    return category_grounding(
+        scored, details, loaded.vocab, loaded.model.grid_shape, words, extra_maps=extra
+    )
+
+
+def _localiser_maps(
+    loaded: CaptionModel, cfg: Config, records: list[ImageRecord], details: Any
+) -> dict[int, dict[str, torch.Tensor]] | None:
+    """Per image id of ``records``, the word localiser's map of each decoded word,
+    ``{"localiser": (T, L)}``; None for a model without ``model.word_maps``."""
+    model = loaded.model
+    if model.word_maps is None:
+        return None
+    dataset = CaptionDataset(
+        records,
+        loaded.vocab,
+        model.encoder.transform,
+        skip_bad_images=cfg.data.on_bad_image == "skip",
+        limits=ImageLimits.from_config(cfg.data),
+    )
+    loader = DataLoader(dataset, batch_size=cfg.runtime.batch_size, collate_fn=collate)
+    maps: dict[int, dict[str, torch.Tensor]] = {}
+    with torch.no_grad(), autocast(loaded.device, cfg.runtime.precision):
+        for batch in loader:
+            if batch is None:
+                continue
+            features = model.encode(batch["images"].to(loaded.device))
+            for row, index in enumerate(batch["indices"].tolist()):
+                image_id = dataset.records[index].image_id
+                result = details[image_id]
+                tokens = result.tokens[: int(result.lengths)].to(loaded.device)
+                found = model.localiser_maps(features[row : row + 1], tokens[None])
+                maps[image_id] = {"localiser": found[0].float().cpu()}
+    return maps
 
 
 def write_results(

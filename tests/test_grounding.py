@@ -178,6 +178,27 @@ def test_category_grounding_of_a_hand_built_caption():
     assert report["all_words"]["words"] == 4 and report["absent"] == {}
 
 
+def test_more_maps_of_each_word_are_scored_beside_the_models():
+    # "a puppy": the localiser's map of "puppy" peaks on the dog's cell 7 with 0.6 of its
+    # weight, and the model's on cell 6 (outside the dog's box)
+    alphas = [one_hot((0, 1.0)), one_hot((6, 1.0))]
+    localiser = torch.stack([torch.full((8,), 1 / 8), one_hot((7, 0.6), (3, 0.4))])
+    report = category_grounding(
+        [record()],
+        {7: decoded(["a", "puppy"], alphas)},
+        Vocabulary(WORDS),
+        (2, 4),
+        shipped_category_words(),
+        extra_maps={7: {"localiser": localiser}, 8: {"localiser": localiser}},
+    )
+    dog = report["categories"]["dog"]
+    assert dog["model"]["pointing"] == 0.0 and dog["model"]["mass"] == 0.0
+    assert dog["localiser"]["pointing"] == 1.0
+    assert dog["localiser"]["mass"] == pytest.approx(0.6 * 0.64)
+    assert dog["localiser"]["median_peak"] == pytest.approx(0.6)
+    assert list(report["overall"]) == ["words", "model", "localiser", "even", "centre", "saliency"]
+
+
 def test_a_word_whose_category_the_photo_lacks_is_counted_apart():
     alphas = [one_hot((0, 1.0)), one_hot((7, 1.0))]
     report = category_grounding(
@@ -299,6 +320,19 @@ def test_evaluate_writes_grounding_for_a_local_model(tiny_local_checkpoint, tmp_
     overall = _grounding(tiny_local_checkpoint, tmp_path)
     assert 0 <= overall["local_centre"]["pointing"] <= 1
     assert overall["local_centre"]["mass"] is None
+
+
+def test_evaluate_scores_the_word_localisers_maps(tiny_shapes, tmp_path):
+    from tests.conftest import _tiny_run
+
+    checkpoint = _tiny_run(tiny_shapes, tmp_path / "run", "model.word_maps=true")
+    overall = _grounding(checkpoint, tmp_path / "grounding")
+    assert list(overall)[:3] == ["words", "model", "localiser"]
+    localiser = overall["localiser"]
+    assert 0 <= localiser["pointing"] <= 1 and 0 < localiser["mass"] <= 1
+    # a map over the cells: it peaks at least as high as an even one, and is less spread
+    assert localiser["median_peak"] >= overall["even"]["median_peak"]
+    assert localiser["mean_entropy"] <= overall["even"]["mean_entropy"] + 1e-9
 
 
 @pytest.mark.slow  # an evaluation with its figures on a second folder

@@ -199,6 +199,23 @@ def test_word_map_settings_that_cannot_work_are_refused_in_one_line():
             load_config(base, list(overrides))
 
 
+def test_the_localisers_maps_of_decoded_words_are_those_teacher_forcing_draws_toward():
+    from tests.test_looks import _model
+
+    model = _model(drop_stages=5, word_maps=True, word_map_rank=8, summary="both")
+    torch.manual_seed(1)
+    images = torch.randn(2, 3, 64, 64)
+    tokens = torch.tensor([[1, 5, 7, 9, 2], [1, 7, 7, 2, 0]])
+    with torch.no_grad():
+        forced = model(images, tokens).word_maps.log_maps.exp()  # (B, T, L)
+        found = model.localiser_maps(model.encode(images), tokens[:, 1:])
+    torch.testing.assert_close(found, forced)
+    torch.testing.assert_close(found.sum(dim=2), torch.ones(2, 4))
+    model.word_maps = None
+    with pytest.raises(ValueError, match="no word localiser"):
+        model.localiser_maps(model.encode(images), tokens)
+
+
 def test_the_sharpness_setting_moves_the_pooling_from_the_mean_to_the_maximum():
     from tests.test_looks import _model
 

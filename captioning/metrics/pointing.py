@@ -24,7 +24,9 @@ The model's maps: ``model`` (``alpha``: soft attention's map, hard attention's d
 over cells, the mean of a multi-head model's heads, local attention's map), ``head_1`` ...
 (each head), ``chosen_cell`` (hard attention's chosen cell, when decoded with
 ``hard_context`` argmax or sample) and ``local_centre`` (local attention's predicted centre: a
-point, so pointing only). Each map's summary also gives its median peak weight and its mean
+point, so pointing only) and ``localiser`` (a model with ``model.word_maps``: its word
+localiser's map of the word, m_w, where the localiser finds the word's evidence, which the
+attention is drawn toward). Each map's summary also gives its median peak weight and its mean
 entropy (nats; an even map over L cells has ln L).
 """
 
@@ -221,8 +223,15 @@ class PointingTally:
     all_entropies: list[float] = field(default_factory=list)
     images: int = 0
 
-    def add_caption(self, words: Sequence[str], trace: AttentionTrace, record: ImageRecord) -> None:
-        """Score the words of one caption of ``record`` (its ``trace`` (T, ...))."""
+    def add_caption(
+        self,
+        words: Sequence[str],
+        trace: AttentionTrace,
+        record: ImageRecord,
+        extra: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Score the words of one caption of ``record`` (its ``trace`` (T, ...)); ``extra``
+        holds more named maps of each word (name: (T, L)), scored beside the model's."""
         boxes = category_boxes(record.objects)
         grid = Grid(*self.grid_shape, float(record.width), float(record.height))
         alphas = _numpy(trace.alpha[: len(words)])  # (T, L)
@@ -236,10 +245,13 @@ class PointingTally:
                 if named_category(word, self.category_words) is not None:
                     self.absent[word] += 1
                 continue
+            maps = word_maps(trace, t)
+            for name, values in (extra or {}).items():
+                maps[name] = _numpy(values[t])
             self._add_word(
                 word,
                 category,
-                word_maps(trace, t),
+                maps,
                 _points(trace, t, grid),
                 baselines,
                 boxes[category],
@@ -301,6 +313,7 @@ def category_grounding(
     vocab: Vocabulary,
     grid_shape: tuple[int, int],
     category_words: Mapping[str, str],
+    extra_maps: Mapping[int, Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The pointing game and the mass in the boxes of every generated word that names a
     category present in its image, for the model's maps and the baselines.
@@ -311,6 +324,8 @@ def category_grounding(
         vocab: the vocabulary of the tokens.
         grid_shape: the model's attention grid (rows, columns).
         category_words: word to category (:func:`captioning.metrics.words.load_category_words`).
+        extra_maps: per image id, more named maps of each generated word (name: (T, L)),
+            such as the word localiser's (``localiser``), scored as the model's are.
     Returns:
         ``grid``, ``centre_sigma``, ``images`` (captions scored), ``overall``, ``categories``
         and ``words`` (each: ``words``, the count, and per map ``pointing``, ``mass``,
@@ -319,7 +334,8 @@ def category_grounding(
     """
     tally = PointingTally(grid_shape, category_words)
     for record, result, words in decoded_with_objects(records, decoded, vocab):
-        tally.add_caption(words, result.trace[: int(result.lengths)], record)
+        extra = (extra_maps or {}).get(record.image_id)
+        tally.add_caption(words, result.trace[: int(result.lengths)], record, extra)
     return tally.report()
 
 

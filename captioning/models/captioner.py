@@ -106,6 +106,17 @@ class Captioner(nn.Module):
             output.expected_logits = score.expect(output.queries.detach())
         return output
 
+    def localiser_maps(self, features: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """The word localiser's map of each word of ``tokens`` (B, T) over the cells of
+        ``features`` (B, L, D), from :meth:`encode`: (B, T, L). Needs ``model.word_maps``."""
+        if self.word_maps is None:
+            raise ValueError("the model has no word localiser (model.word_maps)")
+        cells, _ = self.decoder.split(features)
+        words, index = torch.unique(tokens, return_inverse=True)  # (C,), (B, T)
+        maps = self.word_maps.maps(cells, words)  # (B, L, C)
+        index = index.unsqueeze(1).expand(-1, maps.shape[1], -1)  # (B, L, T)
+        return maps.gather(2, index).transpose(1, 2)
+
 
 def build_model(
     cfg: ModelConfig, vocab_size: int, runtime: RuntimeConfig | None = None

@@ -48,6 +48,7 @@ from tools.tables.grounding import (
     grounding,
     grounding_categories,
     grounding_levers,
+    grounding_localiser,
     grounding_looks,
     grounding_words,
     looks_screen,
@@ -132,6 +133,7 @@ TABLES: dict[str, Callable[[Rows], str]] = {
     "grounding_words": grounding_words,
     "grounding_levers": grounding_levers,
     "grounding_looks": grounding_looks,
+    "grounding_localiser": grounding_localiser,
     "looks_screen": looks_screen,
     "grid_probe": grid_probe,
     "results_index": results_index,
@@ -168,6 +170,7 @@ SOURCES = {
     "grounding_words": "grounding",
     "grounding_levers": "grounding",
     "grounding_looks": "grounding",
+    "grounding_localiser": "grounding",
     "results_index": "*",  # every results file
 }
 

@@ -234,6 +234,7 @@ LOOKS = (
     "os16_current",
     "os16_current_images",
     "os16_current_dsw0",
+    "os16_current_dsw0_r20",
     "best_exact",
     "os16_ent_hard",
     "ctx1_hard",
@@ -245,6 +246,7 @@ LOOKS = (
     "os16_current_hard",
     "os16_current_images_hard",
     "os16_current_dsw0_hard",
+    "os16_current_dsw0_r20_hard",
     "tiles5_ent_hard",
     "tiles5_ent_hard_e0",
 )
@@ -309,6 +311,37 @@ def grounding_looks(rows: Rows) -> str:
         )
     note = source_note(picked, "grounding")
     return "\n".join([*lines, "", *verdicts, "", note]) + "\n"
+
+
+def grounding_localiser(rows: Rows) -> str:
+    """Where the word localiser itself finds each grounded word, beside the attention it
+    draws: the pointing game and the mass in the boxes of the localiser's map of the word
+    (``localiser``, models with ``model.word_maps``), the attention's, the centre prior's and
+    the saliency map's, and the localiser map's peak and entropy against an even map's."""
+    picked = [r for r in rows if "localiser" in r["grounding"]["overall"]]
+    lines = header(
+        "model | seed | words | pointing localiser / attention / centre / saliency | "
+        "mass / centre's: localiser, attention | localiser's peak (x even) | "
+        "localiser's entropy (% of even)"
+    )
+    order = {v: i for i, v in enumerate(LOOKS)}
+    groups = _grounding_groups(picked)
+    ranked = sorted(groups.items(), key=lambda kv: (order.get(kv[0][1], len(LOOKS)), kv[0]))
+    for (model, variant), group in ranked:
+        for row in group:
+            peak, entropy = _even(row)
+            o = row["grounding"]["overall"]
+            found = o["localiser"]
+            lines.append(
+                f"| {model} ({variant}) | {row['seed']} | {o['words']} | "
+                + " / ".join(
+                    f"{o[m]['pointing']:.3f}" for m in ("localiser", "model", "centre", "saliency")
+                )
+                + f" | {found['mass'] / o['centre']['mass']:.2f}, "
+                f"{o['model']['mass'] / o['centre']['mass']:.2f} | "
+                f"{found['median_peak'] / peak:.1f} | {100 * found['mean_entropy'] / entropy:.0f} |"
+            )
+    return "\n".join([*lines, "", source_note(picked, "grounding")]) + "\n"
 
 
 def looks_screen(rows: Rows) -> str:
