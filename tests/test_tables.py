@@ -670,6 +670,39 @@ def test_the_grounding_verdict_needs_two_seeds_for_a_spread() -> None:
     assert "standard deviation) 0.020: it beats both on every seed" in three
 
 
+def test_the_localiser_table_shows_only_models_with_a_localiser_as_shares_of_baselines() -> None:
+    from tools.tables.grounding import grounding_localiser
+
+    def row(variant: str, seed: int, localiser: bool) -> dict:
+        maps = {
+            "model": (0.6, 0.45, 0.1, 3.0),
+            "centre": (0.5, 0.30, 0.01, 5.0),
+            "saliency": (0.55, 0.35, 0.02, 4.5),
+            **({"localiser": (0.4, 0.39, 0.49, 1.32)} if localiser else {}),
+        }
+        keys = ("pointing", "mass", "median_peak", "mean_entropy")
+        overall = {k: dict(zip(keys, v, strict=True)) for k, v in maps.items()}
+        return {
+            "model": "soft",
+            "variant": variant,
+            "seed": seed,
+            "grounding": {"grid": [7, 7], "overall": {"words": 40, **overall}},
+            "precision": "bf16",
+            "device": "AMD EPYC",
+            "threads": 1,
+            "timed_alone": False,
+            "commit": "abc1234",
+        }
+
+    table = grounding_localiser([row("os16", 0, False), row("os16_current", 1, True)])
+    lines = [line for line in table.splitlines() if line.startswith("| soft")]
+    # mass 0.39 and 0.45 against the centre's 0.30; peak 0.49 on 49 cells is 24.0x even;
+    # entropy 1.32 of ln 49 = 3.89 nats is 34%
+    assert lines == [
+        "| soft (os16_current) | 1 | 40 | 0.400 / 0.600 / 0.500 / 0.550 | 1.30, 1.50 | 24.0 | 34 |"
+    ]
+
+
 def test_flickr8k_dev_decode_sets_each_seeds_choice_beside_three_beams_on_the_same_runs() -> None:
     from tools.tables.flickr8k_decoding import flickr8k_dev_decode
 
