@@ -30,7 +30,7 @@ from captioning.files import write_atomically
 from captioning.folders import Writer, claim_folder, holds_only
 from captioning.inference.caption import decode_dataset
 from captioning.metrics import AttentionMaps, score_predictions
-from captioning.metrics.pointing import category_grounding
+from captioning.metrics.pointing import PointingTally, category_grounding
 from captioning.metrics.words import load_category_words, shipped_category_words
 from captioning.runtime import autocast
 
@@ -230,10 +230,67 @@ def _grounding(
         logger.info(
             "the category words name categories no scored image has: %s", ", ".join(sorted(unknown))
         )
-    extra = _localiser_maps(loaded, cfg, scored, details) if scored else None
-    return category_grounding(
+    extra = _localiser_maps(loaded, cfg, scored, details)
+    report = category_grounding(
         scored, details, loaded.vocab, loaded.model.grid_shape, words, extra_maps=extra
     )
+    return {**report, "references": reference_grounding(loaded, cfg, scored, words)}
+
+
+def _loader(loaded: CaptionModel, cfg: Config, records: list[ImageRecord]) -> DataLoader:
+    """The images of ``records`` as the model reads them, ``runtime.batch_size`` at a time."""
+    dataset = CaptionDataset(
+        records,
+        loaded.vocab,
+        loaded.model.encoder.transform,
+        skip_bad_images=cfg.data.on_bad_image == "skip",
+        limits=ImageLimits.from_config(cfg.data),
+    )
+    return DataLoader(dataset, batch_size=cfg.runtime.batch_size, collate_fn=collate)
+
+
+def reference_grounding(
+    loaded: CaptionModel, cfg: Config, records: list[ImageRecord], words: dict[str, str]
+) -> dict[str, Any]:
+    """The grounding of the reference captions' words, teacher-forced: every reference of
+    each image of ``records`` (with objects) is fed to the decoder word by word, and each
+    word that names a category of the image is scored with the map the decoder attended
+    with before saying it (and the localiser's map of it, for a model with one), against
+    the same baselines as the generated words'. Every model is then scored on the same
+    words, five captions an image rather than the one it chose to say.
+
+    Returns :func:`captioning.metrics.pointing.category_grounding`'s report."""
+    model, vocab = loaded.model, loaded.vocab
+    tally = PointingTally(model.grid_shape, words)
+    limit = cfg.data.max_caption_length
+    loader = _loader(loaded, cfg, records)
+    with torch.no_grad(), autocast(loaded.device, cfg.runtime.precision):
+        for batch in loader:
+            if batch is None:
+                continue
+            features = model.encode(batch["images"].to(loaded.device))  # (B, L, D)
+            for row, index in enumerate(batch["indices"].tolist()):
+                record = loader.dataset.records[index]
+                captions = [vocab.encode(c)[1:-1][:limit] for c in record.captions]
+                captions = [c for c in captions if c]
+                if not captions:
+                    continue
+                tokens = torch.full((len(captions), max(map(len, captions)) + 2), vocab.pad_id)
+                for k, caption in enumerate(captions):
+                    full = [vocab.start_id, *caption, vocab.end_id]
+                    tokens[k, : len(full)] = torch.tensor(full)
+                tokens = tokens.to(loaded.device)
+                one = features[row : row + 1]
+                trace = model.decoder(one, tokens[:, :-1]).trace
+                found = None
+                if model.word_maps is not None:
+                    found = model.localiser_maps(one.expand(len(captions), -1, -1), tokens[:, 1:])
+                for k, caption in enumerate(captions):
+                    n = len(caption)
+                    extra = None if found is None else {"localiser": found[k, :n].float().cpu()}
+                    said = vocab.decode_tokens(caption)
+                    tally.add_caption(said, trace[k, :n].portable(), record, extra)
+    return tally.report()
 
 
 def _localiser_maps(
@@ -244,14 +301,7 @@ def _localiser_maps(
     model = loaded.model
     if model.word_maps is None:
         return None
-    dataset = CaptionDataset(
-        records,
-        loaded.vocab,
-        model.encoder.transform,
-        skip_bad_images=cfg.data.on_bad_image == "skip",
-        limits=ImageLimits.from_config(cfg.data),
-    )
-    loader = DataLoader(dataset, batch_size=cfg.runtime.batch_size, collate_fn=collate)
+    loader = _loader(loaded, cfg, records)
     maps: dict[int, dict[str, torch.Tensor]] = {}
     with torch.no_grad(), autocast(loaded.device, cfg.runtime.precision):
         for batch in loader:
@@ -259,7 +309,7 @@ def _localiser_maps(
                 continue
             features = model.encode(batch["images"].to(loaded.device))
             for row, index in enumerate(batch["indices"].tolist()):
-                image_id = dataset.records[index].image_id
+                image_id = loader.dataset.records[index].image_id
                 result = details[image_id]
                 tokens = result.tokens[: int(result.lengths)].to(loaded.device)
                 found = model.localiser_maps(features[row : row + 1], tokens[None])

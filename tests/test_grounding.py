@@ -9,6 +9,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 from captioning.cli import main
 from captioning.data.records import ImageRecord, ObjectAnnotation
@@ -301,6 +302,42 @@ def test_evaluate_writes_grounding_for_a_soft_model(tiny_checkpoint, tmp_path):
     )
 
 
+def test_the_references_are_grounded_with_their_teacher_forced_maps(tiny_checkpoint, tmp_path):
+    """Every word of every reference names the circles (a user's file): each reference of
+    an image with a circle is fed to the decoder, and its words are scored with the maps
+    teacher forcing gives them, computed here on their own."""
+    from captioning.api import load
+    from captioning.data import load_splits
+    from captioning.evaluate import reference_grounding
+    from captioning.metrics.pointing import category_boxes
+
+    loaded = load(tiny_checkpoint, "cpu")
+    vocab, model = loaded.vocab, loaded.model
+    words = {w: "circle" for w in vocab.to_list() if not w.startswith("<")}
+    records = [r for r in load_splits(loaded.config.data)["test"] if r.objects]
+    report = reference_grounding(loaded, loaded.config, records, words)
+    count, hits, masses = 0, [], []
+    for record in records:
+        boxes = category_boxes(record.objects).get("circle")
+        image = model.encoder.transform(Image.open(record.path).convert("RGB"))
+        grid = Grid(*model.grid_shape, float(record.width), float(record.height))
+        for caption in record.captions:
+            tokens = torch.tensor([vocab.encode(caption)])
+            with torch.no_grad():
+                alphas = model(image[None], tokens).alphas[0].double().numpy()  # (T, L)
+            for t, token in enumerate(tokens[0, 1:-1].tolist()):
+                if boxes is None or token == vocab.unk_id:
+                    continue
+                count += 1
+                hits.append(peak_hit(alphas[t], boxes, grid))
+                masses.append(float((alphas[t] * box_coverage(boxes, grid)).sum()))
+    overall = report["overall"]
+    assert count > 20 and overall["words"] == count
+    assert overall["model"]["pointing"] == pytest.approx(np.mean(hits), abs=1e-6)
+    assert overall["model"]["mass"] == pytest.approx(np.mean(masses), abs=1e-5)
+    assert set(overall) == {"words", "model", "even", "centre", "saliency"}
+
+
 def test_evaluate_writes_grounding_for_a_multi_head_model(tiny_heads_checkpoint, tmp_path):
     overall = _grounding(tiny_heads_checkpoint, tmp_path)
     # the mass is linear in the map, and the model's map is the heads' mean
@@ -327,6 +364,8 @@ def test_evaluate_scores_the_word_localisers_maps(tiny_shapes, tmp_path):
 
     checkpoint = _tiny_run(tiny_shapes, tmp_path / "run", "model.word_maps=true")
     overall = _grounding(checkpoint, tmp_path / "grounding")
+    references = json.loads((tmp_path / "grounding" / "eval" / "grounding.json").read_text())
+    assert list(references["references"]["overall"])[:3] == ["words", "model", "localiser"]
     assert list(overall)[:3] == ["words", "model", "localiser"]
     localiser = overall["localiser"]
     assert 0 <= localiser["pointing"] <= 1 and 0 < localiser["mass"] <= 1

@@ -80,6 +80,9 @@ def test_the_study_writes_a_row_per_seed_without_machine_paths(
     saved = json.loads((out / "soft-seed0" / "grounding.json").read_text())
     assert overall == saved["overall"] and overall["words"] > 0
     assert set(overall) == {"words", "model", "even", "centre", "saliency"}
+    # the references' words, teacher-forced: the same words for every model, more of them
+    assert row["references"]["overall"] == saved["references"]["overall"]
+    assert row["references"]["overall"]["words"] > overall["words"]
     # a seed run again replaces its row
     assert study.main([*argv[:9], "1", *argv[10:]]) == 0
     assert [r["seed"] for r in json.loads((out / "rows.json").read_text())] == [0, 1]

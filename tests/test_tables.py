@@ -671,7 +671,7 @@ def test_the_grounding_verdict_needs_two_seeds_for_a_spread() -> None:
 
 
 def test_the_localiser_table_shows_only_models_with_a_localiser_as_shares_of_baselines() -> None:
-    from tools.tables.grounding import grounding_localiser
+    from tools.tables.looks import grounding_localiser
 
     def row(variant: str, seed: int, localiser: bool) -> dict:
         maps = {

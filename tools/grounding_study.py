@@ -11,7 +11,9 @@ the folder's images (``--data``: ``annotations/captions_NAME.json``,
 ``--split-name``), as its own decoding settings say (``--beam-size``, ``--hard-context``
 change them), into ``OUT/MODEL-seedS``. Its ``grounding.json`` (the pointing game and the
 attention mass in the boxes of every word that names a category of its photo, for the
-model's maps and the even, centre and saliency baselines; :mod:`captioning.metrics.pointing`)
+model's maps and the even, centre and saliency baselines; :mod:`captioning.metrics.pointing`),
+the same for the reference captions' words teacher-forced (``references``: every model scored
+on the same words, five captions a photo; :func:`captioning.evaluate.reference_grounding`)
 and the caption scores become one row of ``--results FILE`` where given
 (results/grounding.json), else of ``OUT/rows.json``: the model's settings that studies vary,
 the decoding, its precision, threads and device, the machine, the commands (the evaluation's
@@ -75,6 +77,8 @@ LEVERS = (
 )
 SCORES = ("Bleu_1", "Bleu_4", "METEOR", "ROUGE_L", "CIDEr")
 GROUNDING = ("grid", "centre_sigma", "overall", "categories", "words", "absent", "all_words")
+# what a row keeps of the references' teacher-forced grounding (every model on the same words)
+REFERENCES = ("overall", "categories", "all_words")
 
 
 def data_overrides(args: argparse.Namespace) -> list[str]:
@@ -176,6 +180,7 @@ def make_row(
         "device": device_name(resolve_device("auto")),
         "scores": {k: metrics[k] for k in SCORES if metrics.get(k) is not None},
         "grounding": {k: grounding[k] for k in GROUNDING},
+        "references": {k: grounding["references"][k] for k in REFERENCES},
         "seconds": round(seconds, 1),
         "command": shlex.join(
             portable(word, places(args)) for word in evaluate_command(args, checkpoint, folder)

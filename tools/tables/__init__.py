@@ -48,10 +48,7 @@ from tools.tables.grounding import (
     grounding,
     grounding_categories,
     grounding_levers,
-    grounding_localiser,
-    grounding_looks,
     grounding_words,
-    looks_screen,
 )
 from tools.tables.hard import (
     ESTIMATOR_COLUMNS,  # noqa: F401  (tools/compare_estimators.py prints its columns)
@@ -63,6 +60,12 @@ from tools.tables.hard import (
     hard_recipe,
 )
 from tools.tables.index import results_index
+from tools.tables.looks import (
+    grounding_localiser,
+    grounding_looks,
+    grounding_references,
+    looks_screen,
+)
 from tools.tables.photo_sweep import photo_budget, photo_family, photo_sweep
 from tools.tables.photos import RECIPE_SCST, photo_budget_timed, photo_levers, photos  # noqa: F401
 from tools.tables.scst import scst_shapes
@@ -134,6 +137,7 @@ TABLES: dict[str, Callable[[Rows], str]] = {
     "grounding_levers": grounding_levers,
     "grounding_looks": grounding_looks,
     "grounding_localiser": grounding_localiser,
+    "grounding_references": grounding_references,
     "looks_screen": looks_screen,
     "grid_probe": grid_probe,
     "results_index": results_index,
@@ -171,6 +175,7 @@ SOURCES = {
     "grounding_levers": "grounding",
     "grounding_looks": "grounding",
     "grounding_localiser": "grounding",
+    "grounding_references": "grounding",
     "results_index": "*",  # every results file
 }
 
