@@ -321,18 +321,21 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     print(format_table(metrics))
     if "grounding" in metrics:
         print(grounding_line(metrics["grounding"]))
+        references = metrics["grounding"].get("references")
+        if references is not None:
+            print(grounding_line(references, "the references, teacher-forced"))
     if args.out:
         also = " and grounding.json" if "grounding" in metrics else ""
         print(f"wrote {args.out}/metrics.json, predictions.json{also}")
     return 0
 
 
-def grounding_line(grounding: dict) -> str:
+def grounding_line(grounding: dict, words: str = "the captions") -> str:
     """One line of ``grounding.json``: the words scored and each map's pointing game."""
     overall = grounding["overall"]
     maps = [k for k in overall if k != "words"]
     shown = ", ".join(f"{k} {overall[k]['pointing']:.3f}" for k in maps)
-    return f"grounding: {overall['words']} words name an object of their image; " + (
+    return f"grounding of {words}: {overall['words']} words name an object of their image; " + (
         f"pointing game {shown}" if maps else "none to score"
     )
 

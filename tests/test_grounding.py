@@ -375,7 +375,9 @@ def test_evaluate_scores_the_word_localisers_maps(tiny_shapes, tmp_path):
 
 
 @pytest.mark.slow  # an evaluation with its figures on a second folder
-def test_evaluate_scores_another_data_set_through_set(tiny_checkpoint, tiny_shapes, tmp_path):
+def test_evaluate_scores_another_data_set_through_set(
+    tiny_checkpoint, tiny_shapes, tmp_path, capsys
+):
     # the shapes test split laid out as COCO 2017 is: no train or val files, images in NAME/
     data = tmp_path / "coco"
     (data / "annotations").mkdir(parents=True)
@@ -403,6 +405,9 @@ def test_evaluate_scores_another_data_set_through_set(tiny_checkpoint, tiny_shap
         ]
     )
     assert code == 0 and json.loads((out / "grounding.json").read_text())["images"] == 6
+    printed = capsys.readouterr().out
+    assert "grounding of the captions: " in printed
+    assert "grounding of the references, teacher-forced: " in printed
 
 
 @pytest.mark.parametrize(
