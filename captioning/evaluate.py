@@ -171,13 +171,7 @@ def _decode(
 ) -> tuple[dict[int, str], Any]:
     """The caption of every readable image of ``records`` (by image id), and the details
     that attention grounding reads."""
-    dataset = CaptionDataset(
-        records,
-        loaded.vocab,
-        loaded.model.encoder.transform,
-        skip_bad_images=cfg.data.on_bad_image == "skip",
-        limits=ImageLimits.from_config(cfg.data),
-    )
+    dataset = _images(loaded, cfg, records)
     with torch.random.fork_rng():
         torch.manual_seed(cfg.runtime.seed)  # sampled decoding is reproducible
         return decode_dataset(
@@ -237,15 +231,21 @@ def _grounding(
     return {**report, "references": reference_grounding(loaded, cfg, scored, words)}
 
 
-def _loader(loaded: CaptionModel, cfg: Config, records: list[ImageRecord]) -> DataLoader:
-    """The images of ``records`` as the model reads them, ``runtime.batch_size`` at a time."""
-    dataset = CaptionDataset(
+def _images(loaded: CaptionModel, cfg: Config, records: list[ImageRecord]) -> CaptionDataset:
+    """The images of ``records`` as the model reads them (a bad one skipped or an error, as
+    ``data.on_bad_image`` says)."""
+    return CaptionDataset(
         records,
         loaded.vocab,
         loaded.model.encoder.transform,
         skip_bad_images=cfg.data.on_bad_image == "skip",
         limits=ImageLimits.from_config(cfg.data),
     )
+
+
+def _loader(loaded: CaptionModel, cfg: Config, records: list[ImageRecord]) -> DataLoader:
+    """The images of ``records`` as the model reads them, ``runtime.batch_size`` at a time."""
+    dataset = _images(loaded, cfg, records)
     return DataLoader(dataset, batch_size=cfg.runtime.batch_size, collate_fn=collate)
 
 
