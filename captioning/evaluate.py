@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -224,11 +224,18 @@ def _grounding(
         logger.info(
             "the category words name categories no scored image has: %s", ", ".join(sorted(unknown))
         )
-    extra = _localiser_maps(loaded, cfg, scored, details)
+    tally = PointingTally(loaded.model.grid_shape, words)
+    extra: dict[int, dict[str, torch.Tensor]] = {}
+    for record, features in _encoded(loaded, cfg, scored):  # each photo encoded once
+        if loaded.model.word_maps is not None:
+            extra[record.image_id] = _localiser_maps(
+                loaded, cfg, features, details[record.image_id]
+            )
+        _add_references(tally, loaded, cfg, record, features)
     report = category_grounding(
         scored, details, loaded.vocab, loaded.model.grid_shape, words, extra_maps=extra
     )
-    return {**report, "references": reference_grounding(loaded, cfg, scored, words)}
+    return {**report, "references": tally.report()}
 
 
 def _images(loaded: CaptionModel, cfg: Config, records: list[ImageRecord]) -> CaptionDataset:
@@ -243,10 +250,20 @@ def _images(loaded: CaptionModel, cfg: Config, records: list[ImageRecord]) -> Ca
     )
 
 
-def _loader(loaded: CaptionModel, cfg: Config, records: list[ImageRecord]) -> DataLoader:
-    """The images of ``records`` as the model reads them, ``runtime.batch_size`` at a time."""
+def _encoded(
+    loaded: CaptionModel, cfg: Config, records: list[ImageRecord]
+) -> Iterator[tuple[ImageRecord, torch.Tensor]]:
+    """Each readable record of ``records`` with its decoder features (1, L, D), encoded
+    ``runtime.batch_size`` images at a time under ``runtime.precision``, without gradients."""
     dataset = _images(loaded, cfg, records)
-    return DataLoader(dataset, batch_size=cfg.runtime.batch_size, collate_fn=collate)
+    loader = DataLoader(dataset, batch_size=cfg.runtime.batch_size, collate_fn=collate)
+    for batch in loader:
+        if batch is None:
+            continue
+        with torch.no_grad(), autocast(loaded.device, cfg.runtime.precision):
+            features = loaded.model.encode(batch["images"].to(loaded.device))  # (B, L, D)
+        for row, index in enumerate(batch["indices"].tolist()):
+            yield dataset.records[index], features[row : row + 1]
 
 
 def reference_grounding(
@@ -260,61 +277,51 @@ def reference_grounding(
     words, five captions an image rather than the one it chose to say.
 
     Returns :func:`captioning.metrics.pointing.category_grounding`'s report."""
-    model, vocab = loaded.model, loaded.vocab
-    tally = PointingTally(model.grid_shape, words)
-    limit = cfg.data.max_caption_length
-    loader = _loader(loaded, cfg, records)
-    with torch.no_grad(), autocast(loaded.device, cfg.runtime.precision):
-        for batch in loader:
-            if batch is None:
-                continue
-            features = model.encode(batch["images"].to(loaded.device))  # (B, L, D)
-            for row, index in enumerate(batch["indices"].tolist()):
-                record = loader.dataset.records[index]
-                captions = [vocab.encode(c)[1:-1][:limit] for c in record.captions]
-                captions = [c for c in captions if c]
-                if not captions:
-                    continue
-                tokens = torch.full((len(captions), max(map(len, captions)) + 2), vocab.pad_id)
-                for k, caption in enumerate(captions):
-                    full = [vocab.start_id, *caption, vocab.end_id]
-                    tokens[k, : len(full)] = torch.tensor(full)
-                tokens = tokens.to(loaded.device)
-                one = features[row : row + 1]
-                trace = model.decoder(one, tokens[:, :-1]).trace
-                found = None
-                if model.word_maps is not None:
-                    found = model.localiser_maps(one.expand(len(captions), -1, -1), tokens[:, 1:])
-                for k, caption in enumerate(captions):
-                    n = len(caption)
-                    extra = None if found is None else {"localiser": found[k, :n].float().cpu()}
-                    said = vocab.decode_tokens(caption)
-                    tally.add_caption(said, trace[k, :n].portable(), record, extra)
+    tally = PointingTally(loaded.model.grid_shape, words)
+    for record, features in _encoded(loaded, cfg, records):
+        _add_references(tally, loaded, cfg, record, features)
     return tally.report()
 
 
-def _localiser_maps(
-    loaded: CaptionModel, cfg: Config, records: list[ImageRecord], details: Any
-) -> dict[int, dict[str, torch.Tensor]] | None:
-    """Per image id of ``records``, the word localiser's map of each decoded word,
-    ``{"localiser": (T, L)}``; None for a model without ``model.word_maps``."""
-    model = loaded.model
-    if model.word_maps is None:
-        return None
-    loader = _loader(loaded, cfg, records)
-    maps: dict[int, dict[str, torch.Tensor]] = {}
+def _add_references(
+    tally: PointingTally,
+    loaded: CaptionModel,
+    cfg: Config,
+    record: ImageRecord,
+    features: torch.Tensor,
+) -> None:
+    """Score the references of ``record``, teacher-forced on its ``features`` (1, L, D)."""
+    model, vocab = loaded.model, loaded.vocab
+    limit = cfg.data.max_caption_length
+    captions = [vocab.encode(c)[1:-1][:limit] for c in record.captions]
+    captions = [c for c in captions if c]
+    if not captions:
+        return
+    tokens = torch.full((len(captions), max(map(len, captions)) + 2), vocab.pad_id)
+    for k, caption in enumerate(captions):
+        full = [vocab.start_id, *caption, vocab.end_id]
+        tokens[k, : len(full)] = torch.tensor(full)
+    tokens = tokens.to(loaded.device)
     with torch.no_grad(), autocast(loaded.device, cfg.runtime.precision):
-        for batch in loader:
-            if batch is None:
-                continue
-            features = model.encode(batch["images"].to(loaded.device))
-            for row, index in enumerate(batch["indices"].tolist()):
-                image_id = loader.dataset.records[index].image_id
-                result = details[image_id]
-                tokens = result.tokens[: int(result.lengths)].to(loaded.device)
-                found = model.localiser_maps(features[row : row + 1], tokens[None])
-                maps[image_id] = {"localiser": found[0].float().cpu()}
-    return maps
+        trace = model.decoder(features, tokens[:, :-1]).trace
+        found = None
+        if model.word_maps is not None:
+            found = model.localiser_maps(features.expand(len(captions), -1, -1), tokens[:, 1:])
+    for k, caption in enumerate(captions):
+        n = len(caption)
+        extra = None if found is None else {"localiser": found[k, :n].float().cpu()}
+        tally.add_caption(vocab.decode_tokens(caption), trace[k, :n].portable(), record, extra)
+
+
+def _localiser_maps(
+    loaded: CaptionModel, cfg: Config, features: torch.Tensor, result: Any
+) -> dict[str, torch.Tensor]:
+    """The word localiser's map of each word ``result`` (a single image's decoding) said,
+    over the image's ``features`` (1, L, D): ``{"localiser": (T, L)}``."""
+    tokens = result.tokens[: int(result.lengths)].to(loaded.device)
+    with torch.no_grad(), autocast(loaded.device, cfg.runtime.precision):
+        found = loaded.model.localiser_maps(features, tokens[None])
+    return {"localiser": found[0].float().cpu()}
 
 
 def write_results(
