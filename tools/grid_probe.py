@@ -49,9 +49,10 @@ from captioning.config import load_config
 from captioning.data.coco import read_coco
 from captioning.data.images import load_image
 from captioning.data.records import ImageRecord
+from captioning.data.vocab import tokenize
 from captioning.errors import CaptioningError
 from captioning.metrics.pointing import Grid, Group, baseline_maps, box_coverage, category_boxes
-from captioning.metrics.words import named_category, shipped_category_words
+from captioning.metrics.words import category_of, named_category, shipped_category_words
 from captioning.models import build_encoder
 from lab.options import add_seeds_option, errors_in_one_line, seeds_of
 from lab.provenance import ROOT, add_replace_option, add_result_options, device_name, machine
@@ -199,28 +200,61 @@ def ground(
     grid_shape: tuple[int, int],
 ) -> dict[str, Any]:
     """The pointing game and the mass in the boxes of each (photo, category) pair: the
-    category among the photo's boxes, named in one of its captions and probed."""
+    category among the photo's boxes, named in one of its captions and probed; and of each
+    word of the photo's captions that names a probed category among its boxes
+    (``references``: the words the captioners' ``references`` grounding scores, each with
+    its category's map)."""
     words = shipped_category_words()
     overall: Group = Group()
     per_category: dict[str, Group] = defaultdict(Group)
+    references: Group = Group()
+    reference_categories: dict[str, Group] = defaultdict(Group)
+    unprobed = 0
     with torch.no_grad():
         maps = probe.maps(grids).double().numpy()  # (N, L, C)
     for record, cells in zip(records, maps):
         boxes = category_boxes(record.objects)
         grid = Grid(*grid_shape, float(record.width), float(record.height))
         named = caption_categories(list(record.captions), words) & set(boxes)
-        baselines = baseline_maps(grid, cells.mean(axis=1))
         for category in sorted(named & set(categories)):
-            coverage = box_coverage(boxes[category], grid)
-            shown = {"probe": cells[:, categories.index(category)], **baselines}
-            for group in (overall, per_category[category]):
-                group.words += 1
-                for name, alpha in shown.items():
-                    group.maps[name].add_map(alpha, boxes[category], coverage, grid)
+            _add_pair((overall, per_category[category]), cells, categories, category, boxes, grid)
+        for caption in record.captions:
+            for word in tokenize(caption):
+                category = category_of(word, words, set(boxes))
+                if category is None:
+                    continue
+                if category not in categories:
+                    unprobed += 1
+                    continue
+                groups = (references, reference_categories[category])
+                _add_pair(groups, cells, categories, category, boxes, grid)
     return {
         "overall": overall.summary(),
         "categories": {c: g.summary() for c, g in sorted(per_category.items())},
+        "references": {
+            "overall": references.summary(),
+            "categories": {c: g.summary() for c, g in sorted(reference_categories.items())},
+            "unprobed_words": unprobed,
+        },
     }
+
+
+def _add_pair(
+    groups: tuple[Group, ...],
+    cells: np.ndarray,
+    categories: list[str],
+    category: str,
+    boxes: dict[str, list[tuple[float, float, float, float]]],
+    grid: Grid,
+) -> None:
+    """Score ``category``'s map of a photo's ``cells`` (L, C) and the baselines (the
+    photo's saliency map: the mean of its categories' maps) against its boxes."""
+    coverage = box_coverage(boxes[category], grid)
+    shown = {"probe": cells[:, categories.index(category)], **baseline_maps(grid, cells.mean(1))}
+    for group in groups:
+        group.words += 1
+        for name, alpha in shown.items():
+            group.maps[name].add_map(alpha, boxes[category], coverage, grid)
 
 
 def flickr8k_photos(
@@ -295,12 +329,14 @@ def probe_grid(args: argparse.Namespace, name: str, seeds: list[int]) -> list[di
                 "machine": machine(),
             }
         )
-        overall = grounding["overall"]
+        overall, refs = grounding["overall"], grounding["references"]["overall"]
         print(
             f"{name} seed {seed}: {overall['words']} pairs, dev mAP {rows[-1]['dev_map']:.3f}; "
             f"pointing probe {overall['probe']['pointing']:.3f} centre "
             f"{overall['centre']['pointing']:.3f} saliency {overall['saliency']['pointing']:.3f}"
-            f"; mass probe {overall['probe']['mass']:.3f} centre {overall['centre']['mass']:.3f}",
+            f"; mass probe {overall['probe']['mass']:.3f} centre {overall['centre']['mass']:.3f}"
+            f"; references: {refs['words']} words, pointing probe {refs['probe']['pointing']:.3f}"
+            f" centre {refs['centre']['pointing']:.3f} saliency {refs['saliency']['pointing']:.3f}",
             flush=True,
         )
     return rows
