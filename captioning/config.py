@@ -165,6 +165,14 @@ class ModelConfig:
     # by the mean (every cell answers for the word), large r by the maximum (the single most
     # telling cell does)
     word_map_sharpness: float = 5.0
+    # the localiser's classes: "words", one per word; "categories", the words that name one
+    # category (through the shipped map of words to COCO categories, with
+    # model.word_map_categories' entries over it) share one score, label and map, so that it
+    # learns where the category is rather than which of its words a caption chose
+    word_map_classes: Literal["words", "categories"] = "words"
+    # a JSON or YAML file of word: category entries over the shipped map (a word mapped to
+    # null is dropped), for model.word_map_classes=categories
+    word_map_categories: str | None = None
     # the attention's score adds the localiser's scores of the words the decoder expects to
     # say next (softmax(W_e h) over the vocabulary): it looks where those words are found
     # (soft attention's map, or the distribution hard attention samples its cells from)
@@ -553,6 +561,16 @@ def _validate_context_words(cfg: Config) -> None:
             "model.word_maps trains a localiser toward whose maps the attention is drawn, "
             "and model.attention=none has no map to draw: use soft, local or hard "
             "attention, or set model.word_maps=false"
+        )
+    if model.word_map_classes != "words" and not model.word_maps:
+        raise ConfigError(
+            f"model.word_map_classes={model.word_map_classes} groups the word localiser's "
+            "classes: set model.word_maps=true (or model.word_map_classes=words)"
+        )
+    if model.word_map_categories is not None and model.word_map_classes != "categories":
+        raise ConfigError(
+            "model.word_map_categories maps words to the localiser's categories: set "
+            "model.word_map_classes=categories (or leave the file out)"
         )
     if model.word_attention and not model.word_maps:
         raise ConfigError(

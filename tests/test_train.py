@@ -685,3 +685,31 @@ def test_a_model_trains_its_localiser_on_each_images_reference_words(shapes, tmp
     ]
     history = fit(tiny(shapes, *labels), out_dir=tmp_path / "image")["history"]
     assert history[-1]["word_presence"] < history[0]["word_presence"]
+
+
+def test_training_ties_the_localisers_categories_and_the_checkpoint_keeps_them(shapes, tmp_path):
+    """``model.word_map_classes=categories``: the words a map sends to one category (here a
+    user's file over the shipped map) share the class of the first of them in the
+    vocabulary, a model rebuilt from its checkpoint alone has the same classes, and the
+    localiser's presence loss falls."""
+    from captioning.metrics.words import load_category_words
+    from captioning.models.word_maps import category_classes
+
+    words = tmp_path / "shapes.yaml"
+    words.write_text("circle: figure\nsquare: figure\nred: colour\nblue: colour\n")
+    tied = [
+        "model.word_maps=true",
+        "model.word_map_rank=8",
+        "model.word_map_classes=categories",
+        f"model.word_map_categories={words}",
+        "train.word_map_weight=1",
+        "train.epochs=2",
+    ]
+    history = fit(tiny(shapes, *tied), out_dir=tmp_path / "tied")["history"]
+    assert history[-1]["word_presence"] < history[0]["word_presence"]
+    model, _, vocab = load_model(tmp_path / "tied" / "best.pt")
+    classes = model.word_maps.classes
+    assert torch.equal(classes, category_classes(vocab.itos, load_category_words(words)))
+    circle, square = vocab.stoi["circle"], vocab.stoi["square"]
+    assert classes[circle] == classes[square] == min(circle, square)
+    assert classes[vocab.stoi["triangle"]] == vocab.stoi["triangle"]

@@ -12,6 +12,7 @@ from captioning.models.decoder import Decoder
 from captioning.models.word_maps import (
     ExpectedWordScore,
     WordLocaliser,
+    category_classes,
     map_divergence,
     presence_loss,
 )
@@ -193,6 +194,9 @@ def test_word_map_settings_that_cannot_work_are_refused_in_one_line():
         ("model.word_maps=true", "train.word_map_labels=images"): "train.word_map_labels",
         ("model.word_map_sharpness=20",): "is the word localiser's pooling",
         ("model.word_maps=true", "model.word_map_sharpness=0"): "model.word_map_sharpness",
+        ("model.word_map_classes=categories",): "groups the word localiser's classes",
+        ("model.word_maps=true", "model.word_map_classes=category"): "model.word_map_classes",
+        ("model.word_maps=true", "model.word_map_categories=x.json"): "word_map_classes=cat",
     }
     for overrides, message in cases.items():
         with pytest.raises(ConfigError, match=message):
@@ -434,3 +438,78 @@ def test_the_cross_entropy_objective_labels_the_localiser_by_its_images_words():
     torch.testing.assert_close(labelled.presence, expected)
     assert float(labelled.presence) != pytest.approx(float(plain.presence))
     torch.testing.assert_close(labelled.total - labelled.presence, plain.total - plain.presence)
+
+
+def test_the_words_of_a_category_share_the_lowest_ids_class():
+    words = ["<pad>", "<start>", "<end>", "<unk>", "a", "man", "dog", "woman", "puppy", "grass"]
+    categories = {"man": "person", "woman": "person", "dog": "dog", "puppy": "dog", "a": None}
+    categories = {w: c for w, c in categories.items() if c}
+    assert category_classes(words, categories).tolist() == [0, 1, 2, 3, 4, 5, 6, 5, 6, 9]
+    # a special token keeps its own class whatever a map says of it
+    assert category_classes(words, {"<unk>": "person", "man": "person"})[3] == 3
+
+
+def test_tied_words_share_one_score_label_and_map():
+    """With classes, a word is scored, labelled and mapped as its class: two words of one
+    category in a caption are one positive, and each gets the category's map."""
+    torch.manual_seed(0)
+    plain = WordLocaliser(DIM, WORDS, rank=8)
+    tied = WordLocaliser(DIM, WORDS, rank=8, tied=True)
+    tied.load_state_dict({**plain.state_dict(), "classes": torch.arange(WORDS)})
+    grid = torch.randn(2, CELLS, DIM)
+    targets = torch.tensor([[5, 7, 2, 0], [7, 9, 9, 2]])
+    # untied: the same numbers as the plain localiser
+    torch.testing.assert_close(tied(grid, targets).presence, plain(grid, targets).presence)
+    classes = torch.arange(WORDS)
+    classes[7] = 5  # 5 and 7 name one category
+    tied.tie(classes)
+    maps = tied(grid, targets)
+    # candidates: the classes 0, 2, 5, 9; row 0 says 5 and 7: one positive
+    assert maps.labels.tolist() == [[1, 1, 1, 0], [0, 1, 1, 1]]
+    r = tied.sharpness
+    own = torch.softmax(r * plain.scores(grid, torch.tensor([5])), dim=1)[:, :, 0]  # (B, L)
+    torch.testing.assert_close(maps.log_maps[0, 1].exp(), own[0])  # word 7 gets 5's map
+    torch.testing.assert_close(maps.log_maps[1, 0].exp(), own[1])
+    torch.testing.assert_close(
+        tied.scores(grid, torch.tensor([7])), plain.scores(grid, torch.tensor([5]))
+    )
+    assert torch.equal(tied.class_weights()[7], plain.words.weight[5])
+    with pytest.raises(ValueError, match="its own class"):
+        tied.tie(torch.tensor([0, 1, 2, 3, 4, 7, 6, 5, 8, 9, 10, 11]))  # 5 -> 7 -> 5
+    with pytest.raises(ValueError, match="without classes"):
+        plain.tie(classes)
+
+
+def test_the_expected_word_score_reads_the_class_of_each_expected_word():
+    """With one word expected, a tied word's attention is the own map times its class's
+    localiser map, not the map its own (unused) row would give."""
+    from tests.test_looks import _images, _model
+
+    model = _model(
+        drop_stages=5,
+        word_maps=True,
+        word_map_rank=8,
+        word_attention=True,
+        word_map_classes="categories",
+    )
+    classes = torch.arange(VOCAB_SIZE)
+    classes[7] = 5
+    model.word_maps.tie(classes)
+    score = model.decoder.attention.score
+    grid = model.encode(grid=model.encoder.backbone(_images()))
+    cells, _ = model.decoder.split(grid)
+    keys = model.decoder.prepare(grid)
+    query = torch.randn(2, 24)
+    with torch.no_grad():
+        score.expect.weight.zero_()
+        score.expect.bias.fill_(-30.0)
+        score.expect.bias[7] = 30.0
+        alpha = torch.softmax(score(keys, query), dim=-1)
+        own = torch.softmax(score.score(score.score.project_keys(cells), query), dim=-1)
+        product = own * model.word_maps.maps(cells, torch.tensor([5]))[..., 0]
+        torch.testing.assert_close(alpha, product / product.sum(-1, keepdim=True))
+        r = model.word_maps.sharpness
+        untied = torch.softmax(
+            r * model.word_maps.project(cells) @ model.word_maps.words.weight[7], 1
+        )
+        assert not torch.allclose(alpha, own * untied / (own * untied).sum(-1, keepdim=True))

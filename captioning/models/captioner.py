@@ -133,7 +133,11 @@ def build_model(
     word_maps = None
     if cfg.word_maps:
         word_maps = WordLocaliser(
-            encoder.out_channels, vocab_size, cfg.word_map_rank, cfg.word_map_sharpness
+            encoder.out_channels,
+            vocab_size,
+            cfg.word_map_rank,
+            cfg.word_map_sharpness,
+            tied=cfg.word_map_classes == "categories",
         )
         if cfg.word_attention:
             attention.score = ExpectedWordScore(

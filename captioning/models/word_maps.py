@@ -17,6 +17,15 @@ does not is never a negative. The pooling's weights m_w = softmax_l(r s_lw) are
 the word's map: the cells whose evidence says the word is there. It is the probe of
 ``tools/grid_probe.py`` with the captions' words for labels, trained with the captioner.
 
+With ``model.word_map_classes=categories`` the words that name one category (through a map
+of words to categories: "man", "woman", "boy" and "people" to person, "dog" and "puppy" to
+dog) share one class: one score per cell, one presence label (the category is named in the
+caption), one map. A word's class asks only whether its category is there, not which of
+its words the caption chose (a man rather than a woman, one dog rather than two), which is
+what the grid probe's categories ask and what lets its maps find the object
+(docs/grounding.md). Neural Baby Talk (Lu et al. 2018) ties a caption's words to detector
+categories the same way. Words that name no category keep their own class.
+
 The localiser's maps are targets only: the map term KL(m_{y_t} || alpha_t) moves the
 attention, never the localiser (its maps are detached), so the two cannot meet at an even
 map. Decoding never uses it.
@@ -71,7 +80,12 @@ class WordLocaliser(nn.Module):
     """
 
     def __init__(
-        self, feature_dim: int, vocab_size: int, rank: int = 256, sharpness: float = SHARPNESS
+        self,
+        feature_dim: int,
+        vocab_size: int,
+        rank: int = 256,
+        sharpness: float = SHARPNESS,
+        tied: bool = False,
     ) -> None:
         super().__init__()
         self.project = Linear(feature_dim, rank)
@@ -80,9 +94,31 @@ class WordLocaliser(nn.Module):
         nn.init.normal_(self.words.weight, std=rank**-0.5)
         nn.init.zeros_(self.bias.weight)
         self.sharpness = sharpness
+        # each word's class (a word id), saved with the weights and set by tie(); None: each
+        # word is its own
+        self.register_buffer("classes", torch.arange(vocab_size) if tied else None)
+
+    def tie(self, classes: torch.Tensor) -> None:
+        """Give each word id the class ``classes`` (V,) says: the id of the word whose
+        score, label and map it shares (its own id: its own class)."""
+        if self.classes is None:
+            raise ValueError("the localiser was built without classes (tied=False)")
+        if classes.shape != self.classes.shape or bool((classes[classes] != classes).any()):
+            raise ValueError("classes must map each word id to an id that is its own class")
+        self.classes.copy_(classes)
+
+    def class_of(self, words: torch.Tensor) -> torch.Tensor:
+        """The class of each word id of ``words`` (any shape)."""
+        return words if self.classes is None else self.classes[words]
+
+    def class_weights(self) -> torch.Tensor:
+        """u of each word's class (V, R)."""
+        weight = self.words.weight
+        return weight if self.classes is None else weight[self.classes]
 
     def scores(self, cells: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
         """s_lw for the cells (B, L, D) and word ids (C,) → (B, L, C)."""
+        words = self.class_of(words)
         return self.project(cells) @ self.words(words).t() + self.bias(words).t()
 
     def maps(self, cells: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
@@ -98,6 +134,7 @@ class WordLocaliser(nn.Module):
         candidates; None: each caption's own words."""
         steps = targets.shape[1]
         words = targets if present is None else torch.cat([targets, present], dim=1)
+        words = self.class_of(words)
         candidates, index = torch.unique(words, return_inverse=True)  # (C,), (B, T [+ K])
         scaled = self.sharpness * self.scores(cells, candidates).float()  # (B, L, C)
         cells_count = scaled.shape[1]
@@ -181,8 +218,22 @@ class ExpectedWordScore(nn.Module):
         own, cells = keys[..., :-rank], keys[..., -rank:]
         batch, count, _ = cells.shape
         expected = torch.softmax(self.expect(query).float(), dim=-1)  # (B*G, V)
-        word = expected @ self.localiser.words.weight.detach().float()  # (B*G, R)
+        word = expected @ self.localiser.class_weights().detach().float()  # (B*G, R)
         word = word.view(batch, -1, rank)  # (B, G, R)
         prior = torch.bmm(word, cells.float().transpose(1, 2))  # (B, G, L)
         scores = self.score(own, query).float()
         return scores + self.localiser.sharpness * prior.reshape(scores.shape)
+
+
+def category_classes(words: list[str], categories: dict[str, str]) -> torch.Tensor:
+    """Each word id's class (V,) when the words naming one category share it: the lowest id
+    among the vocabulary's ``words`` that ``categories`` (word: category) maps to the same
+    category; a word that names none is its own class."""
+    first: dict[str, int] = {}
+    classes = torch.arange(len(words))
+    for i, word in enumerate(words):
+        category = categories.get(word)
+        if category is None or i in SPECIAL_IDS:
+            continue
+        classes[i] = first.setdefault(category, i)
+    return classes

@@ -31,7 +31,9 @@ from captioning.distributed import (
 )
 from captioning.errors import CaptioningError
 from captioning.inference.caption import load_weights
+from captioning.metrics.words import load_category_words
 from captioning.models import Captioner, build_model
+from captioning.models.word_maps import category_classes
 from captioning.runtime import resolve_precision, seed_everything
 from captioning.training.run_state import Run, check_resume_config, load_init, resume_run
 
@@ -111,6 +113,9 @@ def set_up(
             init,
             int(initial.get("epoch", 0)),
         )
+    if cfg.model.word_map_classes == "categories":
+        words = load_category_words(cfg.model.word_map_categories)
+        model.word_maps.tie(category_classes(vocab.itos, words).to(device))
     if payload is not None:
         resume_run(run, payload, resume)
         logger.info(
