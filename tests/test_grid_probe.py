@@ -83,6 +83,37 @@ def test_grounding_scores_a_named_boxed_category_against_the_baselines():
     assert overall["centre"]["pointing"] == 0.0
     assert overall["probe"]["mass"] > overall["saliency"]["mass"] > overall["even"]["mass"]
     assert overall["even"]["mass"] == pytest.approx(0.25 / 16)  # a quarter of one cell
+    # the references: "dog" and "puppy" name the boxed dog ("sofa" names the couch, whose
+    # category is not probed), each scored with the dog's map
+    references = result["references"]
+    assert references["overall"]["words"] == 2 and references["unprobed_words"] == 1
+    assert references["overall"]["probe"]["pointing"] == 1.0
+    assert list(references["categories"]) == ["dog"]
+
+
+def test_word_classes_give_each_word_its_own_map():
+    """``--classes words``: "dog" and "puppy" are two classes, each scored with its own map
+    against the dog's box, in the pairs and in the references."""
+    probe = probe_tool.Probe(torch.zeros(2), torch.ones(2), torch.eye(2), torch.zeros(2))
+    grid = torch.zeros(1, 16, 2)
+    grid[0, 0, 0] = 3.0  # "dog" peaks in the top-left cell, on the dog
+    grid[0, 15, 1] = 3.0  # "puppy" in the bottom-right one, off it
+    record = ImageRecord(
+        image_id=1,
+        path="photo.jpg",
+        split="test",
+        captions=("a dog on a sofa", "a puppy sleeps"),
+        width=800,
+        height=800,
+        objects=(ObjectAnnotation(1, (0.0, 0.0, 100.0, 100.0), "dog"),),
+    )
+    result = probe_tool.ground(probe, grid, [record], ["dog", "puppy"], (4, 4), "words")
+    assert result["overall"]["words"] == 2 and result["overall"]["probe"]["pointing"] == 0.5
+    assert result["references"]["overall"]["words"] == 2
+    assert result["references"]["overall"]["probe"]["pointing"] == 0.5
+    assert probe_tool.caption_categories(
+        ["A puppy and a man"], {"puppy": "dog", "man": "person"}, "words"
+    ) == {"puppy", "man"}
 
 
 def test_a_missing_shared_folder_is_one_line_and_exit_status_2(tmp_path, capsys):

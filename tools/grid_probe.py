@@ -80,14 +80,25 @@ class Photos:
     labels: torch.Tensor
 
 
-def caption_categories(captions: list[str], words: dict[str, str]) -> set[str]:
-    """The categories some word of ``captions`` names."""
+def class_of(word: str, words: dict[str, str], classes: str) -> str | None:
+    """The probe's class of ``word``: the category it names (``classes`` "categories"), or
+    the word itself when it names one ("words"); None when it names none."""
+    category = named_category(word, words)
+    if category is None:
+        return None
+    return category if classes == "categories" else word
+
+
+def caption_categories(
+    captions: list[str], words: dict[str, str], classes: str = "categories"
+) -> set[str]:
+    """The classes (:func:`class_of`) some word of ``captions`` names."""
     found = set()
     for caption in captions:
         for word in WORD.findall(caption.lower()):
-            category = named_category(word, words)
-            if category is not None:
-                found.add(category)
+            key = class_of(word, words, classes)
+            if key is not None:
+                found.add(key)
     return found
 
 
@@ -198,12 +209,14 @@ def ground(
     records: list[ImageRecord],
     categories: list[str],
     grid_shape: tuple[int, int],
+    classes: str = "categories",
 ) -> dict[str, Any]:
-    """The pointing game and the mass in the boxes of each (photo, category) pair: the
-    category among the photo's boxes, named in one of its captions and probed; and of each
-    word of the photo's captions that names a probed category among its boxes
-    (``references``: the words the captioners' ``references`` grounding scores, each with
-    its category's map)."""
+    """The pointing game and the mass in the boxes of each (photo, class) pair: the class
+    (``categories``: a category; with ``classes`` "words", a word naming one) named in one
+    of the photo's captions, probed, and its category among the photo's boxes; and of each
+    word of the photo's captions whose class is probed and whose category is among its
+    boxes (``references``: the words the captioners' ``references`` grounding scores, each
+    with its class's map)."""
     words = shipped_category_words()
     overall: Group = Group()
     per_category: dict[str, Group] = defaultdict(Group)
@@ -215,19 +228,23 @@ def ground(
     for record, cells in zip(records, maps):
         boxes = category_boxes(record.objects)
         grid = Grid(*grid_shape, float(record.width), float(record.height))
-        named = caption_categories(list(record.captions), words) & set(boxes)
-        for category in sorted(named & set(categories)):
-            _add_pair((overall, per_category[category]), cells, categories, category, boxes, grid)
+        named = caption_categories(list(record.captions), words, classes) & set(categories)
+        for key in sorted(named):
+            category = key if classes == "categories" else words[key]
+            if category in boxes:
+                groups = (overall, per_category[category])
+                _add_pair(groups, cells, categories.index(key), boxes[category], grid)
         for caption in record.captions:
             for word in tokenize(caption):
                 category = category_of(word, words, set(boxes))
                 if category is None:
                     continue
-                if category not in categories:
+                key = category if classes == "categories" else word
+                if key not in categories:
                     unprobed += 1
                     continue
                 groups = (references, reference_categories[category])
-                _add_pair(groups, cells, categories, category, boxes, grid)
+                _add_pair(groups, cells, categories.index(key), boxes[category], grid)
     return {
         "overall": overall.summary(),
         "categories": {c: g.summary() for c, g in sorted(per_category.items())},
@@ -242,29 +259,32 @@ def ground(
 def _add_pair(
     groups: tuple[Group, ...],
     cells: np.ndarray,
-    categories: list[str],
-    category: str,
-    boxes: dict[str, list[tuple[float, float, float, float]]],
+    index: int,
+    boxes: list[tuple[float, float, float, float]],
     grid: Grid,
 ) -> None:
-    """Score ``category``'s map of a photo's ``cells`` (L, C) and the baselines (the
-    photo's saliency map: the mean of its categories' maps) against its boxes."""
-    coverage = box_coverage(boxes[category], grid)
-    shown = {"probe": cells[:, categories.index(category)], **baseline_maps(grid, cells.mean(1))}
+    """Score class ``index``'s map of a photo's ``cells`` (L, C) and the baselines (the
+    photo's saliency map: the mean of its classes' maps) against its category's ``boxes``."""
+    coverage = box_coverage(boxes, grid)
+    shown = {"probe": cells[:, index], **baseline_maps(grid, cells.mean(1))}
     for group in groups:
         group.words += 1
         for name, alpha in shown.items():
-            group.maps[name].add_map(alpha, boxes[category], coverage, grid)
+            group.maps[name].add_map(alpha, boxes, coverage, grid)
 
 
 def flickr8k_photos(
-    encoder: torch.nn.Module, flickr: Path, split: str, categories: list[str] | None
+    encoder: torch.nn.Module,
+    flickr: Path,
+    split: str,
+    categories: list[str] | None,
+    classes: str = "categories",
 ) -> tuple[Photos, list[str]]:
-    """The encoded photos of a Flickr8k split and their labels over ``categories`` (None:
-    the categories with at least :data:`MIN_POSITIVES` positives here)."""
+    """The encoded photos of a Flickr8k split and their labels over the classes
+    ``categories`` (None: the classes with at least :data:`MIN_POSITIVES` positives here)."""
     words = shipped_category_words()
     captions = flickr8k_captions(flickr / "Flickr8k_text", split)
-    named = {name: caption_categories(c, words) for name, c in captions.items()}
+    named = {name: caption_categories(c, words, classes) for name, c in captions.items()}
     if categories is None:
         counts: dict[str, int] = defaultdict(int)
         for found in named.values():
@@ -287,9 +307,9 @@ def probe_grid(args: argparse.Namespace, name: str, seeds: list[int]) -> list[di
     flickr = args.shared / "data" / "flickr8k"
     coco = args.shared / "data" / "coco_mini"
     began = time.perf_counter()
-    train, categories = flickr8k_photos(encoder, flickr, "train", None)
+    train, categories = flickr8k_photos(encoder, flickr, "train", None, args.classes)
     encode_seconds = time.perf_counter() - began
-    dev, _ = flickr8k_photos(encoder, flickr, "dev", categories)
+    dev, _ = flickr8k_photos(encoder, flickr, "dev", categories, args.classes)
     annotations = coco / "annotations"
     records = [
         r
@@ -307,10 +327,11 @@ def probe_grid(args: argparse.Namespace, name: str, seeds: list[int]) -> list[di
         began = time.perf_counter()
         probe = fit_probe(train, seed)
         fit_seconds = time.perf_counter() - began
-        grounding = ground(probe, coco_grids, records, categories, encoder.grid_shape)
+        grounding = ground(probe, coco_grids, records, categories, encoder.grid_shape, args.classes)
         rows.append(
             {
                 "grid": name,
+                "classes": args.classes,
                 "seed": seed,
                 "overrides": GRIDS[name],
                 "grid_shape": list(encoder.grid_shape),
@@ -350,6 +371,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--grids", nargs="+", default=["top7"], choices=list(GRIDS), help="the grids to probe"
     )
+    parser.add_argument(
+        "--classes",
+        choices=("categories", "words"),
+        default="categories",
+        help="the probe's classes: the COCO categories the captions' words name (their "
+        "words merged), or each word that names one (the word localiser's own classes)",
+    )
     add_seeds_option(parser, "0,1,2", " of the probe")
     parser.add_argument("--out", type=Path, required=True, help="the study's folder")
     parser.add_argument(
@@ -377,12 +405,14 @@ def main(argv: list[str] | None = None) -> int:
         "tools.grid_probe",
         argv,
         args.out,
-        lambda r: (r["grid"], r["seed"]),
+        lambda r: (r["grid"], r.get("classes", "categories"), r["seed"]),
         results=args.results,
         replace=args.replace,
         timed_alone=not args.machine_busy,
         places={"SHARED": args.shared},
-        settings=lambda r: {k: r[k] for k in ("overrides", "sharpness", "epochs") if k in r},
+        settings=lambda r: {
+            k: r[k] for k in ("overrides", "classes", "sharpness", "epochs") if k in r
+        },
     )
     for name in args.grids:
         recorder.write(probe_grid(args, name, seeds))
