@@ -856,8 +856,8 @@ def test_the_grid_probe_verdict_holds_every_seed_to_the_spread() -> None:
     table = grid_probe(level + found)
     assert table.index("| top7 |") < table.index("| os16 |")
     assert (
-        "| os16 | – | 7x7 x 1,280 | 0 | 0.250 | 90 | 0.600 / 0.500 / 0.450 / 0.300 | 1.40 |"
-        in table
+        "| os16 | – | categories | 7x7 x 1,280 | 0 | 0.250 | 90 | "
+        "0.600 / 0.500 / 0.450 / 0.300 | 1.40 |" in table
     )
     assert (
         "**os16**, 3 seeds: pointing minus the better of the centre prior and the saliency map "
@@ -866,3 +866,23 @@ def test_the_grid_probe_verdict_holds_every_seed_to_the_spread() -> None:
         "centre's on every seed." in table
     )
     assert "**top7**, 3 seeds" in table and "meets neither on every seed." in table
+    # rows scored on the references' words too, with word classes: their own group and verdict
+    words = [row("os16", s, 0.52, 0.33) for s in range(3)]
+    for r, probe in zip(words, (0.60, 0.61, 0.63)):
+        r["classes"] = "words"
+        overall = {k: dict(v) for k, v in r["grounding"]["overall"].items() if k != "words"}
+        overall["probe"]["pointing"] = probe
+        r["grounding"]["references"] = {"overall": {"words": 300, **overall}}
+    table = grid_probe(level + found + words)
+    assert "| os16 | – | words | 7x7 x 1,280 | 0 |" in table
+    assert "| 300, 0.600 / 0.500 / 0.450, 1.10 |" in table
+    assert (
+        "**os16 (words)**, 3 seeds: pointing minus the better of the centre prior and the "
+        "saliency map +0.020, +0.020, +0.020" in table
+    )
+    assert (
+        "On the references' words: pointing minus the better of the centre prior and the "
+        "saliency map +0.100, +0.110, +0.130 (the probe's spread 0.015); mass 1.10, 1.10, "
+        "1.10 times the centre prior's: meets pointing above both by more than the spread on "
+        "every seed; misses mass ≥ 1.25x centre's." in table
+    )
