@@ -66,6 +66,7 @@ LEVERS = (
     "train.word_map_weight",
     "train.word_map_labels",
     "model.word_map_sharpness",
+    "model.word_map_classes",
     "model.word_attention",
     "train.expected_word_weight",
     "model.output_stride",
