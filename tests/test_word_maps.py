@@ -513,3 +513,19 @@ def test_the_expected_word_score_reads_the_class_of_each_expected_word():
             r * model.word_maps.project(cells) @ model.word_maps.words.weight[7], 1
         )
         assert not torch.allclose(alpha, own * untied / (own * untied).sum(-1, keepdim=True))
+
+
+def test_a_tied_models_localiser_maps_give_each_word_its_class_map():
+    """What evaluate scores: the localiser's map of a decoded word is its class's."""
+    from tests.test_looks import _model
+
+    model = _model(drop_stages=5, word_maps=True, word_map_rank=8, word_map_classes="categories")
+    classes = torch.arange(VOCAB_SIZE)
+    classes[7] = 5
+    model.word_maps.tie(classes)
+    torch.manual_seed(1)
+    features = model.encode(torch.randn(1, 3, 64, 64))
+    with torch.no_grad():
+        found = model.localiser_maps(features, torch.tensor([[5, 7, 9, 2]]))[0]  # (T, L)
+    torch.testing.assert_close(found[0], found[1])
+    assert not torch.allclose(found[0], found[2])
