@@ -177,6 +177,10 @@ class ModelConfig:
     # say next (softmax(W_e h) over the vocabulary): it looks where those words are found
     # (soft attention's map, or the distribution hard attention samples its cells from)
     word_attention: bool = False
+    # the words whose localiser scores model.word_attention adds: "all", or "categories",
+    # only those that name a category (model.word_map_classes=categories), so that the maps
+    # of words no place shows ("a", "is", "on") do not blur the named object's
+    word_attention_words: Literal["all", "categories"] = "all"
 
 
 @dataclass
@@ -571,6 +575,14 @@ def _validate_context_words(cfg: Config) -> None:
         raise ConfigError(
             "model.word_map_categories maps words to the localiser's categories: set "
             "model.word_map_classes=categories (or leave the file out)"
+        )
+    if model.word_attention_words != "all" and (
+        not model.word_attention or model.word_map_classes != "categories"
+    ):
+        raise ConfigError(
+            f"model.word_attention_words={model.word_attention_words} picks the words the "
+            "expected-word score looks by: set model.word_attention=true and "
+            "model.word_map_classes=categories (or model.word_attention_words=all)"
         )
     if model.word_attention and not model.word_maps:
         raise ConfigError(

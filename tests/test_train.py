@@ -702,6 +702,8 @@ def test_training_ties_the_localisers_categories_and_the_checkpoint_keeps_them(s
         "model.word_map_rank=8",
         "model.word_map_classes=categories",
         f"model.word_map_categories={words}",
+        "model.word_attention=true",
+        "model.word_attention_words=categories",
         "train.word_map_weight=1",
         "train.epochs=2",
     ]
@@ -713,3 +715,6 @@ def test_training_ties_the_localisers_categories_and_the_checkpoint_keeps_them(s
     circle, square = vocab.stoi["circle"], vocab.stoi["square"]
     assert classes[circle] == classes[square] == min(circle, square)
     assert classes[vocab.stoi["triangle"]] == vocab.stoi["triangle"]
+    looked = model.decoder.attention.score.looked
+    named = {"circle", "square", "red", "blue"}
+    assert looked.tolist() == [float(w in named) for w in vocab.itos]

@@ -197,6 +197,12 @@ def test_word_map_settings_that_cannot_work_are_refused_in_one_line():
         ("model.word_map_classes=categories",): "groups the word localiser's classes",
         ("model.word_maps=true", "model.word_map_classes=category"): "model.word_map_classes",
         ("model.word_maps=true", "model.word_map_categories=x.json"): "word_map_classes=cat",
+        (
+            "model.word_maps=true",
+            "model.word_attention=true",
+            "model.word_attention_words=categories",
+        ): "picks the words the expected-word score",
+        ("model.word_maps=true", "model.word_attention_words=categories"): "word_attention=true",
     }
     for overrides, message in cases.items():
         with pytest.raises(ConfigError, match=message):
@@ -529,3 +535,38 @@ def test_a_tied_models_localiser_maps_give_each_word_its_class_map():
         found = model.localiser_maps(features, torch.tensor([[5, 7, 9, 2]]))[0]  # (T, L)
     torch.testing.assert_close(found[0], found[1])
     assert not torch.allclose(found[0], found[2])
+
+
+def test_the_expected_word_score_can_look_by_the_category_words_alone():
+    """``model.word_attention_words=categories``: the words outside the mask add nothing
+    (q not renormalised), so with only such words expected the map is the own score's."""
+    from captioning.models.word_maps import category_words_mask
+    from tests.test_looks import _images, _model
+
+    settings = dict(drop_stages=5, word_maps=True, word_map_rank=8, word_attention=True)
+    model = _model(**settings, word_map_classes="categories", word_attention_words="categories")
+    score = model.decoder.attention.score
+    looked = torch.zeros(VOCAB_SIZE, dtype=torch.bool)
+    looked[[5, 7]] = True
+    score.look_at(looked)
+    grid = model.encode(grid=model.encoder.backbone(_images()))
+    cells, _ = model.decoder.split(grid)
+    keys = model.decoder.prepare(grid)
+    query = torch.randn(2, 24)
+    with torch.no_grad():
+        own = score.score(score.score.project_keys(cells), query).float()
+        expected = torch.softmax(score.expect(query).float(), dim=-1) * looked.float()
+        prior = torch.einsum(
+            "bv,blv->bl", expected, model.word_maps.scores(cells, torch.arange(VOCAB_SIZE))
+        )
+        shift = score(keys, query) - own - model.word_maps.sharpness * prior
+        torch.testing.assert_close(shift - shift[:, :1], torch.zeros_like(shift), atol=1e-4, rtol=0)
+        score.expect.weight.zero_()
+        score.expect.bias.fill_(-30.0)
+        score.expect.bias[9] = 30.0  # a word outside the mask: the own map alone
+        torch.testing.assert_close(score(keys, query), own, atol=1e-4, rtol=0)
+    with pytest.raises(ValueError, match="a mask over"):
+        score.look_at(looked[:5])
+    words = ["<pad>", "<start>", "<end>", "<unk>", "a", "man", "dog"]
+    mask = category_words_mask(words, {"man": "person", "dog": "dog", "<unk>": "person"})
+    assert mask.tolist() == [False, False, False, False, False, True, True]

@@ -68,6 +68,7 @@ LEVERS = (
     "model.word_map_sharpness",
     "model.word_map_classes",
     "model.word_attention",
+    "model.word_attention_words",
     "train.expected_word_weight",
     "model.output_stride",
     "model.tiles",

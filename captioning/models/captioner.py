@@ -141,7 +141,11 @@ def build_model(
         )
         if cfg.word_attention:
             attention.score = ExpectedWordScore(
-                attention.score, word_maps, cfg.hidden_dim, vocab_size
+                attention.score,
+                word_maps,
+                cfg.hidden_dim,
+                vocab_size,
+                restricted=cfg.word_attention_words == "categories",
             )
     decoder = Decoder(
         vocab_size=vocab_size,

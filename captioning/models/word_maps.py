@@ -187,20 +187,42 @@ class ExpectedWordScore(nn.Module):
     localiser is held without registering it a second time (the captioner holds it), so
     every weight has one name in a checkpoint.
 
+    With ``model.word_attention_words=categories`` only the words that name a category
+    enter the sum (q is not renormalised): the maps of words no place in the photo shows
+    ("a", "is", "on": present in nearly every photo, so their maps say nothing) no longer
+    blur the named object's, and a decoder unsure whether an object comes next keeps its
+    own map.
+
     Args:
         score: the attention's own score (keys of size A).
         localiser: the captioner's :class:`WordLocaliser`.
         query_dim: the decoder state size.
         vocab_size: V.
+        restricted: hold a mask of the words that enter the sum (set by :meth:`look_at`,
+            saved with the weights); False: every word does.
     """
 
     def __init__(
-        self, score: nn.Module, localiser: WordLocaliser, query_dim: int, vocab_size: int
+        self,
+        score: nn.Module,
+        localiser: WordLocaliser,
+        query_dim: int,
+        vocab_size: int,
+        restricted: bool = False,
     ) -> None:
         super().__init__()
         self.score = score
         self.held = (localiser,)  # a tuple: not a second registration
         self.expect = Linear(query_dim, vocab_size)
+        self.register_buffer("looked", torch.ones(vocab_size) if restricted else None)
+
+    def look_at(self, words: torch.Tensor) -> None:
+        """Let only the words where ``words`` (V,) is true enter the expected-word sum."""
+        if self.looked is None:
+            raise ValueError("the score was built to look at every word (restricted=False)")
+        if words.shape != self.looked.shape:
+            raise ValueError(f"a mask over {self.looked.numel()} words, got {tuple(words.shape)}")
+        self.looked.copy_(words.float())
 
     @property
     def localiser(self) -> WordLocaliser:
@@ -218,6 +240,8 @@ class ExpectedWordScore(nn.Module):
         own, cells = keys[..., :-rank], keys[..., -rank:]
         batch, count, _ = cells.shape
         expected = torch.softmax(self.expect(query).float(), dim=-1)  # (B*G, V)
+        if self.looked is not None:
+            expected = expected * self.looked
         word = expected @ self.localiser.class_weights().detach().float()  # (B*G, R)
         word = word.view(batch, -1, rank)  # (B, G, R)
         prior = torch.bmm(word, cells.float().transpose(1, 2))  # (B, G, L)
@@ -237,3 +261,11 @@ def category_classes(words: list[str], categories: dict[str, str]) -> torch.Tens
             continue
         classes[i] = first.setdefault(category, i)
     return classes
+
+
+def category_words_mask(words: list[str], categories: dict[str, str]) -> torch.Tensor:
+    """(V,) bool: the vocabulary's ``words`` that ``categories`` maps to a category (never a
+    special token)."""
+    return torch.tensor(
+        [i not in SPECIAL_IDS and categories.get(w) is not None for i, w in enumerate(words)]
+    )

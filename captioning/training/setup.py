@@ -33,7 +33,7 @@ from captioning.errors import CaptioningError
 from captioning.inference.caption import load_weights
 from captioning.metrics.words import load_category_words
 from captioning.models import Captioner, build_model
-from captioning.models.word_maps import category_classes
+from captioning.models.word_maps import category_classes, category_words_mask
 from captioning.runtime import resolve_precision, seed_everything
 from captioning.training.run_state import Run, check_resume_config, load_init, resume_run
 
@@ -116,6 +116,9 @@ def set_up(
     if cfg.model.word_map_classes == "categories":
         words = load_category_words(cfg.model.word_map_categories)
         model.word_maps.tie(category_classes(vocab.itos, words).to(device))
+        if cfg.model.word_attention_words == "categories":
+            score = model.decoder.attention.score
+            score.look_at(category_words_mask(vocab.itos, words).to(device))
     if payload is not None:
         resume_run(run, payload, resume)
         logger.info(

@@ -42,6 +42,7 @@ LOOKS = (
     "os16_current_dsw0_r20",
     "os16_current_dsw0_w3",
     "os16_current_dsw0_categories",
+    "os16_current_dsw0_categories_only",
     "best_exact",
     "os16_ent_hard",
     "ctx1_hard",
