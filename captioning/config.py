@@ -559,7 +559,12 @@ def _validate_context_words(cfg: Config) -> None:
             "train.context_word_weight adds to the cross-entropy objective; set it to 0 "
             "for train.objective=scst"
         )
-    weight = cfg.train.word_map_weight
+    _validate_word_maps(cfg)
+
+
+def _validate_word_maps(cfg: Config) -> None:
+    """The word localiser's settings that cannot work together."""
+    model, weight = cfg.model, cfg.train.word_map_weight
     if model.word_maps and model.attention == "none":
         raise ConfigError(
             "model.word_maps trains a localiser toward whose maps the attention is drawn, "

@@ -32,7 +32,6 @@ the lever's settings over it: :data:`GRIDS`.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import time
 from collections import defaultdict
@@ -48,15 +47,13 @@ from captioning.cli import positive_int
 from captioning.config import load_config
 from captioning.data.coco import read_coco
 from captioning.data.images import load_image
-from captioning.data.records import ImageRecord
-from captioning.data.vocab import tokenize
 from captioning.errors import CaptioningError
-from captioning.metrics.pointing import Grid, Group, baseline_maps, box_coverage, category_boxes
-from captioning.metrics.words import category_of, named_category, shipped_category_words
+from captioning.metrics.words import shipped_category_words
 from captioning.models import build_encoder
 from lab.options import add_seeds_option, errors_in_one_line, seeds_of
 from lab.provenance import ROOT, add_replace_option, add_result_options, device_name, machine
 from lab.runner import Recorder
+from tools.grid_probe_ground import caption_categories, ground
 
 # each grid: the settings over configs/flickr8k_best.yaml that make it (docs/grounding.md)
 GRIDS: dict[str, list[str]] = {
@@ -69,7 +66,6 @@ GRIDS: dict[str, list[str]] = {
 SHARPNESS = 5.0  # r of the log-sum-exp pooling
 MIN_POSITIVES = 20  # training photos a category needs to be probed
 EPOCHS, BATCH, LR, WEIGHT_DECAY = 15, 64, 1e-3, 1e-4
-WORD = re.compile(r"[a-z]+")
 
 
 @dataclass
@@ -78,28 +74,6 @@ class Photos:
 
     grids: torch.Tensor
     labels: torch.Tensor
-
-
-def class_of(word: str, words: dict[str, str], classes: str) -> str | None:
-    """The probe's class of ``word``: the category it names (``classes`` "categories"), or
-    the word itself when it names one ("words"); None when it names none."""
-    category = named_category(word, words)
-    if category is None:
-        return None
-    return category if classes == "categories" else word
-
-
-def caption_categories(
-    captions: list[str], words: dict[str, str], classes: str = "categories"
-) -> set[str]:
-    """The classes (:func:`class_of`) some word of ``captions`` names."""
-    found = set()
-    for caption in captions:
-        for word in WORD.findall(caption.lower()):
-            key = class_of(word, words, classes)
-            if key is not None:
-                found.add(key)
-    return found
 
 
 def flickr8k_captions(text: Path, split: str) -> dict[str, list[str]]:
@@ -201,76 +175,6 @@ def mean_ap(probe: Probe, photos: Photos) -> float:
     labels = photos.labels.numpy()
     kept = [c for c in range(labels.shape[1]) if labels[:, c].any()]
     return float(np.mean([average_precision(logits[:, c].numpy(), labels[:, c]) for c in kept]))
-
-
-def ground(
-    probe: Probe,
-    grids: torch.Tensor,
-    records: list[ImageRecord],
-    categories: list[str],
-    grid_shape: tuple[int, int],
-    classes: str = "categories",
-) -> dict[str, Any]:
-    """The pointing game and the mass in the boxes of each (photo, class) pair: the class
-    (``categories``: a category; with ``classes`` "words", a word naming one) named in one
-    of the photo's captions, probed, and its category among the photo's boxes; and of each
-    word of the photo's captions whose class is probed and whose category is among its
-    boxes (``references``: the words the captioners' ``references`` grounding scores, each
-    with its class's map)."""
-    words = shipped_category_words()
-    overall: Group = Group()
-    per_category: dict[str, Group] = defaultdict(Group)
-    references: Group = Group()
-    reference_categories: dict[str, Group] = defaultdict(Group)
-    unprobed = 0
-    with torch.no_grad():
-        maps = probe.maps(grids).double().numpy()  # (N, L, C)
-    for record, cells in zip(records, maps):
-        boxes = category_boxes(record.objects)
-        grid = Grid(*grid_shape, float(record.width), float(record.height))
-        named = caption_categories(list(record.captions), words, classes) & set(categories)
-        for key in sorted(named):
-            category = key if classes == "categories" else words[key]
-            if category in boxes:
-                groups = (overall, per_category[category])
-                _add_pair(groups, cells, categories.index(key), boxes[category], grid)
-        for caption in record.captions:
-            for word in tokenize(caption):
-                category = category_of(word, words, set(boxes))
-                if category is None:
-                    continue
-                key = category if classes == "categories" else word
-                if key not in categories:
-                    unprobed += 1
-                    continue
-                groups = (references, reference_categories[category])
-                _add_pair(groups, cells, categories.index(key), boxes[category], grid)
-    return {
-        "overall": overall.summary(),
-        "categories": {c: g.summary() for c, g in sorted(per_category.items())},
-        "references": {
-            "overall": references.summary(),
-            "categories": {c: g.summary() for c, g in sorted(reference_categories.items())},
-            "unprobed_words": unprobed,
-        },
-    }
-
-
-def _add_pair(
-    groups: tuple[Group, ...],
-    cells: np.ndarray,
-    index: int,
-    boxes: list[tuple[float, float, float, float]],
-    grid: Grid,
-) -> None:
-    """Score class ``index``'s map of a photo's ``cells`` (L, C) and the baselines (the
-    photo's saliency map: the mean of its classes' maps) against its category's ``boxes``."""
-    coverage = box_coverage(boxes, grid)
-    shown = {"probe": cells[:, index], **baseline_maps(grid, cells.mean(1))}
-    for group in groups:
-        group.words += 1
-        for name, alpha in shown.items():
-            group.maps[name].add_map(alpha, boxes, coverage, grid)
 
 
 def flickr8k_photos(
