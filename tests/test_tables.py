@@ -703,6 +703,44 @@ def test_the_localiser_table_shows_only_models_with_a_localiser_as_shares_of_bas
     ]
 
 
+def test_the_references_table_checks_the_targets_for_the_attention_and_the_localiser() -> None:
+    from tools.tables.looks import grounding_references
+
+    def row(seed: int, model: float, localiser: float) -> dict:
+        maps = {
+            "model": (model, 0.36, 0.1, 3.0),
+            "localiser": (localiser, 0.45, 0.5, 1.0),
+            "centre": (0.58, 0.30, 0.01, 5.0),
+            "saliency": (0.56, 0.33, 0.02, 4.5),
+        }
+        keys = ("pointing", "mass", "median_peak", "mean_entropy")
+        overall = {k: dict(zip(keys, v, strict=True)) for k, v in maps.items()}
+        return {
+            "model": "soft",
+            "variant": "os16_current",
+            "seed": seed,
+            "grounding": {"grid": [7, 7], "overall": {"words": 40, **overall}},
+            "references": {"overall": {"words": 459, **overall}},
+            "precision": "bf16",
+            "device": "AMD EPYC",
+            "threads": 1,
+            "timed_alone": False,
+            "commit": "abc1234",
+        }
+
+    table = grounding_references([row(0, 0.60, 0.66), row(1, 0.57, 0.68), row(2, 0.59, 0.70)])
+    assert "| soft (os16_current) | 0 | 459 | 0.600 / 0.660 / 0.580 / 0.560 | 1.20, 1.50 |" in table
+    assert (
+        "**soft (os16_current)**: pointing minus the better of the centre prior and the "
+        "saliency map, seed by seed, +0.020, -0.010, +0.010 (spread 0.015): not above both by "
+        "the spread on every seed; mass under 1.25x the centre prior's on some seed. The "
+        "localiser's maps, against the same baselines: pointing minus the better of the centre "
+        "prior and the saliency map, seed by seed, +0.080, +0.100, +0.120 (spread 0.020): above "
+        "both by more than the spread on every seed; mass at least 1.25x the centre prior's on "
+        "every seed." in table
+    )
+
+
 def test_flickr8k_dev_decode_sets_each_seeds_choice_beside_three_beams_on_the_same_runs() -> None:
     from tools.tables.flickr8k_decoding import flickr8k_dev_decode
 

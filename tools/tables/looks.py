@@ -169,13 +169,16 @@ def grounding_references(rows: Rows) -> str:
     groups = _grounding_groups(picked)
     for (model, variant), group in sorted(groups.items(), key=lambda kv: order[kv[0][1]]):
         name = f"{model} ({variant})"
-        pointing, masses = [], []
+        pointing, masses, located, located_masses = [], [], [], []
         for row in group:
             peak, entropy = _even(row)
             o = row["references"]["overall"]
             found = o.get("localiser")
             pointing.append(tuple(o[m]["pointing"] for m in ("model", "centre", "saliency")))
             masses.append(o["model"]["mass"] / o["centre"]["mass"])
+            if found is not None:
+                located.append((found["pointing"], *pointing[-1][1:]))
+                located_masses.append(found["mass"] / o["centre"]["mass"])
             localiser = (
                 ("–", "–")
                 if found is None
@@ -188,19 +191,30 @@ def grounding_references(rows: Rows) -> str:
                 f"{o['model']['median_peak'] / peak:.1f} | "
                 f"{100 * o['model']['mean_entropy'] / entropy:.0f} |"
             )
-        spread = statistics.stdev([p[0] for p in pointing]) if len(group) > 1 else math.inf
-        margins = ", ".join(f"{p[0] - max(p[1], p[2]):+.3f}" for p in pointing)
-        above = all(p[0] - max(p[1], p[2]) > spread for p in pointing)
-        mass = all(m >= 1.25 for m in masses)
-        verdicts.append(
-            f"**{name}**: pointing minus the better of the centre prior and the saliency map, "
-            f"seed by seed, {margins} (spread {spread:.3f}): "
-            + ("above both by more than the spread" if above else "not above both by the spread")
-            + f" on every seed; mass {'at least' if mass else 'under'} 1.25x the centre "
-            + f"prior's on {'every' if mass else 'some'} seed."
-        )
+        verdict = f"**{name}**: " + _targets(pointing, masses)
+        if len(located) == len(group):
+            verdict += " The localiser's maps, against the same baselines: " + _targets(
+                located, located_masses
+            )
+        verdicts.append(verdict)
     note = source_note(picked, "grounding")
     return "\n".join([*lines, "", *verdicts, "", note]) + "\n"
+
+
+def _targets(pointing: list[tuple[float, ...]], masses: list[float]) -> str:
+    """The two grounding targets, in words, for each seed's (map, centre, saliency)
+    pointing and mass over the centre prior's."""
+    spread = statistics.stdev([p[0] for p in pointing]) if len(pointing) > 1 else math.inf
+    margins = ", ".join(f"{p[0] - max(p[1], p[2]):+.3f}" for p in pointing)
+    above = all(p[0] - max(p[1], p[2]) > spread for p in pointing)
+    mass = all(m >= 1.25 for m in masses)
+    return (
+        "pointing minus the better of the centre prior and the saliency map, "
+        f"seed by seed, {margins} (spread {spread:.3f}): "
+        + ("above both by more than the spread" if above else "not above both by the spread")
+        + f" on every seed; mass {'at least' if mass else 'under'} 1.25x the centre "
+        + f"prior's on {'every' if mass else 'some'} seed."
+    )
 
 
 def looks_screen(rows: Rows) -> str:
