@@ -55,6 +55,7 @@ LOOKS = (
     "os16_current_images_hard",
     "os16_current_dsw0_hard",
     "os16_current_dsw0_r20_hard",
+    "os16_current_dsw0_categories_only_hard",
     "tiles5_ent_hard",
     "tiles5_ent_hard_e0",
 )
