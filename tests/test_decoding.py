@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+from captioning.inference import decoding
 from captioning.inference.decoding import beam_search, greedy_decode, sample_decode
 from captioning.models.attention import AttentionOutput
 from captioning.models.decoder import DecoderState, StepOutput
@@ -323,3 +324,40 @@ def test_several_samples_per_image_equal_sampling_a_repeated_grid(attention):
     torch.testing.assert_close(grouped.scores, repeated.scores, rtol=0, atol=1e-5)
     torch.testing.assert_close(grouped.trace.alpha, repeated.trace.alpha, rtol=0, atol=1e-5)
     assert len(set(map(tuple, grouped.tokens[:4].tolist()))) > 1  # four different draws
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [
+        [],
+        ["model.attention=hard"],
+        ["model.attention=none"],
+        ["model.attention=local"],
+        ["model.heads=2", "model.attention_dim=12"],
+        ["model.values=projected", "model.value_dim=6"],
+        ["model.query=current", "model.context_to_lstm=false"],
+    ],
+)
+def test_the_grid_cast_once_under_autocast_decodes_the_same_numbers(variant, monkeypatch):
+    """Under bf16 autocast the grid is cast once per batch instead of at every word (hard
+    attention's is left as it is)."""
+    model = tiny_model("model.hidden_dim=40", *variant).eval()
+    images, _ = batch(size=5)
+    with torch.no_grad():
+        features = model.encoder(images).float()
+
+    def decode():
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            mode = "argmax" if "model.attention=hard" in variant else "expectation"
+            return [
+                greedy_decode(model.decoder, features, max_length=8, hard_context=mode),
+                beam_search(model.decoder, features, beam_size=3, max_length=8, hard_context=mode),
+            ]
+
+    once = decode()
+    monkeypatch.setattr(decoding, "cast_once", lambda decoder, grid: grid)
+    every_word = decode()
+    for ours, theirs in zip(once, every_word):
+        assert torch.equal(ours.tokens, theirs.tokens)
+        assert torch.equal(ours.scores, theirs.scores)
+        assert torch.equal(ours.alphas, theirs.alphas)

@@ -139,12 +139,16 @@ def test_additive_score_in_blocks_and_in_compiled_form_match_the_plain_one(monke
     torch.testing.assert_close(blocked, expected)
     torch.testing.assert_close(fused, expected)
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: False)
-    tanh_ = score.activation_
-    score.activation_ = lambda hidden: blocks.append(-hidden.shape[0]) or tanh_(hidden)
+    dtypes = []
+    score.sigmoid_ = lambda hidden: dtypes.append(hidden.dtype) or in_place(hidden)
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-        half = score(keys.bfloat16(), query)  # bf16 blocks keep tanh: the sigmoid's
-    assert blocks[-4:] == [-2, -2, -2, -1]  # rounding near 0 would be coarser
-    torch.testing.assert_close(half.float(), expected, atol=0.05, rtol=0.05)
+        half = score(keys.bfloat16(), query)  # bf16 keys: the blocks' sigmoid in fp32
+        monkeypatch.setattr(scores_module, "SIGMOID_TANH", False)
+        tanh = score(keys.bfloat16(), query)  # tanh in the keys' bf16
+    assert dtypes == [torch.float32] * 4
+    assert half.dtype == torch.float32 and tanh.dtype == torch.bfloat16
+    error = (half - expected).abs().max()
+    assert error < 0.02 and error < (tanh.float() - expected).abs().max()
 
 
 def test_make_score_accepts_a_module_and_rejects_unknown_names():
