@@ -5,10 +5,9 @@ import math
 import pytest
 import torch
 
-from captioning.inference import decoding
 from captioning.inference.decoding import beam_search, greedy_decode, sample_decode
 from captioning.models.attention import AttentionOutput
-from captioning.models.decoder import DecoderState, StepOutput
+from captioning.models.decoder import Decoder, DecoderState, StepOutput
 from captioning.models.trace import AttentionTrace
 
 from .test_models import batch, tiny_model
@@ -29,6 +28,9 @@ class ToyDecoder:
         self.ending = torch.full((vocab,), -30.0).index_fill(0, torch.tensor([END]), 0.0)
 
     def prepare(self, features):
+        return features
+
+    def word_grid(self, features):
         return features
 
     def init_state(self, features, per_image=1):
@@ -355,7 +357,7 @@ def test_the_grid_cast_once_under_autocast_decodes_the_same_numbers(variant, mon
             ]
 
     once = decode()
-    monkeypatch.setattr(decoding, "cast_once", lambda decoder, grid: grid)
+    monkeypatch.setattr(Decoder, "word_grid", lambda self, grid: grid)
     every_word = decode()
     for ours, theirs in zip(once, every_word):
         assert torch.equal(ours.tokens, theirs.tokens)

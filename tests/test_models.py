@@ -898,3 +898,50 @@ def test_the_current_query_needs_the_context_out_of_the_lstm():
         load_config("configs/test_tiny.yaml", ["model.query=current", "model.context_to_lstm=true"])
     with pytest.raises(ValueError, match="context_to_lstm=False"):
         Decoder(11, 6, nn.Identity(), query="current", context_to_lstm=True)
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [
+        [],
+        ["model.attention=local"],
+        ["model.heads=2", "model.attention_dim=12"],
+        ["model.values=projected", "model.value_dim=6"],
+        ["model.query=current", "model.context_to_lstm=false"],
+    ],
+)
+def test_the_word_loop_reads_a_grid_cast_once_under_autocast(variant, monkeypatch):
+    """Teacher forcing in bf16 gives the same loss and gradients whether the word loop's
+    grid is cast once or by autocast at every word."""
+    model = tiny_model("runtime.parallel_decoder=false", *variant)
+    images, tokens = batch(size=4)
+    with torch.no_grad():
+        features = model.encoder(images).float()
+
+    def loss_and_grads():
+        model.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = model.decoder(features, tokens[:, :-1])
+        loss = caption_loss(out, tokens[:, 1:], 0).total
+        loss.backward()
+        return loss, [p.grad.clone() for p in model.decoder.parameters() if p.grad is not None]
+
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert model.decoder.word_grid(features).dtype == torch.bfloat16
+    torch.manual_seed(0)
+    loss, grads = loss_and_grads()
+    monkeypatch.setattr(Decoder, "word_grid", lambda self, grid: grid)
+    torch.manual_seed(0)
+    loss_every_word, grads_every_word = loss_and_grads()
+    assert torch.equal(loss, loss_every_word) and len(grads) == len(grads_every_word)
+    assert all(torch.equal(a, b) for a, b in zip(grads, grads_every_word))
+
+
+def test_a_grid_with_gradients_or_under_hard_attention_is_not_cast_once():
+    soft, hard = tiny_model(), tiny_model("model.attention=hard")
+    grid = torch.randn(2, 4, 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert soft.decoder.word_grid(grid).dtype == torch.bfloat16
+        assert soft.decoder.word_grid(grid.requires_grad_()) is grid
+        assert hard.decoder.word_grid(grid.detach()).dtype == torch.float32
+    assert soft.decoder.word_grid(grid.detach()).dtype == torch.float32  # no autocast

@@ -68,20 +68,6 @@ def _mask_logits(
     return log_probs
 
 
-def cast_once(decoder: Decoder, features: torch.Tensor) -> torch.Tensor:
-    """The grid as every word's products read it: under autocast, cast to its dtype once
-    for the whole caption instead of by autocast at every word (the context's product over
-    the grid casts it anyway, so the numbers are the same; a greedy step on the 14 x 14
-    grid in bf16 otherwise spends a third of its time copying the grid). Hard attention's
-    context is a cell's feature, which meets other terms before any product: its grid
-    stays as it is."""
-    device = features.device.type
-    autocast = features.is_floating_point() and torch.is_autocast_enabled(device)
-    if not autocast or decoder.attention.stochastic:
-        return features
-    return features.to(torch.get_autocast_dtype(device))
-
-
 @torch.no_grad()
 @packed_weights()
 def _step_by_step(
@@ -99,7 +85,7 @@ def _step_by_step(
     projected once per image."""
     keys = decoder.prepare(features)  # (B, L, K)
     state = decoder.init_state(features, samples)  # (B*samples, H) each
-    features = cast_once(decoder, features)
+    features = decoder.word_grid(features)
     batch = state.h.shape[0]
     tokens = torch.full((batch,), Vocabulary.start_id, device=features.device)
     finished = torch.zeros(batch, dtype=torch.bool, device=features.device)
@@ -424,7 +410,7 @@ def beam_search(
     # step runs B rows, not B*K identical ones.
     keys = decoder.prepare(features)  # (B, L, A)
     state = decoder.init_state(features)  # (B, H)
-    features = cast_once(decoder, features)
+    features = decoder.word_grid(features)
     tokens = torch.full((batch,), Vocabulary.start_id, device=device)
     if max_length < 1:
         raise ValueError(f"max_length must be at least 1, got {max_length}")

@@ -10,8 +10,10 @@ each word's backward pass keeps its inputs and its gradient, and the weights' gr
 computed from all of them after the last word's. The gradients are those of the word-by-word
 cell to fp32 rounding (a test compares them).
 
-It applies to fp32 training (under autocast the cell is torch's own) and to a cell whose
-weights need gradients.
+Under autocast the weights are cast once per forward pass and each word's product runs in
+the autocast dtype, as torch's cell runs it; the weights' gradients are then one product
+over every word's rows, rounded once, where torch's cell adds the nineteen words' bf16
+gradients in bf16. It applies to a cell whose weights need gradients.
 """
 
 from __future__ import annotations
@@ -51,20 +53,26 @@ class _Share(torch.autograd.Function):
         weight: torch.Tensor,
         bias: torch.Tensor,
         pieces: _Pieces,
+        dtype: torch.dtype,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        ctx.pieces = pieces
+        ctx.pieces, ctx.dtype = pieces, weight.dtype
         ctx.set_materialize_grads(False)
+        if dtype != weight.dtype:  # cast once for every word (autocast)
+            return weight.to(dtype), bias.to(dtype)
         return weight.view_as(weight), bias.view_as(bias)
 
     @staticmethod
     def backward(ctx: torch.autograd.function.FunctionCtx, *_: torch.Tensor | None) -> tuple:
         pieces = ctx.pieces
         if not pieces.grads:
-            return None, None, None
+            return None, None, None, None
         grads, inputs = torch.cat(pieces.grads), torch.cat(pieces.inputs)  # (W*R, N), (W*R, K)
         pieces.grads.clear()
         pieces.inputs.clear()
-        return grads.t() @ inputs, grads.sum(dim=0), None
+        if grads.dtype == torch.float16:  # a scaled loss's sum over every row may overflow
+            grads, inputs = grads.float(), inputs.float()
+        weight = (grads.t() @ inputs).to(ctx.dtype)
+        return weight, grads.sum(dim=0, dtype=ctx.dtype), None, None
 
 
 class _Use(torch.autograd.Function):
@@ -79,6 +87,7 @@ class _Use(torch.autograd.Function):
         bias: torch.Tensor,
         pieces: _Pieces,
     ) -> torch.Tensor:
+        inputs = inputs.to(weight.dtype)  # the product's dtype: autocast's, or the weights'
         ctx.save_for_backward(inputs, weight)
         ctx.pieces = pieces
         return F.linear(inputs, weight, bias)
@@ -100,13 +109,15 @@ def deferred_cell(cell: nn.LSTMCell) -> Cell:
         ENABLED
         and torch.is_grad_enabled()
         and all(w is not None and w.requires_grad for w in weights)
-        and not torch.is_autocast_enabled(cell.weight_ih.device.type)
     )
     if not applies:
         return cell
+    device, dtype = cell.weight_ih.device.type, cell.weight_ih.dtype
+    if torch.is_autocast_enabled(device):
+        dtype = torch.get_autocast_dtype(device)
     pieces_ih, pieces_hh = _Pieces(), _Pieces()
-    weight_ih, bias_ih = _Share.apply(cell.weight_ih, cell.bias_ih, pieces_ih)
-    weight_hh, bias_hh = _Share.apply(cell.weight_hh, cell.bias_hh, pieces_hh)
+    weight_ih, bias_ih = _Share.apply(cell.weight_ih, cell.bias_ih, pieces_ih, dtype)
+    weight_hh, bias_hh = _Share.apply(cell.weight_hh, cell.bias_hh, pieces_hh, dtype)
 
     def step(
         inputs: torch.Tensor, hx: tuple[torch.Tensor, torch.Tensor]
