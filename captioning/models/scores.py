@@ -37,12 +37,12 @@ def groups(keys: torch.Tensor, rows: int) -> int:
 # in fp32, so that it stays in a core's cache between the add, the activation and the
 # projection instead of streaming three times through memory.
 SCORE_BLOCK_ELEMENTS = 1 << 19
-# In the blocks, tanh(x) = 2 sigmoid(2x) - 1: on the CPU torch's sigmoid takes a sixth of
-# tanh's time (0.33 against 2.1 ns a value on a 2-core AVX-512 host), and the doubling and
-# the affine map fold into the add and the projection. The blocks of bf16 keys are summed
-# into fp32 blocks for it (bf16's absolute rounding of a sigmoid near 0 would be coarser
-# than tanh's), which is also faster than tanh in bf16 on the CPU. False: tanh everywhere,
-# in the keys' dtype (the benchmarks time both).
+# In the blocks, tanh(x) = 2 sigmoid(2x) - 1, the doubling and the affine map folded into
+# the add and the projection: where torch's CPU tanh is slow, the sigmoid is not (0.33
+# against 2.1 ns a value on the 2-core AMD EPYC host; on the Xeon both take 0.28 ns in
+# fp32, and tanh in bf16 0.87). The blocks of bf16 keys are summed into fp32 blocks for it
+# (bf16's absolute rounding of a sigmoid near 0 would be coarser than tanh's). False: tanh
+# everywhere, in the keys' dtype (the benchmarks time both).
 SIGMOID_TANH = True
 
 
