@@ -22,6 +22,7 @@ from torch import nn
 from captioning.config import unknown_choice
 from captioning.errors import ConfigError
 from captioning.models.packing import Linear
+from captioning.models.tanh_score import tanh_score
 
 
 def groups(keys: torch.Tensor, rows: int) -> int:
@@ -41,7 +42,8 @@ SCORE_BLOCK_ELEMENTS = 1 << 19
 # the add and the projection: where torch's CPU tanh is slow, the sigmoid is not (0.33
 # against 2.1 ns a value on the 2-core AMD EPYC host; on the Xeon both take 0.28 ns in
 # fp32, and tanh in bf16 0.87). The blocks of bf16 keys are summed into fp32 blocks for it
-# (bf16's absolute rounding of a sigmoid near 0 would be coarser than tanh's). False: tanh
+# (bf16's absolute rounding of a sigmoid near 0 would be coarser than tanh's). Training
+# runs the same form through :mod:`captioning.models.tanh_score`. False: autograd's tanh
 # everywhere, in the keys' dtype (the benchmarks time both).
 SIGMOID_TANH = True
 
@@ -106,7 +108,12 @@ class AdditiveScore(nn.Module):
         return (scores + bias).view(batch * g, cells)
 
     def _scores(self, keys: torch.Tensor, projected: torch.Tensor) -> torch.Tensor:
-        """(b, 1, L, A) keys, (b, G, 1, A) projected queries → (b, G, L)."""
+        """(b, 1, L, A) keys, (b, G, 1, A) projected queries → (b, G, L); training on the
+        CPU, tanh's in blocks with its backward written out
+        (:mod:`captioning.models.tanh_score`)."""
+        cpu = keys.device.type == "cpu"
+        if SIGMOID_TANH and self.sigmoid_ is not None and cpu and torch.is_grad_enabled():
+            return tanh_score(keys, projected, self.out.weight[0], self.out.bias)
         return self.out(self.activation(keys + projected)).squeeze(3)
 
 
