@@ -33,10 +33,12 @@ def tanh_score(
     return _TanhScore.apply(keys, queries, weight, bias)
 
 
-def _blocks(keys: torch.Tensor, queries: torch.Tensor) -> list[slice]:
+def _blocks(keys: torch.Tensor, queries: torch.Tensor) -> tuple[list[slice], torch.Tensor]:
+    """The images of each block, and one fp32 buffer (b, G, L, A) that every block reuses."""
     batch, groups, cells, dim = keys.shape[0], queries.shape[1], keys.shape[2], keys.shape[3]
     step = max(1, BLOCK_ELEMENTS // (groups * cells * dim))
-    return [slice(start, min(start + step, batch)) for start in range(0, batch, step)]
+    buffer = keys.new_empty(min(step, batch), groups, cells, dim, dtype=torch.float32)
+    return [slice(start, min(start + step, batch)) for start in range(0, batch, step)], buffer
 
 
 def _sigmoid(
@@ -58,13 +60,10 @@ class _TanhScore(torch.autograd.Function):
         bias: torch.Tensor,
     ) -> torch.Tensor:
         ctx.save_for_backward(keys, queries, weight)
-        batch, groups, cells, dim = keys.shape[0], queries.shape[1], keys.shape[2], keys.shape[3]
-        blocks = _blocks(keys, queries)
-        first = blocks[0].stop - blocks[0].start
-        buffer = keys.new_empty(first, groups, cells, dim, dtype=torch.float32)
+        blocks, buffer = _blocks(keys, queries)
         doubled = 2.0 * queries.float()
         w = weight.float()
-        scores = keys.new_empty(batch, groups, cells, dtype=torch.float32)
+        scores = keys.new_empty(keys.shape[0], *buffer.shape[1:3], dtype=torch.float32)
         with torch.autocast(keys.device.type, enabled=False):
             for rows in blocks:
                 torch.matmul(_sigmoid(keys, doubled, rows, buffer), 2.0 * w, out=scores[rows])
@@ -74,9 +73,7 @@ class _TanhScore(torch.autograd.Function):
     def backward(ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor) -> tuple:
         keys, queries, weight = ctx.saved_tensors
         dim = keys.shape[3]
-        blocks = _blocks(keys, queries)
-        first = blocks[0].stop - blocks[0].start
-        buffer = keys.new_empty(first, queries.shape[1], keys.shape[2], dim, dtype=torch.float32)
+        blocks, buffer = _blocks(keys, queries)
         doubled, grad = 2.0 * queries.float(), grad.float()
         four_w = 4.0 * weight.float()
         grad_keys = torch.empty(keys.shape, dtype=torch.float32, device=keys.device)
