@@ -27,6 +27,7 @@ from torch.nn.utils.fusion import fuse_conv_bn_eval
 
 from captioning.config import ModelConfig, RuntimeConfig
 from captioning.errors import ConfigError
+from captioning.models.fused_conv import fuse_activations
 
 logger = logging.getLogger("captioning")
 
@@ -435,8 +436,10 @@ class Encoder(nn.Module):
         that convolution's weights, for inference: an eval-mode BatchNorm is an affine map per
         channel, so the folded convolution computes the same grid (to float rounding) in one
         pass instead of two (a MobileNetV2 at 320 px spends about a third of its CPU time in
-        its BatchNorms). Only in eval mode; the folded encoder has other parameter names and
-        must not be trained or saved. Returns how many were folded."""
+        its BatchNorms). A ReLU or ReLU6 after a convolution then joins it
+        (:mod:`captioning.models.fused_conv`: the same grid, its activation written once).
+        Only in eval mode; the folded encoder has other parameter names and must not be
+        trained or saved. Returns how many BatchNorms were folded."""
         if self.training:
             raise RuntimeError("fold BatchNorms only into an encoder in eval mode")
         folded = 0
@@ -444,6 +447,7 @@ class Encoder(nn.Module):
             for module in stage.modules():  # the stage itself first
                 if isinstance(module, nn.Sequential):
                     folded += _fold_in_sequence(module)
+                    fuse_activations(module)
                 elif isinstance(module, ResidualBlock):
                     folded += module.fold_batch_norm()
         if folded and self.channels_last:
