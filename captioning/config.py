@@ -204,6 +204,9 @@ class TrainConfig:
     # validate (and pick best.pt) after every N-th epoch and after the last; the epochs between
     # only train, which saves validation's decoding and scoring on short schedules
     val_every: int = 1
+    # the first epoch that may validate: the epochs before it only train (a schedule that
+    # decays to its end picks its best.pt among its last epochs; their scores do not move)
+    val_from: int = 1
     doubly_stochastic_weight: float = 1.0  # λ of the doubly stochastic attention penalty
     # w of the soft attention maps' entropy (nats, summed over a caption's words) added to the
     # cross-entropy: above 0 each word pays for spreading its map (docs/grounding.md)
@@ -728,6 +731,7 @@ _RANGES: dict[str, tuple[float | None, float | None, str]] = {
     "train.warmup_steps": (0, None, ""),
     "train.early_stop_patience": (0, None, ""),
     "train.val_every": (1, None, ""),
+    "train.val_from": (1, None, ""),
     "train.val_max_images": (1, None, ""),
     "train.doubly_stochastic_weight": (0, None, ""),
     "train.attention_entropy_weight": (0, None, ""),

@@ -50,7 +50,9 @@ def test_fit_writes_the_run_folder(shapes, tmp_path):
 
 def test_val_every_validates_every_nth_epoch_and_the_last(shapes, tmp_path, monkeypatch):
     """``train.val_every=2`` over 3 epochs validates after epochs 2 and 3 only; the epoch in
-    between trains and saves last.pt, and the weights are those of validating every epoch."""
+    between trains and saves last.pt, and the weights are those of validating every epoch.
+    ``train.val_from=2`` validates epochs 2 and 3, with the scores of validating all three;
+    a ``val_from`` past the end still validates the last epoch."""
     calls = []
     validate = train_module.validate
 
@@ -73,6 +75,16 @@ def test_val_every_validates_every_nth_epoch_and_the_last(shapes, tmp_path, monk
     )
     for key, value in a["model"].items():
         assert torch.equal(value, b["model"][key]), key
+    calls.clear()
+    late = fit(tiny(shapes, "train.epochs=3", "train.val_from=2"), out_dir=tmp_path / "late")
+    assert len(calls) == 2
+    assert ["val_exact_match" in h for h in late["history"]] == [False, True, True]
+    # the validated epochs score as they did when every epoch was validated
+    for epoch in (1, 2):
+        assert late["history"][epoch]["val_CIDEr"] == every["history"][epoch]["val_CIDEr"]
+    calls.clear()
+    fit(tiny(shapes, "train.epochs=3", "train.val_from=5"), out_dir=tmp_path / "last_only")
+    assert len(calls) == 1  # the last epoch always validates
 
 
 def test_existing_run_is_not_overwritten(shapes, tmp_path):

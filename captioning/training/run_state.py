@@ -177,6 +177,7 @@ SAFE_ON_RESUME = frozenset(
         "train.early_stop_patience",
         "train.val_max_images",
         "train.val_every",
+        "train.val_from",
         "train.stop_on_nonfinite",
         "train.log_every",
         "train.figure_every_epoch",

@@ -275,8 +275,11 @@ def fit(
 
 
 def _validates(cfg: Config, epoch: int) -> bool:
-    """Whether epoch number ``epoch`` (from 1) ends with a validation."""
-    return epoch % cfg.train.val_every == 0 or epoch >= cfg.train.epochs
+    """Whether epoch number ``epoch`` (from 1) ends with a validation: every
+    ``train.val_every``-th from epoch ``train.val_from`` on, and the last."""
+    train = cfg.train
+    due = epoch >= train.val_from and epoch % train.val_every == 0
+    return due or epoch >= train.epochs
 
 
 def _train(
