@@ -291,6 +291,44 @@ def test_the_expected_word_score_adds_the_expected_words_localiser_scores():
     torch.testing.assert_close(alpha, product / product.sum(-1, keepdim=True), atol=1e-5, rtol=1e-4)
 
 
+def test_decoding_keeps_the_class_weights_until_the_localiser_changes():
+    """Without gradients the score keeps the localiser's class weights between words: the
+    same scores as gathering them every time, and new ones once the weights change in
+    place (an optimiser's step, a loaded checkpoint) or are replaced."""
+    from tests.test_looks import _images, _model
+
+    model = _model(drop_stages=5, word_maps=True, word_map_rank=8, word_attention=True)
+    score = model.decoder.attention.score
+    grid = model.encode(grid=model.encoder.backbone(_images()))
+    keys = model.decoder.prepare(grid).detach()
+    query = torch.randn(2 * 3, 24)
+
+    def fresh():  # the scores with the weights gathered anew
+        score._kept = None
+        return score(keys, query)
+
+    with torch.no_grad():
+        first = score(keys, query)
+        assert score._kept is not None
+        kept = score._kept[1]
+        assert torch.equal(score(keys, query), first) and score._kept[1] is kept
+        assert torch.equal(first, fresh())
+        kept = score._kept[1]
+        model.word_maps.words.weight.mul_(2.0)  # in place, as an optimiser steps
+        moved = score(keys, query)
+        assert score._kept[1] is not kept and not torch.equal(moved, first)
+        assert torch.equal(moved, fresh())
+        weight = model.word_maps.words.weight
+        weight.data = weight.data.flip(0)  # new storage, as .to() or a cast gives
+        replaced = score(keys, query)
+        assert not torch.equal(replaced, moved) and torch.equal(replaced, fresh())
+        state = {k: v.clone() for k, v in model.state_dict().items()}
+        state["word_maps.words.weight"].normal_()
+        model.load_state_dict(state)  # a checkpoint copies into the same tensors
+        loaded = score(keys, query)
+        assert not torch.equal(loaded, replaced) and torch.equal(loaded, fresh())
+
+
 def test_the_expected_word_layer_reads_the_next_word_from_each_query():
     from captioning.objectives.cross_entropy import token_nll
     from tests.test_looks import _images, _model

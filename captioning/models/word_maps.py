@@ -215,6 +215,7 @@ class ExpectedWordScore(nn.Module):
         self.held = (localiser,)  # a tuple: not a second registration
         self.expect = Linear(query_dim, vocab_size)
         self.register_buffer("looked", torch.ones(vocab_size) if restricted else None)
+        self._kept: tuple[tuple, torch.Tensor] | None = None  # see _class_weights
 
     def look_at(self, words: torch.Tensor) -> None:
         """Let only the words where ``words`` (V,) is true enter the expected-word sum."""
@@ -227,6 +228,21 @@ class ExpectedWordScore(nn.Module):
     @property
     def localiser(self) -> WordLocaliser:
         return self.held[0]
+
+    def _class_weights(self) -> torch.Tensor:
+        """u of each word's class (V, R), detached, in fp32. Without gradients (decoding,
+        which asks at every word) it is kept until the localiser's weights or classes
+        change: gathering and casting it cost a tenth of a beam search's step."""
+        localiser = self.localiser
+        if torch.is_grad_enabled():
+            return localiser.class_weights().detach().float()
+        weight, classes = localiser.words.weight, localiser.classes
+        key = (weight.data_ptr(), weight._version, weight.device)
+        if classes is not None:
+            key += (classes.data_ptr(), classes._version)
+        if self._kept is None or self._kept[0] != key:
+            self._kept = (key, localiser.class_weights().detach().float())
+        return self._kept[1]
 
     def project_keys(self, features: torch.Tensor) -> torch.Tensor:
         """The own score's keys (B, L, A), then the localiser's projected cells (B, L, R)."""
@@ -242,7 +258,7 @@ class ExpectedWordScore(nn.Module):
         expected = torch.softmax(self.expect(query).float(), dim=-1)  # (B*G, V)
         if self.looked is not None:
             expected = expected * self.looked
-        word = expected @ self.localiser.class_weights().detach().float()  # (B*G, R)
+        word = expected @ self._class_weights()  # (B*G, R)
         word = word.view(batch, -1, rank)  # (B, G, R)
         prior = torch.bmm(word, cells.float().transpose(1, 2))  # (B, G, L)
         scores = self.score(own, query).float()
