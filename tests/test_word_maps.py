@@ -327,6 +327,11 @@ def test_decoding_keeps_the_class_weights_until_the_localiser_changes():
         model.load_state_dict(state)  # a checkpoint copies into the same tensors
         loaded = score(keys, query)
         assert not torch.equal(loaded, replaced) and torch.equal(loaded, fresh())
+        with torch.autocast("cpu", dtype=torch.bfloat16):  # kept as autocast casts it
+            cast = score(keys, query)
+            assert score._kept[1].dtype == torch.bfloat16
+            assert torch.equal(cast, fresh()) and not torch.equal(cast, loaded)
+        assert torch.equal(score(keys, query), loaded)  # and in fp32 again outside
 
 
 def test_the_expected_word_layer_reads_the_next_word_from_each_query():

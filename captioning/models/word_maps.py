@@ -232,16 +232,21 @@ class ExpectedWordScore(nn.Module):
     def _class_weights(self) -> torch.Tensor:
         """u of each word's class (V, R), detached, in fp32. Without gradients (decoding,
         which asks at every word) it is kept until the localiser's weights or classes
-        change: gathering and casting it cost a tenth of a beam search's step."""
+        change, in the dtype autocast would cast it to: gathering and casting it cost a
+        tenth of a beam search's step."""
         localiser = self.localiser
         if torch.is_grad_enabled():
             return localiser.class_weights().detach().float()
         weight, classes = localiser.words.weight, localiser.classes
-        key = (weight.data_ptr(), weight._version, weight.device)
+        device = weight.device.type
+        dtype = torch.float32
+        if torch.is_autocast_enabled(device):
+            dtype = torch.get_autocast_dtype(device)
+        key = (weight.data_ptr(), weight._version, weight.device, dtype)
         if classes is not None:
             key += (classes.data_ptr(), classes._version)
         if self._kept is None or self._kept[0] != key:
-            self._kept = (key, localiser.class_weights().detach().float())
+            self._kept = (key, localiser.class_weights().detach().float().to(dtype))
         return self._kept[1]
 
     def project_keys(self, features: torch.Tensor) -> torch.Tensor:
