@@ -27,7 +27,10 @@ def _convs():
 @needs_kernel
 @pytest.mark.parametrize("activation", [nn.ReLU6, nn.ReLU])
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_the_fused_pass_gives_the_convolution_and_clamp_exactly(activation, precision):
+def test_the_fused_pass_gives_the_convolution_and_clamp(activation, precision):
+    """In bf16 both run oneDNN's convolution and the clamp commutes with the rounding, so the
+    tensor is the same to the bit; in fp32 torch may pick another kernel for the convolution
+    alone on some hosts (an AVX2 host differed by 1e-6), so the two agree to fp32 rounding."""
     torch.manual_seed(0)
     x = 4 * torch.randn(3, 8, 13, 13)
     for conv in _convs():
@@ -40,7 +43,8 @@ def test_the_fused_pass_gives_the_convolution_and_clamp_exactly(activation, prec
         assert (apart > 0).any() and (apart == 0).any()  # the clamp did something
         if activation is nn.ReLU6:
             assert (apart == 6).any()
-        torch.testing.assert_close(out, apart, rtol=0, atol=0)
+        exact = precision == "bf16"
+        torch.testing.assert_close(out, apart, rtol=0 if exact else 1e-5, atol=0 if exact else 1e-5)
 
 
 def test_with_a_gradient_it_runs_the_two_apart():

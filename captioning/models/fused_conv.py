@@ -4,8 +4,10 @@ On the CPU an elementwise pass over a MobileNetV2 activation costs as much as th
 convolution that made it: the network's expanded activations are large and the clamp reads
 and writes every one. oneDNN applies the clamp as the convolution writes its output (the
 post-op torch's own compiler uses, ``torch.ops.mkldnn._convolution_pointwise``), so the
-activation is written once. The result is the same tensor: rounding to bf16 commutes with
-a clamp at 0 and 6.
+activation is written once. In bf16 (how features are extracted) the result is the same
+tensor to the bit: both ways run oneDNN's convolution, and rounding to bf16 commutes with a
+clamp at 0 and 6. In fp32 torch may run the convolution alone with another kernel on some
+hosts, so the two agree to fp32 rounding there.
 
 :func:`fuse_activations` swaps each (Conv2d, ReLU/ReLU6) pair of a Sequential, identities
 between them skipped, for a :class:`ConvActivation`, only for inference (the encoder's
