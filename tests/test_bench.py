@@ -755,6 +755,29 @@ def test_two_jobs_times_each_arrangement_of_the_cores(tmp_path, monkeypatch):
     assert "| 1 | 2 | " in table and "| 1.00x |" in table and "| 2 | 1 | " in table
 
 
+def test_the_encoder_benchmark_times_both_encoders_and_checks_their_grids(tmp_path):
+    """One row per grid and precision with both times, their ratio and whether the joined
+    convolutions give the grid the separate ones give; the table names each grid's shape."""
+    from benchmarks import encoder_speed
+
+    speed = tmp_path / "speed.json"
+    argv = ["--images", "2", "--batch", "1", "--rounds", "1", "--precisions", "fp32"]
+    assert encoder_speed.main([*argv, "--results", str(speed), "--machine-busy"]) == 0
+    rows = json.loads(speed.read_text())
+    assert [(r["grid"], r["precision"]) for r in rows] == [("best", "fp32"), ("os16", "fp32")]
+    for row in rows:
+        assert row["seconds_apart"] > 0 and row["seconds_fused"] > 0
+        assert row["speedup"] == pytest.approx(row["seconds_apart"] / row["seconds_fused"], 0.01)
+        assert row["max_abs_difference"] < 1e-3 and row["timed_alone"] is False
+    assert [r["grid_shape"] for r in rows] == [[7, 7], [14, 14]]
+    table = load_tool("tables").speed_encoder(rows)
+    assert "| best (7x7 x 1,280) | fp32 | 2 |" in table
+    assert "| os16 (14x14 x 320) | fp32 | 2 |" in table
+    with pytest.raises(SystemExit) as exit_:
+        encoder_speed.main(["--grids", "vgg"])
+    assert exit_.value.code == 2
+
+
 # --------------------------------------------------------------------------- roofline
 
 

@@ -431,13 +431,14 @@ class Encoder(nn.Module):
         resized = image.resize((self.image_size, self.image_size), Image.BICUBIC)
         return torch.from_numpy(np.asarray(resized, dtype=np.uint8).copy()).permute(2, 0, 1)
 
-    def fold_batch_norms(self) -> int:
+    def fold_batch_norms(self, fuse: bool = True) -> int:
         """Fold every BatchNorm that directly follows a convolution in a frozen stage into
         that convolution's weights, for inference: an eval-mode BatchNorm is an affine map per
         channel, so the folded convolution computes the same grid (to float rounding) in one
         pass instead of two (a MobileNetV2 at 320 px spends about a third of its CPU time in
-        its BatchNorms). A ReLU or ReLU6 after a convolution then joins it
-        (:mod:`captioning.models.fused_conv`: the same grid, its activation written once).
+        its BatchNorms). With ``fuse``, a ReLU or ReLU6 after a convolution then joins it
+        (:mod:`captioning.models.fused_conv`: the same grid, its activation written once;
+        ``benchmarks/encoder_speed.py`` times the two).
         Only in eval mode; the folded encoder has other parameter names and must not be
         trained or saved. Returns how many BatchNorms were folded."""
         if self.training:
@@ -447,7 +448,8 @@ class Encoder(nn.Module):
             for module in stage.modules():  # the stage itself first
                 if isinstance(module, nn.Sequential):
                     folded += _fold_in_sequence(module)
-                    fuse_activations(module)
+                    if fuse:
+                        fuse_activations(module)
                 elif isinstance(module, ResidualBlock):
                     folded += module.fold_batch_norm()
         if folded and self.channels_last:

@@ -81,6 +81,7 @@ from tools.tables.shapes import (
 from tools.tables.speed import (
     roofline,
     speed_bench,
+    speed_encoder,
     speed_floor,
     speed_profile,
     speed_quality,
@@ -121,6 +122,7 @@ TABLES: dict[str, Callable[[Rows], str]] = {
     "speed_floor": speed_floor,
     "speed_profile": speed_profile,
     "speed_sharing": speed_sharing,
+    "speed_encoder": speed_encoder,
     "flickr8k": flickr8k,
     "flickr8k_headline": flickr8k_headline,
     "flickr8k_beams": flickr8k_beams,
@@ -162,6 +164,7 @@ SOURCES = {
     "speed_floor": "speed",
     "speed_profile": "speed",
     "speed_sharing": "speed",
+    "speed_encoder": "speed",
     "flickr8k_beams": "flickr8k",
     "flickr8k_dev_decode": "flickr8k",
     "flickr8k_levers": "flickr8k",

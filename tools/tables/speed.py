@@ -265,6 +265,37 @@ def speed_sharing(rows: Rows) -> str:
     return "\n".join([*lines, "", note]) + "\n"
 
 
+def speed_encoder(rows: Rows) -> str:
+    """Feature extraction's encoder with each convolution and its clamp apart and joined
+    (``benchmarks/encoder_speed.py``): per grid and precision, seconds per batch of images
+    each way, the ratio, and whether the grids are equal to the bit."""
+    rows = _kind(rows, "encoder")
+    if not rows:
+        return "No rows of `results/speed.json` yet: the command above writes them.\n"
+    lines = [
+        "| grid | precision | images | seconds apart | seconds joined | speed-up | "
+        "the same grid | host, threads |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    key = lambda r: (str(r.get("device")), r["grid"] != "best", r["precision"])  # noqa: E731
+    for row in sorted(rows, key=key):
+        h, w = row["grid_shape"]
+        same = (
+            "to the bit"
+            if row["bit_identical"]
+            else f"to {row['max_abs_difference']:.1e} (largest difference)"
+        )
+        lines.append(
+            f"| {row['grid']} ({h}x{w} x {row['channels']:,}) | {row['precision']} | "
+            f"{row['images']} | {row['seconds_apart']:.2f} | {row['seconds_fused']:.2f} | "
+            f"{row['speedup']:.2f}x | {same} | {row['device']}, {row['threads']} |"
+        )
+    note = (
+        f"{len(rows)} rows of `results/speed.json`: {provenance(rows)}. Made by {commands(rows)}."
+    )
+    return "\n".join([*lines, "", note]) + "\n"
+
+
 ROOFLINE_TASKS = {
     "train": "training step, cached grids",
     "beam5": "beam search, k=5",
