@@ -11,13 +11,14 @@ def autograd_form(keys, queries, weight, bias):
     return torch.tanh(keys + queries) @ weight + bias
 
 
+@pytest.mark.parametrize("groups", [3, 1])  # every word at once; one word (decoding's form)
 @pytest.mark.parametrize("block", [1 << 19, 2 * 3 * 5 * 4])  # one block; blocks of 2 images
-def test_scores_and_every_gradient_match_autograds(block, monkeypatch):
+def test_scores_and_every_gradient_match_autograds(block, groups, monkeypatch):
     monkeypatch.setattr(module, "BLOCK_ELEMENTS", block)
     g = torch.Generator().manual_seed(0)
     inputs = [
         torch.randn(7, 1, 5, 4, generator=g, dtype=torch.float64),  # keys (B, 1, L, A)
-        torch.randn(7, 3, 1, 4, generator=g, dtype=torch.float64),  # queries (B, G, 1, A)
+        torch.randn(7, groups, 1, 4, generator=g, dtype=torch.float64),  # queries (B, G, 1, A)
         torch.randn(4, generator=g, dtype=torch.float64),
         torch.randn(1, generator=g, dtype=torch.float64),
     ]
@@ -25,9 +26,9 @@ def test_scores_and_every_gradient_match_autograds(block, monkeypatch):
     theirs = [x.clone().requires_grad_() for x in inputs]
     scores = tanh_score(*ours)
     expected = autograd_form(*theirs)
-    assert scores.shape == (7, 3, 5) and scores.dtype == torch.float32
+    assert scores.shape == (7, groups, 5) and scores.dtype == torch.float32
     torch.testing.assert_close(scores.double(), expected, rtol=1e-5, atol=1e-5)
-    upstream = torch.randn(7, 3, 5, generator=g, dtype=torch.float64)
+    upstream = torch.randn(7, groups, 5, generator=g, dtype=torch.float64)
     scores.backward(upstream.float())
     expected.backward(upstream)
     for name, a, b in zip(("keys", "queries", "weight", "bias"), ours, theirs):

@@ -84,9 +84,11 @@ class _TanhScore(torch.autograd.Function):
                 s = _sigmoid(keys, doubled, rows, buffer)  # (b, G, L, A)
                 g = grad[rows]  # (b, G, L)
                 grad_weight += g.reshape(1, -1).mm(s.view(-1, dim)).view(dim)  # sum g s
-                s.addcmul_(s, s, value=-1.0).mul_(g.unsqueeze(3)).mul_(four_w)  # d score / dx
-                grad_keys[rows] = s.sum(dim=1, keepdim=True)
-                grad_queries[rows] = s.sum(dim=2, keepdim=True)
+                s.addcmul_(s, s, value=-1.0).mul_(g.unsqueeze(3))  # d score / dx over 4 w
+                # 4 w is constant over the cells and the groups: applied after each sum
+                torch.mul(s.sum(dim=2, keepdim=True), four_w, out=grad_queries[rows])
+                summed = s if s.shape[1] == 1 else s.sum(dim=1, keepdim=True)
+                torch.mul(summed, four_w, out=grad_keys[rows])
         grad_weight = 2.0 * grad_weight - grad.sum()  # sum g (2 s - 1) = sum g tanh(x)
         return (
             grad_keys.to(keys.dtype),
