@@ -89,6 +89,11 @@ class ModelConfig:
     # initial state (init), to the deep output beside the attended context (output), or both;
     # the grid the decoder attends over stays the earlier stage's (docs/grounding.md).
     summary: Literal["none", "init", "output", "both"] = "none"
+    # At the deep output the summary's term is a constant of the caption; with a gate it is
+    # scaled at each word by sigmoid(w^T h_t + b) of its own, as the paper's beta scales the
+    # attended context, so that the words it does not help can turn it down
+    # (model.summary: output or both).
+    summary_gate: bool = False
     # Hypercolumns (Hariharan et al. 2015): each cell of the grid drop_stages leaves also
     # carries the stages it leaves out, run on the grid and their output upsampled
     # bilinearly to it, joined to the cell's channels: a fine grid that says where and what
@@ -639,6 +644,12 @@ def _validate_summary(model: ModelConfig) -> None:
             f"model.summary={model.summary} computes the initial state from the image, "
             f"model.init_state=learned keeps it from the image: set model.summary=output "
             f"(or none), or model.init_state=tanh"
+        )
+    if model.summary_gate and model.summary not in ("output", "both"):
+        raise ConfigError(
+            f"model.summary_gate gates the summary at the deep output, and "
+            f"model.summary={model.summary} sends none there: set model.summary=output or "
+            f"both, or model.summary_gate=false"
         )
     if model.summary in ("output", "both") and not model.deep_output:
         raise ConfigError(

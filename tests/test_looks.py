@@ -68,11 +68,13 @@ def test_the_summary_rides_after_the_cells_and_the_attention_never_sees_it():
     assert not torch.allclose(before.logits, after.logits)  # what it says: the summary too
 
 
-@pytest.mark.parametrize("summary", ["init", "output", "both"])
-def test_a_summary_model_decodes_as_it_trains(summary):
+@pytest.mark.parametrize(
+    "summary, gated", [("init", False), ("output", False), ("both", False), ("both", True)]
+)
+def test_a_summary_model_decodes_as_it_trains(summary, gated):
     """Beam search and greedy decoding carry the summary with each image's rows, and teacher
-    forcing gives the step loop's numbers."""
-    model = _model(drop_stages=5, summary=summary)
+    forcing gives the step loop's numbers (the summary's gate too)."""
+    model = _model(drop_stages=5, summary=summary, summary_gate=gated)
     features = model.encode(grid=model.encoder.backbone(_images(3)))
     tokens = torch.randint(4, VOCAB, (3, 7))
     with torch.no_grad():
@@ -87,6 +89,35 @@ def test_a_summary_model_decodes_as_it_trains(summary):
     assert greedy.tokens.tolist() == one_beam.tokens.tolist()
     beams = decode(model.decoder, features, DecodeConfig(strategy="beam", beam_size=3))
     assert beams.trace.alpha.shape[-1] == 16
+
+
+def test_the_summarys_gate_turns_its_term_up_and_down_word_by_word():
+    """Closed, the gate leaves the words as a model without the summary at the output says
+    them; open, as the ungated model with the same weights; between, it trains."""
+    gated = _model(drop_stages=5, summary="output", summary_gate=True)
+    plain = _model(drop_stages=5, summary="output")
+    plain.load_state_dict(
+        {k: v for k, v in gated.state_dict().items() if "summary_gate" not in k}, strict=True
+    )
+    grid = gated.encoder.backbone(_images())
+    tokens = torch.randint(4, VOCAB, (2, 6))
+    gate = gated.decoder.summary_gate
+    with torch.no_grad():
+        gate.weight.zero_()
+        gate.bias.fill_(40.0)  # open
+        torch.testing.assert_close(
+            gated(None, tokens, grid=grid).logits, plain(None, tokens, grid=grid).logits
+        )
+        gate.bias.fill_(-40.0)  # closed: another summary changes nothing
+        other = grid.clone()
+        other[:, 16:] = torch.randn_like(other[:, 16:])
+        torch.testing.assert_close(
+            gated(None, tokens, grid=grid).logits, gated(None, tokens, grid=other).logits
+        )
+        gate.bias.zero_()
+    gated.train()
+    gated(None, tokens, grid=grid).logits.logsumexp(-1).sum().backward()
+    assert gate.weight.grad is not None and gate.weight.grad.abs().sum() > 0
 
 
 def test_a_learned_initial_state_knows_nothing_of_the_image():
@@ -154,6 +185,7 @@ def test_settings_that_cannot_work_together_are_refused(tmp_path):
         ("model.summary=output", "model.deep_output=false"): "set model.deep_output=true",
         ("model.summary=init", "model.encoder=small_cnn"): "the small CNN has none to spare",
         ("model.summary=init", "model.grid_layers=1"): "do not combine yet",
+        ("model.summary=init", "model.summary_gate=true"): "model.summary=init sends none",
         ("model.output_stride=0",): "model.output_stride",
         ("train.attention_entropy_weight=-1",): "train.attention_entropy_weight",
         ("train.context_word_weight=1",): "set model.context_words=true",
@@ -169,12 +201,13 @@ def test_settings_that_cannot_work_together_are_refused(tmp_path):
             load_config(base, list(overrides))
 
 
-def test_hard_attentions_exact_marginal_carries_the_summary():
+@pytest.mark.parametrize("gated", [False, True])
+def test_hard_attentions_exact_marginal_carries_the_summary(gated):
     """The marginal over cells adds the summary's output term once, outside the sum: the
     teacher-forced marginal equals the one decoding computes word by word."""
     from captioning.models.attention import HardContext
 
-    model = _model(drop_stages=5, summary="both", attention="hard")
+    model = _model(drop_stages=5, summary="both", attention="hard", summary_gate=gated)
     grid = model.encoder.backbone(_images())
     tokens = torch.randint(4, VOCAB, (2, 6))
     marginal = HardContext(mode="marginal")

@@ -165,6 +165,7 @@ def build_model(
         summary_rows=encoder.summary_rows,
         summary=cfg.summary,
         context_words=cfg.context_words,
+        summary_gate=cfg.summary_gate,
     )
     grid = None
     if cfg.grid_layers:

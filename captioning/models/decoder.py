@@ -146,6 +146,9 @@ class Decoder(nn.Module):
             (0: none), in ``summary_rows`` rows of D channels.
         summary: where the summary goes: ``init`` (the initial state), ``output`` (the
             deep output), ``both``, or ``none``.
+        summary_gate: at the deep output, the summary's term is scaled at each word by a
+            gate of its own, sigmoid(w^T h_t + b), as the paper's beta scales the context:
+            the image's summary can be turned down for the words it does not help.
         query: what the attention asks with: ``previous``, h_{t-1} (the paper), or
             ``current``, h_t, the state after the LSTM has read the previous word (only
             without the context in the LSTM): the query then knows the word it follows.
@@ -173,6 +176,7 @@ class Decoder(nn.Module):
         summary: str = "none",
         context_words: bool = False,
         query: str = "previous",
+        summary_gate: bool = False,
     ) -> None:
         super().__init__()
         if query not in ("previous", "current"):
@@ -225,6 +229,9 @@ class Decoder(nn.Module):
             if not deep_output:
                 raise ValueError("summary=output needs deep_output=True")
             self.summary_to_out = Linear(summary_dim, embed_dim, bias=False)
+        if summary_gate and self.summary_to_out is None:
+            raise ValueError("summary_gate gates the summary at the output: needs summary=output")
+        self.summary_gate = Linear(hidden_dim, 1) if summary_gate else None
         self.context_words = Linear(context_dim, vocab_size) if context_words else None
 
     # ------------------------------------------------------------------ pieces
@@ -322,15 +329,22 @@ class Decoder(nn.Module):
         h, c = (cell or self.lstm)(inputs, (state.h, state.c))
         return DecoderState(h, c), attended, context, beta_mean
 
-    def lead(self, embedded: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
-        """The deep output's terms that depend on neither h nor z: ``E y`` (R, [T,] E), plus
-        ``L_s s`` when the summary goes to the output (R rows: G per image of ``features``)."""
+    def lead(
+        self, embedded: torch.Tensor, features: torch.Tensor, hidden: torch.Tensor
+    ) -> torch.Tensor:
+        """The deep output's terms that depend on neither z nor the dropped-out h: ``E y``
+        (R, [T,] E), plus ``L_s s`` when the summary goes to the output (R rows: G per image
+        of ``features``), scaled by sigmoid(w^T h) of the ``hidden`` (R, [T,] H) that
+        predicts when the summary has a gate."""
         _, summary = self.split(features)
         if self.summary_to_out is None or summary is None:
             return embedded
         term = self.summary_to_out(summary)  # (B, E)
         term = term.repeat_interleave(groups(term, embedded.shape[0]), dim=0)  # (R, E)
-        return embedded + (term.unsqueeze(1) if embedded.dim() == 3 else term)
+        term = term.unsqueeze(1) if embedded.dim() == 3 else term
+        if self.summary_gate is not None:
+            term = term * torch.sigmoid(self.summary_gate(hidden))  # (R, [T,] E)
+        return embedded + term
 
     def output(
         self, embedded: torch.Tensor, hidden: torch.Tensor, context: torch.Tensor
@@ -462,7 +476,7 @@ class Decoder(nn.Module):
         previous = state.h
         state, attended, context, _ = self._advance(embedded, state, features, keys, hard)
         query = state.h if self.query_current else previous
-        lead = self.lead(embedded, features)
+        lead = self.lead(embedded, features, state.h)
         if hard.mode != "marginal":
             return StepOutput(self.output(lead, state.h, context), state, attended)
         values, _ = self.values_and_keys(features, keys)
@@ -533,8 +547,9 @@ class Decoder(nn.Module):
             if attended.log_prob is not None:
                 log_probs.append(attended.log_prob)
                 sampled.append(attended.sampled)
+        hidden = torch.stack(hiddens, dim=1)  # (B, T, H)
         logits = self.output(
-            self.lead(embedded, features), torch.stack(hiddens, dim=1), torch.stack(contexts, dim=1)
+            self.lead(embedded, features, hidden), hidden, torch.stack(contexts, dim=1)
         )  # (B, T, V)
         hard_rows = bool(log_probs)
         return DecoderOutput(
@@ -588,7 +603,7 @@ class Decoder(nn.Module):
             context_logits=self.read_words(attended.context.view(batch, steps, -1)),
             queries=queries.view(batch, steps, -1),
         )
-        lead = self.lead(embedded, features)  # (B, T, E)
+        lead = self.lead(embedded, features, hiddens)  # (B, T, E)
         if hard.mode != "marginal":
             output.logits = self.output(lead, hiddens, context.view(batch, steps, -1))
             return output
