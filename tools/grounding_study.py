@@ -51,6 +51,7 @@ LEVERS = (
     "model.grid_size",
     "model.drop_stages",
     "model.summary",
+    "model.summary_gate",
     "model.init_state",
     "model.fine_tune",
     "model.attention",
