@@ -43,6 +43,8 @@ LOOKS = (
     "os16_current_dsw0_w3",
     "os16_current_dsw0_categories",
     "os16_current_dsw0_categories_only",
+    "best_current_dsw0_categories_only",
+    "os16_current_dsw0_categories_only_sgate",
     "best_exact",
     "os16_ent_hard",
     "ctx1_hard",
@@ -56,6 +58,8 @@ LOOKS = (
     "os16_current_dsw0_hard",
     "os16_current_dsw0_r20_hard",
     "os16_current_dsw0_categories_only_hard",
+    "best_current_dsw0_categories_only_hard",
+    "os16_current_dsw0_categories_only_sgate_hard",
     "tiles5_ent_hard",
     "tiles5_ent_hard_e0",
 )
