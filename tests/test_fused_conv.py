@@ -109,3 +109,14 @@ def test_the_folded_mobilenet_gives_the_same_grid_bit_for_bit(output_stride):
     assert sum(isinstance(m, nn.ReLU6) for m in encoder.modules()) == 35
     assert fused.dtype == torch.bfloat16 and fused.abs().max() > 0.1
     torch.testing.assert_close(fused, apart, rtol=0, atol=0)
+
+
+@needs_kernel
+def test_folding_without_fuse_keeps_each_clamp_apart():
+    """``fold_batch_norms(fuse=False)`` folds the BatchNorms and joins no clamp (the
+    encoder benchmark's "apart" side); the default joins them."""
+    cfg = ModelConfig(encoder="mobilenet_v2", weights=None, image_size=64)
+    apart, joined = build_encoder(cfg).eval(), build_encoder(cfg).eval()
+    assert apart.fold_batch_norms(fuse=False) == joined.fold_batch_norms() > 0
+    assert not any(isinstance(m, ConvActivation) for m in apart.modules())
+    assert sum(isinstance(m, ConvActivation) for m in joined.modules()) == 35
