@@ -924,3 +924,40 @@ def test_the_grid_probe_verdict_holds_every_seed_to_the_spread() -> None:
         "1.10 times the centre prior's: meets pointing above both by more than the spread on "
         "every seed; misses mass ≥ 1.25x centre's." in table
     )
+
+
+def test_the_keep_table_pairs_each_seed_on_one_host_and_asks_two_points_on_every_seed():
+    from tools.tables.looks import flickr8k_keep
+
+    def row(variant: str, seed: int, cider: float, device: str = "Intel Xeon") -> dict:
+        return {
+            "model": "best",
+            "variant": variant,
+            "seed": seed,
+            "beam_size": 3,
+            "CIDEr": cider,
+            "device": device,
+            "precision": "bf16",
+            "command": "python -m benchmarks.flickr8k --shared SHARED --out OUT",
+            "commit": "abcdef123",
+        }
+
+    rows = [
+        *(row("os16_current_dsw0_categories_only", s, 0.46) for s in range(3)),
+        *(row("os16_none", s, 0.43) for s in range(3)),
+        row("os16_current_dsw0_categories_only_sgate", 0, 0.47),
+        row("os16_current_dsw0_categories_only_sgate", 1, 0.47),
+        row("os16_current_dsw0_categories_only_sgate", 2, 0.47),
+        row("os16_none_sgate", 0, 0.44),
+        row("os16_none_sgate", 1, 0.46),  # one seed short of two points
+        row("os16_none_sgate", 2, 0.44, device="AMD EPYC"),  # another host: not paired
+        row("os16_none_sgate", 2, 0.40, device="Intel Xeon"),  # seed 2 on the same host
+        row("os16_none_sgate", 9, 0.10),  # no attention run of this seed
+    ]
+    lines = flickr8k_keep(rows).splitlines()
+    gated = next(line for line in lines if "| os16_current_dsw0_categories_only_sgate |" in line)
+    plain = next(line for line in lines if "| os16_current_dsw0_categories_only |" in line)
+    assert "| +3.00 / +3.00 / +3.00 | +3.00 | yes |" in plain
+    assert "| 0, 1, 2 | 47.00 / 47.00 / 47.00 against 44.00 / 46.00 / 40.00 |" in gated
+    assert "| +3.00 / +1.00 / +7.00 | +3.67 | no |" in gated
+    assert not any("best_none" in line for line in lines)  # a pair without rows is left out

@@ -61,6 +61,7 @@ from tools.tables.hard import (
 )
 from tools.tables.index import results_index
 from tools.tables.looks import (
+    flickr8k_keep,
     grounding_localiser,
     grounding_looks,
     grounding_references,
@@ -133,6 +134,7 @@ TABLES: dict[str, Callable[[Rows], str]] = {
     "flickr8k_time": flickr8k_time,
     "flickr8k_targets": flickr8k_targets,
     "flickr8k_step_cost": flickr8k_step_cost,
+    "flickr8k_keep": flickr8k_keep,
     "grounding": grounding,
     "grounding_categories": grounding_categories,
     "grounding_words": grounding_words,
@@ -173,6 +175,7 @@ SOURCES = {
     "flickr8k_time": "flickr8k",
     "flickr8k_targets": "flickr8k",
     "flickr8k_step_cost": "speed",
+    "flickr8k_keep": "flickr8k",
     "grounding_categories": "grounding",
     "grounding_words": "grounding",
     "grounding_levers": "grounding",

@@ -45,6 +45,8 @@ LOOKS = (
     "os16_current_dsw0_categories_only",
     "best_current_dsw0_categories_only",
     "os16_current_dsw0_categories_only_sgate",
+    "os16_current_dsw0_categories_only_sgate_e15",
+    "os16_current_dsw0_categories_only_sgate_e15_w03",
     "best_exact",
     "os16_ent_hard",
     "ctx1_hard",
@@ -253,3 +255,92 @@ def looks_screen(rows: Rows) -> str:
         settings = ", ".join(f"`{o}`" for o in group[0]["overrides"])
         lines.append(f"| {variant} | {settings} | {each} | {statistics.mean(vals):.2f} | {test} |")
     return "\n".join([*lines, "", source_note(rows, "looks_screen")]) + "\n"
+
+
+# Each attention model of the study beside the decoder without attention on the same grid,
+# trained the same way: (the grid, the model's variant, the control's variant). ``recipe``
+# is the shipped best recipe (model ``best``); a ``_hard`` variant is model ``best_hard``.
+KEEP_PAIRS = (
+    ("7 x 7", "recipe", "best_none"),
+    ("7 x 7", "best_current_dsw0_categories_only", "best_none"),
+    ("5 x 5 tiles", "tiles5_ent", "tiles5_none"),
+    ("5 x 5 tiles, summary", "tiles5_sum_ent", "tiles5_sum_none"),
+    ("14 x 14 mid-level", "mid_ctx", "mid_none"),
+    ("14 x 14 hypercolumns", "hyper_ctx", "hyper_none"),
+    ("14 x 14 stride 16, summary not gated", "os16_current_dsw0_categories_only", "os16_none"),
+    (
+        "14 x 14 stride 16, gated summary",
+        "os16_current_dsw0_categories_only_sgate",
+        "os16_none_sgate",
+    ),
+    (
+        "14 x 14 stride 16, gated summary",
+        "os16_current_dsw0_categories_only_sgate_hard",
+        "os16_none_sgate",
+    ),
+    (
+        "14 x 14 stride 16, gated summary, 15 epochs",
+        "os16_current_dsw0_categories_only_sgate_e15",
+        "os16_none_sgate_e15",
+    ),
+    (
+        "14 x 14 stride 16, gated summary, 15 epochs",
+        "os16_current_dsw0_categories_only_sgate_e15_w03",
+        "os16_none_sgate_e15",
+    ),
+)
+
+
+def _beam3(rows: Rows, variant: str) -> dict[int, list[dict[str, Any]]]:
+    """The beam-3 rows of ``variant`` by seed (``recipe``: model best's), in the file's
+    order (a seed may have run on several hosts)."""
+    picked: dict[int, list[dict[str, Any]]] = {}
+    for row in rows:
+        model_ok = row["model"] == "best" if variant == "recipe" else True
+        if row["variant"] == variant and row["beam_size"] == 3 and model_ok:
+            picked.setdefault(row["seed"], []).append(row)
+    return picked
+
+
+def _pair(models: list[dict[str, Any]], controls: list[dict[str, Any]]) -> tuple | None:
+    """The first row of ``models`` with a row of ``controls`` on the same host and
+    precision, and that row; None where no host has both."""
+    for row in models:
+        host = (row["device"], row["precision"])
+        match = next((c for c in controls if (c["device"], c["precision"]) == host), None)
+        if match is not None:
+            return row, match
+    return None
+
+
+def flickr8k_keep(rows: Rows) -> str:
+    """Whether attention earns its keep: each attention model's test CIDEr-D (beam 3) beside
+    the decoder without attention on the same grid, seed by seed, on the same host and
+    precision, against the two points asked on every seed."""
+    lines = header(
+        "grid | with attention | without | seeds | CIDEr-D with / without | "
+        "difference per seed | mean difference | ≥ 2 on every seed"
+    )
+    used = []
+    for grid, variant, control in KEEP_PAIRS:
+        model, baseline = _beam3(rows, variant), _beam3(rows, control)
+        pairs = {s: _pair(model[s], baseline[s]) for s in sorted(set(model) & set(baseline))}
+        seeds = [s for s, pair in pairs.items() if pair is not None]
+        if not seeds:
+            continue
+        used += [row for s in seeds for row in pairs[s]]
+        with_ = [100 * pairs[s][0]["CIDEr"] for s in seeds]
+        without = [100 * pairs[s][1]["CIDEr"] for s in seeds]
+        gaps = [a - b for a, b in zip(with_, without)]
+        lines.append(
+            f"| {grid} | {variant} | {control} | {', '.join(map(str, seeds))} | "
+            + " / ".join(f"{a:.2f}" for a in with_)
+            + " against "
+            + " / ".join(f"{b:.2f}" for b in without)
+            + " | "
+            + " / ".join(f"{g:+.2f}" for g in gaps)
+            + f" | {statistics.mean(gaps):+.2f} | "
+            + ("yes" if len(seeds) >= 3 and all(g >= 2 for g in gaps) else "no")
+            + " |"
+        )
+    return "\n".join([*lines, "", source_note(used, "flickr8k")]) + "\n"
