@@ -961,3 +961,33 @@ def test_the_keep_table_pairs_each_seed_on_one_host_and_asks_two_points_on_every
     assert "| 0, 1, 2 | 47.00 / 47.00 / 47.00 against 44.00 / 46.00 / 40.00 |" in gated
     assert "| +3.00 / +1.00 / +7.00 | +3.67 | no |" in gated
     assert not any("best_none" in line for line in lines)  # a pair without rows is left out
+
+
+def test_the_looks_recipe_is_held_to_best_s_fifteen_minutes_when_timed_alone():
+    from tools.tables.flickr8k_time import flickr8k_targets
+
+    def row(variant: str, seconds: float, alone: bool) -> dict:
+        return {
+            "model": "best",
+            "variant": variant,
+            "seed": 0,
+            "beam_size": 3,
+            "CIDEr": 0.47,
+            "device": "Intel Xeon",
+            "precision": "bf16",
+            "timed_alone": alone,
+            "seconds": {"extract": 50.0, "recipe": seconds},
+            "command": "python -m benchmarks.flickr8k --shared SHARED --out OUT",
+            "commit": "abcdef123",
+        }
+
+    table = flickr8k_targets(
+        [
+            row("os16_current_dsw0_categories_only_sgate_e15_alone", 676.0, True),
+            row("os16_current_dsw0_categories_only_sgate_alone", 975.0, True),
+            row("os16_current_dsw0_categories_only_sgate_e15", 1857.0, False),  # beside others
+        ]
+    )
+    assert "| looks: the whole recipe" in table and "| 676 s | 676 s (0) | yes |" in table
+    assert "| looks with twenty epochs: the whole recipe" in table
+    assert "| 975 s | 975 s (0) | no |" in table and "1857" not in table
