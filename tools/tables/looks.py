@@ -47,6 +47,7 @@ LOOKS = (
     "os16_current_dsw0_categories_only_sgate",
     "os16_current_dsw0_categories_only_sgate_e15",
     "os16_current_dsw0_categories_only_sgate_e15_w03",
+    "os16_current_dsw0_categories_only_sgate_e15_finetune",
     "best_exact",
     "os16_ent_hard",
     "ctx1_hard",
