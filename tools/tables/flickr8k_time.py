@@ -150,17 +150,15 @@ def flickr8k_targets(rows: Rows) -> str:
                 f"{100 * mean(ciders):.2f} | {each} | {met} |"
             )
     timed = [
-        (model, r, limit)
-        for model, limit in RECIPE_SECONDS.items()
-        for r in recipe
-        if r["model"] == model and _device(r) != "GPU" and r["timed_alone"] is True
+        (m, r, limit) for m, limit in RECIPE_SECONDS.items() for r in recipe if r["model"] == m
     ]
-    for name, variant in LOOKS_TIMED:
-        timed += [
-            (name, r, RECIPE_SECONDS["best"])
-            for r in rows
-            if r["variant"] == variant and r["beam_size"] == 3 and r["timed_alone"] is True
-        ]
+    timed += [
+        (name, r, RECIPE_SECONDS["best"])
+        for name, variant in LOOKS_TIMED
+        for r in rows
+        if r["variant"] == variant and r["beam_size"] == 3
+    ]
+    timed = [t for t in timed if _device(t[1]) != "GPU" and t[1]["timed_alone"] is True]
     for name, row, limit in timed:
         seconds = row["seconds"].get("recipe")
         if seconds is None:
@@ -174,7 +172,7 @@ def flickr8k_targets(rows: Rows) -> str:
             f"{seconds:.0f} s | {seconds:.0f} s ({row['seed']}) "
             f"| {met} |"
         )
-    used = recipe + [row for _, row, _ in timed if row not in recipe]
+    used = recipe + [row for _, row, _ in timed if row["variant"] != RECIPE]
     return "\n".join([*lines, "", source_note(used, "flickr8k")]) + "\n"
 
 
