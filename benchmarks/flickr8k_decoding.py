@@ -13,7 +13,8 @@ per run, with the setting the dev split chose. The dev decodings go to
 ``RUN/decoding/test_beamB_lpA/``.
 
 One row per run goes to ``--results`` (else ``OUT/rows.json``), with variant ``--variant``
-(``dev_decode``), ``beam_size`` null and the chosen setting under ``decode``, every dev score
+(``dev_decode`` for the recipe's runs, ``NAME_dev_decode`` for lever ``NAME``'s, as the tables
+read them), ``beam_size`` null and the chosen setting under ``decode``, every dev score
 of the grid under ``dev_grid``, the test scores as in the study's rows, and the training's
 device, precision and threads (the rows merge with the study's by variant, model, seed, beam
 and device). They record no seconds: a stopped sweep goes on where it stopped.
@@ -183,7 +184,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         choices=("Bleu_4", "CIDEr", "ROUGE_L"),
         help="the dev score that chooses (Bleu_4, the paper's choice of checkpoint)",
     )
-    parser.add_argument("--variant", default=VARIANT, help=f"the rows' variant ({VARIANT})")
+    parser.add_argument(
+        "--variant",
+        help=f"the rows' variant ({VARIANT} for the recipe's runs, else RUN_VARIANT_{VARIANT}, "
+        "the name the tables read the decoded runs from)",
+    )
     parser.add_argument(
         "--results", type=Path, help="merge the rows into this results file (results/flickr8k.json)"
     )
@@ -201,6 +206,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.seeds = options.seeds_of(args)
     except StudyError as exc:
         parser.error(str(exc))
+    if args.variant is None:
+        args.variant = VARIANT if args.run_variant == "recipe" else f"{args.run_variant}_{VARIANT}"
     if not args.variant.isidentifier():
         parser.error(f"--variant must be a plain name (letters, digits, _), got {args.variant!r}")
     args.jobs = 1

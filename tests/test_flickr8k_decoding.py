@@ -137,3 +137,14 @@ def test_a_folder_without_the_study_or_the_run_is_one_line(tmp_path, capsys):
     assert decoding.main(["--out", str(tmp_path), "--seeds", "4"]) != 0
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "best seed 4 has no finished run" in err
+
+
+def test_a_levers_rows_are_named_after_the_runs_they_decode() -> None:
+    from benchmarks.flickr8k_decoding import parse_args
+    from tools.tables.flickr8k_decoding import decoded_variant
+
+    for runs, variant in (("recipe", "dev_decode"), ("looks_e15", "looks_e15_dev_decode")):
+        args = parse_args(["--out", "runs/f8k", "--run-variant", runs])
+        assert args.variant == variant and decoded_variant(args.variant) == runs
+    assert parse_args(["--out", "o", "--run-variant", "a", "--variant", "b"]).variant == "b"
+    assert decoded_variant("recipe") is None

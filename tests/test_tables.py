@@ -768,13 +768,20 @@ def test_flickr8k_dev_decode_sets_each_seeds_choice_beside_three_beams_on_the_sa
         row(0, "dev_decode", 0.192, None, (5, 0.0)),
         row(1, "dev_decode", 0.196, None, (7, 0.5)),
         row(2, "dev_decode", 0.30, None, (5, 0.0)),
+        row(0, "looks", 0.180, 3),
+        row(0, "looks_dev_decode", 0.185, None, (10, 1.0)),
+        row(1, "looks_dev_decode", 0.185, None, (10, 1.0)),  # no 3-beam row of looks seed 1
     ]  # seed 2: no 3-beam row
     lines = flickr8k_dev_decode(rows).splitlines()
     assert lines[2] == (
-        "| best | AMD CPU | 2 | 5 / 0 (0), 7 / 0.5 (1) | 19.40 | 18.85 | 19.00 "
+        "| best | recipe | AMD CPU | 2 | 5 / 0 (0), 7 / 0.5 (1) | 19.40 | 18.85 | 19.00 "
         "| 19.00 | 46.00 | 46.00 | 19.20 (0), 19.60 (1) |"
     )
-    assert len(lines) == 5  # the head, one line, a blank and the note
+    assert lines[3] == (
+        "| best | looks | AMD CPU | 1 | 10 / 1 (0) | 18.50 | 18.00 | 19.00 "
+        "| 19.00 | 46.00 | 46.00 | 18.50 (0) |"
+    )
+    assert len(lines) == 6  # the head, two lines, a blank and the note
 
 
 def _roofline_row(**values) -> dict:

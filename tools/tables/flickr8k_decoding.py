@@ -8,35 +8,46 @@ from __future__ import annotations
 from tools.tables.common import Rows, header, mean, source_note
 from tools.tables.flickr8k import FLICKR8K_MODELS, RECIPE, _device, _last_gpu
 
-DEV_DECODE = "dev_decode"  # benchmarks/flickr8k_decoding.py's variant
+DEV_DECODE = "dev_decode"  # benchmarks/flickr8k_decoding.py's variant for the recipe's runs
+
+
+def decoded_variant(variant: str) -> str | None:
+    """The variant of the runs a row of ``benchmarks/flickr8k_decoding.py`` decoded: its
+    ``dev_decode`` rows are the recipe's, ``NAME_dev_decode`` rows those of lever ``NAME``;
+    None for any other row."""
+    if variant == DEV_DECODE:
+        return RECIPE
+    if variant.endswith("_" + DEV_DECODE):
+        return variant[: -len(DEV_DECODE) - 1]
+    return None
 
 
 def flickr8k_dev_decode(rows: Rows) -> str:
     """Decoding chosen on the dev split (rows of ``benchmarks/flickr8k_decoding.py``) against
-    the recipe's 3 beams on the same runs: the setting each seed's dev split chose, and the
-    test scores' means in percent."""
+    3 beams on the same runs (the recipe's, or a lever's): the setting each seed's dev split
+    chose, and the test scores' means in percent."""
     lines = header(
-        "model | trained on | seeds | chosen on the dev split: beams / length penalty "
+        "model | runs | trained on | seeds | chosen on the dev split: beams / length penalty "
         "(seed) | BLEU-4 | at 3 beams | METEOR | at 3 beams | CIDEr-D | at 3 beams | "
         "BLEU-4 of each seed"
     )
-    recipe = {
-        (r["model"], r["seed"], _device(r)): r
-        for r in rows
-        if r["variant"] == RECIPE and r["beam_size"] == 3
+    three = {
+        (r["variant"], r["model"], r["seed"], _device(r)): r for r in rows if r["beam_size"] == 3
     }
     groups: dict[tuple, Rows] = {}
     for row in rows:
-        if row["variant"] == DEV_DECODE and (row["model"], row["seed"], _device(row)) in recipe:
-            groups.setdefault((row["model"], _device(row)), []).append(row)
+        runs = decoded_variant(row["variant"])
+        if runs is not None and (runs, row["model"], row["seed"], _device(row)) in three:
+            groups.setdefault((row["model"], runs, _device(row)), []).append(row)
     if not groups:
         return "No rows of `results/flickr8k.json` with decoding chosen on the dev split yet.\n"
     order = {m: i for i, m in enumerate(FLICKR8K_MODELS)}
-    for (model, device), group in sorted(
-        groups.items(), key=lambda g: (order[g[0][0]], _last_gpu(g[0][1]))
+    for (model, runs, device), group in sorted(
+        groups.items(),
+        key=lambda g: (order[g[0][0]], g[0][1] != RECIPE, g[0][1], _last_gpu(g[0][2])),
     ):
         group = sorted(group, key=lambda r: r["seed"])
-        base = [recipe[model, r["seed"], device] for r in group]
+        base = [three[runs, model, r["seed"], device] for r in group]
         chosen = ", ".join(
             f"{r['decode']['beam_size']} / {r['decode']['length_penalty']:g} ({r['seed']})"
             for r in group
@@ -48,7 +59,7 @@ def flickr8k_dev_decode(rows: Rows) -> str:
         ]
         each = ", ".join(f"{100 * r['Bleu_4']:.2f} ({r['seed']})" for r in group)
         lines.append(
-            f"| {model} | {device} | {len(group)} | {chosen} | "
+            f"| {model} | {runs} | {device} | {len(group)} | {chosen} | "
             + " | ".join(cells)
             + f" | {each} |"
         )
