@@ -775,11 +775,11 @@ def test_flickr8k_dev_decode_sets_each_seeds_choice_beside_three_beams_on_the_sa
     lines = flickr8k_dev_decode(rows).splitlines()
     assert lines[2] == (
         "| best | recipe | AMD CPU | 2 | 5 / 0 (0), 7 / 0.5 (1) | 19.40 | 18.85 | 19.00 "
-        "| 19.00 | 46.00 | 46.00 | 19.20 (0), 19.60 (1) |"
+        "| 19.00 | 46.00 | 46.00 | 19.20 (0), 19.60 (1) | 19.00 (0), 19.00 (1) |"
     )
     assert lines[3] == (
         "| best | looks | AMD CPU | 1 | 10 / 1 (0) | 18.50 | 18.00 | 19.00 "
-        "| 19.00 | 46.00 | 46.00 | 18.50 (0) |"
+        "| 19.00 | 46.00 | 46.00 | 18.50 (0) | 19.00 (0) |"
     )
     assert len(lines) == 6  # the head, two lines, a blank and the note
 

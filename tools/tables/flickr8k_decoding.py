@@ -29,7 +29,7 @@ def flickr8k_dev_decode(rows: Rows) -> str:
     lines = header(
         "model | runs | trained on | seeds | chosen on the dev split: beams / length penalty "
         "(seed) | BLEU-4 | at 3 beams | METEOR | at 3 beams | CIDEr-D | at 3 beams | "
-        "BLEU-4 of each seed"
+        "BLEU-4 of each seed | METEOR of each seed"
     )
     three = {
         (r["variant"], r["model"], r["seed"], _device(r)): r for r in rows if r["beam_size"] == 3
@@ -57,7 +57,10 @@ def flickr8k_dev_decode(rows: Rows) -> str:
             for k in ("Bleu_4", "METEOR", "CIDEr")
             for g in (group, base)
         ]
-        each = ", ".join(f"{100 * r['Bleu_4']:.2f} ({r['seed']})" for r in group)
+        each = " | ".join(
+            ", ".join(f"{100 * r[k]:.2f} ({r['seed']})" for r in group)
+            for k in ("Bleu_4", "METEOR")
+        )
         lines.append(
             f"| {model} | {runs} | {device} | {len(group)} | {chosen} | "
             + " | ".join(cells)

@@ -48,6 +48,7 @@ LOOKS = (
     "os16_current_dsw0_categories_only_sgate_e15",
     "os16_current_dsw0_categories_only_sgate_e15_w03",
     "os16_current_dsw0_categories_only_sgate_e15_finetune",
+    "os16_current_dsw0_categories_only_sgate_e15_learned",
     "best_exact",
     "os16_ent_hard",
     "ctx1_hard",
@@ -288,6 +289,11 @@ KEEP_PAIRS = (
         "14 x 14 stride 16, gated summary, 15 epochs",
         "os16_current_dsw0_categories_only_sgate_e15_w03",
         "os16_none_sgate_e15",
+    ),
+    (
+        "14 x 14 stride 16, gated summary at the output only, learned initial state, 15 epochs",
+        "os16_current_dsw0_categories_only_sgate_e15_learned",
+        "os16_none_sgate_e15_learned",
     ),
 )
 
