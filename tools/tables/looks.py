@@ -64,6 +64,7 @@ LOOKS = (
     "os16_current_dsw0_categories_only_hard",
     "best_current_dsw0_categories_only_hard",
     "os16_current_dsw0_categories_only_sgate_hard",
+    "os16_current_dsw0_categories_only_sgate_e15_exact",
     "tiles5_ent_hard",
     "tiles5_ent_hard_e0",
 )
@@ -288,6 +289,11 @@ KEEP_PAIRS = (
     (
         "14 x 14 stride 16, gated summary, 15 epochs",
         "os16_current_dsw0_categories_only_sgate_e15_w03",
+        "os16_none_sgate_e15",
+    ),
+    (
+        "14 x 14 stride 16, gated summary, 15 epochs",
+        "os16_current_dsw0_categories_only_sgate_e15_exact",
         "os16_none_sgate_e15",
     ),
     (
