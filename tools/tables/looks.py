@@ -262,7 +262,8 @@ def looks_screen(rows: Rows) -> str:
 
 # Each attention model of the study beside the decoder without attention on the same grid,
 # trained the same way: (the grid, the model's variant, the control's variant). ``recipe``
-# is the shipped best recipe (model ``best``); a ``_hard`` variant is model ``best_hard``.
+# is the shipped best recipe (model ``best``); a ``_hard`` or ``_exact`` variant is a second
+# stage (model ``best_hard`` or ``best_exact``) from the soft run of the same seed.
 KEEP_PAIRS = (
     ("7 x 7", "recipe", "best_none"),
     ("7 x 7", "best_current_dsw0_categories_only", "best_none"),
@@ -309,7 +310,7 @@ def _beam3(rows: Rows, variant: str) -> dict[int, list[dict[str, Any]]]:
     order (a seed may have run on several hosts)."""
     picked: dict[int, list[dict[str, Any]]] = {}
     for row in rows:
-        model_ok = row["model"] == "best" if variant == "recipe" else True
+        model_ok = variant != "recipe" or row["model"] == "best"
         if row["variant"] == variant and row["beam_size"] == 3 and model_ok:
             picked.setdefault(row["seed"], []).append(row)
     return picked
