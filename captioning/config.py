@@ -129,6 +129,11 @@ class ModelConfig:
     # given to captioning.models.attention.register_attention
     attention: str = "soft"
     local_sigma: float = 1.0
+    # alpha = softmax(score / attention_temperature): below 1 a sharper map for the same
+    # scores; the score's last layer could learn the same scale, but under Adam it moves by
+    # the same step at any scale, so a temperature starts and trains the map as if that
+    # layer's weights and learning rate were 1 / temperature times larger
+    attention_temperature: float = 1.0
     # additive, additive_relu, dot, general, scaled_dot, cosine, or location (W h: where,
     # not what; Luong 2015)
     score: str = "additive"
@@ -522,6 +527,11 @@ def _validate(cfg: Config) -> None:
     _validate_summary(cfg.model)
     _validate_tiles(cfg.model)
     _validate_context_words(cfg)
+    if cfg.model.attention_temperature != 1 and cfg.model.attention == "none":
+        raise ConfigError(
+            f"model.attention_temperature={cfg.model.attention_temperature} scales attention "
+            "scores; model.attention=none has none (use soft, hard or local, or leave it at 1)"
+        )
     if cfg.model.values == "projected" and cfg.model.attention == "none":
         raise ConfigError(
             "model.values=projected averages values by attention weights; "
@@ -721,6 +731,7 @@ _RANGES: dict[str, tuple[float | None, float | None, str]] = {
     "model.value_dim": (1, None, ""),
     "model.heads": (1, None, ""),
     "model.local_sigma": (0, None, "min"),
+    "model.attention_temperature": (0, None, "min"),
     "model.embed_dim": (1, None, ""),
     "model.hidden_dim": (1, None, ""),
     "model.dropout": (0, 1, "max"),

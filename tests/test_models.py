@@ -1,6 +1,7 @@
 """Encoder, attention and decoder: shapes, flags and gradients on tiny models."""
 
 import copy
+import re
 
 import pytest
 import torch
@@ -945,3 +946,38 @@ def test_a_grid_with_gradients_or_under_hard_attention_is_not_cast_once():
         assert soft.decoder.word_grid(grid.requires_grad_()) is grid
         assert hard.decoder.word_grid(grid.detach()).dtype == torch.float32
     assert soft.decoder.word_grid(grid.detach()).dtype == torch.float32  # no autocast
+
+
+@pytest.mark.parametrize(
+    "setting", [["model.attention=soft"], ["model.attention=local"], ["model.heads=2"]]
+)
+def test_a_temperature_is_the_score_layer_scaled(setting):
+    """alpha = softmax(score / T): a model at ``model.attention_temperature=0.5`` computes
+    what the model at 1 computes with its scores' last layer (w, b) doubled, word for word;
+    and it is sharper than the same weights at 1."""
+    sharp = tiny_model(*setting, "model.attention_temperature=0.5").eval()
+    plain = tiny_model(*setting).eval()
+    last = re.compile(r"decoder\.attention\.(score|heads\.\d+)\.out\.")
+    doubled = {
+        name: value * 2 if last.match(name) else value for name, value in sharp.state_dict().items()
+    }
+    assert sum(bool(last.match(name)) for name in doubled) >= 2
+    images, tokens = batch()
+    with torch.no_grad():
+        plain.load_state_dict(sharp.state_dict())
+        at_one = plain(images, tokens)
+        plain.load_state_dict(doubled)
+        scaled, tempered = plain(images, tokens), sharp(images, tokens)
+    torch.testing.assert_close(tempered.alphas, scaled.alphas)
+    torch.testing.assert_close(tempered.logits, scaled.logits)
+    entropy = lambda alphas: -(alphas * alphas.clamp_min(1e-12).log()).sum(-1).mean()  # noqa: E731
+    assert entropy(tempered.alphas) < entropy(at_one.alphas)
+
+
+def test_a_temperature_needs_attention_and_must_be_positive():
+    with pytest.raises(ConfigError, match="model.attention_temperature must be more than 0"):
+        load_config(None, ["model.attention_temperature=0"])
+    with pytest.raises(ConfigError, match="model.attention=none has none"):
+        load_config(None, ["model.attention=none", "model.attention_temperature=0.5"])
+    hard = tiny_model("model.attention=hard", "model.attention_temperature=0.5")
+    assert hard.decoder.attention.temperature == 0.5

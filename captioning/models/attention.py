@@ -130,16 +130,22 @@ class SoftAttention(nn.Module):
 
     stochastic = False  # whether the context is a sampled cell (hard attention)
 
-    def __init__(self, score: nn.Module) -> None:
+    def __init__(self, score: nn.Module, temperature: float = 1.0) -> None:
         super().__init__()
         self.score = score
+        self.temperature = temperature  # alpha = softmax(score / temperature)
 
     def project_keys(self, features: torch.Tensor) -> torch.Tensor:
         return self.score.project_keys(features)
 
+    def logits(self, keys: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
+        """The scores over the temperature, in fp32: (B*G, L)."""
+        scores = self.score(keys, query).float()
+        return scores if self.temperature == 1 else scores / self.temperature
+
     def weights(self, keys: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
         # softmax in fp32: with bf16 autocast the weights must still sum to one
-        return torch.softmax(self.score(keys, query).float(), dim=1)  # (B, L)
+        return torch.softmax(self.logits(keys, query), dim=1)  # (B, L)
 
     def forward(
         self,
@@ -263,6 +269,8 @@ class LocalAttention(SoftAttention):
         attention_dim: the hidden size of the centre's MLP.
         grid_shape: (rows, columns) of the grid.
         sigma: the Gaussian's width, in cells.
+        temperature: the score's, as for :class:`SoftAttention` (the Gaussian keeps its
+            width).
     """
 
     def __init__(
@@ -272,8 +280,9 @@ class LocalAttention(SoftAttention):
         attention_dim: int,
         grid_shape: tuple[int, int],
         sigma: float,
+        temperature: float = 1.0,
     ) -> None:
-        super().__init__(score)
+        super().__init__(score, temperature)
         self.centre = nn.Sequential(
             Linear(query_dim, attention_dim), nn.Tanh(), Linear(attention_dim, 2)
         )
@@ -294,7 +303,7 @@ class LocalAttention(SoftAttention):
     ) -> AttentionOutput:
         centre = torch.sigmoid(self.centre(query).float()) * self.size  # (B, 2)
         distance = (self.cells[None] - centre[:, None]).pow(2).sum(dim=2)  # (B, L)
-        logits = self.score(keys, query).float() - distance / (2 * self.sigma**2)
+        logits = self.logits(keys, query) - distance / (2 * self.sigma**2)
         alpha = torch.softmax(logits, dim=1)  # (B, L)
         return AttentionOutput(
             expected_context(alpha, features), AttentionTrace(alpha, centre=centre)
@@ -317,12 +326,14 @@ class MultiHeadAttention(nn.Module):
     Args:
         scores: one score module per head, all of one kind.
         context_dim: D, the size of what the context averages; H must divide it.
+        temperature: every head's, as for :class:`SoftAttention`.
     """
 
     stochastic = False
 
-    def __init__(self, scores: list[nn.Module], context_dim: int) -> None:
+    def __init__(self, scores: list[nn.Module], context_dim: int, temperature: float = 1.0) -> None:
         super().__init__()
+        self.temperature = temperature
         if context_dim % len(scores):
             raise ConfigError(
                 f"model.heads={len(scores)} must divide the context's size {context_dim} (the "
@@ -345,7 +356,9 @@ class MultiHeadAttention(nn.Module):
         alphas = [
             # softmax in fp32, as for one head
             torch.softmax(
-                head(keys[..., index * per_head : (index + 1) * per_head], query).float(), dim=1
+                head(keys[..., index * per_head : (index + 1) * per_head], query).float()
+                / self.temperature,
+                dim=1,
             )  # (B, L)
             for index, head in enumerate(self.heads)
         ]
@@ -415,7 +428,7 @@ def _soft(cfg: ModelConfig, sizes: AttentionSizes) -> nn.Module:
     channels."""
     first = score_for(cfg, sizes)
     if cfg.heads == 1:
-        return SoftAttention(first)
+        return SoftAttention(first, cfg.attention_temperature)
     # Each head scores with the single head's width: under Adam a score's logits grow
     # about in proportion to its hidden units, and heads of attention_dim / H units stay
     # near uniform (at H = 8 on shapes, a head's largest weight 0.06-0.16 after 7 epochs).
@@ -424,20 +437,25 @@ def _soft(cfg: ModelConfig, sizes: AttentionSizes) -> nn.Module:
     # heads part as each learns from its own channel group. Independently drawn heads
     # start elsewhere (on shapes, H = 4 at seed 0: test exact match 0.044 against 0.976).
     scores = [first, *(copy.deepcopy(first) for _ in range(cfg.heads - 1))]
-    return MultiHeadAttention(scores, sizes.context_dim)
+    return MultiHeadAttention(scores, sizes.context_dim, cfg.attention_temperature)
 
 
 def _local(cfg: ModelConfig, sizes: AttentionSizes) -> nn.Module:
     """Local attention: a Gaussian ``model.local_sigma`` cells wide around a predicted
     centre."""
     return LocalAttention(
-        score_for(cfg, sizes), sizes.query_dim, cfg.attention_dim, sizes.grid_shape, cfg.local_sigma
+        score_for(cfg, sizes),
+        sizes.query_dim,
+        cfg.attention_dim,
+        sizes.grid_shape,
+        cfg.local_sigma,
+        cfg.attention_temperature,
     )
 
 
 for _name, _attention in {
     "soft": _soft,
-    "hard": lambda cfg, sizes: HardAttention(score_for(cfg, sizes)),
+    "hard": lambda cfg, sizes: HardAttention(score_for(cfg, sizes), cfg.attention_temperature),
     "local": _local,
     "none": lambda cfg, sizes: NoAttention(),
 }.items():
