@@ -344,6 +344,26 @@ def test_doubly_stochastic_penalty_value():
     assert doubly_stochastic_penalty(alphas, mask).item() == pytest.approx(0.5)
 
 
+def test_the_penalty_target_does_not_change_the_scores_gradient():
+    """Sum_i (tau - sum_t alpha_ti)^2 with tau = T / L (a caption's words spread over the
+    cells) gives the scores the gradient the paper's tau = 1 gives: the softmax drops a
+    term the same for every cell (docs/grounding.md), so a target cannot move the even
+    optimum; the penalty's value does change."""
+    from captioning.objectives.cross_entropy import doubly_stochastic_penalty
+
+    scores = torch.randn(2, 7, 12, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    mask = torch.ones(2, 7)
+    mask[1, 5:] = 0
+    alphas = torch.softmax(scores, dim=2)
+    paper = doubly_stochastic_penalty(alphas, mask).sum()
+    (paper_grad,) = torch.autograd.grad(paper, scores)
+    coverage = (torch.softmax(scores, dim=2) * mask.unsqueeze(2)).sum(dim=1)  # (B, L)
+    spread = (mask.sum(dim=1, keepdim=True) / 12 - coverage).pow(2).sum()
+    (spread_grad,) = torch.autograd.grad(spread, scores)
+    torch.testing.assert_close(spread_grad, paper_grad, atol=1e-6, rtol=1e-5)
+    assert float(paper_grad.abs().max()) > 0.1 and float((paper - spread).detach()) > 1
+
+
 def test_one_batch_overfit():
     torch.manual_seed(0)
     model = tiny_model("model.hidden_dim=64", "model.embed_dim=32")
