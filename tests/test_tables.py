@@ -614,10 +614,17 @@ def test_flickr8k_attention_shows_hard_levers_and_leaves_out_self_critical_runs(
         row("hard", "hard_grid7"),
         row("soft", "dsw0"),
         looks,
+        row("best_exact", "os16_exact"),
     ]
     lines = [line for line in flickr8k_attention(rows).splitlines()[2:] if line.startswith("| ")]
     names = [line.split(" | ")[0] for line in lines]
-    assert names == ["| best", "| best_hard (os16_hard)", "| hard (hard_grid7)"]
+    assert names == [
+        "| best",
+        "| best_exact (os16_exact)",
+        "| best_hard (os16_hard)",
+        "| hard (hard_grid7)",
+    ]
+    lines.remove(lines[1])
     # the last epoch's entropy as a share of an even map's, where the row records one
     assert lines[1].split(" | ")[5:8] == ["52.00", "49.00", "80.0"]
     assert lines[2].split(" | ")[7] == "–"
