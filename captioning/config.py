@@ -132,7 +132,8 @@ class ModelConfig:
     # alpha = softmax(score / attention_temperature): below 1 a sharper map for the same
     # scores; the score's last layer could learn the same scale, but under Adam it moves by
     # the same step at any scale, so a temperature starts and trains the map as if that
-    # layer's weights and learning rate were 1 / temperature times larger
+    # layer's weights and learning rate were 1 / temperature times larger (soft, hard, local
+    # and each head; an attention given to register_attention reads it from its config)
     attention_temperature: float = 1.0
     # additive, additive_relu, dot, general, scaled_dot, cosine, or location (W h: where,
     # not what; Luong 2015)

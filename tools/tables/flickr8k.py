@@ -245,8 +245,9 @@ def flickr8k_levers(rows: Rows) -> str:
 def flickr8k_attention(rows: Rows) -> str:
     """What the training loss reported of the attention maps at the first and last epoch of
     each Flickr8k run that recorded it (beam-3 rows of the recipe, and of hard attention's
-    levers, by REINFORCE or the exact marginal): the doubly stochastic penalty and hard attention's entropy, both per caption,
-    the last epoch's entropy also as a share of an even map's (rows that record it)."""
+    levers, by REINFORCE or the exact marginal): the doubly stochastic penalty and hard
+    attention's entropy, both per caption, the last epoch's entropy also as a share of an
+    even map's (rows that record it)."""
     lines = header(
         "model | seed | trained on | penalty: first epoch | last epoch | entropy (nats): "
         "first epoch | last epoch | last epoch (% of even) | nll per word: first epoch | "
