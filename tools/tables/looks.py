@@ -51,6 +51,7 @@ LOOKS = (
     "os16_current_dsw0_categories_only_sgate_e15_learned",
     "os16_current_dsw0_categories_only_sgate_e15_t05",
     "os16_current_dsw0_categories_only_sgate_e15_nobeta",
+    "os16_current_dsw0_categories_only_sgate_e15_nobeta_t05",
     "best_exact",
     "os16_ent_hard",
     "ctx1_hard",
@@ -307,6 +308,11 @@ KEEP_PAIRS = (
     (
         "14 x 14 stride 16, gated summary, 15 epochs, no beta gate",
         "os16_current_dsw0_categories_only_sgate_e15_nobeta",
+        "os16_none_sgate_e15",
+    ),
+    (
+        "14 x 14 stride 16, gated summary, 15 epochs, no beta gate, temperature 0.5",
+        "os16_current_dsw0_categories_only_sgate_e15_nobeta_t05",
         "os16_none_sgate_e15",
     ),
     (
