@@ -26,6 +26,7 @@ from typing import Any, NamedTuple
 
 from captioning.errors import CaptioningError
 from captioning.files import remove_unfinished_writes, write_atomically
+from captioning.signals import signals_deferred
 
 logger = logging.getLogger("captioning")
 
@@ -223,16 +224,17 @@ class HeldFolder:
         goes."""
         if self.lock is None:
             return
-        _HELD.discard(self.folder.resolve())
-        if not succeeded:
-            with contextlib.suppress(OSError):
-                if {p.name for p in self.folder.iterdir()} <= self.created:
-                    for name in (LOCK, MARKER):  # the lock first: a waiter sees it given up
-                        if name in self.created:
-                            (self.folder / name).unlink(missing_ok=True)
-                    if self.made:
-                        self.folder.rmdir()
-        self.lock.close()  # releases the lock
+        with signals_deferred():  # all of it, or a lone marker or lock file stays
+            _HELD.discard(self.folder.resolve())
+            if not succeeded:
+                with contextlib.suppress(OSError):
+                    if {p.name for p in self.folder.iterdir()} <= self.created:
+                        for name in (LOCK, MARKER):  # the lock first: a waiter sees it go
+                            if name in self.created:
+                                (self.folder / name).unlink(missing_ok=True)
+                        if self.made:
+                            self.folder.rmdir()
+            self.lock.close()  # releases the lock
 
 
 def hold_folder(
@@ -245,11 +247,16 @@ def hold_folder(
             check(folder)
         return HeldFolder(folder)
     check_owner(folder, writer, words)
-    made = _make_folder(folder, words)
-    created = {LOCK, MARKER} - {p.name for p in folder.iterdir()}
-    held = HeldFolder(folder, lock_folder(folder, words), made, created)
-    _HELD.add(folder.resolve())
+    held = HeldFolder(folder)
     try:
+        # Ctrl-C and SIGTERM wait until the folder is made and locked and ``held`` knows
+        # what this start made: one that came between the lock file's creation and here
+        # would leave a .lock that the next run takes for someone else's file.
+        with signals_deferred():
+            held.made = _make_folder(folder, words)
+            held.created = {LOCK, MARKER} - {p.name for p in folder.iterdir()}
+            held.lock = lock_folder(folder, words)
+            _HELD.add(folder.resolve())
         check_owner(folder, writer, words, ours=frozenset({LOCK}))
         for tmp in remove_unfinished_writes(folder):
             logger.warning("removed %s, a write that never finished", tmp)

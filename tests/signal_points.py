@@ -186,6 +186,8 @@ def run_points(
         row.update(judge(verb, name, folder, code, sent, err_file.read_text()))
         row.update(finish(verb, shapes, folder, final, work / f"{verb}{index:03d}.resume.err"))
         row["ok"] = row["ok"] and row["finishes"]
+        if not row["ok"]:  # what it printed, for whoever reads the failure
+            row["stderr"] = err_file.read_text()[-1500:]
         rows.append(row)
         print(json.dumps(row), flush=True)
     return rows

@@ -320,6 +320,36 @@ def test_a_start_that_fails_leaves_no_lock_or_marker_behind(tmp_path, capsys):
     assert not (tmp_path / "new").exists()
 
 
+def test_a_signal_as_the_lock_is_taken_leaves_nothing_behind(tmp_path, monkeypatch):
+    """Ctrl-C landing just after the lock file is made: the start gives the folder up whole
+    (no lone .lock for the next run to take for a user's file), and the next run has it."""
+    import signal
+
+    from captioning import folders
+
+    writer = folders.Writer("evaluate")
+    folder = tmp_path / "out"
+    real_lock = folders.lock_folder
+
+    def interrupted_lock(*args):
+        handle = real_lock(*args)
+        os.kill(os.getpid(), signal.SIGINT)
+        return handle
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        monkeypatch.setattr(folders, "lock_folder", interrupted_lock)
+        with pytest.raises(KeyboardInterrupt), folders.claim_folder(folder, writer):
+            pass
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert not folder.exists()
+    monkeypatch.setattr(folders, "lock_folder", real_lock)
+    with folders.claim_folder(folder, writer):
+        (folder / "metrics.json").write_text("{}")
+    assert sorted(p.name for p in folder.iterdir()) == [".captioning", ".lock", "metrics.json"]
+
+
 def test_a_lock_that_is_a_link_is_never_written_through(tmp_path, capsys):
     """A folder already marked for a verb, whose .lock links to a user's file: the verb
     refuses in one line and the user's file keeps its bytes."""

@@ -51,7 +51,7 @@ def broken(rows: list[dict]) -> list[dict]:
 def test_a_training_keeps_its_promise_at_50_points(tmp_path, background):
     rows = points(tmp_path, "train", 50, *(["--background"] if background else []))
     assert len(rows) == 50
-    assert not broken(rows), broken(rows)
+    assert not broken(rows), json.dumps(broken(rows), indent=1)
     assert sum(row["code"] in (130, 143) for row in rows) >= 35  # most came mid-run
 
 
@@ -59,5 +59,5 @@ def test_a_training_keeps_its_promise_at_50_points(tmp_path, background):
 def test_an_extraction_keeps_its_promise_at_100_points(tmp_path):
     rows = points(tmp_path, "extract", 100)
     assert len(rows) == 100
-    assert not broken(rows), broken(rows)
+    assert not broken(rows), json.dumps(broken(rows), indent=1)
     assert sum(row["code"] in (130, 143) for row in rows) >= 70
