@@ -14,7 +14,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from captioning.allocator import keep_freed_memory
 from captioning.errors import CaptioningError, ConfigError, Terminated
 from captioning.signals import stops_on_signals
 
@@ -795,7 +794,6 @@ def _run(argv: Sequence[str] | None) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    keep_freed_memory()  # no page faults on the same tensors every step
     try:
         with stops_on_signals():  # from the first line: parsing the command line included
             return _run(argv)
