@@ -1,7 +1,7 @@
 """Where and how code runs: device choice, seeding, mixed precision, and threads.
 
 Every layer may import this module; it imports nothing from the rest of the package but its
-errors.
+errors and signals.
 """
 
 from __future__ import annotations
@@ -9,8 +9,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import random
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -18,6 +19,7 @@ import numpy as np
 import torch
 
 from captioning.errors import CaptioningError
+from captioning.signals import signals_deferred
 
 T = TypeVar("T")
 logger = logging.getLogger("captioning")
@@ -91,9 +93,68 @@ def autocast(device: torch.device, precision: str) -> contextlib.AbstractContext
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
+_PENDING = object()
+_POLL = 0.002  # seconds between the caller's looks at a result not there yet
+_FINISH = 10.0  # seconds a stopped map waits for its workers' items in hand, at most
+
+
+def map_in_threads(function: Callable[[Any], T], items: Sequence[Any], workers: int) -> Iterator[T]:
+    """``function(item)`` for every item on ``workers`` threads of its own, yielded in the
+    order of ``items`` (an exception raised on the caller's thread when its item's turn
+    comes), as ``ThreadPoolExecutor.map`` does, but safe to stop with Ctrl-C or SIGTERM.
+
+    A signal's exception lands between any two bytecodes of the main thread. One that lands
+    while ``ThreadPoolExecutor`` takes a lock of its own (in ``submit``, or inside a
+    ``Condition`` on the way to a wait) leaves the lock taken: the workers block on it, and
+    the executor's exit waits for them forever. Here the caller shares no lock with the
+    workers: they start with both signals held back (``Thread.start`` waits on a lock the new
+    thread takes), each writes its own slots of a list, and the caller reads the list between
+    short sleeps. When the caller stops (an exception, or the iterator closed), every worker
+    finishes the item in hand and takes no other; the caller waits for that, at most
+    ``_FINISH`` seconds (the workers are daemons, so a process can always end)."""
+    if workers < 1:
+        raise ValueError(f"workers must be at least 1, got {workers}")
+    items = list(items)
+    slots: list[Any] = [_PENDING] * len(items)
+    stop = threading.Event()
+    stride = min(workers, len(items))
+
+    def work(first: int) -> None:
+        for index in range(first, len(items), stride):
+            if stop.is_set():
+                return
+            try:
+                slots[index] = (True, function(items[index]))
+            except BaseException as exc:  # noqa: BLE001  (raised on the caller's thread)
+                slots[index] = (False, exc)
+
+    threads = [threading.Thread(target=work, args=(k,), daemon=True) for k in range(stride)]
+    try:
+        with signals_deferred():
+            for thread in threads:
+                thread.start()
+        for index in range(len(items)):
+            while (slot := slots[index]) is _PENDING:
+                if not threads[index % stride].is_alive() and slots[index] is _PENDING:
+                    raise RuntimeError(f"the worker for item {index} ended without a result")
+                time.sleep(_POLL)
+            ok, value = slot
+            slots[index] = None  # the caller holds it now
+            if not ok:
+                raise value
+            yield value
+    finally:
+        stop.set()  # the workers never take this lock: they only read the flag
+        deadline = time.monotonic() + _FINISH
+        for thread in threads:
+            if thread.ident is not None:  # started
+                thread.join(max(0.0, deadline - time.monotonic()))
+
+
 def in_passing_thread(function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """``function(*args, **kwargs)`` run on a thread of its own that ends with it; its
-    result, or its exception raised here.
+    result, or its exception raised here. Safe to stop with Ctrl-C (see
+    :func:`map_in_threads`).
 
     For a process whose model runs on another thread (the web demo's batcher): OpenMP gives
     every thread that runs a parallel operation a team of its own, which lives as long as
@@ -101,5 +162,5 @@ def in_passing_thread(function: Callable[..., T], *args: Any, **kwargs: Any) -> 
     stops spinning between parallel regions, and a beam search's many small operations then
     take about twice as long (17 against 33 ms a photo caption on 2 cores). Loading the model
     on a passing thread leaves the calling thread without a team."""
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="passing") as pool:
-        return pool.submit(function, *args, **kwargs).result()  # the thread ends on exit
+    (result,) = map_in_threads(lambda _: function(*args, **kwargs), [None], 1)
+    return result  # the thread has ended: the map waits for its workers

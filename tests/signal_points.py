@@ -16,6 +16,8 @@ run nobody stopped; for an extraction, whether the cache holds a whole split or 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import faulthandler
 import json
 import os
 import random
@@ -28,6 +30,9 @@ from typing import Any
 from captioning.signals import DEFERRED_SIGNALS
 
 EXPECTED = {"SIGINT": (130, "interrupted"), "SIGTERM": (143, "terminated")}
+HUNG = 300.0  # seconds after which a run has hung: a whole run takes seconds
+HUNG_CODE = -1000
+STACKS = signal.SIGUSR1  # asks a hung child for its threads' stacks (faulthandler)
 CONFIG = "configs/test_tiny.yaml"
 
 
@@ -56,12 +61,15 @@ def fork_run(
     signum: int | None = None,
     after: float = 0.0,
     background: bool = False,
+    limit: float = HUNG,
 ):
     """Run the CLI on ``argv`` in a forked child (its own process group) and signal the
     group ``after`` seconds in (``background``: started as a non-interactive shell starts
     ``command &``, with Ctrl-C ignored); (exit code, seconds it ran, the wall-clock time the signal
     went or None if the child had ended). The child starts with both signals blocked, and
-    the command unblocks them under its handlers (captioning.signals.stops_on_signals)."""
+    the command unblocks them under its handlers (captioning.signals.stops_on_signals).
+    A child still running ``limit`` seconds in has hung: its state and every thread's stack
+    go to its stderr file, its group is killed, and its exit code is :data:`HUNG_CODE`."""
     started = time.monotonic()
     pid = os.fork()
     if pid == 0:  # the child: the CLI, as `captioning ...` runs it
@@ -75,6 +83,7 @@ def fork_run(
                 signal.signal(signal.SIGINT, signal.SIG_IGN)
             fd = os.open(stderr, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             os.dup2(fd, 2)
+            faulthandler.register(STACKS, file=sys.stderr, all_threads=True)
             os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
             from captioning.cli import main
 
@@ -102,9 +111,35 @@ def fork_run(
                 time.sleep(0.001)
         else:
             time.sleep(max(0.0, min(0.002, after - (time.monotonic() - started))))
-    if status is None:
-        status = os.waitpid(pid, 0)[1]
+    while status is None:
+        done, status_now = os.waitpid(pid, os.WNOHANG)
+        if done:
+            status = status_now
+        elif time.monotonic() - started > limit:
+            return _hung(pid, stderr), time.monotonic() - started, sent
+        else:
+            time.sleep(0.005)
     return os.waitstatus_to_exitcode(status), time.monotonic() - started, sent
+
+
+def _hung(pid: int, stderr: Path) -> int:
+    """Say where the hung child ``pid`` is (its kernel state and wait channel, then every
+    Python thread's stack) in its ``stderr`` file, and kill its group."""
+    proc = Path(f"/proc/{pid}")
+    with stderr.open("a") as err:
+        err.write("\nhung: ")
+        for name in ("wchan", "status"):
+            with contextlib.suppress(OSError):
+                text = (proc / name).read_text()
+                err.write(" ".join(text.splitlines()[:3]) + "; ")
+        err.write("\n")
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, STACKS)
+        time.sleep(2.0)  # the stacks are written by the child's own handler
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    return HUNG_CODE
 
 
 WRITTEN = {"train": ("*.pt", "figures/*.png", "config.yaml"), "extract": ("*/*.npy", "*/*.json")}
@@ -137,6 +172,7 @@ def judge(verb: str, name: str, folder: Path, code: int, sent: float | None, err
     """What one signalled run did, and whether that is what a user was promised."""
     lines = err.strip().splitlines()
     row: dict[str, Any] = {"code": code, "said": lines[-1] if lines else ""}
+    row["hung"] = code == HUNG_CODE
     row["traceback"] = "Traceback" in err
     row["left"] = sorted(str(p.relative_to(folder)) for g in LEFT_BEHIND for p in folder.glob(g))
     wrote = last_write(verb, folder)
@@ -210,7 +246,8 @@ def finish(verb: str, shapes: Path, folder: Path, final, err_file: Path) -> dict
         argv += ["--resume", str(last)]
     code, _, _ = fork_run(argv, err_file)
     if code != 0:
-        return {"finishes": False, "why": err_file.read_text().strip()[-300:]}
+        tail = 3000 if code == HUNG_CODE else 300  # a hung run's stacks, whole
+        return {"finishes": False, "why": err_file.read_text().strip()[-tail:]}
     now = weights(last) if verb == "train" else features(folder)
     same = same_weights(now, final) if verb == "train" else now == final
     return {"finishes": same, **({} if same else {"why": "ends elsewhere than the run"})}

@@ -7,7 +7,6 @@ import os
 import stat
 import warnings
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from functools import partial
@@ -20,6 +19,7 @@ from PIL import Image, ImageFile, ImageOps, PngImagePlugin, UnidentifiedImageErr
 from captioning.config import DataConfig
 from captioning.errors import DataError
 from captioning.progress import progress_bar
+from captioning.runtime import map_in_threads
 
 # The only formats read: raster formats that Pillow decodes in its own process. Pillow knows
 # others, and some run a program on the file (EPS and PostScript run Ghostscript) or are no
@@ -213,13 +213,12 @@ def check_images(
     """
     if num_threads < 1:
         raise ValueError(f"num_threads must be at least 1, got {num_threads}")
-    with ThreadPoolExecutor(max_workers=num_threads) as pool:
-        results = pool.map(partial(check_image, limits=limits), paths)
-        results = progress_bar(
-            results, total=len(paths), desc="checking images", unit="img", enabled=progress
-        )
-        # Exhaust the iterator before zipping: zip stops early and the bar would never close.
-        problems = list(results)
+    results = map_in_threads(partial(check_image, limits=limits), paths, num_threads)
+    bar = progress_bar(
+        results, total=len(paths), desc="checking images", unit="img", enabled=progress
+    )
+    # Exhaust the iterator before zipping: zip stops early and the bar would never close.
+    problems = list(bar)
     return [(path, problem) for path, problem in zip(paths, problems) if problem is not None]
 
 

@@ -41,7 +41,6 @@ import json
 import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cache, lru_cache, partial
 from pathlib import Path
@@ -54,6 +53,7 @@ from captioning.data.vocab import tokenize
 from captioning.errors import DataError
 from captioning.files import open_unlinked
 from captioning.progress import progress_bar
+from captioning.runtime import map_in_threads
 
 # Bright, well-separated colours (nearest-colour lookup stays unambiguous under the jitter and
 # noise), all far from the dark background.
@@ -542,12 +542,9 @@ def _generate_split(
     )
     # Threads overlap PNG encoding and file writes, which release the GIL; every image has its
     # own generator, so the results do not depend on the scheduling, and map keeps the order.
-    with ThreadPoolExecutor(max_workers=_WORKERS) as pool:
-        images = pool.map(make, range(count))
-        bar = progress_bar(
-            images, total=count, desc=f"shapes {split}", unit="img", enabled=progress
-        )
-        return list(bar)
+    images = map_in_threads(make, range(count), _WORKERS)
+    bar = progress_bar(images, total=count, desc=f"shapes {split}", unit="img", enabled=progress)
+    return list(bar)
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:

@@ -8,7 +8,6 @@ import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import nn
@@ -21,6 +20,7 @@ from captioning.distributed import (
 from captioning.errors import CaptioningError
 from captioning.objectives import Batch, LossTerms
 from captioning.progress import progress_bar
+from captioning.training.events import EventLog
 from captioning.training.run_state import Run
 
 logger = logging.getLogger("captioning")
@@ -101,7 +101,7 @@ def train_one_epoch(
     module: nn.Module,
     loader: DataLoader,
     device: torch.device,
-    writer: Any = None,
+    writer: EventLog | None = None,
     on_step: Callable[[Run], None] | None = None,
 ) -> dict[str, float]:
     """One pass over the training data; returns the epoch's mean loss terms (averaged over
@@ -143,7 +143,7 @@ def train_one_epoch(
     return mean_over_ranks(run.world, means, device)
 
 
-def _log_step(writer: Any, run: Run, result: StepResult) -> None:
+def _log_step(writer: EventLog, run: Run, result: StepResult) -> None:
     """TensorBoard scalars of one step (rank 0 only)."""
     step = run.progress.step
     names = {
@@ -151,8 +151,11 @@ def _log_step(writer: Any, run: Run, result: StepResult) -> None:
         "penalty": "attention_penalty",
         "entropy": "attention_entropy",
     }
-    for key, value in {**result.terms.scalars(), **run.objective.scalars()}.items():
-        writer.add_scalar(f"train/{names.get(key, key)}", value, step)
-    writer.add_scalar("train/grad_norm", result.grad_norm, step)
+    values = {
+        f"train/{names.get(key, key)}": value
+        for key, value in {**result.terms.scalars(), **run.objective.scalars()}.items()
+    }
+    values["train/grad_norm"] = result.grad_norm
     for group in run.optimizer.param_groups:
-        writer.add_scalar(f"lr/{group.get('name', 'group')}", group["lr"], step)
+        values[f"lr/{group.get('name', 'group')}"] = group["lr"]
+    writer.scalars(values, step)

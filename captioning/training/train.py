@@ -40,6 +40,7 @@ from captioning.inference.decoding import Decoded
 from captioning.metrics import score_predictions
 from captioning.models import Captioner
 from captioning.signals import signals_deferred, sigterm_raises
+from captioning.training.events import EventLog
 from captioning.training.run_folder import claim_run_dir, write_config
 from captioning.training.run_state import Run
 from captioning.training.setup import Setup, set_up
@@ -287,12 +288,10 @@ def _train(
 ) -> None:
     """The epoch loop, until ``train.epochs`` or early stopping."""
     run, cfg = setup.run, setup.run.cfg
-    writer = None
+    writer: EventLog | None = None
     if run.world.is_main:
         write_config(cfg, out_dir)
-        from torch.utils.tensorboard import SummaryWriter
-
-        writer = SummaryWriter(str(out_dir))
+        writer = EventLog(out_dir)
     patience = cfg.train.early_stop_patience
     try:
         while run.progress.epoch < cfg.train.epochs:
@@ -313,9 +312,8 @@ def _train(
             seconds = time.time() - epoch_start
             improved = end_epoch(run, train_terms, scores, seconds, out_dir)
             if writer is not None and scores is not None:
-                for key, value in scores.items():
-                    if value is not None:
-                        writer.add_scalar(f"val/{key}", float(value), run.progress.step)
+                values = {f"val/{key}": v for key, v in scores.items() if v is not None}
+                writer.scalars(values, run.progress.step)
                 if cfg.train.figure_every_epoch:
                     figure = out_dir / "figures" / f"epoch_{run.progress.epoch:03d}.png"
                     with signals_deferred():  # no half-written figure on Ctrl-C or SIGTERM
