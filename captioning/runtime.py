@@ -11,7 +11,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -149,6 +149,34 @@ def map_in_threads(function: Callable[[Any], T], items: Sequence[Any], workers: 
         for thread in threads:
             if thread.ident is not None:  # started
                 thread.join(max(0.0, deadline - time.monotonic()))
+
+
+def batches(loader: Iterable[Any]) -> Iterator[Any]:
+    """The batches of ``loader`` (a ``DataLoader``); with worker processes, each one fetched,
+    and the workers started and shut down, with Ctrl-C and SIGTERM held back.
+
+    A loader with workers hands them indices through ``multiprocessing`` queues, whose
+    ``put`` takes a ``threading.Condition``: a signal's exception that lands there leaves its
+    lock taken, and the loader's shutdown, which puts to the same queue, then waits forever
+    (``python -m tests.interrupt_sweep loader``). Held back, a signal stops the run once the
+    batch in hand has come: at once from a loader whose workers the signal stopped too (it
+    notices within seconds), as long as a batch takes from one that works on."""
+    if not getattr(loader, "num_workers", 0):  # no worker, no queue: nothing to hold
+        yield from loader
+        return
+    iterator: Any = None
+    try:
+        with signals_deferred():
+            iterator = iter(loader)
+        while True:
+            with signals_deferred():
+                batch = next(iterator, _PENDING)
+            if batch is _PENDING:
+                return
+            yield batch
+    finally:
+        with signals_deferred():
+            iterator = None  # its workers shut down here (a persistent one's stay the loader's)
 
 
 def in_passing_thread(function: Callable[..., T], *args: Any, **kwargs: Any) -> T:

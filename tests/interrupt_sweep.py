@@ -4,6 +4,11 @@
     python -m tests.interrupt_sweep executor        # concurrent.futures.ThreadPoolExecutor.map
     python -m tests.interrupt_sweep events          # captioning.training.events.EventLog
     python -m tests.interrupt_sweep summary-writer  # TensorBoard's SummaryWriter as it is
+    python -m tests.interrupt_sweep loader          # a DataLoader's workers, through batches
+    python -m tests.interrupt_sweep plain-loader threading.py:__enter__
+
+A second argument sweeps only the bytecodes of one file (and function): the one above
+lands only where a ``threading.Condition`` has taken its lock.
 
 A trace function raises ``KeyboardInterrupt`` at the caller's n-th bytecode (or at the first
 one after it where Ctrl-C is not held back, as a signal that ``signals_deferred`` holds
@@ -11,12 +16,14 @@ lands once the block ends), for n = 1, 2, ... until a run ends before its n-th b
 signal's handler can raise only where a bytecode starts, so this reaches every place a real
 Ctrl-C can. A run that has not returned, or whose threads that are no daemons have not
 ended, five seconds in has hung: the sweep prints where, with every thread's stack, and
-exits 3. A daemon thread still running half a second after its run is counted (it cannot
+exits 3; a run that fails without an interrupt (an earlier one broke what it shares with
+the next) exits 4. A daemon thread still running half a second after its run is counted (it cannot
 hold the process, but it never ended). Exit 0 says how many points it swept.
 """
 
 from __future__ import annotations
 
+import argparse
 import faulthandler
 import os
 import shutil
@@ -27,7 +34,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from captioning.runtime import map_in_threads
+from captioning.runtime import batches, map_in_threads
 from captioning.training.events import EventLog
 
 HUNG = 5.0  # seconds: a run of six tiny items takes milliseconds
@@ -74,22 +81,51 @@ def summary_writer() -> list[int]:
     return [x * x for x in ITEMS]
 
 
-RUNS = {"ours": ours, "executor": executor, "events": events, "summary-writer": summary_writer}
+def _loader():
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    return DataLoader(TensorDataset(torch.arange(24.0)), batch_size=4, num_workers=2)
+
+
+def loader() -> list[int]:
+    """A DataLoader with two worker processes, read through ``batches``."""
+    return [int(x) ** 2 for (batch,) in batches(_loader()) for x in batch]
+
+
+def plain_loader() -> list[int]:
+    """The same read as it is."""
+    return [int(x) ** 2 for (batch,) in _loader() for x in batch]
+
+
+RUNS = {
+    "ours": ours,
+    "executor": executor,
+    "events": events,
+    "summary-writer": summary_writer,
+    "loader": loader,
+    "plain-loader": plain_loader,
+}
 FOLDER = tempfile.mkdtemp(prefix="interrupt_sweep_")
 
 
 class Interrupt:
     """A trace (``sys.settrace``) that raises ``KeyboardInterrupt`` at the n-th bytecode."""
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, only: str = "") -> None:
         self.n, self.count, self.fired, self.where = n, 0, False, ""
+        # count only the bytecodes of the files whose path ends so (and of the function
+        # named after a colon): "threading.py:__enter__", where a Condition takes its lock
+        self.only, _, self.function = only.partition(":")
 
     def __call__(self, frame, event, arg):
         frame.f_trace_opcodes = True
         return self.local
 
     def local(self, frame, event, arg):
-        if event == "opcode" and not self.fired:
+        code = frame.f_code
+        counted = code.co_filename.endswith(self.only) and self.function in ("", code.co_name)
+        if event == "opcode" and not self.fired and counted:
             self.count += 1
             if self.count >= self.n and not _held():
                 self.fired = True
@@ -104,7 +140,13 @@ def _held() -> bool:
 
 
 def main() -> int:
-    run = RUNS[sys.argv[1]]
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("run", choices=RUNS, help="what the sweep interrupts")
+    parser.add_argument("only", nargs="?", default="", help="FILE or FILE:FUNCTION to sweep")
+    args = parser.parse_args()
+    run, only = RUNS[args.run], args.only
     began, point, current = [time.monotonic()], [1], [Interrupt(0)]
     seen: set[int | None] = set()  # daemon threads earlier runs left, waiting forever
 
@@ -119,16 +161,18 @@ def main() -> int:
     watching = threading.Thread(target=watchdog, daemon=True)
     watching.start()
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    run()  # once untraced: what it imports is imported whole, as in a run that got this far
+    expected = run()  # once untraced: what it imports is imported whole, as in a run that
+    # got this far
     strays, points = 0, 0
     while True:
         began[0] = time.monotonic()
-        trace = current[0] = Interrupt(point[0])
+        trace = current[0] = Interrupt(point[0], only)
         sys.settrace(trace)
+        error: BaseException | None = None
         try:
             results = run()
-        except BaseException:  # noqa: BLE001  (the interrupt, or what it broke on its way)
-            results = None
+        except BaseException as exc:  # noqa: BLE001  (the interrupt, or what it broke on its way)
+            results, error = None, exc
         finally:
             sys.settrace(None)
         ours = (threading.main_thread(), watching)
@@ -142,8 +186,10 @@ def main() -> int:
         left = [t for t in started if t.is_alive()]
         strays += bool(left)
         seen.update(t.ident for t in left)
+        if not trace.fired and results != expected:  # what an earlier interrupt broke
+            print(f"broken after bytecode {point[0] - 1}: {error!r}"[:300], flush=True)
+            return 4
         if not trace.fired:
-            assert results == [x * x for x in ITEMS], results
             print(f"{points} points, none hung, {strays} left a daemon thread", flush=True)
             return 0
         points += 1

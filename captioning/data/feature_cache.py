@@ -38,7 +38,7 @@ from captioning.folders import Writer, claim_folder, holds_only
 from captioning.models import build_encoder
 from captioning.models.encoder import Encoder
 from captioning.progress import progress_bar
-from captioning.runtime import autocast, resolve_device, seed_everything
+from captioning.runtime import autocast, batches, resolve_device, seed_everything
 from captioning.signals import sigterm_raises
 
 logger = logging.getLogger("captioning")
@@ -300,7 +300,11 @@ def _fill(
     written = np.zeros(count, dtype=bool)
     with torch.no_grad(), autocast(device, cfg.train.precision):
         for batch in progress_bar(
-            loader, desc=f"extracting {split}", unit="batch", enabled=progress
+            batches(loader),
+            total=len(loader),
+            desc=f"extracting {split}",
+            unit="batch",
+            enabled=progress,
         ):
             if batch is None:
                 continue

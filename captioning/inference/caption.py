@@ -31,7 +31,7 @@ from captioning.folders import Writer
 from captioning.inference.decoding import Decoded, decode
 from captioning.models import AttentionTrace, Captioner, build_model
 from captioning.progress import progress_bar
-from captioning.runtime import autocast
+from captioning.runtime import autocast, batches
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -348,7 +348,7 @@ def decode_dataset(
     bar = progress_bar(
         desc=desc, total=len(shard), unit="img", enabled=progress, summary=summary, leave=False
     )
-    for batch in loader:
+    for batch in batches(loader):
         if batch is None:
             continue
         decoded = caption_batch(

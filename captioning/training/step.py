@@ -20,6 +20,7 @@ from captioning.distributed import (
 from captioning.errors import CaptioningError
 from captioning.objectives import Batch, LossTerms
 from captioning.progress import progress_bar
+from captioning.runtime import batches
 from captioning.training.events import EventLog
 from captioning.training.run_state import Run
 
@@ -113,7 +114,8 @@ def train_one_epoch(
     counts: dict[str, int] = {}
     # No summary line: the epoch's own line (``_log_epoch``) carries the same figures.
     bar = progress_bar(
-        loader,
+        batches(loader),
+        total=len(loader),
         desc=f"epoch {run.progress.epoch + 1}",
         enabled=not run.cfg.train.quiet and run.world.is_main,
         summary=False,
