@@ -102,7 +102,8 @@ def test_map_in_threads_keeps_the_order_and_raises_at_the_items_turn():
 
 
 SWEPT = r"^(\d+) points, none hung, (\d+) left a daemon thread$"
-HUNG = r"^hung at bytecode \d+ \(.*\)$"
+# hung, or broken for the runs after (either way not safe to stop)
+HUNG = r"^(hung at bytecode \d+ \(.*\)|broken after bytecode \d+: .*)$"
 
 
 @pytest.mark.parametrize(
@@ -137,7 +138,9 @@ def test_ctrl_c_at_every_bytecode_of_work_handed_to_threads(run, code, says):
         text=True,
         timeout=600,
     )
-    assert result.returncode == code, result.stdout + result.stderr[-3000:]
+    assert result.returncode in ((0,) if code == 0 else (3, 4)), (
+        result.stdout + result.stderr[-3000:]
+    )
     found = re.match(says, result.stdout.strip().splitlines()[-1])
     assert found, result.stdout
     if code == 0:
