@@ -93,7 +93,8 @@ def autocast(device: torch.device, precision: str) -> contextlib.AbstractContext
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
-_PENDING = object()
+_PENDING = object()  # a slot of map_in_threads not filled yet
+_END = object()  # a loader with no batch left
 _POLL = 0.002  # seconds between the caller's looks at a result not there yet
 _FINISH = 10.0  # seconds a stopped map waits for its workers' items in hand, at most
 
@@ -170,8 +171,8 @@ def batches(loader: Iterable[Any]) -> Iterator[Any]:
             iterator = iter(loader)
         while True:
             with signals_deferred():
-                batch = next(iterator, _PENDING)
-            if batch is _PENDING:
+                batch = next(iterator, _END)
+            if batch is _END:
                 return
             yield batch
     finally:

@@ -152,3 +152,27 @@ def test_ctrl_c_at_every_bytecode_of_work_handed_to_threads(run, code, says):
             assert strays == 0  # every thread ended with its run
         else:  # a signal just before close() is called, left to the exit's close
             assert strays < points / 100
+
+
+def test_an_event_log_left_open_is_closed_at_exit_with_every_scalar(tmp_path):
+    """A signal just before ``EventLog.close`` is called leaves the log open; the exit closes
+    it, so every scalar it was handed is in the file (an open SummaryWriter loses the last
+    ones it had queued in most such runs: three runs make that a failure here)."""
+    import subprocess
+    import sys
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    for run in range(3):
+        folder = tmp_path / str(run)
+        code = (
+            "from captioning.training.events import EventLog\n"
+            f"log = EventLog({str(folder)!r})\n"
+            "for step in range(200):\n"
+            "    log.scalars({'loss': 1.0 / (step + 1)}, step)\n"
+        )
+        subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+        events = EventAccumulator(str(folder))
+        events.Reload()
+        written = [(e.step, round(e.value, 3)) for e in events.Scalars("loss")]
+        assert written == [(step, round(1.0 / (step + 1), 3)) for step in range(200)], run
