@@ -152,10 +152,10 @@ def test_the_probe_leaves_the_random_streams_alone():
 # --------------------------------------------------------------------------- deferred gradients
 
 
-def paper_wiring_gradients(monkeypatch, deferred: bool, autocast: bool = False, size: int = 4):
+def paper_wiring_gradients(monkeypatch, deferred: bool, autocast: bool = False):
     """The gradients of every weight of a tiny paper-wiring model (the context in the LSTM:
-    teacher forcing steps word by word) after one caption loss on ``size`` captions, with
-    the cell's weight gradients deferred or with torch's own cell."""
+    teacher forcing steps word by word) after one caption loss, with the cell's weight
+    gradients deferred or with torch's own cell."""
     from captioning.models import deferred as deferred_module
     from captioning.objectives.cross_entropy import caption_loss
 
@@ -165,7 +165,7 @@ def paper_wiring_gradients(monkeypatch, deferred: bool, autocast: bool = False, 
         monkeypatch.setattr(decoder_module, "deferred_cell", lambda cell: cell)
     model = tiny_model("model.context_to_lstm=true", "model.dropout=0.0")
     assert isinstance(model.decoder.lstm, nn.LSTMCell)
-    images, tokens = batch(size=size, length=7)
+    images, tokens = batch(size=4, length=7)
     calls = []
     original = deferred_module._Share.backward
     monkeypatch.setattr(
@@ -188,37 +188,6 @@ def test_the_deferred_cell_gives_the_word_loops_gradients(monkeypatch):
     for name, grad in plain.items():
         torch.testing.assert_close(deferred[name], grad, rtol=1e-4, atol=1e-6, msg=name)
     assert float(plain["decoder.lstm.weight_ih"].abs().sum()) > 0
-
-
-def test_the_deferred_cell_packs_its_weights_in_fp32_with_the_same_gradients(monkeypatch):
-    """With at least packing.MIN_ROWS captions, each word's two products by a cell weight run
-    on a packed copy from the second word on (forward and backward): the gradients stay
-    torch's cell's, and turning packing off gives the same ones."""
-    from captioning.models import packing
-
-    if not packing.packing_available():
-        pytest.skip("this CPU has no packed kernel")
-    rows = []
-    original = torch.ops.mkl._mkl_linear
-    monkeypatch.setattr(
-        torch.ops.mkl,
-        "_mkl_linear",
-        lambda inputs, *a: rows.append(len(inputs)) or original(inputs, *a),
-    )
-    size = packing.MIN_ROWS
-    packed, _ = paper_wiring_gradients(monkeypatch, deferred=True, size=size)
-    # 6 words (7 tokens): from the second, a packed forward and backward product per
-    # weight (ih and hh) and word
-    assert rows == [size] * 20
-    monkeypatch.setattr(packing, "ENABLED", False)
-    unpacked, _ = paper_wiring_gradients(monkeypatch, deferred=True, size=size)
-    assert len(rows) == 20
-    with monkeypatch.context() as patch:
-        plain, _ = paper_wiring_gradients(patch, deferred=False, size=size)
-    assert packed.keys() == unpacked.keys() == plain.keys()
-    for name, grad in plain.items():
-        torch.testing.assert_close(packed[name], grad, rtol=1e-4, atol=1e-6, msg=name)
-        torch.testing.assert_close(packed[name], unpacked[name], rtol=1e-4, atol=1e-6, msg=name)
 
 
 def test_inference_keeps_torchs_cell():

@@ -14,12 +14,6 @@ Under autocast the weights are cast once per forward pass and each word's produc
 the autocast dtype, as torch's cell runs it; the weights' gradients are then one product
 over every word's rows, rounded once, where torch's cell adds the nineteen words' bf16
 gradients in bf16. It applies to a cell whose weights need gradients.
-
-In fp32 on the CPU, each word's two products by a weight (the forward one, and its
-backward's product of the output gradient by the weight) run on a copy of the weight packed
-once per caption batch (:class:`captioning.models.packing.Packs`, as decoding does): with 32
-rows a product otherwise spends as long copying the weight into MKL's layout as multiplying.
-Each word's products are then those of the unpacked weight to fp32 rounding.
 """
 
 from __future__ import annotations
@@ -30,8 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from captioning.models import packing
-from captioning.models.packing import Packs, cell_update
+from captioning.models.packing import cell_update
 
 # False: every word loop uses torch's own cell (the benchmarks time both).
 ENABLED = True
@@ -42,30 +35,11 @@ Cell = Callable[
 
 
 class _Pieces:
-    """Each word's rows of one weight's gradient: its inputs (R, K) and output grads (R, N);
-    and the packed copies of the weight its words' products share (None: unpacked)."""
+    """Each word's rows of one weight's gradient: its inputs (R, K) and output grads (R, N)."""
 
-    def __init__(self, packs: Packs | None) -> None:
+    def __init__(self) -> None:
         self.inputs: list[torch.Tensor] = []
         self.grads: list[torch.Tensor] = []
-        self.packs = packs
-        self.transposed: torch.Tensor | None = None  # the weight (N, K) as (K, N), one view
-
-    def forward(
-        self, inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
-    ) -> torch.Tensor:
-        """``F.linear(inputs, weight, bias)``: (R, K) → (R, N)."""
-        if self.packs is None:
-            return F.linear(inputs, weight, bias)
-        return self.packs.linear(inputs, weight, bias)
-
-    def backward(self, grad: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """The inputs' gradient ``grad @ weight``: (R, N) → (R, K)."""
-        if self.packs is None:
-            return grad @ weight
-        if self.transposed is None:  # the same view at every word: the packs know it
-            self.transposed = weight.t()
-        return self.packs.linear(grad, self.transposed, None)
 
 
 class _Share(torch.autograd.Function):
@@ -116,15 +90,14 @@ class _Use(torch.autograd.Function):
         inputs = inputs.to(weight.dtype)  # the product's dtype: autocast's, or the weights'
         ctx.save_for_backward(inputs, weight)
         ctx.pieces = pieces
-        return pieces.forward(inputs, weight, bias)
+        return F.linear(inputs, weight, bias)
 
     @staticmethod
     def backward(ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor) -> tuple:
         inputs, weight = ctx.saved_tensors
         ctx.pieces.inputs.append(inputs)
         ctx.pieces.grads.append(grad)
-        inputs_grad = ctx.pieces.backward(grad, weight) if ctx.needs_input_grad[0] else None
-        return inputs_grad, None, None, None
+        return (grad @ weight if ctx.needs_input_grad[0] else None), None, None, None
 
 
 def deferred_cell(cell: nn.LSTMCell) -> Cell:
@@ -142,9 +115,7 @@ def deferred_cell(cell: nn.LSTMCell) -> Cell:
     device, dtype = cell.weight_ih.device.type, cell.weight_ih.dtype
     if torch.is_autocast_enabled(device):
         dtype = torch.get_autocast_dtype(device)
-    pack = packing.ENABLED and dtype == torch.float32 and device == "cpu"
-    pack = pack and packing.packing_available()
-    pieces_ih, pieces_hh = (_Pieces(Packs() if pack else None) for _ in range(2))
+    pieces_ih, pieces_hh = _Pieces(), _Pieces()
     weight_ih, bias_ih = _Share.apply(cell.weight_ih, cell.bias_ih, pieces_ih, dtype)
     weight_hh, bias_hh = _Share.apply(cell.weight_hh, cell.bias_hh, pieces_hh, dtype)
 

@@ -13,10 +13,8 @@ the same to fp32 rounding: the packed kernel may add a long dot product in anoth
 Packing applies only where it pays and cannot change what is computed: fp32 on the CPU
 without autocast or gradients, the same row count twice in a row (a product run once, such
 as the grid's key projection, is left to MKL), and only while the private op is there and
-agrees with ``F.linear`` on a probe. Elsewhere (bf16, CUDA, ARM CPUs) the layers are
-torch's own. The packs live as long as the ``with`` block: nothing is kept on the model. A
-training word loop's LSTM cell packs its weights the same way, through
-:mod:`captioning.models.deferred`.
+agrees with ``F.linear`` on a probe. Elsewhere (training, bf16, CUDA, ARM CPUs) the layers
+are torch's own. The packs live as long as the ``with`` block: nothing is kept on the model.
 """
 
 from __future__ import annotations
