@@ -190,6 +190,46 @@ def test_the_deferred_cell_gives_the_word_loops_gradients(monkeypatch):
     assert float(plain["decoder.lstm.weight_ih"].abs().sum()) > 0
 
 
+def test_shared_keys_sum_every_words_keys_gradient_in_place(monkeypatch):
+    """Each word's tanh score adds its keys gradient into one sum, handed on once: the
+    gradients are autograd's sum of the words' own, in fp32 and under bf16 autocast."""
+    from captioning.models import tanh_score
+
+    handed = []
+    original = tanh_score._ShareKeys.backward
+
+    def backward(ctx, grad):
+        summed = ctx.sink.total is not None
+        out = original(ctx, grad)
+        handed.append((summed, out[0].dtype))
+        return out
+
+    monkeypatch.setattr(tanh_score._ShareKeys, "backward", staticmethod(backward))
+    results = {}
+    for autocast in (False, True):
+        shared, _ = paper_wiring_gradients(monkeypatch, deferred=True, autocast=autocast)
+        with monkeypatch.context() as patch:
+            patch.setattr(decoder_module, "shared_keys", lambda keys: keys)
+            own, _ = paper_wiring_gradients(patch, deferred=True, autocast=autocast)
+        results[autocast] = shared, own
+    # once per backward pass, with the words' sum, in the keys' dtype
+    assert handed == [(True, torch.float32), (True, torch.bfloat16)]
+    shared, own = results[False]
+    assert shared.keys() == own.keys()
+    for name, grad in own.items():
+        torch.testing.assert_close(shared[name], grad, rtol=1e-5, atol=1e-7, msg=name)
+    key_weight = "decoder.attention.score.key_proj.weight"
+    exact = shared[key_weight]
+    assert float(exact.abs().sum()) > 0
+    # bf16: the sum is taken in fp32 and rounded once (autograd adds bf16 gradients), no
+    # less exact
+    error = {
+        name: float((grads[key_weight] - exact).abs().max())
+        for name, grads in zip(("shared", "own"), results[True], strict=True)
+    }
+    assert error["shared"] <= error["own"] * 1.05
+
+
 def test_inference_keeps_torchs_cell():
     from captioning.models.deferred import deferred_cell
 

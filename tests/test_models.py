@@ -120,7 +120,7 @@ def test_additive_score_in_blocks_and_in_compiled_form_match_the_plain_one(monke
     blocks = []
     plain_scores, in_place = score._scores, score.sigmoid_
     assert scores_module.SIGMOID_TANH  # fp32 blocks' tanh is 2 sigmoid(2x) - 1
-    score._scores = lambda k, q: blocks.append(k.shape[0]) or plain_scores(k, q)
+    score._scores = lambda k, q, sink: blocks.append(k.shape[0]) or plain_scores(k, q, sink)
     score.sigmoid_ = lambda hidden: blocks.append(hidden.shape[0]) or in_place(hidden)
     with torch.no_grad():
         plain = score(keys, query)  # one block: 7 * 3 * 9 * 5 values fit the budget

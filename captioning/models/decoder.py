@@ -50,6 +50,7 @@ from captioning.models.deferred import Cell, deferred_cell
 from captioning.models.encoder import split_summary
 from captioning.models.packing import Linear, LSTMCell, cell_update
 from captioning.models.scores import groups
+from captioning.models.tanh_score import shared_keys
 from captioning.models.trace import AttentionTrace
 from captioning.models.word_maps import WordMaps
 
@@ -535,6 +536,7 @@ class Decoder(nn.Module):
         log_probs, sampled = [], []
         initial = state.h
         cell = deferred_cell(self.lstm)  # one product per weight gradient, not one per word
+        keys = shared_keys(keys)  # one keys gradient, summed in place
         for t in range(embedded.shape[1]):
             state, attended, context, beta = self._advance(
                 embedded[:, t], state, features, keys, hard.at(t), cell

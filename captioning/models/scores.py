@@ -22,7 +22,7 @@ from torch import nn
 from captioning.config import unknown_choice
 from captioning.errors import ConfigError
 from captioning.models.packing import Linear
-from captioning.models.tanh_score import tanh_score
+from captioning.models.tanh_score import KeysGradient, tanh_score
 
 
 def groups(keys: torch.Tensor, rows: int) -> int:
@@ -77,6 +77,7 @@ class AdditiveScore(nn.Module):
         batch, cells, dim = keys.shape
         g = groups(keys, query.shape[0])
         projected = self.query_proj(query).view(batch, g, 1, dim)  # (B, G, 1, A)
+        sink = getattr(keys, "gradient_sink", None)  # the keys of tanh_score.shared_keys
         keys = keys.unsqueeze(1)  # (B, 1, L, A)
         if torch.compiler.is_compiling():
             # As one reduction the compiler fuses add, activation and projection, and the
@@ -86,7 +87,7 @@ class AdditiveScore(nn.Module):
             return scores.view(batch * g, cells)
         per_block = max(1, SCORE_BLOCK_ELEMENTS // (g * cells * dim))  # images
         if per_block >= batch or keys.device.type != "cpu" or torch.is_grad_enabled():
-            return self._scores(keys, projected).view(batch * g, cells)
+            return self._scores(keys, projected, sink).view(batch * g, cells)
         # Cache blocking: one buffer for the hidden layer of a block, the add written into
         # it, the activation in place, then the projection; no block allocates.
         dtype, activation_, scale = keys.dtype, self.activation_, 1.0
@@ -107,13 +108,15 @@ class AdditiveScore(nn.Module):
             torch.matmul(block, weight, out=scores[start:stop])  # (b, G, L)
         return (scores + bias).view(batch * g, cells)
 
-    def _scores(self, keys: torch.Tensor, projected: torch.Tensor) -> torch.Tensor:
+    def _scores(
+        self, keys: torch.Tensor, projected: torch.Tensor, sink: KeysGradient | None = None
+    ) -> torch.Tensor:
         """(b, 1, L, A) keys, (b, G, 1, A) projected queries → (b, G, L); training on the
         CPU, tanh's in blocks with its backward written out
-        (:mod:`captioning.models.tanh_score`)."""
+        (:mod:`captioning.models.tanh_score`), which adds the keys' gradient into ``sink``."""
         cpu = keys.device.type == "cpu"
         if SIGMOID_TANH and self.sigmoid_ is not None and cpu and torch.is_grad_enabled():
-            return tanh_score(keys, projected, self.out.weight[0], self.out.bias)
+            return tanh_score(keys, projected, self.out.weight[0], self.out.bias, sink)
         return self.out(self.activation(keys + projected)).squeeze(3)
 
 

@@ -15,6 +15,13 @@ gradient from it:
 with s = sigmoid(2x), x = k_i + q. The keys and queries may be bf16 (autocast): each block
 is summed into fp32, so the score is no less exact than autocast's bf16 tanh, and the
 gradients return in the inputs' dtypes. Tests compare every gradient with autograd's.
+
+A word loop scores every word against the same keys, and autograd would hand each word's
+keys gradient over as a tensor of its own and add them up (a pass over (B, L, A) values
+more per word). Keys passed through :func:`shared_keys` carry one fp32 sum instead: each
+word's backward pass adds its gradient into it in place, and the sum is handed on once,
+after the last word's. Like :mod:`captioning.models.deferred`, it expects each backward
+pass through a word's score to go on to the keys.
 """
 
 from __future__ import annotations
@@ -25,12 +32,56 @@ import torch
 BLOCK_ELEMENTS = 1 << 19
 
 
+class KeysGradient:
+    """The keys' gradient summed over the words of one forward pass, in fp32."""
+
+    def __init__(self) -> None:
+        self.total: torch.Tensor | None = None  # (B, 1, L, A) once a word's backward ran
+
+
+def shared_keys(keys: torch.Tensor) -> torch.Tensor:
+    """``keys`` (B, L, A) as every word of a loop scores against them: the same values,
+    whose gradient the words' :func:`tanh_score` sum in place (see the module docstring).
+    Make one per forward pass; without gradients, ``keys`` itself."""
+    if not (torch.is_grad_enabled() and keys.requires_grad):
+        return keys
+    sink = KeysGradient()
+    shared = _ShareKeys.apply(keys, sink)
+    shared.gradient_sink = sink  # read by the score, which passes it to tanh_score
+    return shared
+
+
+class _ShareKeys(torch.autograd.Function):
+    """``keys`` → the same values; backward: the words' summed gradient, once."""
+
+    @staticmethod
+    def forward(
+        ctx: torch.autograd.function.FunctionCtx, keys: torch.Tensor, sink: KeysGradient
+    ) -> torch.Tensor:
+        ctx.sink, ctx.shape, ctx.dtype = sink, keys.shape, keys.dtype
+        ctx.set_materialize_grads(False)
+        return keys.view_as(keys)
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor | None) -> tuple:
+        total, ctx.sink.total = ctx.sink.total, None
+        if total is None:
+            return grad, None
+        total = total.view(ctx.shape).to(ctx.dtype)
+        return (total if grad is None else total + grad), None
+
+
 def tanh_score(
-    keys: torch.Tensor, queries: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
+    keys: torch.Tensor,
+    queries: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    sink: KeysGradient | None = None,
 ) -> torch.Tensor:
     """``w^T tanh(keys + queries) + b`` in fp32: ``keys`` (B, 1, L, A) and ``queries``
-    (B, G, 1, A) → (B, G, L); ``weight`` (A,), ``bias`` (1,)."""
-    return _TanhScore.apply(keys, queries, weight, bias)
+    (B, G, 1, A) → (B, G, L); ``weight`` (A,), ``bias`` (1,). With the ``sink`` of
+    :func:`shared_keys`, the keys' gradient is added into it instead of returned."""
+    return _TanhScore.apply(keys, queries, weight, bias, sink)
 
 
 def _blocks(keys: torch.Tensor, queries: torch.Tensor) -> tuple[list[slice], torch.Tensor]:
@@ -58,8 +109,10 @@ class _TanhScore(torch.autograd.Function):
         queries: torch.Tensor,
         weight: torch.Tensor,
         bias: torch.Tensor,
+        sink: KeysGradient | None,
     ) -> torch.Tensor:
         ctx.save_for_backward(keys, queries, weight)
+        ctx.sink = sink
         blocks, buffer = _blocks(keys, queries)
         doubled = 2.0 * queries.float()
         w = weight.float()
@@ -76,7 +129,9 @@ class _TanhScore(torch.autograd.Function):
         blocks, buffer = _blocks(keys, queries)
         doubled, grad = 2.0 * queries.float(), grad.float()
         four_w = 4.0 * weight.float()
-        grad_keys = torch.empty(keys.shape, dtype=torch.float32, device=keys.device)
+        sink = ctx.sink
+        summing = sink is not None and sink.total is not None  # add into an earlier word's
+        grad_keys = sink.total if summing else torch.empty_like(keys, dtype=torch.float32)
         grad_queries = torch.empty(queries.shape, dtype=torch.float32, device=keys.device)
         grad_weight = torch.zeros(dim, dtype=torch.float32, device=keys.device)
         with torch.autocast(keys.device.type, enabled=False):
@@ -84,15 +139,22 @@ class _TanhScore(torch.autograd.Function):
                 s = _sigmoid(keys, doubled, rows, buffer)  # (b, G, L, A)
                 g = grad[rows]  # (b, G, L)
                 grad_weight += g.reshape(1, -1).mm(s.view(-1, dim)).view(dim)  # sum g s
-                s.addcmul_(s, s, value=-1.0).mul_(g.unsqueeze(3))  # d score / dx over 4 w
+                # d score / dx over 4 w: g s (1 - s), in place, in one pass
+                torch.ops.aten.sigmoid_backward.grad_input(g.unsqueeze(3), s, grad_input=s)
                 # 4 w is constant over the cells and the groups: applied after each sum
                 torch.mul(s.sum(dim=2, keepdim=True), four_w, out=grad_queries[rows])
                 summed = s if s.shape[1] == 1 else s.sum(dim=1, keepdim=True)
-                torch.mul(summed, four_w, out=grad_keys[rows])
+                if summing:
+                    grad_keys[rows].addcmul_(summed, four_w)
+                else:
+                    torch.mul(summed, four_w, out=grad_keys[rows])
         grad_weight = 2.0 * grad_weight - grad.sum()  # sum g (2 s - 1) = sum g tanh(x)
+        if sink is not None:
+            sink.total, grad_keys = grad_keys, None
         return (
-            grad_keys.to(keys.dtype),
+            None if grad_keys is None else grad_keys.to(keys.dtype),
             grad_queries.to(queries.dtype),
             grad_weight.to(weight.dtype),
             grad.sum().reshape(1).to(weight.dtype),
+            None,
         )
