@@ -2,6 +2,7 @@
 the package's own training step and decoding, and a quick run must write every measurement
 and check."""
 
+import dataclasses
 import json
 import math
 import subprocess
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks import beam_floor, bench, bench_report, reference_decoding, workload
+from benchmarks import beam_floor, bench, bench_report, reference_decoding, train_floor, workload
 from benchmarks.reference import ReferenceDecoder, load_reference
 from benchmarks.reference_check import check_reference, end_biased
 from benchmarks.reference_decoding import reference_beam_search, reference_greedy
@@ -20,7 +21,7 @@ from captioning.config import load_config
 from captioning.data.vocab import Vocabulary
 from captioning.inference import caption as inference
 from captioning.inference.decoding import beam_search, greedy_decode
-from captioning.models import build_model
+from captioning.models import build_model, packing
 from captioning.objectives.cross_entropy import caption_loss
 from captioning.training import step as training_step
 from lab.results import ResultsError
@@ -522,9 +523,80 @@ def test_the_benchmarks_run_as_modules_from_the_repository_root():
         "error: --sizes must name some of shapes, coco, flickr8k, flickr8k_14x14, tiny; "
         "got ['nope']"
     ]
-    for module in ("beam_floor", "profile_epoch", "roofline", "serve_load", "serve_stress"):
+    modules = ("beam_floor", "profile_epoch", "roofline", "serve_load", "serve_stress")
+    for module in (*modules, "train_floor"):
         helped = run(f"benchmarks.{module}", "--help")
         assert helped.returncode == 0 and f"python -m benchmarks.{module}" in helped.stdout
+
+
+# --------------------------------------------------------------------------- training floor
+
+
+def test_the_training_floor_records_every_product_a_step_runs():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    a, b, batched = torch.randn(4, 3), torch.randn(3, 5), torch.randn(2, 3, 6)
+
+    def work():
+        (a @ b).sum()
+        a @ b
+        torch.bmm(batched.transpose(1, 2), batched)
+
+    products = train_floor.record_products(work)
+    assert sorted(products.values()) == [1, 2]
+    assert sum(p.gflop * n for p, n in products.items()) == pytest.approx(
+        (2 * 2 * 4 * 3 * 5 + 2 * 2 * 6 * 3 * 6) / 1e9
+    )
+    assert {p.label for p in products} == {"mm 4x3x5 fp32", "bmm 2x6x3x6 fp32"}
+
+    # the tiny size's training step: the FLOPs torch's counter counts, with the cell's
+    # products packed (which the counter does not see) or not
+    size = workload.SIZES["tiny"]()
+    size = dataclasses.replace(size, batch_size=packing.MIN_ROWS)
+    torch.manual_seed(0)
+    model = build_model(size.config.model, size.vocab_size)
+    setup = workload.set_up(size, model, workload.random_batch(size, model, 0), torch.device("cpu"))
+    step = workload.decoder_step(setup, size.config, reference=False, compiled=False)
+    step()
+    counted = {}
+    for packed in (False, True):
+        packing.ENABLED = packed
+        try:
+            recorded = train_floor.record_products(step)
+            with FlopCounterMode(display=False) as counter:
+                step()
+        finally:
+            packing.ENABLED = True
+        matrix = {p: n for p, n in recorded.items() if p.op not in ("mv", "addmv")}
+        counted[packed] = (sum(p.gflop * n for p, n in matrix.items()), counter.get_total_flops())
+    assert counted[False][0] == pytest.approx(counted[False][1] / 1e9, rel=1e-9)
+    assert counted[True][0] == pytest.approx(counted[False][0], rel=1e-9)
+    if packing.packing_available():
+        assert counted[True][1] < counted[False][1]  # the counter misses the packed products
+    times = train_floor.time_products(recorded, repeats=1)
+    assert times.keys() == recorded.keys() and min(times.values()) > 0
+
+
+def test_the_training_floor_row_bounds_the_speed_up(tmp_path, capsys):
+    results = tmp_path / "speed.json"
+    args = ["--sizes", "tiny", "--rounds", "2", "--repeats", "1", "--results", str(results)]
+    assert train_floor.main(args) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("tiny fp32: ") and f"merged 1 rows into {results}" in out
+    (row,) = json.loads(results.read_text())
+    assert row["kind"] == "train_floor" and row["size"] == "tiny" and row["rounds"] == 2
+    assert 0 < row["floor_seconds"] < row["ours_seconds"]
+    assert len(row["ours_over_floor"]) == len(row["reference_over_floor"]) == 2
+    allowed = row["reference_seconds"] / row["floor_seconds"]
+    assert f"at most {allowed:.1f}x it" in out
+    assert row["command"] == (  # no machine paths
+        "python -m benchmarks.train_floor --sizes tiny --rounds 2 --repeats 1 "
+        "--results OUT/speed.json"
+    )
+    with pytest.raises(SystemExit) as exited:
+        train_floor.main(["--sizes", "tiny,huge"])
+    assert exited.value.code == 2
+    assert "unknown size or precision: huge" in capsys.readouterr().err
 
 
 # --------------------------------------------------------------------------- beam floor

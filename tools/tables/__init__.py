@@ -87,6 +87,7 @@ from tools.tables.speed import (
     speed_profile,
     speed_quality,
     speed_sharing,
+    speed_train_floor,
 )
 
 DOCUMENTS = ("README.md", "docs/*.md")
@@ -121,6 +122,7 @@ TABLES: dict[str, Callable[[Rows], str]] = {
     "speed_quality": speed_quality,
     "speed_bench": speed_bench,
     "speed_floor": speed_floor,
+    "speed_train_floor": speed_train_floor,
     "speed_profile": speed_profile,
     "speed_sharing": speed_sharing,
     "speed_encoder": speed_encoder,
@@ -164,6 +166,7 @@ SOURCES = {
     "speed_quality": "speed",
     "speed_bench": "speed",
     "speed_floor": "speed",
+    "speed_train_floor": "speed",
     "speed_profile": "speed",
     "speed_sharing": "speed",
     "speed_encoder": "speed",

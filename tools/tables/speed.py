@@ -197,6 +197,37 @@ def speed_floor(rows: Rows) -> str:
     return "\n".join(lines) + "\n"
 
 
+def speed_train_floor(rows: Rows) -> str:
+    """The training step's floor (``benchmarks/train_floor.py``): per size and precision its
+    products alone, ours and the reference's step in the same rounds, and the speed-ups."""
+    rows = sorted(
+        _kind(rows, "train_floor"), key=lambda r: (r["size"] != "coco", r["size"], r["precision"])
+    )
+    lines = [
+        "| size | precision | products (GFLOP) | products alone | largest | ours | ours / "
+        "floor | reference | ours' speed-up | most speed-up the floor allows |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        largest, seconds = next(iter(r["largest"].items()))
+        lines.append(
+            f"| {r['size']} | {r['precision']} | {r['calls']} ({r['gflop']:.1f}) | "
+            f"{r['floor_seconds']:.3g} s | {largest}: {seconds:.3g} s | "
+            f"{r['ours_seconds']:.3g} s | {statistics.median(r['ours_over_floor']):.2f}× | "
+            f"{r['reference_seconds']:.3g} s | "
+            f"{r['reference_seconds'] / r['ours_seconds']:.1f}× | "
+            f"**{statistics.median(r['reference_over_floor']):.1f}×** |"
+        )
+    lines += [
+        "",
+        _provenance(rows, "training floor")
+        + f" Batch {rows[0]['batch_size']}, {rows[0]['words']} words; each of "
+        f"{rows[0]['rounds']} rounds times the products, then ours and the reference; "
+        "ratios are the medians of the rounds'.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def speed_profile(rows: Rows) -> str:
     """Where a training step's time goes (``benchmarks/profile_epoch.py``): the median
     milliseconds of each phase per step, one column per measured configuration."""
