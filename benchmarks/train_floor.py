@@ -9,8 +9,8 @@ batch; at every word the query projection, the context's product over the grid, 
 the LSTM cell, and in the backward pass their input gradients; the weight gradients; the deep
 output and the vocabulary projection over every word. This script records the products that
 our step (as ``benchmarks.bench`` times it) runs, through a dispatch mode that sees what
-autograd and autocast run (``mm``, ``addmm``, ``bmm``, ``baddbmm``, ``mv``, ``addmv`` and
-MKL's packed product), and times each distinct product alone, warm, as often as the step
+autograd and autocast run (``mm``, ``addmm``, ``bmm``, ``baddbmm``, ``mv``, ``addmv``), and
+times each distinct product alone, warm, as often as the step
 runs it: a 2-D product of at least ``packing.MIN_ROWS`` rows in fp32 at the faster of
 torch's product and MKL's packed one. Their sum is a floor under any step that computes the
 same numbers on this machine, and a low one: it leaves out the additive score's tanh, the
@@ -71,8 +71,7 @@ class Operand:
 
 @dataclass(frozen=True)
 class Product:
-    """One matrix product of the step: ``op`` over ``operands`` (a packed product is kept
-    as ``addmm`` of its input, its weight transposed and its bias)."""
+    """One matrix product of the step: ``op`` over ``operands``."""
 
     op: str
     operands: tuple[Operand, ...]
@@ -123,13 +122,6 @@ class _Recorder(TorchDispatchMode):
         if func in PRODUCTS:
             tensors = tuple(Operand.of(x) for x in args if isinstance(x, torch.Tensor))
             self.products[Product(PRODUCTS[func], tensors)] += 1
-        elif func is torch.ops.mkl._mkl_linear.default:
-            inputs, _, weight, bias = args[:4]
-            transposed = weight.t()
-            operands = (Operand.of(inputs), Operand.of(transposed))
-            if bias is not None:
-                operands = (Operand.of(bias), *operands)
-            self.products[Product("addmm" if bias is not None else "mm", operands)] += 1
         return func(*args, **kwargs)
 
 
@@ -248,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
             record(
                 args.results,
                 rows,
-                lambda r: (r["kind"], r["size"], r["precision"]),
+                lambda r: (r.get("kind"), r.get("size"), r.get("precision")),
                 module="benchmarks.train_floor",
                 argv=argv,
                 timed_alone=not args.machine_busy,

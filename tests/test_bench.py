@@ -2,7 +2,6 @@
 the package's own training step and decoding, and a quick run must write every measurement
 and check."""
 
-import dataclasses
 import json
 import math
 import subprocess
@@ -21,7 +20,7 @@ from captioning.config import load_config
 from captioning.data.vocab import Vocabulary
 from captioning.inference import caption as inference
 from captioning.inference.decoding import beam_search, greedy_decode
-from captioning.models import build_model, packing
+from captioning.models import build_model
 from captioning.objectives.cross_entropy import caption_loss
 from captioning.training import step as training_step
 from lab.results import ResultsError
@@ -549,41 +548,38 @@ def test_the_training_floor_records_every_product_a_step_runs():
     )
     assert {p.label for p in products} == {"mm 4x3x5 fp32", "bmm 2x6x3x6 fp32"}
 
-    # the tiny size's training step: the FLOPs torch's counter counts, with the cell's
-    # products packed (which the counter does not see) or not
+    # the tiny size's training step: the FLOPs torch's counter counts
     size = workload.SIZES["tiny"]()
-    size = dataclasses.replace(size, batch_size=packing.MIN_ROWS)
     torch.manual_seed(0)
     model = build_model(size.config.model, size.vocab_size)
     setup = workload.set_up(size, model, workload.random_batch(size, model, 0), torch.device("cpu"))
     step = workload.decoder_step(setup, size.config, reference=False, compiled=False)
     step()
-    counted = {}
-    for packed in (False, True):
-        packing.ENABLED = packed
-        try:
-            recorded = train_floor.record_products(step)
-            with FlopCounterMode(display=False) as counter:
-                step()
-        finally:
-            packing.ENABLED = True
-        matrix = {p: n for p, n in recorded.items() if p.op not in ("mv", "addmv")}
-        counted[packed] = (sum(p.gflop * n for p, n in matrix.items()), counter.get_total_flops())
-    assert counted[False][0] == pytest.approx(counted[False][1] / 1e9, rel=1e-9)
-    assert counted[True][0] == pytest.approx(counted[False][0], rel=1e-9)
-    if packing.packing_available():
-        assert counted[True][1] < counted[False][1]  # the counter misses the packed products
+    recorded = train_floor.record_products(step)
+    with FlopCounterMode(display=False) as counter:
+        step()
+    matrix = {p: n for p, n in recorded.items() if p.op not in ("mv", "addmv")}
+    gflop = sum(p.gflop * n for p, n in matrix.items())
+    assert gflop == pytest.approx(counter.get_total_flops() / 1e9, rel=1e-9) and gflop > 0
+    assert any(p.op == "bmm" for p in recorded)  # the context, forward and backward
     times = train_floor.time_products(recorded, repeats=1)
     assert times.keys() == recorded.keys() and min(times.values()) > 0
 
 
 def test_the_training_floor_row_bounds_the_speed_up(tmp_path, capsys):
+    from lab.provenance import record
+
     results = tmp_path / "speed.json"
+    other = {"kind": "profile", "run": "a row of another benchmark"}
+    record(
+        results, [other], lambda r: r["kind"], module="m", argv=[], timed_alone=True, settings=()
+    )
     args = ["--sizes", "tiny", "--rounds", "2", "--repeats", "1", "--results", str(results)]
     assert train_floor.main(args) == 0
     out = capsys.readouterr().out
     assert out.startswith("tiny fp32: ") and f"merged 1 rows into {results}" in out
-    (row,) = json.loads(results.read_text())
+    kept, row = json.loads(results.read_text())
+    assert kept["run"] == other["run"]
     assert row["kind"] == "train_floor" and row["size"] == "tiny" and row["rounds"] == 2
     assert 0 < row["floor_seconds"] < row["ours_seconds"]
     assert len(row["ours_over_floor"]) == len(row["reference_over_floor"]) == 2
