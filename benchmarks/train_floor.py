@@ -144,6 +144,10 @@ def time_products(products: Counter[Product], repeats: int) -> dict[Product, flo
         }
 
 
+def _calls(count: int) -> str:
+    return f"{count} call" if count == 1 else f"{count} calls"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.train_floor", description=__doc__.split("\n\n")[0]
@@ -193,7 +197,7 @@ def measure(size_name: str, precision: str, rounds: int, repeats: int) -> dict[s
         "ours_over_floor": [o / f for (o, _), f in zip(timed, floors, strict=True)],
         "reference_over_floor": [r / f for (_, r), f in zip(timed, floors, strict=True)],
         "largest": {
-            f"{product.label}, {products[product]} calls": seconds for product, seconds in top[:6]
+            f"{product.label}, {_calls(products[product])}": seconds for product, seconds in top[:6]
         },
         "device": device_name("cpu"),
         "threads": torch.get_num_threads(),
