@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -86,9 +87,14 @@ def remove_unfinished_writes(folder: Path) -> list[Path]:
     return removed
 
 
-def replace_synced(tmp: str | Path, path: str | Path) -> None:
+def replace_synced(
+    tmp: str | Path, path: str | Path, with_it: Callable[[], object] | None = None
+) -> None:
     """Sync the finished file ``tmp`` to disk and rename it over ``path`` (same folder): the
     last step of a write made through a temporary file, such as a memory-mapped array.
+    ``with_it`` runs right after the rename, and Ctrl-C and SIGTERM wait for both: a file
+    that must appear with this one (its index) is never missing because a signal came
+    between them.
 
     Raises:
         CaptioningError: in one line, when it cannot be synced or renamed; ``path`` is kept.
@@ -96,9 +102,15 @@ def replace_synced(tmp: str | Path, path: str | Path) -> None:
     try:
         with open(tmp, "rb+") as handle:
             os.fsync(handle.fileno())
-        os.replace(tmp, path)
     except OSError as exc:
         raise _cannot_write(Path(path), exc) from exc
+    with signals_deferred():
+        try:
+            os.replace(tmp, path)
+        except OSError as exc:
+            raise _cannot_write(Path(path), exc) from exc
+        if with_it is not None:
+            with_it()
 
 
 def _cannot_write(path: Path, exc: OSError) -> CaptioningError:

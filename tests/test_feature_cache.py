@@ -68,6 +68,31 @@ def test_cache_holds_the_backbone_grid_in_float16(shapes):
     assert torch.allclose(got, expected, rtol=2**-10, atol=1e-4)
 
 
+def test_ctrl_c_as_the_grids_are_renamed_waits_for_their_index(shapes, monkeypatch):
+    """A stopped extraction leaves the grids and their index, or neither: Ctrl-C arriving the
+    moment the grids take their place is held back until the index is written too."""
+    import signal
+
+    from captioning import files
+
+    cfg = frozen(shapes)
+    replace = os.replace
+
+    def replace_then_ctrl_c(src, dst):
+        replace(src, dst)
+        if str(dst).endswith("train.npy"):
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(files.os, "replace", replace_then_ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        extract_features(cfg, "train", progress=False)
+    folder = cache_folder(cfg, the_encoder(cfg))
+    assert sorted(p.name for p in folder.glob("train*")) == ["train.json", "train.npy"]
+    assert (
+        FeatureCache(folder, "train").grid(load_splits(cfg.data)["train"][0].image_id) is not None
+    )
+
+
 def test_training_reads_the_cache_and_never_opens_an_image(shapes, tmp_path, caplog):
     cfg = frozen(shapes, "data.check_images=false", "train.figure_every_epoch=false")
     fit(cfg, out_dir=tmp_path / "images")

@@ -19,6 +19,7 @@ import hashlib
 import json
 import logging
 import os
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -187,23 +188,28 @@ def extract_features(
         records = _split_records(cfg, split, progress)
         loader = _loader(cfg, records, encoder, batch_size, device)
         path = folder / f"{split}.npy"
-        kept = _write_grids(encoder, loader, records, path, device, cfg, progress)
-        meta = {
-            "format_version": FORMAT_VERSION,
-            "split": split,
-            "shape": [len(kept), encoder.num_rows, encoder.out_channels],
-            "dtype": "float16",
-            "image_ids": kept,
-            "encoder": cfg.model.encoder,
-            "weights": cfg.model.weights,
-            "image_size": cfg.model.image_size,
-            "grid": list(encoder.grid_shape),
-            "fingerprint": fingerprint,
-        }
-        # The index is written last: a cache without it is never read.
-        write_atomically(folder / f"{split}.json", json.dumps(meta))
+
+        def write_index(kept: list[int]) -> None:
+            meta = {
+                "format_version": FORMAT_VERSION,
+                "split": split,
+                "shape": [len(kept), encoder.num_rows, encoder.out_channels],
+                "dtype": "float16",
+                "image_ids": kept,
+                "encoder": cfg.model.encoder,
+                "weights": cfg.model.weights,
+                "image_size": cfg.model.image_size,
+                "grid": list(encoder.grid_shape),
+                "fingerprint": fingerprint,
+            }
+            write_atomically(folder / f"{split}.json", json.dumps(meta))
+
+        # The index is written last, right after the grids, a signal waiting for both: a
+        # cache without it is never read, and a stopped run leaves both or neither.
+        kept = _write_grids(encoder, loader, records, path, device, cfg, progress, write_index)
+    shape = [len(kept), encoder.num_rows, encoder.out_channels]
     size = path.stat().st_size
-    return {"folder": str(folder), "images": len(kept), "shape": meta["shape"], "bytes": size}
+    return {"folder": str(folder), "images": len(kept), "shape": shape, "bytes": size}
 
 
 def _check_new(folder: Path, split: str, overwrite: bool) -> None:
@@ -255,12 +261,14 @@ def _write_grids(
     device: torch.device,
     cfg: Config,
     progress: bool,
+    index: Callable[[list[int]], object],
 ) -> list[int]:
     """Write the backbone grid of every image in ``loader`` to ``path`` (N, L, D) float16,
-    by way of a partial file, synced and renamed into place once complete; returns the
-    image ids of the rows. Rows of images that failed to load (``on_bad_image: skip``) are
-    dropped. The partial files are removed when the write stops early (an error, Ctrl-C,
-    SIGTERM)."""
+    by way of a partial file, synced and renamed into place once complete, and then call
+    ``index`` with the image ids of the rows (with Ctrl-C and SIGTERM held back from the
+    rename to its end); returns those ids. Rows of images that failed to load
+    (``on_bad_image: skip``) are dropped. The partial files are removed when the write
+    stops early (an error, Ctrl-C, SIGTERM)."""
     folder, split = path.parent, path.stem
     partial_path = folder / f"{split}.partial.npy"
     compact = folder / f"{split}.compact.npy"
@@ -270,7 +278,7 @@ def _write_grids(
         if not written.all():
             _compact(partial_path, compact, written)
             os.replace(compact, partial_path)
-        replace_synced(partial_path, path)
+        replace_synced(partial_path, path, with_it=partial(index, kept))
     except BaseException as exc:
         partial_path.unlink(missing_ok=True)
         compact.unlink(missing_ok=True)
