@@ -230,6 +230,27 @@ def test_shared_keys_sum_every_words_keys_gradient_in_place(monkeypatch):
     assert error["shared"] <= error["own"] * 1.05
 
 
+def test_shared_keys_cast_bf16_keys_to_fp32_once_with_the_same_gradients(monkeypatch):
+    """Under autocast the word loop's bf16 keys are cast to fp32 once for every word's score
+    (each word cast them twice): the same numbers, bit for bit."""
+    from captioning.models import tanh_score
+
+    keys = torch.randn(2, 3, 4, dtype=torch.bfloat16, requires_grad=True)
+    view = tanh_score.shared_keys(keys).unsqueeze(1)  # as the score sees them
+    sink = tanh_score.shared_keys(keys).gradient_sink
+    first = sink.fp32(view)
+    assert sink.fp32(view) is first and first.dtype == torch.float32
+    assert torch.equal(first, view.detach().float())
+
+    once, _ = paper_wiring_gradients(monkeypatch, deferred=True, autocast=True)
+    with monkeypatch.context() as patch:
+        patch.setattr(tanh_score.KeysGradient, "fp32", lambda self, keys: keys)
+        per_word, _ = paper_wiring_gradients(patch, deferred=True, autocast=True)
+    assert once.keys() == per_word.keys()
+    for name, grad in per_word.items():
+        assert torch.equal(once[name], grad), name
+
+
 def test_inference_keeps_torchs_cell():
     from captioning.models.deferred import deferred_cell
 

@@ -20,8 +20,10 @@ A word loop scores every word against the same keys, and autograd would hand eac
 keys gradient over as a tensor of its own and add them up (a pass over (B, L, A) values
 more per word). Keys passed through :func:`shared_keys` carry one fp32 sum instead: each
 word's backward pass adds its gradient into it in place, and the sum is handed on once,
-after the last word's. Like :mod:`captioning.models.deferred`, it expects each backward
-pass through a word's score to go on to the keys.
+after the last word's. Under autocast they also carry one fp32 copy of the bf16 keys, which
+each word's score would otherwise make twice (forward and backward). Like
+:mod:`captioning.models.deferred`, it expects each backward pass through a word's score to
+go on to the keys.
 """
 
 from __future__ import annotations
@@ -33,10 +35,21 @@ BLOCK_ELEMENTS = 1 << 19
 
 
 class KeysGradient:
-    """The keys' gradient summed over the words of one forward pass, in fp32."""
+    """What the words of one forward pass share about their keys: the keys' gradient summed
+    over the words, and the keys in fp32 (cast once, where under autocast each word's score
+    would cast them, forward and again backward)."""
 
     def __init__(self) -> None:
         self.total: torch.Tensor | None = None  # (B, 1, L, A) once a word's backward ran
+        self._fp32: torch.Tensor | None = None
+
+    def fp32(self, keys: torch.Tensor) -> torch.Tensor:
+        """``keys`` (the words' common (B, 1, L, A) view) as fp32 values."""
+        if keys.dtype == torch.float32:
+            return keys
+        if self._fp32 is None or self._fp32.shape != keys.shape:
+            self._fp32 = keys.detach().float()
+        return self._fp32
 
 
 def shared_keys(keys: torch.Tensor) -> torch.Tensor:
@@ -114,12 +127,13 @@ class _TanhScore(torch.autograd.Function):
         ctx.save_for_backward(keys, queries, weight)
         ctx.sink = sink
         blocks, buffer = _blocks(keys, queries)
+        values = keys if sink is None else sink.fp32(keys)
         doubled = 2.0 * queries.float()
         w = weight.float()
         scores = keys.new_empty(keys.shape[0], *buffer.shape[1:3], dtype=torch.float32)
         with torch.autocast(keys.device.type, enabled=False):
             for rows in blocks:
-                torch.matmul(_sigmoid(keys, doubled, rows, buffer), 2.0 * w, out=scores[rows])
+                torch.matmul(_sigmoid(values, doubled, rows, buffer), 2.0 * w, out=scores[rows])
         return scores + (bias.float() - w.sum())
 
     @staticmethod
@@ -130,13 +144,14 @@ class _TanhScore(torch.autograd.Function):
         doubled, grad = 2.0 * queries.float(), grad.float()
         four_w = 4.0 * weight.float()
         sink = ctx.sink
+        values = keys if sink is None else sink.fp32(keys)
         summing = sink is not None and sink.total is not None  # add into an earlier word's
         grad_keys = sink.total if summing else torch.empty_like(keys, dtype=torch.float32)
         grad_queries = torch.empty(queries.shape, dtype=torch.float32, device=keys.device)
         grad_weight = torch.zeros(dim, dtype=torch.float32, device=keys.device)
         with torch.autocast(keys.device.type, enabled=False):
             for rows in blocks:
-                s = _sigmoid(keys, doubled, rows, buffer)  # (b, G, L, A)
+                s = _sigmoid(values, doubled, rows, buffer)  # (b, G, L, A)
                 g = grad[rows]  # (b, G, L)
                 grad_weight += g.reshape(1, -1).mm(s.view(-1, dim)).view(dim)  # sum g s
                 # d score / dx over 4 w: g s (1 - s), in place, in one pass
