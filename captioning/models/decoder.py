@@ -274,11 +274,11 @@ class Decoder(nn.Module):
         return torch.cat([self.value_proj(cells), keys], dim=-1)
 
     def word_grid(self, features: torch.Tensor) -> torch.Tensor:
-        """The grid as every word's products read it, after :meth:`prepare` and
-        :meth:`init_state` have read it: under autocast, cast to its dtype once for the
-        caption instead of by autocast at every word. The context's product over the grid
-        casts it anyway, so the numbers are the same; a word loop over the 14 x 14 grid in
-        bf16 otherwise spends a third of its time copying the grid. A grid that takes
+        """The grid as every word's products read it (and the key projection, whose autocast
+        would cast it too): under autocast, cast to its dtype once for the caption instead of
+        by autocast at every word; :meth:`init_state` reads the grid as it came. The
+        products cast it anyway, so the numbers are the same; a word loop over the 14 x 14
+        grid in bf16 otherwise spends a third of its time copying the grid. A grid that takes
         gradients (a fine-tuned encoder's: its gradient would add up in bf16) and hard
         attention's (a cell's feature meets other terms before any product) stay as they
         are."""
@@ -506,11 +506,12 @@ class Decoder(nn.Module):
         self._check_marginal(hard)
         if hard.mode == "marginal" and targets is None:
             raise ValueError("the exact marginal needs the target words")
-        keys = self.prepare(features)  # (B, L, K), once per batch
+        by_step = self.context_to_lstm or not (self.parallel or hard.mode == "marginal")
+        grid = self.word_grid(features) if by_step else features
+        keys = self.prepare(grid)  # (B, L, K), once per batch, from the grid cast once
         state = self.init_state(features, groups(features, tokens.shape[0]))  # (B*G, H) each
         embedded = self.embedding(tokens)  # (B*G, T, E)
-        if self.context_to_lstm or not (self.parallel or hard.mode == "marginal"):
-            grid = self.word_grid(features)
+        if by_step:
             return self._forward_by_step(grid, keys, state, embedded, hard)
         return self._forward_parallel(features, keys, state, embedded, hard, targets)
 
