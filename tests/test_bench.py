@@ -581,7 +581,7 @@ def test_the_training_floor_row_bounds_the_speed_up(tmp_path, capsys):
     kept, row = json.loads(results.read_text())
     assert kept["run"] == other["run"]
     assert row["kind"] == "train_floor" and row["size"] == "tiny" and row["rounds"] == 2
-    assert 0 < row["floor_seconds"] < row["ours_seconds"]
+    assert min(row["floor_seconds"], row["ours_seconds"], row["reference_seconds"]) > 0
     assert len(row["ours_over_floor"]) == len(row["reference_over_floor"]) == 2
     allowed = row["reference_seconds"] / row["floor_seconds"]
     assert f"at most {allowed:.1f}x it" in out
