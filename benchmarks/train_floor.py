@@ -10,11 +10,11 @@ the LSTM cell, and in the backward pass their input gradients; the weight gradie
 output and the vocabulary projection over every word. This script records the products that
 our step (as ``benchmarks.bench`` times it) runs, through a dispatch mode that sees what
 autograd and autocast run (``mm``, ``addmm``, ``bmm``, ``baddbmm``, ``mv``, ``addmv``), and
-times each distinct product alone, warm, as often as the step
-runs it: a 2-D product of at least ``packing.MIN_ROWS`` rows in fp32 at the faster of
-torch's product and MKL's packed one. Their sum is a floor under any step that computes the
-same numbers on this machine, and a low one: it leaves out the additive score's tanh, the
-softmaxes, the LSTM's gate equations, dropout, gradient clipping and Adam, and every
+times each distinct product alone, warm, as often as the step runs it: a 2-D product of at
+least ``packing.MIN_ROWS`` rows in fp32 at the faster of torch's product and MKL's packed
+one. Their sum is a floor under any step that computes the same numbers with products as
+fast as torch's on this machine, and a low one: it leaves out the additive score's tanh,
+the softmaxes, the LSTM's gate equations, dropout, gradient clipping and Adam, and every
 product finds its operands in cache. Each round times the floor, then ours and the
 reference's steps right after it (this machine's speed drifts); a row per size and precision
 keeps the medians and the largest speed-up over the reference that the floor allows.
@@ -23,6 +23,7 @@ keeps the medians and the largest speed-up over the reference that the floor all
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 from collections import Counter
 from collections.abc import Callable
@@ -77,16 +78,21 @@ class Product:
     operands: tuple[Operand, ...]
 
     @property
-    def gflop(self) -> float:
+    def dims(self) -> list[int]:
+        """[batch,] rows, inner, columns: a vector product has one column."""
         *batch, rows, inner = self.operands[-2].shape
         cols = self.operands[-1].shape[-1] if self.op not in ("mv", "addmv") else 1
-        return 2 * rows * inner * cols * (batch[0] if batch else 1) / 1e9
+        return [*batch, rows, inner, cols]
+
+    @property
+    def gflop(self) -> float:
+        return 2 * math.prod(self.dims) / 1e9
 
     @property
     def label(self) -> str:
-        *batch, rows, inner = self.operands[-2].shape
-        cols = self.operands[-1].shape[-1] if self.op not in ("mv", "addmv") else 1
-        return f"{self.op} {'x'.join(map(str, [*batch, rows, inner, cols]))} {_dtype(self)}"
+        dtype = self.operands[-1].dtype
+        name = {torch.float32: "fp32", torch.bfloat16: "bf16"}.get(dtype, str(dtype))
+        return f"{self.op} {'x'.join(map(str, self.dims))} {name}"
 
     def runs(self, generator: torch.Generator) -> list[Callable[[], object]]:
         """Ways to run it alone: torch's op, and in fp32 with enough rows the packed one."""
@@ -102,12 +108,6 @@ class Product:
             packed = torch.ops.mkl._mkl_reorder_linear_weight(weight, rows)
             ways.append(lambda: torch.ops.mkl._mkl_linear(a, packed, weight, bias, rows))
         return ways
-
-
-def _dtype(product: Product) -> str:
-    return {torch.float32: "fp32", torch.bfloat16: "bf16"}.get(
-        product.operands[-1].dtype, str(product.operands[-1].dtype)
-    )
 
 
 class _Recorder(TorchDispatchMode):
@@ -170,7 +170,7 @@ def measure(size_name: str, precision: str, rounds: int, repeats: int) -> dict[s
     cfg = replace_section(size.config, "train", precision=precision)
     ours = decoder_step(setup, cfg, reference=False, compiled=False)
     reference = decoder_step(setup, cfg, reference=True, compiled=False)
-    ours()  # the first call packs nothing yet and allocates: record a later one
+    ours()  # the first call allocates what later ones reuse: record a later one
     products = record_products(ours)
     floors, timed = [], []
     for _ in range(rounds):
