@@ -958,6 +958,27 @@ def test_the_word_loop_reads_a_grid_cast_once_under_autocast(variant, monkeypatc
     assert all(torch.equal(a, b) for a, b in zip(grads, grads_every_word))
 
 
+def test_the_word_loops_key_projection_reads_the_grid_cast_once():
+    """Under autocast the keys are projected from the grid the word loop casts once (autocast
+    would cast the fp32 grid again); the initial state reads the grid as it came."""
+    model = tiny_model("runtime.parallel_decoder=false")
+    images, tokens = batch(size=4)
+    with torch.no_grad():
+        features = model.encoder(images).float()
+    seen = {}
+    prepare, init_state = Decoder.prepare, Decoder.init_state
+
+    def record(name, method):
+        return lambda self, grid, *a: seen.setdefault(name, grid.dtype) and method(self, grid, *a)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Decoder, "prepare", record("prepare", prepare))
+        patch.setattr(Decoder, "init_state", record("init_state", init_state))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            model.decoder(features, tokens[:, :-1])
+    assert seen == {"prepare": torch.bfloat16, "init_state": torch.float32}
+
+
 def test_a_grid_with_gradients_or_under_hard_attention_is_not_cast_once():
     soft, hard = tiny_model(), tiny_model("model.attention=hard")
     grid = torch.randn(2, 4, 8)
