@@ -53,6 +53,7 @@ from benchmarks.beam_floor_parts import CELLS, COCO, FEATURE_DIM, VOCAB, WIDTH, 
 from benchmarks.reference_decoding import DECODERS
 from benchmarks.timing import median_seconds
 from benchmarks.workload import our_decoding, random_batch, set_up
+from captioning.allocator import keep_freed_memory
 from captioning.config import replace_section
 from captioning.models import Decoder, build_attention
 from captioning.models.attention import AttentionSizes
@@ -128,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     """
     parser = build_parser()
     args = parser.parse_args(argv)
+    keep_freed_memory()  # as the command line runs
     if min(args.beam_size, args.images, args.max_length, args.repeats, args.rounds) < 1:
         parser.error(
             "--beam-size, --images, --max-length, --repeats and --rounds must be at least 1"

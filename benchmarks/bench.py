@@ -76,6 +76,7 @@ from benchmarks.workload import (
     resolve_devices,
     set_up,
 )
+from captioning.allocator import keep_freed_memory
 from captioning.config import config_to_dict, replace_section
 from captioning.errors import CaptioningError
 from captioning.inference.decoding import Decoded
@@ -134,6 +135,7 @@ def run_benchmark(options: BenchOptions) -> dict[str, Any]:
         BenchError: for options that cannot run.
     """
     validate(options)
+    keep_freed_memory()  # as the command line runs: ours and the reference alike
     if options.threads:
         torch.set_num_threads(options.threads)
     devices = resolve_devices(options.device)

@@ -41,6 +41,7 @@ from typing import Any
 
 import torch
 
+from captioning.allocator import keep_freed_memory
 from captioning.config import load_config
 from captioning.inference.caption import decode_dataset
 from captioning.metrics.scoring import score_predictions
@@ -306,6 +307,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_result_options(parser, "the numbers, as one row")
     add_replace_option(parser)
     args = parser.parse_args(argv)
+    keep_freed_memory()  # as the command line runs
     if args.steps < 1:
         parser.error("--steps must be at least 1")
     result = profile_epoch(

@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from captioning.allocator import keep_freed_memory
 from captioning.checkpoint import save_checkpoint
 from captioning.config import Config
 from captioning.data import (
@@ -236,6 +237,7 @@ def fit(
             "give one of them"
         )
     started = time.time()
+    keep_freed_memory()  # each step's tensors on the pages the last step freed
     out_dir = Path(out_dir)
     world, device = init_world(cfg.train.device)
     try:
