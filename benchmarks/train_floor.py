@@ -35,6 +35,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from benchmarks.timing import median_seconds
 from benchmarks.workload import SIZES, decoder_step, random_batch, set_up
+from captioning.allocator import keep_freed_memory
 from captioning.config import replace_section
 from captioning.models import packing
 from captioning.models.captioner import build_model
@@ -213,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     """
     parser = build_parser()
     args = parser.parse_args(argv)
+    keep_freed_memory()  # as training runs: ours and the reference alike
     sizes, precisions = (
         [name.strip() for name in value.split(",") if name.strip()]
         for value in (args.sizes, args.precisions)

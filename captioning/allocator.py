@@ -21,9 +21,11 @@ def keep_freed_memory() -> bool:
     freed, at most 32 MB) from pages of its own that go back to the kernel when freed,
     and gives back the free top of its heap above twice that. A training step allocates and
     frees the same hundreds of megabytes every step, so every step the kernel hands out and
-    zeroes those pages again, one fault per 4 kB page (8,000 to 16,000 a step of the
-    COCO-size decoder; docs/speed.md). Blocks up to 32 MB then come from the heap, whose free
-    memory stays in the process: it holds its peak, which it needed anyway."""
+    zeroes those pages again, one fault per 4 kB page (11,000 to 14,000 a step of the
+    COCO-size decoder). Blocks up to 32 MB then come from the heap, whose free memory stays
+    in the process: it holds its peak, which it needed anyway. What that buys depends on
+    what a fault costs the host: 1.14 times the COCO-size step in fp32 on one, nothing
+    measurable on another (``benchmarks/allocator.py``, docs/speed.md)."""
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):  # not glibc: its own allocator

@@ -12,7 +12,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks import beam_floor, bench, bench_report, reference_decoding, train_floor, workload
+from benchmarks import (
+    allocator,
+    beam_floor,
+    bench,
+    bench_report,
+    reference_decoding,
+    train_floor,
+    workload,
+)
 from benchmarks.reference import ReferenceDecoder, load_reference
 from benchmarks.reference_check import check_reference, end_biased
 from benchmarks.reference_decoding import reference_beam_search, reference_greedy
@@ -523,7 +531,7 @@ def test_the_benchmarks_run_as_modules_from_the_repository_root():
         "got ['nope']"
     ]
     modules = ("beam_floor", "profile_epoch", "roofline", "serve_load", "serve_stress")
-    for module in (*modules, "train_floor"):
+    for module in (*modules, "train_floor", "allocator"):
         helped = run(f"benchmarks.{module}", "--help")
         assert helped.returncode == 0 and f"python -m benchmarks.{module}" in helped.stdout
 
@@ -593,6 +601,53 @@ def test_the_training_floor_row_bounds_the_speed_up(tmp_path, capsys):
         train_floor.main(["--sizes", "tiny,huge"])
     assert exited.value.code == 2
     assert "unknown size or precision: huge" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- allocator
+
+
+def test_the_allocator_benchmark_alternates_the_two_processes(tmp_path, capsys, monkeypatch):
+    order = []
+
+    def in_a_fresh_process(size, precision, mode, repeats):
+        order.append(mode)
+        assert (size, precision, repeats) == ("tiny", "fp32", 3)
+        return {"seconds": 0.3 if mode == "default" else 0.1 * len(order), "faults": 7.0}
+
+    monkeypatch.setattr(allocator, "_in_a_fresh_process", in_a_fresh_process)
+    results = tmp_path / "speed.json"
+    args = ["--sizes", "tiny", "--rounds", "3", "--repeats", "3", "--results", str(results)]
+    assert allocator.main(args) == 0
+    assert order == ["default", "kept", "kept", "default", "default", "kept"]
+    (row,) = json.loads(results.read_text())
+    assert row["kind"] == "allocator" and row["default_seconds"] == [0.3] * 3
+    assert row["kept_seconds"] == pytest.approx([0.2, 0.3, 0.6])
+    assert row["speedups"] == pytest.approx([1.5, 1.0, 0.5])
+    assert row["command"] == (  # no machine paths
+        "python -m benchmarks.allocator --sizes tiny --rounds 3 --repeats 3 "
+        "--results OUT/speed.json"
+    )
+    out = capsys.readouterr().out
+    assert "tiny fp32: 0.3 s with glibc's default (7 page faults a step)" in out
+    assert "1.00x (rounds 0.50-1.50x)" in out
+    with pytest.raises(SystemExit) as exited:
+        allocator.main(["--sizes", "tiny,huge"])
+    assert exited.value.code == 2
+    assert "unknown or no size or precision: huge" in capsys.readouterr().err
+
+
+def test_the_allocator_benchmark_times_steps_and_counts_their_faults():
+    timed = allocator.time_steps("tiny", "fp32", "default", repeats=2)
+    assert timed["seconds"] > 0 and timed["faults"] >= 0
+
+
+@pytest.mark.slow  # two fresh processes
+def test_the_allocator_benchmarks_child_processes_report_their_steps():
+    for mode in allocator.MODES:
+        timed = allocator._in_a_fresh_process("tiny", "fp32", mode, 2)
+        assert timed["seconds"] > 0 and timed["faults"] >= 0
+    with pytest.raises(SystemExit, match="the kept step of nope fp32 failed: KeyError"):
+        allocator._in_a_fresh_process("nope", "fp32", "kept", 2)
 
 
 # --------------------------------------------------------------------------- beam floor

@@ -83,12 +83,11 @@ from tools.tables.speed import (
     roofline,
     speed_bench,
     speed_encoder,
-    speed_floor,
     speed_profile,
     speed_quality,
     speed_sharing,
-    speed_train_floor,
 )
+from tools.tables.speed_floors import speed_allocator, speed_floor, speed_train_floor
 
 DOCUMENTS = ("README.md", "docs/*.md")
 _BLOCK = re.compile(r"(<!-- table: (\w+) -->\n)(.*?)(<!-- end table -->)", re.S)
@@ -123,6 +122,7 @@ TABLES: dict[str, Callable[[Rows], str]] = {
     "speed_bench": speed_bench,
     "speed_floor": speed_floor,
     "speed_train_floor": speed_train_floor,
+    "speed_allocator": speed_allocator,
     "speed_profile": speed_profile,
     "speed_sharing": speed_sharing,
     "speed_encoder": speed_encoder,
@@ -167,6 +167,7 @@ SOURCES = {
     "speed_bench": "speed",
     "speed_floor": "speed",
     "speed_train_floor": "speed",
+    "speed_allocator": "speed",
     "speed_profile": "speed",
     "speed_sharing": "speed",
     "speed_encoder": "speed",

@@ -1,49 +1,20 @@
 """The speed page's tables (``results/speed.json``: rows of ``benchmarks/time_to_quality.py``,
-``bench.py``, ``beam_floor.py`` and ``profile_epoch.py``, told apart by ``kind``)."""
+``bench.py``, ``profile_epoch.py`` and others, told apart by ``kind``); the floors' tables are
+in :mod:`tools.tables.speed_floors`."""
 
 from __future__ import annotations
 
-import statistics
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tools.tables.common import (
-    Rows,
-    commands,
-    header,
-    line,
-    portable,
-    provenance,
-    score,
-    torch_versions,
-)
-
-
-def _kind(rows: Rows, kind: str) -> Rows:
-    return [r for r in rows if r.get("kind") == kind]
-
-
-def _provenance(rows: Rows, what: str) -> str:
-    """One line: where the rows came from (machine, precision, timing, commits, commands)."""
-    flags = [r.get("timed_alone") for r in rows]
-    if not all(
-        isinstance(f, bool) for f in flags
-    ):  # the note's timing says how many rows recorded it
-        where = f": {provenance(rows)}"
-    else:
-        alone = "an otherwise idle machine" if all(flags) else "a machine doing other work too"
-        where = f", on {alone}: {provenance(rows, with_timing=False)}"
-    return (
-        f"{len(rows)} {what} rows of `results/speed.json`{where}; torch "
-        f"{torch_versions(rows)}. Made by {commands(rows)}."
-    )
+from tools.tables.common import Rows, commands, header, line, portable, provenance, score
+from tools.tables.speed_rows import of_kind, seconds_cell, speed_provenance
 
 
 def speed_quality(rows: Rows) -> str:
     """Time to quality (``benchmarks/time_to_quality.py``): each run's wall seconds and test
     scores against its targets."""
-    rows = _kind(rows, "quality")
+    rows = of_kind(rows, "quality")
     lines = header(
         [
             "run",
@@ -76,23 +47,17 @@ def speed_quality(rows: Rows) -> str:
     runs = commands([r for r in rows if r["recipe"] != "quickstart"], "run_command", ordered=True)
     lines += [
         "",
-        _provenance(rows, "time-to-quality") + f" The training runs: {runs}; each timed from "
+        speed_provenance(rows, "time-to-quality") + f" The training runs: {runs}; each timed from "
         "start to exit, then its `best.pt` scored on the test split (greedy).",
     ]
     return "\n".join(lines) + "\n"
-
-
-def _seconds(value: float | None) -> str:
-    if value is None:
-        return "–"
-    return f"{value:.3g} s"
 
 
 def speed_bench(rows: Rows) -> str:
     """Ours against the reference (``benchmarks/bench.py``): per size, device, precision and
     task the median seconds of the reference, of ours and of ours compiled, and the ratios
     of times measured in the same run."""
-    rows = _kind(rows, "bench")
+    rows = of_kind(rows, "bench")
     groups: dict[tuple, dict[tuple, dict[str, Any]]] = {}
     for r in rows:
         group = groups.setdefault((r["size"], r["device"], r["precision"], r["task"]), {})
@@ -113,19 +78,19 @@ def speed_bench(rows: Rows) -> str:
     for (size, device, precision, task), group in groups.items():
         reference_row = group.get(("reference", False)) or {}
         reference = reference_row.get("median_s")
-        cells = [size, device, precision, task.replace("_", " "), _seconds(reference)]
+        cells = [size, device, precision, task.replace("_", " "), seconds_cell(reference)]
         for compiled in (False, True):
             ours_row = group.get(("ours", compiled)) or {}
             ours = ours_row.get("median_s")
             # a ratio only between times of one run (rows of one commit)
             same_run = ours_row.get("commit") == reference_row.get("commit")
             ratio = f"{reference / ours:.1f}×" if reference and ours and same_run else "–"
-            cells += [_seconds(ours), ratio]
+            cells += [seconds_cell(ours), ratio]
         lines.append(line(cells))
     passed = all(r["checks_passed"] for r in rows)
     lines += [
         "",
-        _provenance(rows, "timing")
+        speed_provenance(rows, "timing")
         + (
             " Ours and the reference agreed in every check of the run."
             if passed
@@ -135,103 +100,10 @@ def speed_bench(rows: Rows) -> str:
     return "\n".join(lines) + "\n"
 
 
-def speed_floor(rows: Rows) -> str:
-    """The beam-search floor (``benchmarks/beam_floor.py``): its parts, the floor, ours, and
-    the median ratio of ours to the floor over the rounds, per task, eager and compiled."""
-    rows = sorted(_kind(rows, "floor"), key=lambda r: -r["beam_size"])
-    columns = [
-        (r, mode)
-        for r in rows
-        for mode in ("eager", "compiled")
-        if r.get(f"floor_{mode}") is not None
-    ]
-    names = [
-        f"{'greedy' if r['beam_size'] == 1 else 'beam k=' + str(r['beam_size'])}, {mode}"
-        for r, mode in columns
-    ]
-    lines = ["| | " + " | ".join(names) + " |", "| --- |" + " --- |" * len(columns)]
-
-    def add(label: str, cell: Callable[[dict[str, Any], str], str]) -> None:
-        lines.append(f"| {label} | " + " | ".join(cell(r, m) for r, m in columns) + " |")
-
-    def parts(r: dict[str, Any], mode: str) -> str:
-        p = r["parts"]
-        if mode == "compiled":
-            return f"fused: {p['fused']:.2g} s"
-        return f"{p['add']:.2g} + {p['tanh']:.2g} + {p['projection']:.2g} s"
-
-    def ratio(r: dict[str, Any], mode: str) -> str:
-        ratios = r.get(f"ratios_{mode}")
-        if not ratios:
-            return "–"
-        return f"**{statistics.median(ratios):.2f}×** (rounds {min(ratios):.2f}-{max(ratios):.2f}×)"
-
-    add(
-        "dense layers",
-        lambda r, m: (
-            f"{r['parts']['dense']:.3g} s ({r['gflop']:.0f} GFLOP)" if m == "eager" else ""
-        ),
-    )
-    add("score: add + tanh + projection alone", parts)
-    add(
-        "score, the three passes in sequence",
-        lambda r, m: f"{r['parts']['sequence']:.3g} s" if m == "eager" else "",
-    )
-    add("word choice", lambda r, m: f"{r['parts']['choice']:.2g} s" if m == "eager" else "")
-    add("**floor** (each word's parts in turn)", lambda r, m: f"**{r[f'floor_{m}']:.3g} s**")
-    add("ours", lambda r, m: _seconds(r.get(f"ours_{m}")))
-    add("ours / floor, median of the rounds", ratio)
-    add("reference (`bench.py`)", lambda r, m: _seconds(r.get("reference_seconds")))
-
-    def allowed(r: dict[str, Any], mode: str) -> str:
-        reference = r.get("reference_seconds")
-        return f"{reference / r[f'floor_{mode}']:.1f}×" if reference else "–"
-
-    add("most speed-up the floor allows", allowed)
-    lines += [
-        "",
-        _provenance(rows, "floor") + f" {rows[0]['images']} images, "
-        f"{rows[0]['max_length']} words, COCO size; each round times the floor, then "
-        f"ours right after it.",
-    ]
-    return "\n".join(lines) + "\n"
-
-
-def speed_train_floor(rows: Rows) -> str:
-    """The training step's floor (``benchmarks/train_floor.py``): per size and precision its
-    products alone, ours and the reference's step in the same rounds, and the speed-ups."""
-    rows = sorted(
-        _kind(rows, "train_floor"), key=lambda r: (r["size"] != "coco", r["size"], r["precision"])
-    )
-    lines = [
-        "| size | precision | products (GFLOP) | products alone | largest | ours | ours / "
-        "floor | reference | ours' speed-up | most speed-up the floor allows |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    for r in rows:
-        largest, seconds = next(iter(r["largest"].items()))
-        lines.append(
-            f"| {r['size']} | {r['precision']} | {r['calls']} ({r['gflop']:.1f}) | "
-            f"{r['floor_seconds']:.3g} s | {largest}: {seconds:.3g} s | "
-            f"{r['ours_seconds']:.3g} s | {statistics.median(r['ours_over_floor']):.2f}× | "
-            f"{r['reference_seconds']:.3g} s | "
-            f"{r['reference_seconds'] / r['ours_seconds']:.1f}× | "
-            f"**{statistics.median(r['reference_over_floor']):.1f}×** |"
-        )
-    lines += [
-        "",
-        _provenance(rows, "training floor")
-        + f" Batch {rows[0]['batch_size']}, {rows[0]['words']} words; each of "
-        f"{rows[0]['rounds']} rounds times the products, then ours and the reference; "
-        "ratios are the medians of the rounds'.",
-    ]
-    return "\n".join(lines) + "\n"
-
-
 def speed_profile(rows: Rows) -> str:
     """Where a training step's time goes (``benchmarks/profile_epoch.py``): the median
     milliseconds of each phase per step, one column per measured configuration."""
-    rows = [r for r in _kind(rows, "profile") if not r["config"].startswith("configs/flickr8k")]
+    rows = [r for r in of_kind(rows, "profile") if not r["config"].startswith("configs/flickr8k")]
 
     def label(r: dict[str, Any]) -> str:
         words = [Path(r["config"]).stem, *r["overrides"]]
@@ -263,7 +135,7 @@ def speed_profile(rows: Rows) -> str:
     )
     lines += [
         "",
-        _provenance(rows, "profile") + f" Medians of each run's timed steps; "
+        speed_provenance(rows, "profile") + f" Medians of each run's timed steps; "
         f"{rows[0]['steps_per_epoch']} steps per epoch, batch {rows[0]['batch_size']}.",
     ]
     return "\n".join(lines) + "\n"
@@ -272,7 +144,7 @@ def speed_profile(rows: Rows) -> str:
 def speed_sharing(rows: Rows) -> str:
     """Two trainings on one machine (``benchmarks/two_jobs.py``): each arrangement's jobs and
     threads, each job's steps per second, their sum, and the sum against one job alone."""
-    rows = _kind(rows, "two_jobs")
+    rows = of_kind(rows, "two_jobs")
     if not rows:
         return "No rows of `results/speed.json` yet: the command above writes them.\n"
     alone = next((r["steps_per_s_total"] for r in rows if r["jobs"] == 1), None)
@@ -300,7 +172,7 @@ def speed_encoder(rows: Rows) -> str:
     """Feature extraction's encoder with each convolution and its clamp apart and joined
     (``benchmarks/encoder_speed.py``): per grid and precision, seconds per batch of images
     each way, the ratio, and whether the grids are equal to the bit."""
-    rows = _kind(rows, "encoder")
+    rows = of_kind(rows, "encoder")
     if not rows:
         return "No rows of `results/speed.json` yet: the command above writes them.\n"
     lines = [
