@@ -28,13 +28,11 @@ from typing import Any
 
 import torch
 
-from benchmarks.workload import SIZES, decoder_step, random_batch, set_up
+from benchmarks.workload import SIZES, decoder_step, random_batch, set_up, sizes_and_precisions
 from captioning.allocator import keep_freed_memory
 from captioning.config import replace_section
 from captioning.models.captioner import build_model
-from lab.options import fail
-from lab.provenance import add_replace_option, add_result_options, device_name, record
-from lab.results import ResultsError
+from lab.provenance import add_replace_option, add_result_options, device_name, merge_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 MODES = ("default", "kept")
@@ -125,15 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         size, precision, mode, repeats = args.child
         print(json.dumps(time_steps(size, precision, mode, int(repeats))))
         return 0
-    sizes, precisions = (
-        [name.strip() for name in value.split(",") if name.strip()]
-        for value in (args.sizes, args.precisions)
-    )
-    unknown = [s for s in sizes if s not in SIZES] + [
-        p for p in precisions if p not in ("fp32", "bf16")
-    ]
-    if unknown or not sizes or not precisions:
-        parser.error(f"unknown or no size or precision: {', '.join(unknown) or 'none given'}")
+    sizes, precisions = sizes_and_precisions(parser, args.sizes, args.precisions)
     if min(args.rounds, args.repeats) < 1:
         parser.error("--rounds and --repeats must be at least 1")
     rows = []
@@ -148,22 +138,16 @@ def main(argv: list[str] | None = None) -> int:
                 f"({row['kept_faults']:.0f}): {statistics.median(row['speedups']):.2f}x "
                 f"(rounds {min(row['speedups']):.2f}-{max(row['speedups']):.2f}x)"
             )
-    if args.results is not None:
-        try:
-            record(
-                args.results,
-                rows,
-                lambda r: (r.get("kind"), r.get("size"), r.get("precision"), r.get("device")),
-                module="benchmarks.allocator",
-                argv=argv,
-                timed_alone=not args.machine_busy,
-                settings=("threads", "repeats"),
-                replace=args.replace,
-            )
-        except ResultsError as exc:
-            return fail(exc)
-        print(f"merged {len(rows)} rows into {args.results}")
-    return 0
+    if args.results is None:
+        return 0
+    return merge_rows(
+        args, rows, _key, module="benchmarks.allocator", argv=argv, settings=("threads", "repeats")
+    )
+
+
+def _key(row: dict[str, Any]) -> tuple:
+    """A row's identity in a results file: one per size, precision and host."""
+    return row.get("kind"), row.get("size"), row.get("precision"), row.get("device")
 
 
 if __name__ == "__main__":

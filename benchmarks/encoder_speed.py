@@ -35,7 +35,7 @@ from captioning.config import load_config
 from captioning.models.encoder import Encoder, build_encoder
 from captioning.runtime import autocast, native_bf16
 from lab.options import errors_in_one_line
-from lab.provenance import add_replace_option, add_result_options, device_name, record
+from lab.provenance import add_replace_option, add_result_options, device_name, merge_rows
 
 CONFIG = "configs/flickr8k_best.yaml"
 GRIDS = {
@@ -128,20 +128,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         for grid in grids
         for precision in precisions
     ]
-    if args.results is not None:
-        key = ("kind", "grid", "precision", "device", "threads")
-        record(
-            args.results,
-            rows,
-            lambda r: tuple(str(r.get(k)) for k in key),
-            module="benchmarks.encoder_speed",
-            argv=argv,
-            timed_alone=not args.machine_busy,
-            settings=("images", "batch"),
-            replace=args.replace,
-        )
-        print(f"merged {len(rows)} rows into {args.results}")
-    return 0
+    if args.results is None:
+        return 0
+    key = ("kind", "grid", "precision", "device", "threads")
+    return merge_rows(
+        args,
+        rows,
+        lambda r: tuple(str(r.get(k)) for k in key),
+        module="benchmarks.encoder_speed",
+        argv=argv,
+        settings=("images", "batch"),
+    )
 
 
 if __name__ == "__main__":

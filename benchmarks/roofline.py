@@ -50,7 +50,7 @@ from captioning.models import deferred, packing, scores
 from captioning.models.captioner import build_model
 from captioning.runtime import native_bf16
 from lab.options import errors_in_one_line
-from lab.provenance import add_replace_option, add_result_options, device_name, record
+from lab.provenance import add_replace_option, add_result_options, device_name, merge_rows
 
 TASKS = ("train", "beam5", "greedy")
 
@@ -249,19 +249,16 @@ def main(argv: list[str] | None = None) -> int:
             print("bf16: this CPU does not compute it natively; left out")
             continue
         rows.extend(measure(precision, args.images, args.repeats))
-    if args.results:
-        record(
-            args.results,
-            rows,
-            key=lambda row: (row["task"], row["precision"], row.get("device")),
-            module="benchmarks.roofline",
-            argv=argv,
-            timed_alone=not args.machine_busy,
-            settings=("images", "threads"),
-            replace=args.replace,
-        )
-        print(f"merged {len(rows)} rows into {args.results}")
-    return 0
+    if not args.results:
+        return 0
+    return merge_rows(
+        args,
+        rows,
+        lambda row: (row["task"], row["precision"], row.get("device")),
+        module="benchmarks.roofline",
+        argv=argv,
+        settings=("images", "threads"),
+    )
 
 
 if __name__ == "__main__":

@@ -34,14 +34,12 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from benchmarks.timing import median_seconds
-from benchmarks.workload import SIZES, decoder_step, random_batch, set_up
+from benchmarks.workload import SIZES, decoder_step, random_batch, set_up, sizes_and_precisions
 from captioning.allocator import keep_freed_memory
 from captioning.config import replace_section
 from captioning.models import packing
 from captioning.models.captioner import build_model
-from lab.options import fail
-from lab.provenance import add_replace_option, add_result_options, device_name, record
-from lab.results import ResultsError
+from lab.provenance import add_replace_option, add_result_options, device_name, merge_rows
 
 ATEN = torch.ops.aten
 PRODUCTS = {
@@ -215,15 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     keep_freed_memory()  # as training runs: ours and the reference alike
-    sizes, precisions = (
-        [name.strip() for name in value.split(",") if name.strip()]
-        for value in (args.sizes, args.precisions)
-    )
-    unknown = [s for s in sizes if s not in SIZES] + [
-        p for p in precisions if p not in ("fp32", "bf16")
-    ]
-    if unknown:
-        parser.error(f"unknown size or precision: {', '.join(unknown)}")
+    sizes, precisions = sizes_and_precisions(parser, args.sizes, args.precisions)
     if min(args.rounds, args.repeats) < 1:
         parser.error("--rounds and --repeats must be at least 1")
     rows = []
@@ -241,22 +231,16 @@ def main(argv: list[str] | None = None) -> int:
             )
             for label, seconds in row["largest"].items():
                 print(f"    {seconds:.3g} s  {label}")
-    if args.results is not None:
-        try:
-            record(
-                args.results,
-                rows,
-                lambda r: (r.get("kind"), r.get("size"), r.get("precision")),
-                module="benchmarks.train_floor",
-                argv=argv,
-                timed_alone=not args.machine_busy,
-                settings=("threads", "batch_size", "words"),
-                replace=args.replace,
-            )
-        except ResultsError as exc:
-            return fail(exc)
-        print(f"merged {len(rows)} rows into {args.results}")
-    return 0
+    if args.results is None:
+        return 0
+    return merge_rows(
+        args,
+        rows,
+        lambda r: (r.get("kind"), r.get("size"), r.get("precision")),
+        module="benchmarks.train_floor",
+        argv=argv,
+        settings=("threads", "batch_size", "words"),
+    )
 
 
 if __name__ == "__main__":

@@ -26,7 +26,13 @@ from typing import Any
 
 from captioning.errors import CaptioningError
 from lab.options import fail
-from lab.provenance import add_replace_option, add_result_options, device_name, portable, record
+from lab.provenance import (
+    add_replace_option,
+    add_result_options,
+    device_name,
+    merge_rows,
+    portable,
+)
 
 
 def time_jobs(
@@ -124,17 +130,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows = measure(args.config, args.set, args.jobs, args.steps)
         if args.results is not None:
             key = ("kind", "config", "overrides", "jobs", "threads")
-            record(
-                args.results,
+            return merge_rows(
+                args,
                 rows,
                 lambda r: tuple(str(r.get(k)) for k in key),
                 module="benchmarks.two_jobs",
                 argv=argv,
-                timed_alone=not args.machine_busy,
                 settings=("cores",),
-                replace=args.replace,
             )
-            print(f"merged {len(rows)} rows into {args.results}")
     except CaptioningError as exc:
         return fail(exc)
     return 0

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import argparse
 import copy
 import dataclasses
 from collections.abc import Callable
@@ -136,6 +137,22 @@ SIZES: dict[str, Callable[[], BenchSize]] = {
     "flickr8k_14x14": partial(flickr8k_size, 448),
     "tiny": tiny_size,
 }
+
+
+# the precisions a benchmark times: fp32, and bf16 under autocast
+PRECISIONS = ("fp32", "bf16")
+
+
+def sizes_and_precisions(
+    parser: argparse.ArgumentParser, sizes: str, precisions: str
+) -> tuple[list[str], list[str]]:
+    """A benchmark's comma-separated ``--sizes`` (of :data:`SIZES`) and ``--precisions``
+    (fp32, bf16) as lists; an unknown or missing one is the parser's error (exit 2)."""
+    names, kinds = ([n.strip() for n in v.split(",") if n.strip()] for v in (sizes, precisions))
+    unknown = [s for s in names if s not in SIZES] + [p for p in kinds if p not in PRECISIONS]
+    if unknown or not names or not kinds:
+        parser.error(f"unknown or no size or precision: {', '.join(unknown) or 'none given'}")
+    return names, kinds
 
 
 def resolve_devices(name: str) -> list[torch.device]:

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from lab import ROOT, SHARED
-from lab.results import write_results
+from lab.results import ResultsError, write_results
 
 # options whose value a run writes: a path of theirs outside the checkout becomes OUT/NAME
 OUTPUT_OPTIONS = ("--out", "--results")
@@ -217,6 +217,36 @@ def record(
         replace=replace,
         settings=lambda row: {name: row[name] for name in settings if name in row},
     )
+
+
+def merge_rows(
+    args: argparse.Namespace,
+    rows: list[dict[str, Any]],
+    key: Callable[[dict[str, Any]], Hashable],
+    *,
+    module: str,
+    argv: Sequence[str] | None,
+    settings: Sequence[str],
+) -> int:
+    """A benchmark's last step: :func:`record` its ``rows`` into ``args.results`` with its
+    ``--machine-busy`` and ``--replace``, and say so. Returns 0, or 2 after a one-line error
+    when a row would replace one made under other settings (the file is untouched)."""
+    try:
+        record(
+            args.results,
+            rows,
+            key,
+            module=module,
+            argv=argv,
+            timed_alone=not args.machine_busy,
+            settings=settings,
+            replace=args.replace,
+        )
+    except ResultsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"merged {len(rows)} rows into {args.results}")
+    return 0
 
 
 def add_result_options(parser: argparse.ArgumentParser, what: str) -> None:

@@ -600,7 +600,7 @@ def test_the_training_floor_row_bounds_the_speed_up(tmp_path, capsys):
     with pytest.raises(SystemExit) as exited:
         train_floor.main(["--sizes", "tiny,huge"])
     assert exited.value.code == 2
-    assert "unknown size or precision: huge" in capsys.readouterr().err
+    assert "unknown or no size or precision: huge" in capsys.readouterr().err
 
 
 # --------------------------------------------------------------------------- allocator
@@ -611,7 +611,7 @@ def test_the_allocator_benchmark_alternates_the_two_processes(tmp_path, capsys, 
 
     def in_a_fresh_process(size, precision, mode, repeats):
         order.append(mode)
-        assert (size, precision, repeats) == ("tiny", "fp32", 3)
+        assert (size, precision) == ("tiny", "fp32") and repeats in (3, 4)
         return {"seconds": 0.3 if mode == "default" else 0.1 * len(order), "faults": 7.0}
 
     monkeypatch.setattr(allocator, "_in_a_fresh_process", in_a_fresh_process)
@@ -619,6 +619,7 @@ def test_the_allocator_benchmark_alternates_the_two_processes(tmp_path, capsys, 
     args = ["--sizes", "tiny", "--rounds", "3", "--repeats", "3", "--results", str(results)]
     assert allocator.main(args) == 0
     assert order == ["default", "kept", "kept", "default", "default", "kept"]
+    order.clear()
     (row,) = json.loads(results.read_text())
     assert row["kind"] == "allocator" and row["default_seconds"] == [0.3] * 3
     assert row["kept_seconds"] == pytest.approx([0.2, 0.3, 0.6])
@@ -630,6 +631,14 @@ def test_the_allocator_benchmark_alternates_the_two_processes(tmp_path, capsys, 
     out = capsys.readouterr().out
     assert "tiny fp32: 0.3 s with glibc's default (7 page faults a step)" in out
     assert "1.00x (rounds 0.50-1.50x)" in out
+    # a row of other settings (more repeats) is not replaced unless asked: one line, exit 2
+    written = results.read_text()
+    again = [*args[:-3], "4", "--results", str(results)]
+    assert allocator.main(again) == 2
+    (error,) = capsys.readouterr().err.strip().splitlines()
+    assert error.startswith("error: ") and results.read_text() == written
+    assert allocator.main([*again, "--replace"]) == 0
+    assert json.loads(results.read_text())[0]["repeats"] == 4
     with pytest.raises(SystemExit) as exited:
         allocator.main(["--sizes", "tiny,huge"])
     assert exited.value.code == 2
