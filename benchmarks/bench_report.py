@@ -119,6 +119,12 @@ def format_markdown(results: dict[str, Any]) -> str:
 TIMING_KEY = ("size", "device", "precision", "compiled", "task", "impl")
 
 
+def _timing_key(row: dict[str, Any]) -> tuple:
+    """A timing row's identity in a results file: its measurement on its host (the CPU's or
+    GPU's name), so that a run on one host never replaces another host's rows."""
+    return (row["kind"], row.get("machine", {}).get("device"), *(row.get(k) for k in TIMING_KEY))
+
+
 def record_timings(
     path: Path,
     results: dict[str, Any],
@@ -128,8 +134,8 @@ def record_timings(
     replace: bool = False,
 ) -> None:
     """Merge every measurement of ``results`` into the results file ``path``: one row each
-    (``kind`` ``bench``), which replaces an earlier row of the same size, device, precision,
-    compilation, task and implementation made with the same threads and settings (batch
+    (``kind`` ``bench``), which replaces an earlier row of the same host, size, device,
+    precision, compilation, task and implementation made with the same threads and settings (batch
     size, seed, warm-up runs, quick) or, with ``replace``, any; the checks' verdict goes with
     each row.
 
@@ -156,7 +162,7 @@ def record_timings(
         record(
             path,
             [r for r in rows if r["device"] == device],
-            lambda r: (r["kind"], *(r.get(k) for k in TIMING_KEY)),
+            _timing_key,
             module="benchmarks.bench",
             argv=argv,
             timed_alone=timed_alone,

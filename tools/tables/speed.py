@@ -54,18 +54,19 @@ def speed_quality(rows: Rows) -> str:
 
 
 def speed_bench(rows: Rows) -> str:
-    """Ours against the reference (``benchmarks/bench.py``): per size, device, precision and
+    """Ours against the reference (``benchmarks/bench.py``): per size, host, precision and
     task the median seconds of the reference, of ours and of ours compiled, and the ratios
     of times measured in the same run."""
     rows = of_kind(rows, "bench")
     groups: dict[tuple, dict[tuple, dict[str, Any]]] = {}
     for r in rows:
-        group = groups.setdefault((r["size"], r["device"], r["precision"], r["task"]), {})
+        host = f"{r['device']}: {r['machine']['device']}"  # the CPU's or the GPU's name
+        group = groups.setdefault((r["size"], host, r["precision"], r["task"]), {})
         group[(r["impl"], r["compiled"])] = r
     lines = header(
         [
             "size",
-            "device",
+            "host",
             "precision",
             "task",
             "reference",
@@ -75,10 +76,10 @@ def speed_bench(rows: Rows) -> str:
             "speed-up",
         ]
     )
-    for (size, device, precision, task), group in groups.items():
+    for (size, host, precision, task), group in groups.items():
         reference_row = group.get(("reference", False)) or {}
         reference = reference_row.get("median_s")
-        cells = [size, device, precision, task.replace("_", " "), seconds_cell(reference)]
+        cells = [size, host, precision, task.replace("_", " "), seconds_cell(reference)]
         for compiled in (False, True):
             ours_row = group.get(("ours", compiled)) or {}
             ours = ours_row.get("median_s")
