@@ -399,7 +399,7 @@ def test_quick_run_writes_every_measurement(tmp_path, monkeypatch, capsys):
         "python -m benchmarks.bench " + " ".join(argv) + " --out OUT/bench.json --results "
         "OUT/speed.json"
     }
-    # a re-run replaces its rows (same size, device, precision, compilation, task, impl)
+    # a re-run replaces its rows (same host, size, device, precision, compilation, task, impl)
     rerun = [*argv, "--precisions", "fp32", "--skip-cider", "--machine-busy"]
     assert bench.main([*rerun, "--out", str(tmp_path / "b2.json"), "--results", str(speed)]) == 0
     again = json.loads(speed.read_text())
@@ -408,7 +408,10 @@ def test_quick_run_writes_every_measurement(tmp_path, monkeypatch, capsys):
     assert fp32 and not any(r["timed_alone"] for r in fp32)
     assert all(r["timed_alone"] for r in again if r.get("precision") == "bf16")
     table = load_tool("tables").speed_bench(again)
-    assert "| tiny | cpu | fp32 | beam5 |" in table and "a machine doing other work" in table
+    host = rows[1]["machine"]["device"]
+    assert (
+        f"| tiny | cpu: {host} | fp32 | beam5 |" in table and "a machine doing other work" in table
+    )
     # rows of other settings replace the file's rows only when asked
     other = {**results, "settings": {**results["settings"], "seed": 1}}
     with pytest.raises(ResultsError, match="made with other settings; re-run with --replace"):
@@ -416,6 +419,18 @@ def test_quick_run_writes_every_measurement(tmp_path, monkeypatch, capsys):
     assert json.loads(speed.read_text()) == again
     bench_report.record_timings(speed, other, argv, timed_alone=True, replace=True)
     assert {r["settings"]["seed"] for r in json.loads(speed.read_text())[1:]} == {1}
+    # another host's rows stay beside this host's, each in its own line of the table
+    elsewhere = [
+        {**r, "machine": {**r["machine"], "device": "Another CPU"}} if "machine" in r else r
+        for r in json.loads(speed.read_text())
+    ]
+    speed.write_text(json.dumps(elsewhere))
+    bench_report.record_timings(speed, results, argv, timed_alone=True)
+    merged = json.loads(speed.read_text())
+    assert len(merged) == len(elsewhere) + len(results["measurements"])
+    table = load_tool("tables").speed_bench(merged)
+    assert f"| tiny | cpu: {host} | fp32 | beam5 |" in table
+    assert "| tiny | cpu: Another CPU | fp32 | beam5 |" in table
     assert {"environment", "settings", "sizes", "checks", "measurements", "speedups"} <= set(
         results
     )

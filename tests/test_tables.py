@@ -878,7 +878,7 @@ def test_the_speed_table_takes_a_ratio_only_within_one_run():
 
     rows = [row("reference", 3.0, "aaa"), row("ours", 0.3, "aaa"), row("ours", 0.2, "bbb", True)]
     table = speed_bench(rows)
-    assert "| coco | cpu | fp32 | greedy | 3 s | 0.3 s | 10.0× | 0.2 s | – |" in table
+    assert "| coco | cpu: Xeon | fp32 | greedy | 3 s | 0.3 s | 10.0× | 0.2 s | – |" in table
 
 
 def test_the_grid_probe_verdict_holds_every_seed_to_the_spread() -> None:

@@ -7,7 +7,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tools.tables.common import Rows, commands, header, line, portable, provenance, score
+from tools.tables.common import (
+    Rows,
+    commands,
+    device_of,
+    header,
+    line,
+    portable,
+    provenance,
+    score,
+)
 from tools.tables.speed_rows import of_kind, seconds_cell, speed_provenance
 
 
@@ -60,7 +69,8 @@ def speed_bench(rows: Rows) -> str:
     rows = of_kind(rows, "bench")
     groups: dict[tuple, dict[tuple, dict[str, Any]]] = {}
     for r in rows:
-        host = f"{r['device']}: {r['machine']['device']}"  # the CPU's or the GPU's name
+        name = device_of(r)  # the CPU's or the GPU's
+        host = r["device"] if name is None else f"{r['device']}: {name}"
         group = groups.setdefault((r["size"], host, r["precision"], r["task"]), {})
         group[(r["impl"], r["compiled"])] = r
     lines = header(
