@@ -185,6 +185,9 @@ def main() -> int:
             time.sleep(0.001)
         left = [t for t in started if t.is_alive()]
         strays += bool(left)
+        if left:  # which thread, and where the interrupt landed: what a failing test shows
+            names = ", ".join(t.name for t in left)
+            print(f"bytecode {point[0]} ({trace.where}): {names} still running", flush=True)
         seen.update(t.ident for t in left)
         if not trace.fired and results != expected:  # what an earlier interrupt broke
             print(f"broken after bytecode {point[0] - 1}: {error!r}"[:300], flush=True)

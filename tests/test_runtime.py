@@ -149,7 +149,7 @@ def test_ctrl_c_at_every_bytecode_of_work_handed_to_threads(run, code, says):
         # depends on how long it waits for its workers)
         assert points > (10 if " " in run else 1000)
         if run != "events":
-            assert strays == 0  # every thread ended with its run
+            assert strays == 0, result.stdout  # every thread ended with its run
         else:  # a signal just before close() is called, left to the exit's close
             assert strays < points / 100
 
