@@ -730,3 +730,11 @@ def test_training_ties_the_localisers_categories_and_the_checkpoint_keeps_them(s
     looked = model.decoder.attention.score.looked
     named = {"circle", "square", "red", "blue"}
     assert looked.tolist() == [float(w in named) for w in vocab.itos]
+
+
+def test_training_keeps_the_memory_its_steps_free(shapes, tmp_path, monkeypatch):
+    # fit sets the allocator before its first step (captioning.allocator; docs/speed.md)
+    calls = []
+    monkeypatch.setattr(train_module, "keep_freed_memory", lambda: calls.append("kept") or True)
+    fit(tiny(shapes, "train.epochs=1"), out_dir=tmp_path / "run")
+    assert calls == ["kept"]
