@@ -28,10 +28,14 @@ from typing import Any
 
 import torch
 
-from benchmarks.workload import SIZES, decoder_step, random_batch, set_up, sizes_and_precisions
+from benchmarks.workload import (
+    SIZES,
+    decoder_step,
+    seeded_setup,
+    sizes_and_precisions,
+)
 from captioning.allocator import keep_freed_memory
 from captioning.config import replace_section
-from captioning.models.captioner import build_model
 from lab.provenance import add_replace_option, add_result_options, device_name, merge_rows
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,9 +48,7 @@ def time_steps(size_name: str, precision: str, mode: str, repeats: int) -> dict[
     if mode == "kept" and not keep_freed_memory():
         raise SystemExit("not glibc: there is no default to compare freed memory kept with")
     size = SIZES[size_name]()
-    torch.manual_seed(0)
-    model = build_model(size.config.model, size.vocab_size)
-    setup = set_up(size, model, random_batch(size, model, 0), torch.device("cpu"))
+    setup = seeded_setup(size)
     cfg = replace_section(size.config, "train", precision=precision)
     step = decoder_step(setup, cfg, reference=False, compiled=False)
     step(), step()  # the heap settles in the first steps

@@ -52,12 +52,11 @@ import torch
 from benchmarks.beam_floor_parts import CELLS, COCO, FEATURE_DIM, VOCAB, WIDTH, Floor
 from benchmarks.reference_decoding import DECODERS
 from benchmarks.timing import median_seconds
-from benchmarks.workload import our_decoding, random_batch, set_up
+from benchmarks.workload import our_decoding, seeded_setup
 from captioning.allocator import keep_freed_memory
 from captioning.config import replace_section
 from captioning.models import Decoder, build_attention
 from captioning.models.attention import AttentionSizes
-from captioning.models.captioner import build_model
 from lab.options import fail
 from lab.provenance import add_replace_option, add_result_options, device_name, record
 from lab.results import ResultsError
@@ -268,9 +267,7 @@ def _ours(args: argparse.Namespace, task: str) -> dict[str, Callable[[], object]
     step compiled."""
     config = replace_section(COCO.config, "decode", max_length=args.max_length)
     size = dataclasses.replace(COCO, config=config, batch_size=args.images)
-    torch.manual_seed(0)
-    model = build_model(size.config.model, size.vocab_size)
-    setup = set_up(size, model, random_batch(size, model, 0), torch.device("cpu"))
+    setup = seeded_setup(size)
     ours = {"eager": our_decoding(setup, task, "fp32", compiled=False)}
     if not args.no_compile:
         ours["compiled"] = our_decoding(setup, task, "fp32", compiled=True)

@@ -43,11 +43,15 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from benchmarks.timing import median_seconds
-from benchmarks.workload import coco_size, decoder_step, our_decoding, random_batch, set_up
+from benchmarks.workload import (
+    coco_size,
+    decoder_step,
+    our_decoding,
+    seeded_setup,
+)
 from captioning.allocator import keep_freed_memory
 from captioning.config import replace_section
 from captioning.models import deferred, packing, scores
-from captioning.models.captioner import build_model
 from captioning.runtime import native_bf16
 from lab.options import errors_in_one_line
 from lab.provenance import add_replace_option, add_result_options, device_name, merge_rows
@@ -90,15 +94,13 @@ def task_of(name: str, precision: str, images: int) -> tuple[Callable[[], Any], 
     size = coco_size()
     size.batch_size = images
     cfg = replace_section(size.config, "train", precision=precision)
-    torch.manual_seed(0)
-    model = build_model(cfg.model, size.vocab_size)
-    setup = set_up(size, model, random_batch(size, model, 0), torch.device("cpu"))
+    setup = seeded_setup(size)
     if name == "train":
         return decoder_step(setup, cfg, reference=False, compiled=False), None
     words = size.config.decode.max_length
     with torch.no_grad():
-        features = model.encode(grid=setup.batch["grid"])
-    per_word = step_bytes(model.decoder, features, precision)
+        features = setup.model.encode(grid=setup.batch["grid"])
+    per_word = step_bytes(setup.model.decoder, features, precision)
     return our_decoding(setup, name, precision, compiled=False), words * per_word / 1e9
 
 

@@ -34,11 +34,15 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from benchmarks.timing import median_seconds
-from benchmarks.workload import SIZES, decoder_step, random_batch, set_up, sizes_and_precisions
+from benchmarks.workload import (
+    SIZES,
+    decoder_step,
+    seeded_setup,
+    sizes_and_precisions,
+)
 from captioning.allocator import keep_freed_memory
 from captioning.config import replace_section
 from captioning.models import packing
-from captioning.models.captioner import build_model
 from lab.provenance import add_replace_option, add_result_options, device_name, merge_rows
 
 ATEN = torch.ops.aten
@@ -163,9 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
 def measure(size_name: str, precision: str, rounds: int, repeats: int) -> dict[str, Any]:
     """One size and precision: the floor's products, and rounds of floor, ours, reference."""
     size = SIZES[size_name]()
-    torch.manual_seed(0)
-    model = build_model(size.config.model, size.vocab_size)
-    setup = set_up(size, model, random_batch(size, model, 0), torch.device("cpu"))
+    setup = seeded_setup(size)
     cfg = replace_section(size.config, "train", precision=precision)
     ours = decoder_step(setup, cfg, reference=False, compiled=False)
     reference = decoder_step(setup, cfg, reference=True, compiled=False)

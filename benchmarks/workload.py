@@ -27,7 +27,7 @@ from captioning.data.vocab import SPECIALS, Vocabulary
 from captioning.errors import CaptioningError
 from captioning.inference.caption import caption_batch
 from captioning.inference.decoding import Decoded
-from captioning.models import Captioner
+from captioning.models import Captioner, build_model
 from captioning.runtime import autocast
 from captioning.training.step import train_step
 from captioning.training.train import Run
@@ -297,6 +297,14 @@ def _reference_decode(setup: Setup, task: str, precision: str) -> Decoded:
     with torch.no_grad(), autocast(setup.device, precision):
         features = setup.model.encode(grid=setup.batch["grid"])  # (B, L, D)
         return decode_fn(setup.reference, features, max_length=max_length, min_length=max_length)
+
+
+def seeded_setup(size: BenchSize) -> Setup:
+    """What a CPU benchmark times: ``size``'s model drawn from seed 0 and its random batch
+    of seed 0 (:func:`set_up` on the CPU)."""
+    torch.manual_seed(0)
+    model = build_model(size.config.model, size.vocab_size)
+    return set_up(size, model, random_batch(size, model, 0), torch.device("cpu"))
 
 
 def set_up(
