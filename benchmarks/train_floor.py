@@ -98,13 +98,17 @@ class Product:
         return f"{self.op} {'x'.join(map(str, self.dims))} {name}"
 
     def runs(self, generator: torch.Generator) -> list[Callable[[], object]]:
-        """Ways to run it alone: torch's op, and in fp32 with enough rows the packed one."""
+        """Ways to run it alone: torch's op; in fp32 the same product with its operands
+        swapped, ``(B^T A^T)^T`` (the transposed form of :mod:`captioning.models.packing`,
+        or the form it replaces), and with enough rows the packed one."""
         tensors = [operand.make(generator) for operand in self.operands]
         op = getattr(ATEN, self.op).default
         ways: list[Callable[[], object]] = [lambda: op(*tensors)]
         a, b = tensors[-2:]
         rows = a.shape[0]
         packable = self.op in ("mm", "addmm") and a.dtype == torch.float32
+        if packable:
+            ways.append(lambda: torch.mm(b.t(), a.t()))
         if packable and rows >= packing.MIN_ROWS and packing.packing_available():
             weight = b.t()  # (N, K), as a linear layer's
             bias = tensors[0] if self.op == "addmm" and tensors[0].dim() == 1 else None

@@ -7,6 +7,7 @@ errors and signals.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import random
 import threading
@@ -67,12 +68,24 @@ def native_bf16(device: torch.device) -> bool:
 
 def cpu_flags() -> set[str]:
     """The CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
+    return set(_cpuinfo_field("flags").split())
+
+
+@functools.cache
+def cpu_vendor() -> str:
+    """The CPU maker's name as the CPU gives it (``GenuineIntel``, ``AuthenticAMD``), from
+    /proc/cpuinfo; empty where there is none."""
+    return _cpuinfo_field("vendor_id")
+
+
+def _cpuinfo_field(name: str) -> str:
+    """The first CPU's ``name`` field in /proc/cpuinfo, or ''."""
     try:
         cpuinfo = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return set()
-    line = next((line for line in cpuinfo.splitlines() if line.startswith("flags")), "")
-    return set(line.split(":", 1)[-1].split())
+        return ""
+    line = next((line for line in cpuinfo.splitlines() if line.startswith(name)), "")
+    return line.partition(":")[2].strip()
 
 
 def resolve_precision(precision: str, device: torch.device) -> str:

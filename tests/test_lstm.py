@@ -178,8 +178,20 @@ def paper_wiring_gradients(monkeypatch, deferred: bool, autocast: bool = False):
     return grads, len(calls)
 
 
-def test_the_deferred_cell_gives_the_word_loops_gradients(monkeypatch):
+@pytest.mark.parametrize("form", ["plain", "transposed"])
+def test_the_deferred_cell_gives_the_word_loops_gradients(form, monkeypatch):
+    from captioning.models import deferred as deferred_module
+    from captioning.models import packing
+
+    monkeypatch.setattr(packing, "FORM", form)
+    transposed = []
+    product = deferred_module.transposed_linear
+    monkeypatch.setattr(
+        deferred_module, "transposed_linear", lambda *a: transposed.append(1) or product(*a)
+    )
     deferred, shares = paper_wiring_gradients(monkeypatch, deferred=True)
+    # every word's two products, forward and the inputs' gradients backward
+    assert len(transposed) == (0 if form == "plain" else 4 * 6)
     with monkeypatch.context() as patch:
         plain, plain_shares = paper_wiring_gradients(patch, deferred=False)
     assert shares == 2 and plain_shares == 0  # the input and hidden weights, once each

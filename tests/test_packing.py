@@ -18,26 +18,40 @@ needs_packing = pytest.mark.skipif(
 )
 
 
-def decode_both(decode, model, features, monkeypatch, **settings):
-    """``decode`` with packing (as every decoding runs) and with torch's own layers."""
-    packed = decode(model.decoder, features, **settings)
+def decode_both(decode, model, features, monkeypatch, form, **settings):
+    """``decode`` with the few-row products in ``form`` and with torch's own layers, each
+    product of the first counted by form."""
+    calls = {"packed": 0, "transposed": 0}
+    mkl_linear, transposed_linear = torch.ops.mkl._mkl_linear, packing.transposed_linear
+
+    def count(form, function):
+        return lambda *args: calls.__setitem__(form, calls[form] + 1) or function(*args)
+
     with monkeypatch.context() as patch:
-        patch.setattr(packing, "packing_available", lambda: False)
+        patch.setattr(packing, "FORM", form)
+        patch.setattr(packing, "transposed_linear", count("transposed", transposed_linear))
+        patch.setattr(torch.ops.mkl, "_mkl_linear", count("packed", mkl_linear))
+        ours = decode(model.decoder, features, **settings)
+        assert calls[form] > 0 and sum(calls.values()) == calls[form]
+        patch.setattr(packing, "FORM", "plain")
         plain = decode(model.decoder, features, **settings)
-    return packed, plain
+        assert sum(calls.values()) == calls[form]  # plain: torch's own layers only
+    return ours, plain
 
 
-@needs_packing
+@pytest.mark.parametrize("form", [pytest.param("packed", marks=needs_packing), "transposed"])
 @pytest.mark.parametrize("decode,settings", [(greedy_decode, {}), (beam_search, {"beam_size": 3})])
 @pytest.mark.parametrize("variant", [[], ["model.gate=vector", "model.score=general"]])
-def test_packed_decoding_gives_torchs_captions(decode, settings, variant, monkeypatch):
+def test_packed_decoding_gives_torchs_captions(decode, settings, variant, form, monkeypatch):
     torch.manual_seed(0)
     model = tiny_model("model.hidden_dim=40", *variant).eval()
     with torch.no_grad():
         for p in model.decoder.out.parameters():
             p.mul_(8)  # sharper word distributions: longer, more varied captions
         features = model.encoder(batch(size=12)[0])
-    packed, plain = decode_both(decode, model, features, monkeypatch, max_length=10, **settings)
+    packed, plain = decode_both(
+        decode, model, features, monkeypatch, form, max_length=10, **settings
+    )
     assert torch.equal(packed.tokens, plain.tokens)
     torch.testing.assert_close(packed.scores, plain.scores, rtol=0, atol=1e-5)
     torch.testing.assert_close(packed.alphas, plain.alphas, rtol=0, atol=1e-6)
@@ -125,3 +139,59 @@ def test_the_probe_answers_inside_autocast():
         assert decoded.tokens.shape[0] == 9
     finally:
         packing.packing_available.cache_clear()
+
+
+@pytest.mark.parametrize(
+    "vendor,mkl,packs,form",
+    [
+        ("AuthenticAMD", True, True, "transposed"),
+        ("GenuineIntel", True, True, "packed"),
+        ("", True, True, "packed"),
+        ("GenuineIntel", True, False, "plain"),
+        ("AuthenticAMD", False, False, "plain"),
+    ],
+)
+def test_the_host_form_follows_the_cpus_maker(vendor, mkl, packs, form, monkeypatch):
+    from captioning import runtime
+
+    monkeypatch.setattr(runtime, "cpu_vendor", lambda: vendor)
+    monkeypatch.setattr(torch.backends.mkl, "is_available", lambda: mkl)
+    monkeypatch.setattr(packing, "packing_available", lambda: packs)
+    assert packing.host_form() == form
+    monkeypatch.setattr(packing, "FORM", "plain")
+    assert packing.host_form() == "plain"
+
+
+def test_the_cpu_vendor_is_read_from_cpuinfo():
+    import platform
+    from pathlib import Path
+
+    from captioning import runtime
+
+    assert runtime._cpuinfo_field("no such field") == ""
+    if platform.machine() not in ("x86_64", "AMD64") or not Path("/proc/cpuinfo").exists():
+        pytest.skip("an x86 CPU's vendor_id is read from Linux's /proc/cpuinfo")
+    vendor = runtime.cpu_vendor()
+    assert vendor and vendor.isalnum()  # e.g. GenuineIntel, AuthenticAMD
+
+
+def test_the_transposed_form_is_f_linear_in_rows_up_to_its_limit():
+    torch.manual_seed(2)
+    layer = Linear(24, 40)
+    packs = Packs("transposed")
+    limit = packing.TRANSPOSED_MAX_ROWS
+    with torch.no_grad():
+        for rows in (8, limit, limit + 1):
+            inputs = torch.randn(rows, 24)
+            expected = F.linear(inputs, layer.weight, layer.bias)
+            out = packs.linear(inputs, layer.weight, layer.bias)
+            torch.testing.assert_close(out, expected, rtol=0, atol=1e-6)
+            assert out.is_contiguous()
+            loose = packs.linear(inputs, layer.weight, layer.bias, any_layout=True)
+            torch.testing.assert_close(loose, expected, rtol=0, atol=1e-6)
+            # up to the limit the product is W x^T, its columns contiguous; past it F.linear's
+            assert loose.is_contiguous() == (rows > limit)
+        three = torch.randn(2, 9, 24)  # rows of a 3-d input, put back in its shape
+        out = packs.linear(three, layer.weight, None)
+        torch.testing.assert_close(out, F.linear(three, layer.weight), rtol=0, atol=1e-6)
+        assert out.shape == (2, 9, 40)

@@ -14,6 +14,11 @@ Under autocast the weights are cast once per forward pass and each word's produc
 the autocast dtype, as torch's cell runs it; the weights' gradients are then one product
 over every word's rows, rounded once, where torch's cell adds the nineteen words' bf16
 gradients in bf16. It applies to a cell whose weights need gradients.
+
+On a CPU whose few-row products run faster with the weight on the left (the ``transposed``
+form of :mod:`captioning.models.packing`, chosen on AMD's CPUs), each word's fp32 products
+and their inputs' gradients run in that form, the weight transposed once per forward pass for
+the gradients.
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from captioning.models.packing import cell_update
+from captioning.models import packing
+from captioning.models.packing import cell_update, transposed_linear
 
 # False: every word loop uses torch's own cell (the benchmarks time both).
 ENABLED = True
@@ -35,11 +41,16 @@ Cell = Callable[
 
 
 class _Pieces:
-    """Each word's rows of one weight's gradient: its inputs (R, K) and output grads (R, N)."""
+    """Each word's rows of one weight's gradient: its inputs (R, K) and output grads (R, N);
+    and whether each word's products run in the transposed form of
+    :mod:`captioning.models.packing`, with the weight's transpose made once for the inputs'
+    gradients."""
 
-    def __init__(self) -> None:
+    def __init__(self, transposed: bool) -> None:
         self.inputs: list[torch.Tensor] = []
         self.grads: list[torch.Tensor] = []
+        self.transposed = transposed
+        self.weight_t: torch.Tensor | None = None
 
 
 class _Share(torch.autograd.Function):
@@ -69,6 +80,7 @@ class _Share(torch.autograd.Function):
         grads, inputs = torch.cat(pieces.grads), torch.cat(pieces.inputs)  # (W*R, N), (W*R, K)
         pieces.grads.clear()
         pieces.inputs.clear()
+        pieces.weight_t = None
         if grads.dtype == torch.float16:  # a scaled loss's sum over every row may overflow
             grads, inputs = grads.float(), inputs.float()
         weight = (grads.t() @ inputs).to(ctx.dtype)
@@ -90,14 +102,23 @@ class _Use(torch.autograd.Function):
         inputs = inputs.to(weight.dtype)  # the product's dtype: autocast's, or the weights'
         ctx.save_for_backward(inputs, weight)
         ctx.pieces = pieces
+        if pieces.transposed and inputs.shape[0] <= packing.TRANSPOSED_MAX_ROWS:
+            return transposed_linear(inputs, weight, bias)
         return F.linear(inputs, weight, bias)
 
     @staticmethod
     def backward(ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor) -> tuple:
         inputs, weight = ctx.saved_tensors
-        ctx.pieces.inputs.append(inputs)
-        ctx.pieces.grads.append(grad)
-        return (grad @ weight if ctx.needs_input_grad[0] else None), None, None, None
+        pieces = ctx.pieces
+        pieces.inputs.append(inputs)
+        pieces.grads.append(grad)
+        if not ctx.needs_input_grad[0]:
+            return None, None, None, None
+        if pieces.transposed and grad.shape[0] <= packing.TRANSPOSED_MAX_ROWS:
+            if pieces.weight_t is None:
+                pieces.weight_t = weight.t().contiguous()
+            return transposed_linear(grad, pieces.weight_t, None), None, None, None
+        return grad @ weight, None, None, None
 
 
 def deferred_cell(cell: nn.LSTMCell) -> Cell:
@@ -115,7 +136,8 @@ def deferred_cell(cell: nn.LSTMCell) -> Cell:
     device, dtype = cell.weight_ih.device.type, cell.weight_ih.dtype
     if torch.is_autocast_enabled(device):
         dtype = torch.get_autocast_dtype(device)
-    pieces_ih, pieces_hh = _Pieces(), _Pieces()
+    transposed = dtype == torch.float32 and packing.host_form() == "transposed"
+    pieces_ih, pieces_hh = _Pieces(transposed), _Pieces(transposed)
     weight_ih, bias_ih = _Share.apply(cell.weight_ih, cell.bias_ih, pieces_ih, dtype)
     weight_hh, bias_hh = _Share.apply(cell.weight_hh, cell.bias_hh, pieces_hh, dtype)
 
