@@ -13,10 +13,13 @@ re-projection of the grid at every word. This script times these parts alone, wi
 around them, at the sizes of ``python -m benchmarks.bench --sizes coco``:
 
 - the dense layers, each as one matrix product (the key projection once on B*L rows, the
-  others on B*K rows), and their FLOPs at the rate of one large square product (the
-  machine's best case);
+  others on B*K rows), in the fastest form of the few-row products on this CPU (torch's
+  own, the transposed or the packed form of :mod:`captioning.models.packing`), and their
+  FLOPs at the rate of one large square product (the machine's best case);
 - the score as eager code must run it, three passes over one image's block at a time with
-  no allocation (the add into a buffer, ``tanh_`` in place, the projection onto w): each
+  no allocation (the add into a buffer, ``tanh_`` in place, or ``sigmoid_`` where that is
+  faster: tanh(x) = 2 sigmoid(2x) - 1, the 2s folded into the other passes as ours folds
+  them; the projection onto w): each
   pass timed on its own, and the three in sequence over every image's own keys (the eager
   floor uses the sequence); and the whole score as the one fused reduction
   ``torch.compile`` makes of it;
@@ -32,8 +35,9 @@ beam (``--beam-size 1``). Given a ``bench.json``, it prints the largest speed-up
 run's reference that the floor allows, and our times in that run against the floor;
 ``--ours`` times our decoding itself, right after each of ``--rounds`` rounds of the floor,
 since this machine's speed drifts. ``--results FILE`` merges the medians, the rounds' ratios
-and the reference's time into a results file as one row (``results/speed.json``); a row of
-other threads, images or caption length is replaced only with ``--replace``.
+and the reference's time into a results file as one row per task and host
+(``results/speed.json``); a row of other threads, images or caption length is replaced only
+with ``--replace``.
 """
 
 from __future__ import annotations
@@ -181,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
         f"dense layers at the peak rate:   {floor.gflop / parts['peak']:.3g} s  "
         f"({parts['peak']:.0f} GFLOP/s, 2048 x 2048 matrix product)"
     )
-    for name in ("add", "tanh", "projection"):
+    print(f"dense layers, torch's own:       {parts['dense_plain']:.3g} s")
+    for name in ("add", "tanh", "sigmoid", "projection"):
         print(
             f"score, eager {name + ':':24s}{parts[name]:.3g} s  "
             f"({floor.activations / 1e6:.0f}M values)"
@@ -192,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         f"score, eager, in sequence:       {parts['sequence']:.3g} s  (the three passes "
-        f"over each image's block in turn)"
+        f"over each image's block in turn, the faster of tanh and sigmoid)"
     )
     alone = {"eager": parts["dense"] + parts["sequence"] + parts["choice"]}
     if "fused" in parts:
@@ -248,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
             record(
                 args.results,
                 [row],
-                lambda r: (r["kind"], r.get("task")),
+                lambda r: (r["kind"], r.get("task"), r.get("device")),
                 module="benchmarks.beam_floor",
                 argv=argv,
                 timed_alone=not args.machine_busy,

@@ -714,9 +714,11 @@ def test_beam_floor_bounds_the_speed_up_from_a_bench_file(tmp_path, capsys):
     assert beam_floor.main([*args, "--no-compile", "--bench", str(path)]) == 0
     out = capsys.readouterr().out
     dense = float(out.split("dense layers:")[1].split(" s")[0])
+    # the fastest form of the few-row products, torch's own among them
+    assert dense <= float(out.split("dense layers, torch's own:")[1].split(" s")[0])
     passes = [
         float(out.split(f"eager {name}:")[1].split(" s")[0])
-        for name in ("add", "tanh", "projection")
+        for name in ("add", "tanh", "sigmoid", "projection")
     ]
     sequence = float(out.split("eager, in sequence:")[1].split(" s")[0])
     choice = float(out.split("word choice:")[1].split(" s")[0])
@@ -773,6 +775,14 @@ def test_beam_floor_bounds_the_speed_up_from_a_bench_file(tmp_path, capsys):
     assert f"{row['floor_eager']:.3g} s" in line and "floor_compiled" not in row
     table = load_tool("tables").speed_floor([row])
     assert "| greedy, eager |" in table and f"**{row['floor_eager']:.3g} s**" in table
+    assert f"| host | {row['device']} |" in table
+    # another host's row stays beside this host's
+    speed.write_text(json.dumps([{**row, "device": "Another CPU"}]))
+    floor_args = [*args[2:], "--beam-size", "1", "--no-compile", "--results", str(speed)]
+    assert beam_floor.main(floor_args) == 0
+    assert sorted(r["device"] for r in json.loads(speed.read_text())) == sorted(
+        ["Another CPU", row["device"]]
+    )
     with pytest.raises(SystemExit):  # no such decoder among ours
         beam_floor.main([*args[2:], "--beam-size", "4", "--ours"])
     assert "--ours times greedy, beam3, beam5" in capsys.readouterr().err

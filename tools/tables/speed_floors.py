@@ -15,7 +15,7 @@ from tools.tables.speed_rows import of_kind, seconds_cell, speed_provenance
 def speed_floor(rows: Rows) -> str:
     """The beam-search floor (``benchmarks/beam_floor.py``): its parts, the floor, ours, and
     the median ratio of ours to the floor over the rounds, per task, eager and compiled."""
-    rows = sorted(of_kind(rows, "floor"), key=lambda r: -r["beam_size"])
+    rows = sorted(of_kind(rows, "floor"), key=lambda r: (r["device"], -r["beam_size"]))
     columns = [
         (r, mode)
         for r in rows
@@ -35,7 +35,10 @@ def speed_floor(rows: Rows) -> str:
         p = r["parts"]
         if mode == "compiled":
             return f"fused: {p['fused']:.2g} s"
-        return f"{p['add']:.2g} + {p['tanh']:.2g} + {p['projection']:.2g} s"
+        squash = f"{p['tanh']:.2g}"
+        if "sigmoid" in p:
+            squash = f"min({squash}, {p['sigmoid']:.2g})"
+        return f"{p['add']:.2g} + {squash} + {p['projection']:.2g} s"
 
     def ratio(r: dict[str, Any], mode: str) -> str:
         ratios = r.get(f"ratios_{mode}")
@@ -43,13 +46,17 @@ def speed_floor(rows: Rows) -> str:
             return "–"
         return f"**{statistics.median(ratios):.2f}×** (rounds {min(ratios):.2f}-{max(ratios):.2f}×)"
 
-    add(
-        "dense layers",
-        lambda r, m: (
-            f"{r['parts']['dense']:.3g} s ({r['gflop']:.0f} GFLOP)" if m == "eager" else ""
-        ),
-    )
-    add("score: add + tanh + projection alone", parts)
+    add("host", lambda r, m: r["device"] if m == "eager" else "")
+
+    def dense(r: dict[str, Any], mode: str) -> str:
+        if mode != "eager":
+            return ""
+        p = r["parts"]
+        own = f"; torch's own layers {p['dense_plain']:.3g} s" if "dense_plain" in p else ""
+        return f"{p['dense']:.3g} s ({r['gflop']:.0f} GFLOP{own})"
+
+    add("dense layers", dense)
+    add("score: add + min(tanh, sigmoid) + projection alone", parts)
     add(
         "score, the three passes in sequence",
         lambda r, m: f"{r['parts']['sequence']:.3g} s" if m == "eager" else "",
