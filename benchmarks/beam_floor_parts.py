@@ -100,8 +100,9 @@ class Floor:
         """Seconds over a whole caption: the parts timed alone (``dense``, in the fastest
         form of the few-row products, and ``dense_plain`` in torch's own; ``add``, ``tanh``,
         ``sigmoid``, ``projection``, ``sequence``: the three passes in turn with the faster
-        of tanh and sigmoid, ``choice``, and ``fused`` when compiled), the floors with each word's parts run in turn (``eager``, and
-        ``compiled``), and ``peak``, the GFLOP/s of one large square product."""
+        of tanh and sigmoid, ``choice``, and ``fused`` when compiled), the floors with each
+        word's parts run in turn (``eager``, and ``compiled``), and ``peak``, the GFLOP/s of
+        one large square product."""
         k, b, later = self.beams, self.images, self.later
         parts = {}
         keys_seconds = median_seconds(
