@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     return merge_rows(
         args,
         rows,
-        lambda r: (r.get("kind"), r.get("size"), r.get("precision")),
+        lambda r: (r.get("kind"), r.get("device"), r.get("size"), r.get("precision")),
         module="benchmarks.train_floor",
         argv=argv,
         settings=("threads", "batch_size", "words"),

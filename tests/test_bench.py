@@ -612,6 +612,13 @@ def test_the_training_floor_row_bounds_the_speed_up(tmp_path, capsys):
         "python -m benchmarks.train_floor --sizes tiny --rounds 2 --repeats 1 "
         "--results OUT/speed.json"
     )
+    # another host's row stays beside this host's, and the table names both
+    results.write_text(json.dumps([{**row, "device": "Another CPU"}]))
+    assert train_floor.main(args) == 0
+    rows = json.loads(results.read_text())
+    assert sorted(r["device"] for r in rows) == sorted(["Another CPU", row["device"]])
+    table = load_tool("tables").speed_train_floor(rows)
+    assert "| Another CPU | tiny | fp32 |" in table and f"| {row['device']} | tiny |" in table
     with pytest.raises(SystemExit) as exited:
         train_floor.main(["--sizes", "tiny,huge"])
     assert exited.value.code == 2

@@ -85,17 +85,18 @@ def speed_train_floor(rows: Rows) -> str:
     """The training step's floor (``benchmarks/train_floor.py``): per size and precision its
     products alone, ours and the reference's step in the same rounds, and the speed-ups."""
     rows = sorted(
-        of_kind(rows, "train_floor"), key=lambda r: (r["size"] != "coco", r["size"], r["precision"])
+        of_kind(rows, "train_floor"),
+        key=lambda r: (r["device"], r["size"] != "coco", r["size"], r["precision"]),
     )
     lines = [
-        "| size | precision | products (GFLOP) | products alone | largest | ours | ours / "
+        "| host | size | precision | products (GFLOP) | products alone | largest | ours | ours / "
         "floor | reference | ours' speed-up | most speed-up the floor allows |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         largest, seconds = next(iter(r["largest"].items()))
         lines.append(
-            f"| {r['size']} | {r['precision']} | {r['calls']} ({r['gflop']:.1f}) | "
+            f"| {r['device']} | {r['size']} | {r['precision']} | {r['calls']} ({r['gflop']:.1f}) | "
             f"{r['floor_seconds']:.3g} s | {largest}: {seconds:.3g} s | "
             f"{r['ours_seconds']:.3g} s | {statistics.median(r['ours_over_floor']):.2f}× | "
             f"{r['reference_seconds']:.3g} s | "
