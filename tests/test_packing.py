@@ -160,6 +160,9 @@ def test_the_host_form_follows_the_cpus_maker(vendor, mkl, packs, form, monkeypa
     assert packing.host_form() == form
     monkeypatch.setattr(packing, "FORM", "plain")
     assert packing.host_form() == "plain"
+    monkeypatch.setattr(packing, "FORM", "fast")
+    with pytest.raises(ValueError, match="packing.FORM must be one of packed, transposed, plain"):
+        packing.host_form()
 
 
 def test_the_cpu_vendor_is_read_from_cpuinfo():

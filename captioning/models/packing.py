@@ -46,7 +46,8 @@ MIN_ROWS = 8
 TRANSPOSED_MAX_ROWS = 64
 # False: every decoding uses torch's own layers (the benchmarks time both).
 ENABLED = True
-# "packed", "transposed" or "plain" on every CPU; None: :func:`host_form` picks by CPU.
+FORMS = ("packed", "transposed", "plain")
+# One of FORMS on every CPU; None: :func:`host_form` picks by CPU.
 FORM: str | None = None
 _LOCAL = threading.local()
 
@@ -178,6 +179,10 @@ def host_form() -> str:
     where set, else ``transposed`` on AMD with MKL, ``packed`` where the packed kernel
     works, else ``plain``."""
     if FORM is not None:
+        if FORM not in FORMS:
+            raise ValueError(
+                f"packing.FORM must be one of {', '.join(FORMS)} or None, got {FORM!r}"
+            )
         return FORM
     if torch.backends.mkl.is_available() and runtime.cpu_vendor() == "AuthenticAMD":
         return "transposed"
