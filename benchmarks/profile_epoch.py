@@ -330,7 +330,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # the row names the config and the overrides' paths as the command does
         row["config"] = portable(row["config"])
         row["overrides"] = [portable(o) for o in row["overrides"]]
-        key = ("kind", "config", "overrides", "step_loop", "channels_last", "compiled")
+        key = ("kind", "device", "config", "overrides", "step_loop", "channels_last", "compiled")
         record(
             args.results,
             [row],

@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmarks.time_to_quality",
         argv,
         args.out,
-        lambda r: (r["kind"], r.get("name")),
+        lambda r: (r["kind"], r.get("name"), r.get("device")),
         results=args.results,
         replace=args.replace,
         timed_alone=not args.machine_busy,

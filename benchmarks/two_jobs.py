@@ -129,7 +129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         rows = measure(args.config, args.set, args.jobs, args.steps)
         if args.results is not None:
-            key = ("kind", "config", "overrides", "jobs", "threads")
+            key = ("kind", "device", "config", "overrides", "jobs", "threads")
             return merge_rows(
                 args,
                 rows,

@@ -916,7 +916,15 @@ def test_two_jobs_times_each_arrangement_of_the_cores(tmp_path, monkeypatch):
         assert row["precision"] == "fp32" and row["commit"] and row["device"]
         assert str(tmp_path) not in str(row)
     table = load_tool("tables").speed_sharing(rows)
-    assert "| 1 | 2 | " in table and "| 1.00x |" in table and "| 2 | 1 | " in table
+    assert f"| {rows[0]['device']} | 1 | 2 | " in table and "| 1.00x |" in table
+    assert "| 2 | 1 | " in table
+    # another host's rows stay beside these, each against its own host's job alone
+    speed.write_text(json.dumps([{**r, "device": "Another CPU"} for r in rows]))
+    again = ["--config", config, "--set", f"data.root={tmp_path / 'shapes'}", "--steps", "2"]
+    assert two_jobs.main([*again, "--results", str(speed)]) == 0
+    both = json.loads(speed.read_text())
+    assert sorted({r["device"] for r in both}) == sorted({"Another CPU", rows[0]["device"]})
+    assert load_tool("tables").speed_sharing(both).count("| 1.00x |") == 2
 
 
 def test_the_encoder_benchmark_times_both_encoders_and_checks_their_grids(tmp_path):

@@ -24,6 +24,7 @@ def speed_quality(rows: Rows) -> str:
     """Time to quality (``benchmarks/time_to_quality.py``): each run's wall seconds and test
     scores against its targets."""
     rows = of_kind(rows, "quality")
+    hosts = len({r.get("device") for r in rows}) > 1  # each run names its host
     lines = header(
         [
             "run",
@@ -43,8 +44,9 @@ def speed_quality(rows: Rows) -> str:
         if "pointing" in t:
             target += f", pointing ≥ {t['pointing']:.2f}"
         pointing = r["pointing"] if r["recipe"] != "quickstart" else {}
+        run = f"`{portable(r['run_command'])}`" if r["recipe"] == "quickstart" else r["name"]
         cells = [
-            f"`{portable(r['run_command'])}`" if r["recipe"] == "quickstart" else r["name"],
+            f"{run} ({r.get('device')})" if hosts else run,
             target,
             f"**{r['seconds']:.0f}**",
             f"{r['exact']:.3f}",
@@ -116,10 +118,14 @@ def speed_profile(rows: Rows) -> str:
     milliseconds of each phase per step, one column per measured configuration."""
     rows = [r for r in of_kind(rows, "profile") if not r["config"].startswith("configs/flickr8k")]
 
+    hosts = len({r.get("device") for r in rows}) > 1
+
     def label(r: dict[str, Any]) -> str:
         words = [Path(r["config"]).stem, *r["overrides"]]
         words.append("word loop" if r["step_loop"] else "all words at once")
         words.append("channels-last" if r["channels_last"] else "NCHW")
+        if hosts:
+            words.append(str(r.get("device")))
         return ", ".join(words)
 
     lines = [
@@ -158,17 +164,18 @@ def speed_sharing(rows: Rows) -> str:
     rows = of_kind(rows, "two_jobs")
     if not rows:
         return "No rows of `results/speed.json` yet: the command above writes them.\n"
-    alone = next((r["steps_per_s_total"] for r in rows if r["jobs"] == 1), None)
+    alone = {(r.get("device"), r["config"]): r["steps_per_s_total"] for r in rows if r["jobs"] == 1}
     lines = [
-        "| jobs side by side | threads each | steps/s of each job | steps/s in all | "
+        "| host | jobs side by side | threads each | steps/s of each job | steps/s in all | "
         "to one job alone |",
-        "| --- | --- | --- | --- | --- |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
     for row in rows:
         each = ", ".join(f"{s:.2f}" for s in row["steps_per_s"])
-        ratio = "–" if not alone else f"{row['steps_per_s_total'] / alone:.2f}x"
+        one = alone.get((row.get("device"), row["config"]))
+        ratio = "–" if not one else f"{row['steps_per_s_total'] / one:.2f}x"
         lines.append(
-            f"| {row['jobs']} | {row['threads']} | {each} | "
+            f"| {row.get('device', '–')} | {row['jobs']} | {row['threads']} | {each} | "
             f"{row['steps_per_s_total']:.2f} | {ratio} |"
         )
     configs = sorted({r["config"] for r in rows})
