@@ -186,6 +186,9 @@ def main(argv: list[str] | None = None) -> int:
         f"({parts['peak']:.0f} GFLOP/s, 2048 x 2048 matrix product)"
     )
     print(f"dense layers, torch's own:       {parts['dense_plain']:.3g} s")
+    for form in ("transposed", "packed"):
+        if f"dense_{form}" in parts:
+            print(f"dense layers, {form + ':':19s}{parts[f'dense_{form}']:.3g} s")
     for name in ("add", "tanh", "sigmoid", "projection"):
         print(
             f"score, eager {name + ':':24s}{parts[name]:.3g} s  "

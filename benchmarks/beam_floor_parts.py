@@ -98,7 +98,7 @@ class Floor:
     @torch.no_grad()
     def measure(self, repeats: int) -> dict[str, float]:
         """Seconds over a whole caption: the parts timed alone (``dense``, in the fastest
-        form of the few-row products, and ``dense_plain`` in torch's own; ``add``, ``tanh``,
+        form of the few-row products, and ``dense_FORM`` in each form; ``add``, ``tanh``,
         ``sigmoid``, ``projection``, ``sequence``: the three passes in turn with the faster
         of tanh and sigmoid, ``choice``, and ``fused`` when compiled), the floors with each
         word's parts run in turn (``eager``, and ``compiled``), and ``peak``, the GFLOP/s of
@@ -117,7 +117,8 @@ class Floor:
         form = min(dense, key=lambda name: dense[name][1])
         dense_first = dense[form][0]
         parts["dense"] = keys_seconds + dense[form][1]
-        parts["dense_plain"] = keys_seconds + dense["plain"][1]
+        for name, (_, seconds) in dense.items():
+            parts[f"dense_{name}"] = keys_seconds + seconds
         parts["peak"] = (
             2 * 2048**3 / 1e9 / median_seconds(lambda: self.square @ self.square, repeats)
         )

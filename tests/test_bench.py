@@ -722,7 +722,13 @@ def test_beam_floor_bounds_the_speed_up_from_a_bench_file(tmp_path, capsys):
     out = capsys.readouterr().out
     dense = float(out.split("dense layers:")[1].split(" s")[0])
     # the fastest form of the few-row products, torch's own among them
-    assert dense <= float(out.split("dense layers, torch's own:")[1].split(" s")[0])
+    # the fastest of the forms of the few-row products, each printed (3 digits)
+    by_form = [
+        float(out.split(f"dense layers, {form}:")[1].split(" s")[0])
+        for form in ("torch's own", "transposed", "packed")
+        if f"dense layers, {form}:" in out
+    ]
+    assert len(by_form) >= 2 and dense == pytest.approx(min(by_form), rel=0.01)
     passes = [
         float(out.split(f"eager {name}:")[1].split(" s")[0])
         for name in ("add", "tanh", "sigmoid", "projection")
