@@ -67,8 +67,8 @@ def product_form(form: str) -> Iterator[None]:
 
 
 def product_forms() -> list[str]:
-    """The forms of the few-row products this CPU can run."""
-    return ["plain", "transposed"] + (["packed"] if packing.packing_available() else [])
+    """The forms of the few-row products this CPU can run (:data:`packing.FORMS`)."""
+    return [f for f in packing.FORMS if f != "packed" or packing.packing_available()]
 
 
 def fused_score(keys: torch.Tensor, query: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tools.tables.common import Rows
-from tools.tables.speed_rows import of_kind, seconds_cell, speed_provenance
+from tools.tables.speed_rows import by_host_and_size, of_kind, seconds_cell, speed_provenance
 
 
 def speed_floor(rows: Rows) -> str:
@@ -84,10 +84,7 @@ def speed_floor(rows: Rows) -> str:
 def speed_train_floor(rows: Rows) -> str:
     """The training step's floor (``benchmarks/train_floor.py``): per size and precision its
     products alone, ours and the reference's step in the same rounds, and the speed-ups."""
-    rows = sorted(
-        of_kind(rows, "train_floor"),
-        key=lambda r: (r["device"], r["size"] != "coco", r["size"], r["precision"]),
-    )
+    rows = by_host_and_size(rows, "train_floor")
     lines = [
         "| host | size | precision | products (GFLOP) | products alone | largest | ours | ours / "
         "floor | reference | ours' speed-up | most speed-up the floor allows |",
@@ -116,10 +113,7 @@ def speed_train_floor(rows: Rows) -> str:
 def speed_allocator(rows: Rows) -> str:
     """Freed memory kept in the process (``benchmarks/allocator.py``): per host, size and
     precision the step with glibc's default and with freed memory kept, and the speed-up."""
-    rows = sorted(
-        of_kind(rows, "allocator"),
-        key=lambda r: (r["device"], r["size"] != "coco", r["size"], r["precision"]),
-    )
+    rows = by_host_and_size(rows, "allocator")
     lines = [
         "| host | size | precision | glibc's default | freed memory kept | speed-up (rounds) | "
         "page faults a step: default / kept |",

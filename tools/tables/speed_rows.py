@@ -11,6 +11,15 @@ def of_kind(rows: Rows, kind: str) -> Rows:
     return [r for r in rows if r.get("kind") == kind]
 
 
+def by_host_and_size(rows: Rows, kind: str) -> Rows:
+    """The rows one benchmark wrote, by host, then the COCO size first, then size and
+    precision."""
+    return sorted(
+        of_kind(rows, kind),
+        key=lambda r: (r["device"], r["size"] != "coco", r["size"], r["precision"]),
+    )
+
+
 def speed_provenance(rows: Rows, what: str) -> str:
     """One line: where the rows came from (machine, precision, timing, commits, commands)."""
     flags = [r.get("timed_alone") for r in rows]
