@@ -843,6 +843,13 @@ def test_profile_epoch_splits_the_step_into_phases(tmp_path, capsys):
     assert str(tmp_path) not in json.dumps(row) and row["machine"]["device"]
     table = load_tool("tables").speed_profile([row])
     assert f"**{result['step_seconds'] * 1e3:.0f}**" in table and "a machine doing other" in table
+    # another host's row of the same config stays beside it, its column naming its host
+    speed.write_text(json.dumps([{**row, "device": "Another CPU"}]))
+    argv = ["--config", config, "--set", f"data.root={tmp_path / 'shapes'}", "--steps", "3"]
+    assert profile_epoch.main([*argv, "--results", str(speed), "--machine-busy"]) == 0
+    both = json.loads(speed.read_text())
+    assert sorted(r["device"] for r in both) == sorted(["Another CPU", row["device"]])
+    assert "Another CPU" in load_tool("tables").speed_profile(both).splitlines()[0]
     phases = result["phases"]
     assert list(phases) == list(profile_epoch.PHASES)
     assert all(seconds > 0 for seconds in phases.values()), phases

@@ -110,6 +110,18 @@ def test_rows_are_merged_by_name_and_a_failed_run_exits_1(tmp_path, monkeypatch,
     assert "other precision" in capsys.readouterr().err and results.read_text() != before
     assert ttq.main([*argv[:3], "hard:0", *argv[4:], "--replace"]) == 0
 
+    # the same run on another host stays beside this host's
+    count = len(json.loads(results.read_text()))
+    other = lambda *a: {**fake_run(*a), "precision": "fp32", "device": "Another CPU"}  # noqa: E731
+    monkeypatch.setattr(ttq, "run_one", other)
+    assert ttq.main([*argv[:3], "hard:0", *argv[4:]]) == 0
+    rows = json.loads(results.read_text())
+    assert len(rows) == count + 1
+    assert sorted(str(r.get("device")) for r in rows if r["name"] == "hard seed 0") == [
+        "Another CPU",
+        "None",
+    ]
+
 
 def test_without_results_the_rows_stay_in_the_out_folder(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(ttq, "run_one", lambda *a: _row("soft", 60, 0.98, 0.95, 0.99))
