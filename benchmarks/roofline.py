@@ -51,7 +51,7 @@ from benchmarks.workload import (
 )
 from captioning.allocator import keep_freed_memory
 from captioning.config import replace_section
-from captioning.models import deferred, packing, scores
+from captioning.models import deferred, fused_score, packing, scores
 from captioning.runtime import native_bf16
 from lab.options import errors_in_one_line
 from lab.provenance import add_replace_option, add_result_options, device_name, merge_rows
@@ -116,6 +116,8 @@ def step_bytes(decoder: torch.nn.Module, features: torch.Tensor, precision: str)
             if param.dim() == 2:
                 used[id(param)] = param.numel() * size
 
+    # the torch form of the additive score runs its projection as a layer the hooks see
+    fused_score.ENABLED = False
     with torch.no_grad():
         keys = decoder.prepare(features)
         state = decoder.init_state(features)
@@ -130,18 +132,20 @@ def step_bytes(decoder: torch.nn.Module, features: torch.Tensor, precision: str)
         finally:
             for handle in handles:
                 handle.remove()
+            fused_score.ENABLED = True
     return sum(used.values()) + (features.numel() + keys.numel()) * size
 
 
 def flops(fn: Callable[[], Any]) -> int:
-    """The matrix FLOPs of one call of ``fn``, counted with torch's own layers (the counter
-    does not know the packed product)."""
-    packing.ENABLED = False
+    """The matrix FLOPs of one call of ``fn``, counted with torch's own layers and the
+    additive score's torch form (the counter knows neither the packed product nor the C
+    kernel)."""
+    packing.ENABLED = fused_score.ENABLED = False
     try:
         with FlopCounterMode(display=False) as counter:
             fn()
     finally:
-        packing.ENABLED = True
+        packing.ENABLED = fused_score.ENABLED = True
     return counter.get_total_flops()
 
 

@@ -68,17 +68,17 @@ def native_bf16(device: torch.device) -> bool:
 
 def cpu_flags() -> set[str]:
     """The CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
-    return set(_cpuinfo_field("flags").split())
+    return set(cpuinfo_field("flags").split())
 
 
 @functools.cache
 def cpu_vendor() -> str:
     """The CPU maker's name as the CPU gives it (``GenuineIntel``, ``AuthenticAMD``), from
     /proc/cpuinfo; empty where there is none."""
-    return _cpuinfo_field("vendor_id")
+    return cpuinfo_field("vendor_id")
 
 
-def _cpuinfo_field(name: str) -> str:
+def cpuinfo_field(name: str) -> str:
     """The first CPU's ``name`` field in /proc/cpuinfo, or ''."""
     try:
         cpuinfo = Path("/proc/cpuinfo").read_text()

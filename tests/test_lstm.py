@@ -5,6 +5,7 @@ import pytest
 import torch
 from torch import nn
 
+from captioning import native
 from captioning.config import ModelConfig
 from captioning.models import decoder as decoder_module
 from captioning.models.attention import AttentionSizes, build_attention
@@ -202,10 +203,16 @@ def test_the_deferred_cell_gives_the_word_loops_gradients(form, monkeypatch):
     assert float(plain["decoder.lstm.weight_ih"].abs().sum()) > 0
 
 
-def test_shared_keys_sum_every_words_keys_gradient_in_place(monkeypatch):
+@pytest.mark.parametrize("kernel", [True, False])  # the score in C, in torch's blocks
+def test_shared_keys_sum_every_words_keys_gradient_in_place(kernel, monkeypatch):
     """Each word's tanh score adds its keys gradient into one sum, handed on once: the
     gradients are autograd's sum of the words' own, in fp32 and under bf16 autocast."""
-    from captioning.models import tanh_score
+    from captioning.models import fused_score, tanh_score
+
+    monkeypatch.setattr(fused_score, "ENABLED", kernel)
+    assert fused_score.available(torch.zeros(1, 1, 1, 1)) == (
+        kernel and native.compiler() is not None
+    )
 
     handed = []
     original = tanh_score._ShareKeys.backward
@@ -242,10 +249,13 @@ def test_shared_keys_sum_every_words_keys_gradient_in_place(monkeypatch):
     assert error["shared"] <= error["own"] * 1.05
 
 
-def test_shared_keys_cast_bf16_keys_to_fp32_once_with_the_same_gradients(monkeypatch):
+@pytest.mark.parametrize("kernel", [True, False])
+def test_shared_keys_cast_bf16_keys_to_fp32_once_with_the_same_gradients(kernel, monkeypatch):
     """Under autocast the word loop's bf16 keys are cast to fp32 once for every word's score
     (each word cast them twice): the same numbers, bit for bit."""
-    from captioning.models import tanh_score
+    from captioning.models import fused_score, tanh_score
+
+    monkeypatch.setattr(fused_score, "ENABLED", kernel)
 
     keys = torch.randn(2, 3, 4, dtype=torch.bfloat16, requires_grad=True)
     view = tanh_score.shared_keys(keys).unsqueeze(1)  # as the score sees them

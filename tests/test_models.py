@@ -10,7 +10,7 @@ from torch import nn
 from captioning.config import ModelConfig, load_config
 from captioning.errors import ConfigError
 from captioning.models import attention as attention_module
-from captioning.models import build_model
+from captioning.models import build_model, fused_score
 from captioning.models import scores as scores_module
 from captioning.models.attention import (
     AttentionSizes,
@@ -113,6 +113,7 @@ def test_grouped_queries_equal_a_repeated_grid(kind, name):
 
 
 def test_additive_score_in_blocks_and_in_compiled_form_match_the_plain_one(monkeypatch):
+    monkeypatch.setattr(fused_score, "ENABLED", False)  # the torch forms; test_fused_score.py: C
     torch.manual_seed(0)
     score = make_score("additive", 8, 6, 5)
     keys = score.project_keys(torch.randn(7, 9, 8))

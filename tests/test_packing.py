@@ -171,7 +171,7 @@ def test_the_cpu_vendor_is_read_from_cpuinfo():
 
     from captioning import runtime
 
-    assert runtime._cpuinfo_field("no such field") == ""
+    assert runtime.cpuinfo_field("no such field") == ""
     if platform.machine() not in ("x86_64", "AMD64") or not Path("/proc/cpuinfo").exists():
         pytest.skip("an x86 CPU's vendor_id is read from Linux's /proc/cpuinfo")
     vendor = runtime.cpu_vendor()

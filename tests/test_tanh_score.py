@@ -1,10 +1,31 @@
-"""The additive score's blocked training form against autograd's."""
+"""The additive score's training form, in blocks and through the C kernel, against
+autograd's."""
 
 import pytest
 import torch
 
+from captioning import native
+from captioning.models import fused_score
 from captioning.models import tanh_score as module
 from captioning.models.tanh_score import tanh_score
+
+
+@pytest.fixture(params=["kernel", "blocks"])
+def form(request, monkeypatch):
+    """Runs a test through the C kernel and through torch's blocks; yields the kernel's
+    calls (forward and backward), which the test checks."""
+    calls = []
+    if request.param == "blocks":
+        monkeypatch.setattr(fused_score, "ENABLED", False)
+    elif native.compiler() is None:
+        pytest.skip("no C compiler: the kernel cannot be built here")
+    for name in ("forward", "backward"):
+        original = getattr(fused_score, name)
+        monkeypatch.setattr(
+            fused_score, name, lambda *a, n=name, f=original: calls.append(n) or f(*a)
+        )
+    yield request.param, calls
+    assert calls == ([] if request.param == "blocks" else ["forward", "backward"])
 
 
 def autograd_form(keys, queries, weight, bias):
@@ -13,7 +34,7 @@ def autograd_form(keys, queries, weight, bias):
 
 @pytest.mark.parametrize("groups", [3, 1])  # every word at once; one word (decoding's form)
 @pytest.mark.parametrize("block", [1 << 19, 2 * 3 * 5 * 4])  # one block; blocks of 2 images
-def test_scores_and_every_gradient_match_autograds(block, groups, monkeypatch):
+def test_scores_and_every_gradient_match_autograds(block, groups, form, monkeypatch):
     monkeypatch.setattr(module, "BLOCK_ELEMENTS", block)
     g = torch.Generator().manual_seed(0)
     inputs = [
@@ -36,7 +57,7 @@ def test_scores_and_every_gradient_match_autograds(block, groups, monkeypatch):
         torch.testing.assert_close(a.grad.double(), b.grad, rtol=1e-4, atol=1e-5, msg=name)
 
 
-def test_bf16_inputs_are_scored_in_fp32_and_get_bf16_gradients():
+def test_bf16_inputs_are_scored_in_fp32_and_get_bf16_gradients(form):
     g = torch.Generator().manual_seed(1)
     keys, queries = torch.randn(4, 1, 6, 8, generator=g), torch.randn(4, 2, 1, 8, generator=g)
     weight, bias = torch.randn(8, generator=g), torch.randn(1, generator=g)

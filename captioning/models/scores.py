@@ -21,6 +21,7 @@ from torch import nn
 
 from captioning.config import unknown_choice
 from captioning.errors import ConfigError
+from captioning.models import fused_score
 from captioning.models.packing import Linear
 from captioning.models.tanh_score import KeysGradient, tanh_score
 
@@ -85,14 +86,20 @@ class AdditiveScore(nn.Module):
             hidden = self.activation(keys + projected)  # (B, G, L, A)
             scores = (hidden * self.out.weight[0]).sum(dim=3) + self.out.bias  # (B, G, L)
             return scores.view(batch * g, cells)
+        sigmoid = SIGMOID_TANH and self.sigmoid_ is not None
+        if sigmoid and not torch.is_grad_enabled() and fused_score.available(keys):
+            # one pass over the keys in C (captioning.models.fused_score)
+            weight, bias = self.out.weight[0], self.out.bias
+            return fused_score.forward(keys, projected, weight, bias).view(batch * g, cells)
         per_block = max(1, SCORE_BLOCK_ELEMENTS // (g * cells * dim))  # images
         if per_block >= batch or keys.device.type != "cpu" or torch.is_grad_enabled():
             return self._scores(keys, projected, sink).view(batch * g, cells)
         # Cache blocking: one buffer for the hidden layer of a block, the add written into
         # it, the activation in place, then the projection; no block allocates.
         dtype, activation_, scale = keys.dtype, self.activation_, 1.0
-        sigmoid = SIGMOID_TANH and self.sigmoid_ is not None and keys.dtype.is_floating_point
-        if sigmoid:  # w tanh(x) + b = 2 w sigmoid(2x) + b - sum(w), in fp32
+        if (
+            sigmoid := sigmoid and keys.dtype.is_floating_point
+        ):  # w tanh(x) + b = 2 w sigmoid(2x) + b - sum(w), in fp32
             dtype, activation_, scale = torch.float32, self.sigmoid_, 2.0
         hidden = keys.new_empty(per_block, g, cells, dim, dtype=dtype)
         scores = keys.new_empty(batch, g, cells, dtype=dtype)

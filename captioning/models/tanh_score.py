@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import torch
 
+from captioning.models import fused_score
+
 # The hidden values (images * G * L * A) of one block, 2 MB in fp32: a core's cache.
 BLOCK_ELEMENTS = 1 << 19
 
@@ -126,8 +128,10 @@ class _TanhScore(torch.autograd.Function):
     ) -> torch.Tensor:
         ctx.save_for_backward(keys, queries, weight)
         ctx.sink = sink
-        blocks, buffer = _blocks(keys, queries)
         values = keys if sink is None else sink.fp32(keys)
+        if fused_score.available(values):
+            return fused_score.forward(values, queries, weight, bias)
+        blocks, buffer = _blocks(keys, queries)
         doubled = 2.0 * queries.float()
         w = weight.float()
         scores = keys.new_empty(keys.shape[0], *buffer.shape[1:3], dtype=torch.float32)
@@ -139,13 +143,20 @@ class _TanhScore(torch.autograd.Function):
     @staticmethod
     def backward(ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor) -> tuple:
         keys, queries, weight = ctx.saved_tensors
+        sink = ctx.sink
+        values = keys if sink is None else sink.fp32(keys)
+        summing = sink is not None and sink.total is not None  # add into an earlier word's
+        if fused_score.available(values):
+            grad_keys, grad_queries, grad_weight = fused_score.backward(
+                values, queries, weight, grad, sink.total if summing else None
+            )
+            return _gradients(
+                keys, queries, weight, grad, grad_keys, grad_queries, grad_weight, sink
+            )
         dim = keys.shape[3]
         blocks, buffer = _blocks(keys, queries)
         doubled, grad = 2.0 * queries.float(), grad.float()
         four_w = 4.0 * weight.float()
-        sink = ctx.sink
-        values = keys if sink is None else sink.fp32(keys)
-        summing = sink is not None and sink.total is not None  # add into an earlier word's
         grad_keys = sink.total if summing else torch.empty_like(keys, dtype=torch.float32)
         grad_queries = torch.empty(queries.shape, dtype=torch.float32, device=keys.device)
         grad_weight = torch.zeros(dim, dtype=torch.float32, device=keys.device)
@@ -164,12 +175,27 @@ class _TanhScore(torch.autograd.Function):
                 else:
                     torch.mul(summed, four_w, out=grad_keys[rows])
         grad_weight = 2.0 * grad_weight - grad.sum()  # sum g (2 s - 1) = sum g tanh(x)
-        if sink is not None:
-            sink.total, grad_keys = grad_keys, None
-        return (
-            None if grad_keys is None else grad_keys.to(keys.dtype),
-            grad_queries.to(queries.dtype),
-            grad_weight.to(weight.dtype),
-            grad.sum().reshape(1).to(weight.dtype),
-            None,
-        )
+        return _gradients(keys, queries, weight, grad, grad_keys, grad_queries, grad_weight, sink)
+
+
+def _gradients(
+    keys: torch.Tensor,
+    queries: torch.Tensor,
+    weight: torch.Tensor,
+    grad: torch.Tensor,
+    grad_keys: torch.Tensor,
+    grad_queries: torch.Tensor,
+    grad_weight: torch.Tensor,
+    sink: KeysGradient | None,
+) -> tuple:
+    """The backward pass's return in the inputs' dtypes; with a ``sink``, the keys'
+    gradient is left in it instead."""
+    if sink is not None:
+        sink.total, grad_keys = grad_keys, None
+    return (
+        None if grad_keys is None else grad_keys.to(keys.dtype),
+        grad_queries.to(queries.dtype),
+        grad_weight.to(weight.dtype),
+        grad.sum().reshape(1).to(weight.dtype),
+        None,
+    )
