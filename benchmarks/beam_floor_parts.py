@@ -11,6 +11,7 @@ import torch
 from benchmarks.timing import median_seconds
 from benchmarks.workload import coco_size
 from captioning.models import Decoder, packing
+from captioning.models import fused_score as kernel
 
 # The benchmark's COCO size: its vocabulary and widths, and the grid of its ResNet-101 at
 # 448 px (14 x 14 cells of 2048 features), which is not built here.
@@ -100,9 +101,10 @@ class Floor:
         """Seconds over a whole caption: the parts timed alone (``dense``, in the fastest
         form of the few-row products, and ``dense_FORM`` in each form; ``add``, ``tanh``,
         ``sigmoid``, ``projection``, ``sequence``: the three passes in turn with the faster
-        of tanh and sigmoid, ``choice``, and ``fused`` when compiled), the floors with each
-        word's parts run in turn (``eager``, and ``compiled``), and ``peak``, the GFLOP/s of
-        one large square product."""
+        of tanh and sigmoid, ``kernel``: the C kernel where it is built, ``choice``, and
+        ``fused`` when compiled), the floors with each word's parts run in turn (``eager``,
+        with the faster of ``sequence`` and ``kernel``, and ``compiled``), and ``peak``, the
+        GFLOP/s of one large square product."""
         k, b, later = self.beams, self.images, self.later
         parts = {}
         keys_seconds = median_seconds(
@@ -150,6 +152,20 @@ class Floor:
                 torch.matmul(block, weight, out=scores)
 
         parts["sequence"] = median_seconds(word, repeats) * self.activations / (b * block.numel())
+        # the same score as one C kernel over every image's keys (captioning.models.
+        # fused_score), where it is built; the floor takes the faster of the two
+        score_word = word
+        if kernel.available(all_keys):
+            bias = torch.zeros(1)
+
+            def kernel_word() -> None:
+                kernel.forward(all_keys, all_queries, weight, bias)
+
+            seconds = median_seconds(kernel_word, repeats)
+            parts["kernel"] = seconds * self.activations / (b * block.numel())
+            if parts["kernel"] < parts["sequence"]:
+                score_word = kernel_word
+        score = min(parts["sequence"], parts.get("kernel", parts["sequence"]))
 
         # every search normalises each row's scores over the vocabulary and keeps the best
         # K continuations of each image (the first word: of its one row)
@@ -166,12 +182,10 @@ class Floor:
         # them (the weights, the keys); timed so, a word costs more than its parts alone.
         def whole_word() -> None:
             self.step()
-            word()
+            score_word()
             choose(logits)
 
-        first_word = (
-            dense_first + choice_first + parts["sequence"] * b * CELLS * WIDTH / self.activations
-        )
+        first_word = dense_first + choice_first + score * b * CELLS * WIDTH / self.activations
         with product_form(form):  # one block: packs made once, as a decoding makes them
             whole = median_seconds(whole_word, repeats)
         parts["eager"] = keys_seconds + first_word + later * whole

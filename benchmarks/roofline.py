@@ -24,7 +24,9 @@
 5. **Torch's own layers**: each task is also timed with torch's own layers, in alternating
    rounds: decoding without the weights packed once per batch
    (:mod:`captioning.models.packing`), training with the LSTM cell's weight gradients taken
-   word by word (:mod:`captioning.models.deferred`).
+   word by word (:mod:`captioning.models.deferred`); and, where the C kernel of the
+   additive score is built (:mod:`captioning.models.fused_score`), with the score in
+   torch's form instead.
 
 Each row names the task, precision, threads and host (``--results FILE`` merges them into a
 results file; ``python -m tools.tables`` renders ``results/roofline.json`` into
@@ -171,6 +173,7 @@ def _row(
     gbytes: float | None,
     seconds: float,
     unpacked: float,
+    torch_score: float | None,
     tanh: float | None,
     precision: str,
     images: int,
@@ -187,6 +190,7 @@ def _row(
         + ("" if roof is None else f"; {gbytes:.2f} GB read at {read:.1f} GB/s, ")
         + ("" if roof is None else f"{roof / seconds:.0%} of the roofline's bound")
         + f"; torch's own layers {unpacked:.3f} s"
+        + ("" if torch_score is None else f"; the score in torch's form {torch_score:.3f} s")
         + ("" if tanh is None else f"; the score's tanh {tanh:.3f} s")
     )
     return {
@@ -207,28 +211,38 @@ def _row(
         "roofline_seconds": None if roof is None else round(roof, 4),
         "share_of_roofline": None if roof is None else round(roof / seconds, 3),
         "seconds_unpacked": round(unpacked, 4),
+        "seconds_torch_score": None if torch_score is None else round(torch_score, 4),
         "seconds_tanh": None if tanh is None else round(tanh, 4),
     }
 
 
-def timed(fn: Callable[[], Any], repeats: int, tanh: bool) -> tuple[float, float, float | None]:
+def timed(
+    fn: Callable[[], Any], repeats: int, tanh: bool
+) -> tuple[float, float, float | None, float | None]:
     """The median seconds of ``fn`` as it runs by default, with torch's own layers (no
-    packed weights, no deferred weight gradients) and, with ``tanh``, with the additive
-    score's tanh instead of its sigmoid form (``scores.SIGMOID_TANH``), timed in alternating
-    rounds."""
+    packed weights, no deferred weight gradients), with the additive score in torch's form
+    instead of its C kernel (``fused_score.ENABLED``, where the kernel is built) and, with
+    ``tanh``, with the score's tanh instead of its sigmoid form (``scores.SIGMOID_TANH``),
+    timed in alternating rounds."""
     fn()
-    arms = ("default", "unpacked", "tanh") if tanh else ("default", "unpacked")
+    arms = ["default", "unpacked"]
+    if fused_score.available(torch.zeros(1, 1, 1, 1)):
+        arms.append("torch_score")
+    if tanh:
+        arms.append("tanh")
     times: dict[str, list[float]] = {arm: [] for arm in arms}
     for _ in range(repeats):
         for arm in arms:
             packing.ENABLED = deferred.ENABLED = arm != "unpacked"
+            fused_score.ENABLED = arm != "torch_score"
             scores.SIGMOID_TANH = arm != "tanh"
             try:
                 times[arm].append(median_seconds(fn, 1, warmup=0))
             finally:
                 packing.ENABLED = deferred.ENABLED = scores.SIGMOID_TANH = True
+                fused_score.ENABLED = True
     medians = {arm: statistics.median(values) for arm, values in times.items()}
-    return medians["default"], medians["unpacked"], medians.get("tanh")
+    return medians["default"], medians["unpacked"], medians.get("torch_score"), medians.get("tanh")
 
 
 @errors_in_one_line

@@ -34,6 +34,8 @@ def groups(keys: torch.Tensor, rows: int) -> int:
     return rows // batch
 
 
+# Without gradients on the CPU the additive score runs as one C kernel where it is built
+# (captioning.models.fused_score), else in blocks.
 # Images per block when the additive score runs in blocks (on CPU, without gradients): a
 # block's hidden layer (images * G * L * A values) is kept to about this many elements, 2 MB
 # in fp32, so that it stays in a core's cache between the add, the activation and the

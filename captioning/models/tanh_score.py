@@ -24,6 +24,9 @@ after the last word's. Under autocast they also carry one fp32 copy of the bf16 
 each word's score would otherwise make twice (forward and backward). Like
 :mod:`captioning.models.deferred`, it expects each backward pass through a word's score to
 go on to the keys.
+
+Where the C kernel of :mod:`captioning.models.fused_score` is built, both passes run it
+instead of the blocks: one pass over the keys each, the same gradients.
 """
 
 from __future__ import annotations

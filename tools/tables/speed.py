@@ -227,16 +227,18 @@ ROOFLINE_TASKS = {
 def roofline(rows: Rows) -> str:
     """Each task's matrix FLOPs, time and rate, its share of the host's two peaks
     (``benchmarks/roofline.py``), by precision; for decoding, the bytes it must read, its
-    share of the roofline's bound, its time with torch's own (unpacked) layers and with the
-    additive score's tanh instead of its sigmoid form; the host last."""
+    share of the roofline's bound, its time with torch's own (unpacked) layers, with the
+    additive score in torch's form instead of its C kernel, and with the score's tanh
+    instead of its sigmoid form; the host last."""
     if not rows:
         return "No rows of `results/roofline.json` yet: the command above writes them.\n"
     lines = [
         "| task | precision | GFLOP | seconds | GFLOP/s | peak: 2,048-cube / the decoder's "
         "products (GFLOP/s) | share of the cube's peak | share of the decoder's products' "
         "| GB read (at GB/s) | roofline's bound | share of the roofline | torch's own layers "
-        "| the score's tanh | host |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| the score in torch's form | the score's tanh | host |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- "
+        "| --- |",
     ]
     order = list(ROOFLINE_TASKS)
     key = lambda r: (str(r.get("device")), r["precision"], order.index(r["task"]))  # noqa: E731
@@ -247,6 +249,7 @@ def roofline(rows: Rows) -> str:
             f"{row['peak_square_gflops_per_s']:.0f} / {row['peak_model_gflops_per_s']:.0f} | "
             f"{row['share_of_square_peak']:.0%} | {row['share_of_model_peak']:.0%} | "
             + " | ".join(_memory_roof(row))
+            + f" | {_seconds_against(row, 'seconds_torch_score')}"
             + f" | {_seconds_against(row, 'seconds_tanh')} | {row.get('device', '–')} |"
         )
     images = sorted({r["images"] for r in rows})

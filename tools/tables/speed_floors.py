@@ -61,6 +61,10 @@ def speed_floor(rows: Rows) -> str:
         "score, the three passes in sequence",
         lambda r, m: f"{r['parts']['sequence']:.3g} s" if m == "eager" else "",
     )
+    add(
+        "score, one C kernel (`fused_score`)",
+        lambda r, m: "" if m != "eager" else seconds_cell(r["parts"].get("kernel")),
+    )
     add("word choice", lambda r, m: f"{r['parts']['choice']:.2g} s" if m == "eager" else "")
     add("**floor** (each word's parts in turn)", lambda r, m: f"**{r[f'floor_{m}']:.3g} s**")
     add("ours", lambda r, m: seconds_cell(r.get(f"ours_{m}")))
