@@ -2,6 +2,7 @@
 tanh form in fp64, and how captioning.native builds, caches and declines it."""
 
 import logging
+import threading
 
 import pytest
 import torch
@@ -104,9 +105,15 @@ def test_one_thread_and_two_give_the_same_scores():
         one = fused_score.forward(keys, queries, weight, bias)
         torch.set_num_threads(2)
         two = fused_score.forward(keys, queries, weight, bias)
+        elsewhere = []  # from a thread of its own, as the web demo's workers call it
+        worker = threading.Thread(
+            target=lambda: elsewhere.append(fused_score.forward(keys, queries, weight, bias))
+        )
+        worker.start()
+        worker.join()
     finally:
         torch.set_num_threads(threads)
-    assert torch.equal(one, two)  # each score is one thread's sum
+    assert torch.equal(one, two) and torch.equal(one, elsewhere[0])  # one thread's sum each
 
 
 def test_decoding_scores_through_the_kernel_as_the_torch_form_does(monkeypatch):

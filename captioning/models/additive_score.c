@@ -12,8 +12,8 @@
 
    d/dk[b,l,a] = 4 w[a] sum_g t,   d/dq[b,g,a] = 4 w[a] sum_l t,   d/dw[a] = sum g (2 s - 1)
 
-   in the same single pass. OpenMP splits the images (or the cells) over the threads; the
-   process's OpenMP runtime is torch's, so it runs on torch's threads. */
+   in the same single pass. OpenMP splits the images (or the cells) over `threads` threads
+   (torch's count); the process's OpenMP runtime is torch's, so they are torch's threads. */
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -63,7 +63,7 @@ static inline void load_row(const void *keys, int bf16, int64_t row, int64_t A, 
 
 void additive_score_forward(const void *keys, int bf16, const float *queries,
                             const float *weight, float bias, float *scores, int64_t B,
-                            int64_t G, int64_t L, int64_t A) {
+                            int64_t G, int64_t L, int64_t A, int threads) {
   float *w2 = malloc(sizeof(float) * A);
   double total = 0.0;
   for (int64_t a = 0; a < A; ++a) {
@@ -71,7 +71,7 @@ void additive_score_forward(const void *keys, int bf16, const float *queries,
     total += weight[a];
   }
   const float shift = bias - (float)total; /* w tanh(x) + b = 2 w sigmoid(2x) + b - sum(w) */
-#pragma omp parallel
+#pragma omp parallel num_threads(threads)
   {
     float *row = malloc(sizeof(float) * A);
 #pragma omp for collapse(2) schedule(static)
@@ -94,10 +94,9 @@ void additive_score_forward(const void *keys, int bf16, const float *queries,
 void additive_score_backward(const void *keys, int bf16, const float *queries,
                              const float *weight, const float *grad, float *grad_keys,
                              int accumulate, float *grad_queries, float *grad_weight, int64_t B,
-                             int64_t G, int64_t L, int64_t A) {
-  const int threads = omp_get_max_threads();
+                             int64_t G, int64_t L, int64_t A, int threads) {
   float *partial = calloc((size_t)threads * A, sizeof(float)); /* sum g s, one row a thread */
-#pragma omp parallel
+#pragma omp parallel num_threads(threads)
   {
     float *mine = partial + (size_t)omp_get_thread_num() * A;
     float *row = malloc(sizeof(float) * A), *summed = malloc(sizeof(float) * A);

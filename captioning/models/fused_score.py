@@ -37,9 +37,9 @@ def _library() -> ctypes.CDLL | None:
     if library is None:
         return None
     p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-    library.additive_score_forward.argtypes = [p, i32, p, p, ctypes.c_float, p] + [i64] * 4
+    library.additive_score_forward.argtypes = [p, i32, p, p, ctypes.c_float, p, *[i64] * 4, i32]
     library.additive_score_forward.restype = None
-    library.additive_score_backward.argtypes = [p, i32, p, p, p, p, i32, p, p] + [i64] * 4
+    library.additive_score_backward.argtypes = [p, i32, p, p, p, p, i32, p, p, *[i64] * 4, i32]
     library.additive_score_backward.restype = None
     return library
 
@@ -87,6 +87,7 @@ def forward(
         groups,
         cells,
         dim,
+        torch.get_num_threads(),
     )
     return scores
 
@@ -130,5 +131,6 @@ def backward(
         groups,
         cells,
         dim,
+        torch.get_num_threads(),
     )
     return grad_keys, grad_queries, grad_weight
