@@ -120,12 +120,13 @@ def portable(
     wins) as ``PLACEHOLDER/...``, one in the shared folder as ``SHARED/...``, one in the
     checkout relative to it, any other absolute path as ``ELSEWHERE/NAME`` where
     ``elsewhere`` is ``DATA`` for what a run reads, ``OUT`` for what it writes. A relative
-    path is kept as it is (the lab runs from the checkout). The value of ``--flag=PATH``
-    and of a config override ``KEY=PATH`` is treated alike."""
+    path is kept as it is (the lab runs from the checkout), unless it climbs out of it
+    (``../shared``). The value of ``--flag=PATH`` and of a config override ``KEY=PATH`` is
+    treated alike."""
     if "=" in word and not word.startswith("/"):
         key, value = word.split("=", 1)
         return f"{key}={portable(value, places, elsewhere)}"
-    if not word.startswith(("/", "~")):
+    if not word.startswith(("/", "~", "../")) and word != "..":
         return word
     path = Path(os.path.expanduser(word)).resolve()
     folders = [(name, Path(folder).resolve()) for name, folder in places.items() if folder]

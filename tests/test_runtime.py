@@ -80,17 +80,17 @@ def test_map_in_threads_keeps_the_order_and_raises_at_the_items_turn():
 
     from captioning.runtime import map_in_threads
 
-    seen = set()
+    seen = set()  # the worker threads themselves: an ended thread's ident can be reused
 
     def slow_square(x):
-        seen.add(threading.get_ident())
+        seen.add(threading.current_thread())
         time.sleep(0.002 * (x % 3))  # items finish out of order
         if x == 7:
             raise ValueError("seven")
         return x * x
 
     assert list(map_in_threads(slow_square, range(7), 3)) == [x * x for x in range(7)]
-    assert len(seen) == 3 and threading.get_ident() not in seen
+    assert len(seen) == 3 and threading.current_thread() not in seen
     results = map_in_threads(slow_square, range(10), 4)
     assert [next(results) for _ in range(7)] == [x * x for x in range(7)]
     with pytest.raises(ValueError, match="seven"):
@@ -98,7 +98,7 @@ def test_map_in_threads_keeps_the_order_and_raises_at_the_items_turn():
     assert list(map_in_threads(slow_square, [], 2)) == []
     with pytest.raises(ValueError, match="workers must be at least 1"):
         list(map_in_threads(slow_square, [1], 0))
-    assert not [t for t in threading.enumerate() if t.ident in seen]  # every worker ended
+    assert not [t for t in threading.enumerate() if t in seen]  # every worker ended
 
 
 SWEPT = r"^(\d+) points, none hung, (\d+) left a daemon thread$"

@@ -5,6 +5,7 @@ among parallel jobs."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -63,7 +64,8 @@ def test_the_merge_refuses_a_row_of_other_settings_unless_asked(tmp_path: Path) 
     assert not list(tmp_path.glob(".*.tmp"))  # written atomically: no leftovers
 
 
-def test_a_command_names_no_machine_path_and_is_in_module_form(tmp_path: Path) -> None:
+def test_a_command_names_no_machine_path_and_is_in_module_form(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(ROOT)  # the lab runs from the checkout
     out, data = tmp_path / "out", tmp_path / "data"
     argv = [
         "--out",
@@ -81,12 +83,14 @@ def test_a_command_names_no_machine_path_and_is_in_module_form(tmp_path: Path) -
         f"--init={provenance.SHARED / 'weights' / 'w.pt'}",
         "--seeds",
         "0-2",
+        "--shared",
+        os.path.relpath(provenance.SHARED, ROOT),  # ../shared: climbs out of the checkout
     ]
     command = provenance.module_command("tools.seed_study", argv, {"OUT": out, "DATA": data})
     assert command == (
         "python -m tools.seed_study --out OUT --data-root DATA --set data.root=DATA/x "
         "--config configs/shapes_soft.yaml --results OUT/r.json --adopt 2=DATA/run "
-        "--init=SHARED/weights/w.pt --seeds 0-2"
+        "--init=SHARED/weights/w.pt --seeds 0-2 --shared SHARED"
     )
 
 
