@@ -118,8 +118,6 @@ def step_bytes(decoder: torch.nn.Module, features: torch.Tensor, precision: str)
             if param.dim() == 2:
                 used[id(param)] = param.numel() * size
 
-    # the torch form of the additive score runs its projection as a layer the hooks see
-    fused_score.ENABLED = False
     with torch.no_grad():
         keys = decoder.prepare(features)
         state = decoder.init_state(features)
@@ -129,6 +127,8 @@ def step_bytes(decoder: torch.nn.Module, features: torch.Tensor, precision: str)
             for m in decoder.modules()
             if isinstance(m, torch.nn.Linear | torch.nn.LSTMCell)
         ]
+        # the torch form of the additive score runs its projection as a layer the hooks see
+        fused_score.ENABLED = False
         try:
             decoder.step(tokens, state, features, keys)
         finally:

@@ -99,9 +99,8 @@ class AdditiveScore(nn.Module):
         # Cache blocking: one buffer for the hidden layer of a block, the add written into
         # it, the activation in place, then the projection; no block allocates.
         dtype, activation_, scale = keys.dtype, self.activation_, 1.0
-        if (
-            sigmoid := sigmoid and keys.dtype.is_floating_point
-        ):  # w tanh(x) + b = 2 w sigmoid(2x) + b - sum(w), in fp32
+        sigmoid = sigmoid and keys.dtype.is_floating_point
+        if sigmoid:  # w tanh(x) + b = 2 w sigmoid(2x) + b - sum(w), in fp32
             dtype, activation_, scale = torch.float32, self.sigmoid_, 2.0
         hidden = keys.new_empty(per_block, g, cells, dim, dtype=dtype)
         scores = keys.new_empty(batch, g, cells, dtype=dtype)
